@@ -1,0 +1,21 @@
+//! qq-core: the pure core of quorumq.
+//!
+//! No IO, no clock, no randomness, no async: every function here is deterministic, so the
+//! same log applied on every replica gives the same state. Time enters only as `now_ms`
+//! fields of commands stamped by the proposing leader.
+//!
+//! - [`types`]: ids, values, message properties, effective queue configuration.
+//! - [`queue`]: the queue state machine (enqueue, checkout, settle, return, discard, expire...).
+//! - [`meta`]: the metadata state machine (vhosts, users, exchanges, queues, bindings, policies).
+//! - [`route`]: exchange routing (direct, fanout, topic, headers, default; CC/BCC).
+//! - [`policy`]: queue-argument validation and argument/policy precedence.
+//! - [`deadletter`]: the `x-death` history and dead-letter cycle detection.
+
+pub mod types;
+pub mod queue;
+pub mod meta;
+pub mod route;
+pub mod policy;
+pub mod deadletter;
+
+pub use types::*;

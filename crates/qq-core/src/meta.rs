@@ -1,0 +1,1156 @@
+//! The metadata state machine: vhosts, users and permissions, exchanges, queues (with their
+//! Raft members), bindings and policies.
+//!
+//! # Why one replicated state machine
+//! Metadata is small and changes rarely, so it lives in a single Raft group (group 0) replicated
+//! on every node (DESIGN-NOTES section 9). Every node can therefore route a publish, check a
+//! permission or find a queue's members from its local replica without a network hop, and a
+//! declare is answered once its command commits. [`MetaState::apply`] is a pure function of the
+//! state and the command: no clock, no randomness, no IO, ordered collections only, so every
+//! replica that applies the same log ends in the same state, byte for byte when serialized.
+//!
+//! # Deciding versus doing
+//! `apply` returns a reply for the client and a list of [`MetaEffect`]s for the node to carry
+//! out: a queue was created (start its Raft group on its members), deleted (stop it), or its
+//! effective configuration changed after a policy change (propose `UpdateConfig` in the queue's
+//! own log). Errors are *applied results*: a bad declare changes nothing and returns a
+//! [`MetaError`] whose [`ErrorKind`] maps one-to-one to a gRPC status.
+//!
+//! # Rules worth knowing
+//! - A fresh state has vhost `/` with `amq.direct`, `amq.fanout`, `amq.topic`, `amq.headers`
+//!   (and the implicit nameless default exchange, also reachable as `amq.default`), and user
+//!   `guest`/`guest` with `.*` permissions on `/`. A vhost created later gets the same
+//!   exchanges but no permissions, as in RabbitMQ.
+//! - Names: non-empty (queues are never server-named), at most 255 bytes. A *new* exchange or
+//!   queue may not start with `amq.` and the default exchange cannot be declared, deleted or
+//!   bound: PERMISSION_DENIED, as RabbitMQ's ACCESS_REFUSED. Redeclaring an existing `amq.`
+//!   exchange equivalently is fine.
+//! - Redeclaring with a different type/flags (exchanges) or a different value of any argument
+//!   quorumq interprets (queues) fails with FAILED_PRECONDITION in RabbitMQ's words:
+//!   `inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/': received the value '1000' of
+//!   type 'long' but current is none`. Exchange arguments are not compared (quorumq interprets
+//!   none; RabbitMQ compares only `alternate-exchange`).
+//! - A new queue gets the next id (from 1) and `min(x-quorum-initial-group-size or 3, nodes)`
+//!   members taken from the sorted node list starting at `id % nodes`, so initial leaders
+//!   (`members[0]`) rotate over the nodes.
+//! - Deleting a queue removes its bindings; an `auto_delete` exchange that thereby loses its last
+//!   binding is deleted too. Deleting an exchange removes its bindings. Deleting a vhost removes
+//!   everything in it (emitting `QueueDeleted` for each queue).
+//! - Deletes of missing exchanges, queues, policies return NOT_FOUND (RabbitMQ treats them as
+//!   no-ops; quorumq reports what happened and lets the node decide). `if_unused`/`if_empty`
+//!   for queues are checked by the node against the live queue before it proposes the delete.
+//! - Permission regexes are matched unanchored; an empty regex grants nothing. The default
+//!   exchange is checked under the name `amq.default`.
+//!
+//! What it leaves out: exchange-to-exchange bindings, alternate exchanges, operator policies,
+//! exclusive/auto-delete queues (quorum queues are always durable), and the `internal` check on
+//! publish, which the node does with [`MetaState::exchange`] because dead letters may be routed
+//! through an internal exchange.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::policy;
+use crate::route::{self, ExchangeType};
+use crate::types::{NodeId, QueueConfig, QueueId, Table, Value};
+
+/// Longest exchange or queue name, in bytes (AMQP shortstr).
+pub const MAX_NAME_BYTES: usize = 255;
+/// Default number of members of a new queue's Raft group.
+pub const DEFAULT_GROUP_SIZE: usize = 3;
+/// The vhost every fresh cluster has.
+pub const DEFAULT_VHOST: &str = "/";
+/// The alias of the nameless default exchange.
+pub const DEFAULT_EXCHANGE_ALIAS: &str = "amq.default";
+/// The fixed salt of the predeclared guest user (a fresh cluster must be deterministic).
+pub const GUEST_SALT: &[u8] = b"quorumq-guest";
+
+/// The kind of a failed command; maps one-to-one to a gRPC status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    InvalidArgument,
+    FailedPrecondition,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+    AlreadyExists,
+}
+
+/// A deterministic, client-visible error: applied, not fatal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct MetaError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl MetaError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        MetaError {
+            kind,
+            message: message.into(),
+        }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidArgument, message)
+    }
+    pub fn failed_precondition(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::FailedPrecondition, message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, message)
+    }
+    pub fn permission_denied(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::PermissionDenied, message)
+    }
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unauthenticated, message)
+    }
+    pub fn already_exists(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::AlreadyExists, message)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Exchange {
+    pub name: String,
+    pub kind: ExchangeType,
+    pub durable: bool,
+    pub auto_delete: bool,
+    pub internal: bool,
+    pub arguments: Table,
+}
+
+/// A binding of a queue to an exchange. Ordered by source, destination, routing key, then
+/// arguments (doubles by their total order), so a vhost's bindings form a set.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Binding {
+    /// The exchange.
+    pub source: String,
+    /// The queue.
+    pub destination: String,
+    pub routing_key: String,
+    pub arguments: Table,
+}
+
+fn cmp_value(a: &Value, b: &Value) -> Ordering {
+    fn rank(v: &Value) -> u8 {
+        match v {
+            Value::String(_) => 0,
+            Value::Long(_) => 1,
+            Value::Bool(_) => 2,
+            Value::Double(_) => 3,
+            Value::Bytes(_) => 4,
+            Value::Timestamp(_) => 5,
+            Value::List(_) => 6,
+            Value::Table(_) => 7,
+        }
+    }
+    match (a, b) {
+        (Value::String(x), Value::String(y)) => x.cmp(y),
+        (Value::Long(x), Value::Long(y)) => x.cmp(y),
+        (Value::Bool(x), Value::Bool(y)) => x.cmp(y),
+        (Value::Double(x), Value::Double(y)) => x.total_cmp(y),
+        (Value::Bytes(x), Value::Bytes(y)) => x.cmp(y),
+        (Value::Timestamp(x), Value::Timestamp(y)) => x.cmp(y),
+        (Value::List(x), Value::List(y)) => x
+            .iter()
+            .zip(y)
+            .map(|(x, y)| cmp_value(x, y))
+            .find(|o| o.is_ne())
+            .unwrap_or_else(|| x.len().cmp(&y.len())),
+        (Value::Table(x), Value::Table(y)) => cmp_table(x, y),
+        _ => rank(a).cmp(&rank(b)),
+    }
+}
+
+fn cmp_table(a: &Table, b: &Table) -> Ordering {
+    a.iter()
+        .zip(b)
+        .map(|((ka, va), (kb, vb))| ka.cmp(kb).then_with(|| cmp_value(va, vb)))
+        .find(|o| o.is_ne())
+        .unwrap_or_else(|| a.len().cmp(&b.len()))
+}
+
+impl Ord for Binding {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.source
+            .cmp(&other.source)
+            .then_with(|| self.destination.cmp(&other.destination))
+            .then_with(|| self.routing_key.cmp(&other.routing_key))
+            .then_with(|| cmp_table(&self.arguments, &other.arguments))
+    }
+}
+impl PartialOrd for Binding {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl PartialEq for Binding {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+impl Eq for Binding {}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueMeta {
+    pub id: QueueId,
+    pub vhost: String,
+    pub name: String,
+    /// The arguments it was declared with (fixed for its lifetime).
+    pub arguments: Table,
+    /// Its Raft group; `members[0]` is the initial leader.
+    pub members: Vec<NodeId>,
+    /// Effective configuration, recomputed on every policy change.
+    pub config: QueueConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Policy {
+    pub name: String,
+    /// Regex matched unanchored against queue names.
+    pub pattern: String,
+    /// `all`, `queues`, `quorum_queues` or `exchanges`.
+    pub apply_to: String,
+    pub priority: i64,
+    pub definition: Table,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct User {
+    pub name: String,
+    /// sha256(salt || password), see [`hash_password`].
+    pub password_hash: Vec<u8>,
+    pub salt: Vec<u8>,
+    pub tags: Vec<String>,
+}
+
+/// A user's permissions on one vhost: three regexes over resource names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Permissions {
+    pub configure: String,
+    pub write: String,
+    pub read: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Perm {
+    Configure,
+    Write,
+    Read,
+}
+
+impl Perm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Perm::Configure => "configure",
+            Perm::Write => "write",
+            Perm::Read => "read",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum MetaCommand {
+    PutVhost {
+        name: String,
+    },
+    DeleteVhost {
+        name: String,
+    },
+    PutUser {
+        name: String,
+        password_hash: Vec<u8>,
+        salt: Vec<u8>,
+        tags: Vec<String>,
+    },
+    DeleteUser {
+        name: String,
+    },
+    SetPermissions {
+        user: String,
+        vhost: String,
+        configure: String,
+        write: String,
+        read: String,
+    },
+    DeclareExchange {
+        vhost: String,
+        name: String,
+        kind: String,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: Table,
+        passive: bool,
+    },
+    DeleteExchange {
+        vhost: String,
+        name: String,
+        if_unused: bool,
+    },
+    /// `nodes`: every cluster node id; apply sorts them and picks members deterministically.
+    DeclareQueue {
+        vhost: String,
+        name: String,
+        arguments: Table,
+        passive: bool,
+        nodes: Vec<NodeId>,
+    },
+    /// `if_unused`/`if_empty` are checked by the node against the live queue before proposing.
+    DeleteQueue {
+        vhost: String,
+        name: String,
+    },
+    Bind {
+        vhost: String,
+        queue: String,
+        exchange: String,
+        routing_key: String,
+        arguments: Table,
+    },
+    Unbind {
+        vhost: String,
+        queue: String,
+        exchange: String,
+        routing_key: String,
+        arguments: Table,
+    },
+    SetPolicy {
+        vhost: String,
+        name: String,
+        pattern: String,
+        apply_to: String,
+        priority: i64,
+        definition: Table,
+    },
+    ClearPolicy {
+        vhost: String,
+        name: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum MetaReply {
+    Ok,
+    QueueDeclared { queue: QueueMeta, created: bool },
+    QueueDeleted { queue: QueueMeta },
+}
+
+/// What the node must do after an apply (only the effects, never the decision).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum MetaEffect {
+    /// Start the queue's Raft group on its members.
+    QueueCreated(QueueMeta),
+    /// Stop the queue's group and drop its data.
+    QueueDeleted(QueueMeta),
+    /// Propose the new `config` in the queue's own log.
+    QueueConfigChanged(QueueMeta),
+}
+
+/// Everything that lives in one vhost.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Vhost {
+    pub exchanges: BTreeMap<String, Exchange>,
+    pub queues: BTreeMap<String, QueueMeta>,
+    pub bindings: BTreeSet<Binding>,
+    pub policies: BTreeMap<String, Policy>,
+    /// user name → permissions on this vhost.
+    pub permissions: BTreeMap<String, Permissions>,
+}
+
+impl Vhost {
+    fn with_default_exchanges() -> Self {
+        let mut vhost = Vhost::default();
+        for kind in [
+            ExchangeType::Direct,
+            ExchangeType::Fanout,
+            ExchangeType::Topic,
+            ExchangeType::Headers,
+        ] {
+            let name = format!("amq.{}", kind.as_str());
+            vhost.exchanges.insert(
+                name.clone(),
+                Exchange {
+                    name,
+                    kind,
+                    durable: true,
+                    auto_delete: false,
+                    internal: false,
+                    arguments: Table::new(),
+                },
+            );
+        }
+        vhost
+    }
+
+    /// Bindings whose source is `exchange`.
+    fn bindings_from<'a>(&'a self, exchange: &'a str) -> impl Iterator<Item = &'a Binding> + 'a {
+        let lower = Binding {
+            source: exchange.to_string(),
+            destination: String::new(),
+            routing_key: String::new(),
+            arguments: Table::new(),
+        };
+        self.bindings
+            .range(lower..)
+            .take_while(move |b| b.source == exchange)
+    }
+
+    /// Removes every binding matching `drop`, then deletes the auto-delete exchanges that had
+    /// bindings before and have none now.
+    fn remove_bindings(&mut self, doomed: impl Fn(&Binding) -> bool) {
+        let removed: BTreeSet<String> = self
+            .bindings
+            .iter()
+            .filter(|b| doomed(b))
+            .map(|b| b.source.clone())
+            .collect();
+        self.bindings.retain(|b| !doomed(b));
+        for source in removed {
+            let auto_delete = self.exchanges.get(&source).is_some_and(|x| x.auto_delete);
+            if auto_delete && self.bindings_from(&source).next().is_none() {
+                self.exchanges.remove(&source);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetaState {
+    vhosts: BTreeMap<String, Vhost>,
+    users: BTreeMap<String, User>,
+    next_queue_id: QueueId,
+    /// Index id → (vhost, name), kept in step with `vhosts[..].queues`.
+    queue_ids: BTreeMap<QueueId, (String, String)>,
+}
+
+impl Default for MetaState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// sha256(salt || password).
+pub fn hash_password(password: &str, salt: &[u8]) -> Vec<u8> {
+    let mut hasher = Sha256::new();
+    hasher.update(salt);
+    hasher.update(password.as_bytes());
+    hasher.finalize().to_vec()
+}
+
+/// Compares two byte strings in time independent of where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn vhost_not_found(name: &str) -> MetaError {
+    MetaError::not_found(format!("vhost '{name}' not found"))
+}
+
+fn exchange_not_found(vhost: &str, name: &str) -> MetaError {
+    MetaError::not_found(format!("no exchange '{name}' in vhost '{vhost}'"))
+}
+
+fn queue_not_found(vhost: &str, name: &str) -> MetaError {
+    MetaError::not_found(format!("no queue '{name}' in vhost '{vhost}'"))
+}
+
+fn default_exchange_refused() -> MetaError {
+    MetaError::permission_denied("operation not permitted on the default exchange")
+}
+
+fn is_default_exchange(name: &str) -> bool {
+    name.is_empty() || name == DEFAULT_EXCHANGE_ALIAS
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), MetaError> {
+    if name.is_empty() {
+        return Err(MetaError::invalid(format!(
+            "name: a {what} name is required"
+        )));
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(MetaError::invalid(format!(
+            "name: {what} name is {} bytes, longer than {MAX_NAME_BYTES}",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
+fn check_not_reserved(what: &str, name: &str) -> Result<(), MetaError> {
+    if name.starts_with("amq.") {
+        return Err(MetaError::permission_denied(format!(
+            "{what} name '{name}' contains reserved prefix 'amq.*'"
+        )));
+    }
+    Ok(())
+}
+
+fn compile(what: &str, pattern: &str) -> Result<Regex, MetaError> {
+    Regex::new(pattern).map_err(|e| MetaError::invalid(format!("{what}: invalid regex '{pattern}': {e}")))
+}
+
+/// RabbitMQ's rendering of an argument value in an inequivalence message.
+fn show_arg(value: Option<&Value>) -> String {
+    match value {
+        None => "none".to_string(),
+        Some(v) => {
+            let shown = match v {
+                Value::String(s) => s.clone(),
+                Value::Long(n) | Value::Timestamp(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                Value::Double(d) => d.to_string(),
+                other => format!("{other:?}"),
+            };
+            format!("the value '{shown}' of type '{}'", v.type_name())
+        }
+    }
+}
+
+impl MetaState {
+    /// A fresh cluster: vhost `/` with the `amq.*` exchanges, user guest/guest with `.*`
+    /// permissions on `/`.
+    pub fn new() -> Self {
+        let mut vhost = Vhost::with_default_exchanges();
+        let all = ".*".to_string();
+        vhost.permissions.insert(
+            "guest".into(),
+            Permissions {
+                configure: all.clone(),
+                write: all.clone(),
+                read: all,
+            },
+        );
+        let guest = User {
+            name: "guest".into(),
+            password_hash: hash_password("guest", GUEST_SALT),
+            salt: GUEST_SALT.to_vec(),
+            tags: vec!["administrator".into()],
+        };
+        MetaState {
+            vhosts: BTreeMap::from([(DEFAULT_VHOST.to_string(), vhost)]),
+            users: BTreeMap::from([("guest".to_string(), guest)]),
+            next_queue_id: 1,
+            queue_ids: BTreeMap::new(),
+        }
+    }
+
+    // ---------------------------------------------------------------- queries
+
+    pub fn vhost_exists(&self, vhost: &str) -> bool {
+        self.vhosts.contains_key(vhost)
+    }
+    pub fn vhosts(&self) -> impl Iterator<Item = &str> {
+        self.vhosts.keys().map(String::as_str)
+    }
+    pub fn vhost(&self, vhost: &str) -> Option<&Vhost> {
+        self.vhosts.get(vhost)
+    }
+    pub fn users(&self) -> impl Iterator<Item = &User> {
+        self.users.values()
+    }
+    pub fn user(&self, name: &str) -> Option<&User> {
+        self.users.get(name)
+    }
+    pub fn permissions(&self, user: &str, vhost: &str) -> Option<&Permissions> {
+        self.vhosts.get(vhost)?.permissions.get(user)
+    }
+    pub fn queue(&self, vhost: &str, name: &str) -> Option<&QueueMeta> {
+        self.vhosts.get(vhost)?.queues.get(name)
+    }
+    pub fn queue_by_id(&self, id: QueueId) -> Option<&QueueMeta> {
+        let (vhost, name) = self.queue_ids.get(&id)?;
+        self.queue(vhost, name)
+    }
+    /// Every queue of every vhost, by vhost then name.
+    pub fn queues(&self) -> impl Iterator<Item = &QueueMeta> {
+        self.vhosts.values().flat_map(|v| v.queues.values())
+    }
+    /// The id the next new queue will get.
+    pub fn next_queue_id(&self) -> QueueId {
+        self.next_queue_id
+    }
+    /// An exchange by name (`""`/`amq.default` is the implicit default exchange: `None`).
+    pub fn exchange(&self, vhost: &str, name: &str) -> Option<&Exchange> {
+        self.vhosts.get(vhost)?.exchanges.get(name)
+    }
+    /// The exchanges of a vhost (empty for a missing vhost), by name.
+    pub fn exchanges(&self, vhost: &str) -> impl Iterator<Item = &Exchange> {
+        self.vhosts
+            .get(vhost)
+            .into_iter()
+            .flat_map(|v| v.exchanges.values())
+    }
+    pub fn bindings(&self, vhost: &str) -> impl Iterator<Item = &Binding> {
+        self.vhosts
+            .get(vhost)
+            .into_iter()
+            .flat_map(|v| v.bindings.iter())
+    }
+    pub fn policies(&self, vhost: &str) -> impl Iterator<Item = &Policy> {
+        self.vhosts
+            .get(vhost)
+            .into_iter()
+            .flat_map(|v| v.policies.values())
+    }
+
+    /// Routes a publish to exchange `exchange` with `routing_keys` (the key plus CC and BCC keys,
+    /// see [`route::routing_keys`]) and `headers`. The default exchange (`""` or `amq.default`)
+    /// routes to the existing queues named by the keys. Returns the distinct target queues,
+    /// sorted by name; NOT_FOUND if the vhost or exchange is missing.
+    pub fn route(
+        &self,
+        vhost: &str,
+        exchange: &str,
+        routing_keys: &[String],
+        headers: &Table,
+    ) -> Result<Vec<QueueMeta>, MetaError> {
+        let v = self.vhosts.get(vhost).ok_or_else(|| vhost_not_found(vhost))?;
+        let names: BTreeSet<&str> = if is_default_exchange(exchange) {
+            routing_keys.iter().map(String::as_str).collect()
+        } else {
+            let x = v
+                .exchanges
+                .get(exchange)
+                .ok_or_else(|| exchange_not_found(vhost, exchange))?;
+            v.bindings_from(exchange)
+                .filter(|b| {
+                    x.kind
+                        .binding_matches(&b.routing_key, &b.arguments, routing_keys, headers)
+                })
+                .map(|b| b.destination.as_str())
+                .collect()
+        };
+        Ok(names
+            .into_iter()
+            .filter_map(|n| v.queues.get(n).cloned())
+            .collect())
+    }
+
+    /// Checks a user's password; UNAUTHENTICATED (without saying which part was wrong) otherwise.
+    pub fn authenticate(&self, user: &str, password: &str) -> Result<(), MetaError> {
+        match self.users.get(user) {
+            Some(u) if constant_time_eq(&hash_password(password, &u.salt), &u.password_hash) => {
+                Ok(())
+            }
+            _ => Err(MetaError::unauthenticated(format!(
+                "invalid credentials for user '{user}'"
+            ))),
+        }
+    }
+
+    /// Checks that `user` may `perm` the exchange or queue `resource` in `vhost`. NOT_FOUND for a
+    /// missing vhost; PERMISSION_DENIED naming user, permission, resource and vhost otherwise.
+    /// The default exchange (`""`) is checked as `amq.default`.
+    pub fn check_permission(
+        &self,
+        user: &str,
+        vhost: &str,
+        perm: Perm,
+        resource: &str,
+    ) -> Result<(), MetaError> {
+        let v = self.vhosts.get(vhost).ok_or_else(|| vhost_not_found(vhost))?;
+        let resource = if resource.is_empty() {
+            DEFAULT_EXCHANGE_ALIAS
+        } else {
+            resource
+        };
+        let Some(p) = v.permissions.get(user) else {
+            return Err(MetaError::permission_denied(format!(
+                "access to vhost '{vhost}' refused for user '{user}'"
+            )));
+        };
+        let pattern = match perm {
+            Perm::Configure => &p.configure,
+            Perm::Write => &p.write,
+            Perm::Read => &p.read,
+        };
+        let granted = !pattern.is_empty()
+            && Regex::new(pattern).is_ok_and(|re| re.is_match(resource));
+        if granted {
+            Ok(())
+        } else {
+            Err(MetaError::permission_denied(format!(
+                "user '{user}' has no {} permission on '{resource}' in vhost '{vhost}'",
+                perm.as_str()
+            )))
+        }
+    }
+
+    // ---------------------------------------------------------------- apply
+
+    /// Applies one committed command. On error nothing changed.
+    pub fn apply(&mut self, cmd: MetaCommand) -> (Result<MetaReply, MetaError>, Vec<MetaEffect>) {
+        let mut effects = Vec::new();
+        let result = match cmd {
+            MetaCommand::PutVhost { name } => self.put_vhost(name),
+            MetaCommand::DeleteVhost { name } => self.delete_vhost(&name, &mut effects),
+            MetaCommand::PutUser {
+                name,
+                password_hash,
+                salt,
+                tags,
+            } => self.put_user(name, password_hash, salt, tags),
+            MetaCommand::DeleteUser { name } => self.delete_user(&name),
+            MetaCommand::SetPermissions {
+                user,
+                vhost,
+                configure,
+                write,
+                read,
+            } => self.set_permissions(
+                user,
+                &vhost,
+                Permissions {
+                    configure,
+                    write,
+                    read,
+                },
+            ),
+            MetaCommand::DeclareExchange {
+                vhost,
+                name,
+                kind,
+                durable,
+                auto_delete,
+                internal,
+                arguments,
+                passive,
+            } => self.declare_exchange(
+                &vhost,
+                &name,
+                &kind,
+                durable,
+                auto_delete,
+                internal,
+                arguments,
+                passive,
+            ),
+            MetaCommand::DeleteExchange {
+                vhost,
+                name,
+                if_unused,
+            } => self.delete_exchange(&vhost, &name, if_unused),
+            MetaCommand::DeclareQueue {
+                vhost,
+                name,
+                arguments,
+                passive,
+                nodes,
+            } => self.declare_queue(&vhost, &name, arguments, passive, nodes, &mut effects),
+            MetaCommand::DeleteQueue { vhost, name } => {
+                self.delete_queue(&vhost, &name, &mut effects)
+            }
+            MetaCommand::Bind {
+                vhost,
+                queue,
+                exchange,
+                routing_key,
+                arguments,
+            } => self.bind(&vhost, queue, exchange, routing_key, arguments, true),
+            MetaCommand::Unbind {
+                vhost,
+                queue,
+                exchange,
+                routing_key,
+                arguments,
+            } => self.bind(&vhost, queue, exchange, routing_key, arguments, false),
+            MetaCommand::SetPolicy {
+                vhost,
+                name,
+                pattern,
+                apply_to,
+                priority,
+                definition,
+            } => self.set_policy(
+                &vhost,
+                Policy {
+                    name,
+                    pattern,
+                    apply_to,
+                    priority,
+                    definition,
+                },
+                &mut effects,
+            ),
+            MetaCommand::ClearPolicy { vhost, name } => {
+                self.clear_policy(&vhost, &name, &mut effects)
+            }
+        };
+        (result, effects)
+    }
+
+    fn vhost_mut(&mut self, vhost: &str) -> Result<&mut Vhost, MetaError> {
+        self.vhosts.get_mut(vhost).ok_or_else(|| vhost_not_found(vhost))
+    }
+
+    fn put_vhost(&mut self, name: String) -> Result<MetaReply, MetaError> {
+        check_name("vhost", &name)?;
+        self.vhosts
+            .entry(name)
+            .or_insert_with(Vhost::with_default_exchanges);
+        Ok(MetaReply::Ok)
+    }
+
+    fn delete_vhost(
+        &mut self,
+        name: &str,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        let vhost = self.vhosts.remove(name).ok_or_else(|| vhost_not_found(name))?;
+        for queue in vhost.queues.into_values() {
+            self.queue_ids.remove(&queue.id);
+            effects.push(MetaEffect::QueueDeleted(queue));
+        }
+        Ok(MetaReply::Ok)
+    }
+
+    fn put_user(
+        &mut self,
+        name: String,
+        password_hash: Vec<u8>,
+        salt: Vec<u8>,
+        tags: Vec<String>,
+    ) -> Result<MetaReply, MetaError> {
+        check_name("user", &name)?;
+        self.users.insert(
+            name.clone(),
+            User {
+                name,
+                password_hash,
+                salt,
+                tags,
+            },
+        );
+        Ok(MetaReply::Ok)
+    }
+
+    fn delete_user(&mut self, name: &str) -> Result<MetaReply, MetaError> {
+        self.users
+            .remove(name)
+            .ok_or_else(|| MetaError::not_found(format!("user '{name}' not found")))?;
+        for vhost in self.vhosts.values_mut() {
+            vhost.permissions.remove(name);
+        }
+        Ok(MetaReply::Ok)
+    }
+
+    fn set_permissions(
+        &mut self,
+        user: String,
+        vhost: &str,
+        permissions: Permissions,
+    ) -> Result<MetaReply, MetaError> {
+        if !self.users.contains_key(&user) {
+            return Err(MetaError::not_found(format!("user '{user}' not found")));
+        }
+        compile("configure", &permissions.configure)?;
+        compile("write", &permissions.write)?;
+        compile("read", &permissions.read)?;
+        self.vhost_mut(vhost)?.permissions.insert(user, permissions);
+        Ok(MetaReply::Ok)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn declare_exchange(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        kind: &str,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: Table,
+        passive: bool,
+    ) -> Result<MetaReply, MetaError> {
+        let v = self.vhost_mut(vhost)?;
+        if passive {
+            return if is_default_exchange(name) || v.exchanges.contains_key(name) {
+                Ok(MetaReply::Ok)
+            } else {
+                Err(exchange_not_found(vhost, name))
+            };
+        }
+        if is_default_exchange(name) {
+            return Err(default_exchange_refused());
+        }
+        check_name("exchange", name)?;
+        let kind_parsed = ExchangeType::parse(kind).ok_or_else(|| {
+            MetaError::invalid(format!("type: unknown exchange type '{kind}'"))
+        })?;
+        if let Some(current) = v.exchanges.get(name) {
+            let inequivalent = |arg: &str, received: &str, current: &str| {
+                MetaError::failed_precondition(format!(
+                    "inequivalent arg '{arg}' for exchange '{name}' in vhost '{vhost}': \
+                     received '{received}' but current is '{current}'"
+                ))
+            };
+            if current.kind != kind_parsed {
+                return Err(inequivalent("type", kind, current.kind.as_str()));
+            }
+            for (arg, received, cur) in [
+                ("durable", durable, current.durable),
+                ("auto_delete", auto_delete, current.auto_delete),
+                ("internal", internal, current.internal),
+            ] {
+                if received != cur {
+                    return Err(inequivalent(arg, &received.to_string(), &cur.to_string()));
+                }
+            }
+            return Ok(MetaReply::Ok);
+        }
+        check_not_reserved("exchange", name)?;
+        v.exchanges.insert(
+            name.to_string(),
+            Exchange {
+                name: name.to_string(),
+                kind: kind_parsed,
+                durable,
+                auto_delete,
+                internal,
+                arguments,
+            },
+        );
+        Ok(MetaReply::Ok)
+    }
+
+    fn delete_exchange(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        if_unused: bool,
+    ) -> Result<MetaReply, MetaError> {
+        let v = self.vhost_mut(vhost)?;
+        if is_default_exchange(name) {
+            return Err(default_exchange_refused());
+        }
+        if name.starts_with("amq.") {
+            return Err(MetaError::permission_denied(format!(
+                "deletion of system exchange '{name}' in vhost '{vhost}' not allowed"
+            )));
+        }
+        if !v.exchanges.contains_key(name) {
+            return Err(exchange_not_found(vhost, name));
+        }
+        if if_unused && v.bindings_from(name).next().is_some() {
+            return Err(MetaError::failed_precondition(format!(
+                "exchange '{name}' in vhost '{vhost}' in use"
+            )));
+        }
+        v.exchanges.remove(name);
+        v.bindings.retain(|b| b.source != name);
+        Ok(MetaReply::Ok)
+    }
+
+    fn declare_queue(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        arguments: Table,
+        passive: bool,
+        mut nodes: Vec<NodeId>,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        let next_id = self.next_queue_id;
+        let v = self.vhost_mut(vhost)?;
+        if passive {
+            return match v.queues.get(name) {
+                Some(q) => Ok(MetaReply::QueueDeclared {
+                    queue: q.clone(),
+                    created: false,
+                }),
+                None => Err(queue_not_found(vhost, name)),
+            };
+        }
+        check_name("queue", name)?;
+        if let Some(current) = v.queues.get(name) {
+            check_equivalent(vhost, name, &current.arguments, &arguments)?;
+            return Ok(MetaReply::QueueDeclared {
+                queue: current.clone(),
+                created: false,
+            });
+        }
+        check_not_reserved("queue", name)?;
+        policy::validate_queue_arguments(&arguments)?;
+        let config = policy::effective_config(
+            vhost,
+            name,
+            &arguments,
+            policy::matching_policy(v.policies.values(), name),
+        );
+        policy::check_declared_strategy(&arguments, &config)?;
+
+        nodes.sort_unstable();
+        nodes.dedup();
+        if nodes.is_empty() {
+            return Err(MetaError::failed_precondition(
+                "no cluster nodes to place the queue on",
+            ));
+        }
+        let group_size = arguments
+            .get("x-quorum-initial-group-size")
+            .and_then(Value::as_i64)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(DEFAULT_GROUP_SIZE)
+            .min(nodes.len());
+        let start = (next_id % nodes.len() as u64) as usize;
+        let members = (0..group_size)
+            .map(|i| nodes[(start + i) % nodes.len()])
+            .collect();
+
+        let queue = QueueMeta {
+            id: next_id,
+            vhost: vhost.to_string(),
+            name: name.to_string(),
+            arguments,
+            members,
+            config,
+        };
+        v.queues.insert(name.to_string(), queue.clone());
+        self.queue_ids
+            .insert(next_id, (vhost.to_string(), name.to_string()));
+        self.next_queue_id += 1;
+        effects.push(MetaEffect::QueueCreated(queue.clone()));
+        Ok(MetaReply::QueueDeclared {
+            queue,
+            created: true,
+        })
+    }
+
+    fn delete_queue(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        let v = self.vhost_mut(vhost)?;
+        let queue = v.queues.remove(name).ok_or_else(|| queue_not_found(vhost, name))?;
+        v.remove_bindings(|b| b.destination == name);
+        self.queue_ids.remove(&queue.id);
+        effects.push(MetaEffect::QueueDeleted(queue.clone()));
+        Ok(MetaReply::QueueDeleted { queue })
+    }
+
+    fn bind(
+        &mut self,
+        vhost: &str,
+        queue: String,
+        exchange: String,
+        routing_key: String,
+        arguments: Table,
+        add: bool,
+    ) -> Result<MetaReply, MetaError> {
+        let v = self.vhost_mut(vhost)?;
+        if is_default_exchange(&exchange) {
+            return Err(default_exchange_refused());
+        }
+        let kind = v
+            .exchanges
+            .get(&exchange)
+            .ok_or_else(|| exchange_not_found(vhost, &exchange))?
+            .kind;
+        if !v.queues.contains_key(&queue) {
+            return Err(queue_not_found(vhost, &queue));
+        }
+        let binding = Binding {
+            source: exchange,
+            destination: queue,
+            routing_key,
+            arguments,
+        };
+        if add {
+            route::validate_binding_arguments(kind, &binding.arguments)?;
+            v.bindings.insert(binding);
+        } else {
+            v.remove_bindings(|b| *b == binding);
+        }
+        Ok(MetaReply::Ok)
+    }
+
+    fn set_policy(
+        &mut self,
+        vhost: &str,
+        policy: Policy,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        let v = self.vhost_mut(vhost)?;
+        check_name("policy", &policy.name)?;
+        compile("pattern", &policy.pattern)?;
+        if !policy::valid_apply_to(&policy.apply_to) {
+            return Err(MetaError::invalid(format!(
+                "apply_to: expected all, queues, quorum_queues or exchanges, got '{}'",
+                policy.apply_to
+            )));
+        }
+        policy::validate_policy_definition(&policy.definition)?;
+        v.policies.insert(policy.name.clone(), policy);
+        recompute_configs(vhost, v, effects);
+        Ok(MetaReply::Ok)
+    }
+
+    fn clear_policy(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        let v = self.vhost_mut(vhost)?;
+        v.policies.remove(name).ok_or_else(|| {
+            MetaError::not_found(format!("no policy '{name}' in vhost '{vhost}'"))
+        })?;
+        recompute_configs(vhost, v, effects);
+        Ok(MetaReply::Ok)
+    }
+}
+
+/// Recomputes the effective configuration of every queue of `v` and reports those that changed.
+fn recompute_configs(vhost: &str, v: &mut Vhost, effects: &mut Vec<MetaEffect>) {
+    for queue in v.queues.values_mut() {
+        let config = policy::effective_config(
+            vhost,
+            &queue.name,
+            &queue.arguments,
+            policy::matching_policy(v.policies.values(), &queue.name),
+        );
+        if config != queue.config {
+            queue.config = config;
+            effects.push(MetaEffect::QueueConfigChanged(queue.clone()));
+        }
+    }
+}
+
+/// A redeclare must carry the same value (or the same absence) for every argument quorumq
+/// interprets; `x-queue-type` absent means `quorum`.
+fn check_equivalent(
+    vhost: &str,
+    name: &str,
+    current: &Table,
+    received: &Table,
+) -> Result<(), MetaError> {
+    let quorum = Value::String("quorum".into());
+    for key in policy::known_argument_names() {
+        let normalize = |t: &'_ Table| -> Option<Value> {
+            match t.get(&key) {
+                None if key == "x-queue-type" => Some(quorum.clone()),
+                other => other.cloned(),
+            }
+        };
+        let (cur, rec) = (normalize(current), normalize(received));
+        if cur != rec {
+            return Err(MetaError::failed_precondition(format!(
+                "inequivalent arg '{key}' for queue '{name}' in vhost '{vhost}': \
+                 received {} but current is {}",
+                show_arg(rec.as_ref()),
+                show_arg(cur.as_ref())
+            )));
+        }
+    }
+    Ok(())
+}

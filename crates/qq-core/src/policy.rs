@@ -1,0 +1,405 @@
+//! Queue arguments, policies, and how the two combine into a queue's effective configuration.
+//!
+//! A queue's behaviour comes from two places: the `x-` arguments given when it was declared
+//! (fixed for its lifetime) and the highest-priority policy whose pattern matches its name
+//! (changeable at any time). This module:
+//!
+//! - validates declare arguments ([`validate_queue_arguments`]) and policy definitions
+//!   ([`validate_policy_definition`]) with messages that name the offending key and say why,
+//!   e.g. `x-message-ttl: expected a non-negative long, got string`;
+//! - picks the policy that applies to a queue ([`matching_policy`]);
+//! - merges arguments and policy into a [`QueueConfig`] ([`effective_config`]) with the
+//!   precedence of SEMANTICS.md: dead-letter keys, argument wins; `max-length`,
+//!   `max-length-bytes`, `message-ttl`, `expires`, the minimum; `delivery-limit`, the minimum
+//!   unless one is negative (then the larger, i.e. the finite one, as RabbitMQ's
+//!   `resolve_delivery_limit`); `overflow`, the policy. Each key is resolved on its own, so a DLX
+//!   from an argument combines with a routing key from a policy.
+//!
+//! **No silent fallbacks.** At-least-once dead lettering needs overflow `reject-publish`.
+//! A declare that asks for at-least-once while its effective overflow is anything else is
+//! refused ([`check_declared_strategy`], FAILED_PRECONDITION). When a *policy* creates the mix
+//! later, the queue cannot be refused any more: its effective strategy becomes at-most-once and
+//! [`QueueConfig::note`] says why, so `GetQueue` shows it. The same goes for a dead-letter
+//! routing key or strategy given by a policy without any dead-letter exchange.
+//!
+//! Arguments known to other RabbitMQ queue types but not to quorum queues (`x-max-priority`,
+//! `x-queue-mode`, ...) are refused, as RabbitMQ does; arguments nobody knows are ignored.
+//! Unlike RabbitMQ, `x-delivery-limit` is validated (a long) instead of being silently treated
+//! as unset when malformed.
+//!
+//! Everything here is a pure function of its inputs; regexes are compiled on demand because a
+//! compiled regex is not serializable state.
+
+use regex::Regex;
+
+use crate::meta::{MetaError, Policy};
+use crate::types::{DEFAULT_DELIVERY_LIMIT, Overflow, QueueConfig, Strategy, Table, Value};
+
+/// Largest TTL accepted for `x-message-ttl` / `x-expires` (10 years in ms, as RabbitMQ).
+pub const MAX_TTL_MS: i64 = 315_360_000_000;
+
+/// The wire names of [`Overflow`].
+pub fn overflow_name(overflow: Overflow) -> &'static str {
+    match overflow {
+        Overflow::DropHead => "drop-head",
+        Overflow::RejectPublish => "reject-publish",
+        Overflow::RejectPublishDlx => "reject-publish-dlx",
+    }
+}
+
+/// Parses `drop-head`, `reject-publish`, `reject-publish-dlx`.
+pub fn parse_overflow(name: &str) -> Option<Overflow> {
+    match name {
+        "drop-head" => Some(Overflow::DropHead),
+        "reject-publish" => Some(Overflow::RejectPublish),
+        "reject-publish-dlx" => Some(Overflow::RejectPublishDlx),
+        _ => None,
+    }
+}
+
+/// Parses `at-most-once`, `at-least-once` (the requested strategy, before DLX/overflow rules).
+pub fn parse_strategy(name: &str) -> Option<Strategy> {
+    match name {
+        "at-most-once" => Some(Strategy::AtMostOnce),
+        "at-least-once" => Some(Strategy::AtLeastOnce),
+        _ => None,
+    }
+}
+
+/// What a key's value must be.
+#[derive(Clone, Copy)]
+enum Rule {
+    String,
+    Strategy,
+    Overflow,
+    /// A long in `min..=max`.
+    Long {
+        min: i64,
+        max: i64,
+    },
+    Bool,
+    QueueType,
+}
+
+/// The keys that can be given both as a queue argument (`x-` + name) and in a policy.
+const SHARED_KEYS: &[(&str, Rule)] = &[
+    ("dead-letter-exchange", Rule::String),
+    ("dead-letter-routing-key", Rule::String),
+    ("dead-letter-strategy", Rule::Strategy),
+    (
+        "message-ttl",
+        Rule::Long {
+            min: 0,
+            max: MAX_TTL_MS,
+        },
+    ),
+    (
+        "expires",
+        Rule::Long {
+            min: 1,
+            max: MAX_TTL_MS,
+        },
+    ),
+    (
+        "max-length",
+        Rule::Long {
+            min: 0,
+            max: i64::MAX,
+        },
+    ),
+    (
+        "max-length-bytes",
+        Rule::Long {
+            min: 0,
+            max: i64::MAX,
+        },
+    ),
+    ("overflow", Rule::Overflow),
+    (
+        "delivery-limit",
+        Rule::Long {
+            min: i64::MIN,
+            max: i64::MAX,
+        },
+    ),
+];
+
+/// Keys that exist only as queue arguments.
+const ARGUMENT_ONLY_KEYS: &[(&str, Rule)] = &[
+    (
+        "x-quorum-initial-group-size",
+        Rule::Long {
+            min: 1,
+            max: i64::MAX,
+        },
+    ),
+    ("x-single-active-consumer", Rule::Bool),
+    ("x-queue-type", Rule::QueueType),
+];
+
+/// Arguments RabbitMQ knows for other queue types and refuses on a quorum queue.
+const UNSUPPORTED_ARGUMENTS: &[&str] = &[
+    "x-max-priority",
+    "x-queue-mode",
+    "x-queue-version",
+    "x-queue-master-locator",
+    "x-max-age",
+    "x-stream-max-segment-size-bytes",
+    "x-stream-filter-size-bytes",
+    "x-initial-cluster-size",
+];
+
+/// Every argument quorumq interprets: validated at declare and compared on redeclare.
+pub fn known_argument_names() -> impl Iterator<Item = String> {
+    SHARED_KEYS
+        .iter()
+        .map(|(k, _)| format!("x-{k}"))
+        .chain(ARGUMENT_ONLY_KEYS.iter().map(|(k, _)| k.to_string()))
+}
+
+fn describe_rule(rule: Rule) -> String {
+    match rule {
+        Rule::String => "a string".into(),
+        Rule::Strategy => "at-most-once or at-least-once".into(),
+        Rule::Overflow => "drop-head, reject-publish or reject-publish-dlx".into(),
+        Rule::Long { min: 0, max: i64::MAX } => "a non-negative long".into(),
+        Rule::Long { min: 0, max } => format!("a non-negative long <= {max}"),
+        Rule::Long { min, max: i64::MAX } if min > i64::MIN => format!("a long >= {min}"),
+        Rule::Long { min, max } if min > i64::MIN => format!("a long between {min} and {max}"),
+        Rule::Long { .. } => "a long".into(),
+        Rule::Bool => "a bool".into(),
+        Rule::QueueType => "'quorum' (only quorum queues exist)".into(),
+    }
+}
+
+/// A value as shown in an error message: strings quoted, numbers bare, others by type.
+fn show_value(value: &Value) -> String {
+    match value {
+        Value::String(s) => format!("'{s}'"),
+        Value::Long(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        other => other.type_name().to_string(),
+    }
+}
+
+fn check(key: &str, rule: Rule, value: &Value) -> Result<(), MetaError> {
+    let ok = match (rule, value) {
+        (Rule::String, Value::String(_)) => true,
+        (Rule::Strategy, Value::String(s)) => parse_strategy(s).is_some(),
+        (Rule::Overflow, Value::String(s)) => parse_overflow(s).is_some(),
+        (Rule::Long { min, max }, Value::Long(n)) => (min..=max).contains(n),
+        (Rule::Bool, Value::Bool(_)) => true,
+        (Rule::QueueType, Value::String(s)) => s == "quorum",
+        _ => false,
+    };
+    if ok {
+        return Ok(());
+    }
+    let got = match (rule, value) {
+        // Wrong type: say which type; right type, bad value: show the value.
+        (Rule::String | Rule::Strategy | Rule::Overflow | Rule::QueueType, Value::String(_))
+        | (Rule::Long { .. }, Value::Long(_)) => show_value(value),
+        _ => value.type_name().to_string(),
+    };
+    Err(MetaError::invalid(format!(
+        "{key}: expected {}, got {got}",
+        describe_rule(rule)
+    )))
+}
+
+/// Validates the arguments of a queue declare. Known keys must have the right type and range;
+/// `x-dead-letter-routing-key` needs `x-dead-letter-exchange`; arguments of other queue types
+/// are refused; unknown arguments are ignored. The at-least-once/overflow combination depends
+/// on the policy too and is checked by [`check_declared_strategy`].
+pub fn validate_queue_arguments(args: &Table) -> Result<(), MetaError> {
+    for (key, value) in args {
+        if let Some(rule) = key
+            .strip_prefix("x-")
+            .and_then(|k| SHARED_KEYS.iter().find(|(name, _)| *name == k))
+            .map(|(_, rule)| *rule)
+            .or_else(|| {
+                ARGUMENT_ONLY_KEYS
+                    .iter()
+                    .find(|(name, _)| name == key)
+                    .map(|(_, rule)| *rule)
+            })
+        {
+            check(key, rule, value)?;
+        } else if UNSUPPORTED_ARGUMENTS.contains(&key.as_str()) {
+            return Err(MetaError::invalid(format!(
+                "{key}: not supported by quorum queues"
+            )));
+        }
+    }
+    if args.contains_key("x-dead-letter-routing-key") && !args.contains_key("x-dead-letter-exchange")
+    {
+        return Err(MetaError::invalid(
+            "x-dead-letter-routing-key: requires x-dead-letter-exchange",
+        ));
+    }
+    Ok(())
+}
+
+/// Validates a policy definition: only the nine policy keys, each with the right type and range.
+pub fn validate_policy_definition(def: &Table) -> Result<(), MetaError> {
+    for (key, value) in def {
+        let Some((_, rule)) = SHARED_KEYS.iter().find(|(name, _)| name == key) else {
+            let known: Vec<&str> = SHARED_KEYS.iter().map(|(k, _)| *k).collect();
+            return Err(MetaError::invalid(format!(
+                "definition: '{key}' is not a recognised policy setting (known: {})",
+                known.join(", ")
+            )));
+        };
+        check(key, *rule, value)?;
+    }
+    Ok(())
+}
+
+/// Refuses a declare whose *arguments* ask for at-least-once while the effective overflow
+/// (argument or policy, policy winning) is not `reject-publish` (FAILED_PRECONDITION).
+pub fn check_declared_strategy(args: &Table, config: &QueueConfig) -> Result<(), MetaError> {
+    let asked = args
+        .get("x-dead-letter-strategy")
+        .and_then(Value::as_str)
+        .and_then(parse_strategy);
+    if asked == Some(Strategy::AtLeastOnce) && config.overflow != Overflow::RejectPublish {
+        return Err(MetaError::failed_precondition(format!(
+            "x-dead-letter-strategy: at-least-once requires overflow reject-publish, \
+             but the effective overflow is {}",
+            overflow_name(config.overflow)
+        )));
+    }
+    Ok(())
+}
+
+/// Does `policy` apply to queues (`apply_to` `all`, `queues`, `quorum_queues`, or empty)?
+pub fn applies_to_queues(policy: &Policy) -> bool {
+    matches!(
+        policy.apply_to.as_str(),
+        "" | "all" | "queues" | "quorum_queues"
+    )
+}
+
+/// Is `apply_to` a valid policy target?
+pub fn valid_apply_to(apply_to: &str) -> bool {
+    matches!(
+        apply_to,
+        "" | "all" | "queues" | "quorum_queues" | "exchanges"
+    )
+}
+
+/// The policy that applies to queue `queue_name`: among those whose pattern matches the name
+/// (unanchored) and that apply to queues, the highest priority; among equal priorities, the
+/// smallest name (RabbitMQ leaves ties unspecified; quorumq must be deterministic).
+pub fn matching_policy<'a>(
+    policies: impl Iterator<Item = &'a Policy>,
+    queue_name: &str,
+) -> Option<&'a Policy> {
+    policies
+        .filter(|p| applies_to_queues(p))
+        .filter(|p| {
+            Regex::new(&p.pattern)
+                .map(|re| re.is_match(queue_name))
+                .unwrap_or(false)
+        })
+        .min_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.name.cmp(&b.name)))
+}
+
+/// The value of `key` from the arguments (`x-key`) and from the policy (`key`).
+fn both<'a>(args: &'a Table, policy: Option<&'a Policy>, key: &str) -> (Option<&'a Value>, Option<&'a Value>) {
+    (
+        args.get(&format!("x-{key}")),
+        policy.and_then(|p| p.definition.get(key)),
+    )
+}
+
+fn string_arg_wins(args: &Table, policy: Option<&Policy>, key: &str) -> Option<String> {
+    let (a, p) = both(args, policy, key);
+    a.and_then(Value::as_str)
+        .or_else(|| p.and_then(Value::as_str))
+        .map(str::to_string)
+}
+
+fn min_non_negative(args: &Table, policy: Option<&Policy>, key: &str) -> Option<u64> {
+    let (a, p) = both(args, policy, key);
+    let a = a.and_then(Value::as_i64).and_then(|n| u64::try_from(n).ok());
+    let p = p.and_then(Value::as_i64).and_then(|n| u64::try_from(n).ok());
+    match (a, p) {
+        (Some(a), Some(p)) => Some(a.min(p)),
+        (a, p) => a.or(p),
+    }
+}
+
+/// The effective configuration of queue `vhost`/`name` declared with `args`, under `policy`
+/// (the one [`matching_policy`] chose, if any). Inputs are assumed validated.
+pub fn effective_config(
+    vhost: &str,
+    name: &str,
+    args: &Table,
+    policy: Option<&Policy>,
+) -> QueueConfig {
+    let mut config = QueueConfig::new(vhost, name);
+    let mut notes: Vec<String> = Vec::new();
+    config.policy = policy.map(|p| p.name.clone());
+
+    config.message_ttl_ms = min_non_negative(args, policy, "message-ttl");
+    config.expires_ms = min_non_negative(args, policy, "expires");
+    config.max_length = min_non_negative(args, policy, "max-length");
+    config.max_length_bytes = min_non_negative(args, policy, "max-length-bytes");
+
+    let (a, p) = both(args, policy, "overflow");
+    config.overflow = p
+        .or(a)
+        .and_then(Value::as_str)
+        .and_then(parse_overflow)
+        .unwrap_or_default();
+
+    let (a, p) = both(args, policy, "delivery-limit");
+    let limit = match (a.and_then(Value::as_i64), p.and_then(Value::as_i64)) {
+        (Some(a), Some(p)) if a < 0 || p < 0 => a.max(p),
+        (Some(a), Some(p)) => a.min(p),
+        (a, p) => a.or(p).unwrap_or(DEFAULT_DELIVERY_LIMIT),
+    };
+    config.delivery_limit = u64::try_from(limit).ok();
+
+    config.single_active_consumer = matches!(args.get("x-single-active-consumer"), Some(Value::Bool(true)));
+
+    config.dead_letter_exchange = string_arg_wins(args, policy, "dead-letter-exchange");
+    config.dead_letter_routing_key = string_arg_wins(args, policy, "dead-letter-routing-key");
+    let requested = string_arg_wins(args, policy, "dead-letter-strategy")
+        .as_deref()
+        .and_then(parse_strategy);
+    config.dead_letter_strategy = if config.dead_letter_exchange.is_none() {
+        let mut ignored = Vec::new();
+        if config.dead_letter_routing_key.is_some() {
+            ignored.push("dead-letter-routing-key");
+        }
+        if requested.is_some() {
+            ignored.push("dead-letter-strategy");
+        }
+        if !ignored.is_empty() {
+            notes.push(format!(
+                "{} set without a dead-letter-exchange; dead lettering is disabled",
+                ignored.join(" and ")
+            ));
+        }
+        config.dead_letter_routing_key = None;
+        Strategy::Disabled
+    } else {
+        match requested {
+            Some(Strategy::AtLeastOnce) if config.overflow != Overflow::RejectPublish => {
+                notes.push(format!(
+                    "dead-letter-strategy at-least-once needs overflow reject-publish \
+                     (effective overflow is {}); using at-most-once",
+                    overflow_name(config.overflow)
+                ));
+                Strategy::AtMostOnce
+            }
+            Some(Strategy::AtLeastOnce) => Strategy::AtLeastOnce,
+            _ => Strategy::AtMostOnce,
+        }
+    };
+
+    config.note = (!notes.is_empty()).then(|| notes.join("; "));
+    config
+}

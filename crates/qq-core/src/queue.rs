@@ -1,0 +1,1293 @@
+//! The queue state machine: one quorum queue, as a pure function of its Raft log.
+//!
+//! # What it is
+//! [`QueueState::apply`] takes a log index and a [`Command`] and returns a [`Reply`] for the
+//! proposer plus a list of [`Effect`]s (deliver this message to that consumer, this message died,
+//! delete this body). Every replica applies the same log and reaches the same state, byte for
+//! byte; only the leader carries out `Deliver` and the republishing half of `DeadLetter`, while
+//! every replica carries out body deletion. This is rabbit_fifo's shape (SEMANTICS.md, "The queue
+//! state machine"; reference §6.4): consumers, their credit and their checked-out messages live in
+//! the replicated state, so a new leader knows exactly what is out and with whom
+//! ([`QueueState::pending_deliveries`]).
+//!
+//! # Where a message is
+//! A live message is in exactly one place ([`Location`]):
+//! - **ready**: waiting for a consumer. Dispatch order is the *returns* queue (messages given back
+//!   by a consumer or a lapsed Get lease, in the order they came back) followed by the never
+//!   delivered messages in id (= enqueue) order. Returned messages are served first.
+//! - **unacked**: checked out to a consumer, or held by a Get lease (consumer [`GET_CONSUMER`]).
+//!   Unacked messages never expire and do not count against length limits.
+//! - **held**: dead-lettered under the at-least-once strategy, kept until the transfer to every
+//!   target is confirmed by [`Command::DeadLetterSettle`]. Held messages count against length
+//!   limits, as in rabbit_fifo's `is_over_limit`.
+//!
+//! A message leaves the state only with an effect that says so: `DeleteBody` (acked, purged,
+//! auto-ack Get, dead letter confirmed) or `DeadLetter` with strategy `Disabled`/`AtMostOnce`.
+//!
+//! # Time
+//! Time enters only as the leader-stamped `now_ms` of commands. The state keeps the largest
+//! `now_ms` seen and never lets time go backwards (a new leader's clock may lag; 4.3's rabbit_fifo
+//! does the same with `max(last_command_time, system_time)`). Every command first *advances* the
+//! clock: it lapses Get leases and expires ready messages whose deadline has passed, so no command
+//! ever delivers an already-expired message. `Command::Expire` does only that; the leader proposes
+//! it at [`QueueState::next_deadline`]. Expiry happens at the deadline wherever the message sits
+//! (a `BTreeSet<(deadline, id)>` index makes it O(k log n)), unlike RabbitMQ, which expires at the
+//! head only. The deadline is fixed at enqueue (`now + min(queue TTL, message TTL)`), so a TTL
+//! policy change affects only later messages (RabbitMQ does the same). TTL 0 means "deliver in
+//! this apply or expire in this apply".
+//!
+//! # Decisions worth knowing
+//! - Round-robin: a cursor over consumer ids; each assignment moves the cursor past the consumer
+//!   served, one message at a time (rabbit_fifo's service queue, without consumer priorities).
+//! - Length limits are exact and checked at apply time. `reject-publish` refuses a message that
+//!   would be ready and take the queue over a limit; a message a waiting consumer takes at once
+//!   never counts, so `max-length 0` means "only while a consumer is waiting".
+//! - Refused publishes (`Rejected`, `RejectedDeadLettered`) do not record the publisher's seq nor
+//!   the dedup key: the queue did not accept the message, so a retry is judged again.
+//! - A `Settle` naming an id the consumer does not hold is refused as a whole (`Reply::Error`),
+//!   with no partial effect.
+//! - Leaving at-least-once (policy change) re-emits each held dead letter with the new strategy
+//!   (its original reason and death time) and drops it from the state; these are not counted a
+//!   second time in [`Stats`]. RabbitMQ deletes them instead; re-emitting loses nothing.
+//! - Get on a single-active-consumer queue is refused, as in RabbitMQ.
+//!
+//! # What it leaves out
+//! Bodies (stored by the glue in RocksDB under the message id), routing of dead letters and the
+//! `x-death` history (`deadletter`), consumer priorities, AMQP 1.0 credit, consumer timeouts,
+//! delayed retry, message priorities, and the `x-expires` of the queue as a whole (the metadata
+//! layer deletes the queue).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{ConsumerId, MessageId, NodeId, Overflow, QueueConfig, Reason, Strategy};
+
+/// Consumer id used for messages taken with Get (leases). Real consumers use ids != 0.
+pub const GET_CONSUMER: ConsumerId = 0;
+
+/// How many publishers' last sequence numbers are remembered for deduplication. Beyond this, the
+/// publisher whose last accepted publish is oldest is forgotten.
+pub const PUBLISHER_WINDOW: usize = 10_000;
+
+/// How many dead-letter idempotency keys are remembered; the oldest is forgotten first.
+pub const DEDUP_KEY_WINDOW: usize = 100_000;
+
+/// Most consumers attached to one queue at once.
+pub const MAX_CONSUMERS: usize = 10_000;
+
+/// The part of a message the state machine needs; the body lives outside.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MsgHeader {
+    pub size_bytes: u64,
+    /// Per-message TTL already parsed from `properties.expiration`.
+    pub expiration_ms: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SettleOutcome {
+    Ack,
+    Requeue,
+    Reject,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// publisher = Some((publisher_id, seq)): a seq <= the last accepted seq of that publisher is
+    /// a Duplicate. dedup_key = Some(k): idempotency key of a dead-letter copy; a key already seen
+    /// (within [`DEDUP_KEY_WINDOW`]) is a Duplicate.
+    Enqueue {
+        now_ms: u64,
+        header: MsgHeader,
+        publisher: Option<(u64, u64)>,
+        dedup_key: Option<String>,
+    },
+    /// Attach a consumer or change its prefetch (0 = unlimited). `node` holds its stream.
+    Checkout {
+        now_ms: u64,
+        consumer: ConsumerId,
+        node: NodeId,
+        prefetch: u32,
+    },
+    /// Settle messages held by `consumer` ([`GET_CONSUMER`] for Get receipts), in the order given.
+    Settle {
+        now_ms: u64,
+        consumer: ConsumerId,
+        ids: Vec<MessageId>,
+        outcome: SettleOutcome,
+    },
+    /// Consumer stream closed/cancelled: its unacked messages are returned as failed deliveries
+    /// (in id order) and the consumer is removed.
+    ConsumerDown {
+        now_ms: u64,
+        consumer: ConsumerId,
+    },
+    /// Every consumer on that node is down.
+    NodeDown {
+        now_ms: u64,
+        node: NodeId,
+    },
+    /// Take the head ready message under a lease of `lease_ms` (auto_ack: removed at once).
+    Get {
+        now_ms: u64,
+        lease_ms: u64,
+        auto_ack: bool,
+    },
+    /// Expire ready messages whose deadline <= now_ms and lapse Get leases whose deadline <= now_ms.
+    Expire {
+        now_ms: u64,
+    },
+    /// The at-least-once transfer of these held dead letters is confirmed: forget them.
+    DeadLetterSettle {
+        ids: Vec<MessageId>,
+    },
+    /// Remove every ready message (not dead-lettered).
+    Purge,
+    UpdateConfig {
+        now_ms: u64,
+        config: QueueConfig,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Reply {
+    Ok,
+    /// Accepted: the glue stores the body under `id`.
+    Enqueued {
+        id: MessageId,
+    },
+    /// Publisher seq or dedup key already seen: confirm, store nothing.
+    Duplicate,
+    /// reject-publish limit hit: nothing stored.
+    Rejected {
+        detail: String,
+    },
+    /// reject-publish-dlx: refused (publisher sees REJECTED) and dead-lettered with reason maxlen;
+    /// the glue stores the body under `id` because the DeadLetter effect needs it.
+    RejectedDeadLettered {
+        id: MessageId,
+        detail: String,
+    },
+    /// Get result. With `auto_ack`, the glue reads the body for the reply before it carries out
+    /// the `DeleteBody` effect of the same apply.
+    Got {
+        delivery: Option<Delivery>,
+        message_count: u64,
+    },
+    Purged {
+        count: u64,
+    },
+    /// Deterministic refusal; nothing changed.
+    Error {
+        detail: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Delivery {
+    pub consumer: ConsumerId,
+    pub id: MessageId,
+    /// Failed deliveries so far (`x-delivery-count`).
+    pub delivery_count: u32,
+    pub redelivered: bool,
+    /// Get leases only: when the lease lapses.
+    pub lease_deadline_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Effect {
+    /// Leader sends message `id` to the consumer's stream.
+    Deliver(Delivery),
+    /// Message `id` died. Disabled/AtMostOnce: it has already left the state (the leader
+    /// republishes a copy if AtMostOnce, then every replica deletes the body). AtLeastOnce: it is
+    /// now held in the state until DeadLetterSettle.
+    DeadLetter {
+        id: MessageId,
+        reason: Reason,
+        strategy: Strategy,
+        died_at_ms: u64,
+    },
+    /// Message gone for good: every replica deletes the body.
+    DeleteBody { id: MessageId },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Counts {
+    pub ready: u64,
+    /// Checked out to consumers plus held by Get leases.
+    pub unacked: u64,
+    /// Dead letters held for at-least-once transfer.
+    pub held: u64,
+    pub consumers: u64,
+    pub ready_bytes: u64,
+    pub held_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldDeadLetter {
+    pub id: MessageId,
+    pub reason: Reason,
+    pub died_at_ms: u64,
+    pub size_bytes: u64,
+}
+
+/// Where a live message is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Location {
+    Ready,
+    /// Checked out to `consumer` ([`GET_CONSUMER`] for a Get lease).
+    Unacked {
+        consumer: ConsumerId,
+    },
+    Held,
+}
+
+/// Cumulative counters; part of the replicated state.
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Stats {
+    /// Indexed `[reason][strategy]` (see [`Stats::dead_lettered`]); `Strategy` has no `Ord`, so a
+    /// fixed table stands in for a map.
+    dead_lettered: [[u64; 3]; 4],
+    /// Held dead letters whose transfer was confirmed.
+    pub dead_lettered_confirmed: u64,
+    /// Messages accepted (including reject-publish-dlx ones, which are accepted only to die).
+    pub enqueued_total: u64,
+    /// Deliveries to consumers and Get results.
+    pub delivered_total: u64,
+    pub acked_total: u64,
+    /// Failed deliveries (requeue, consumer down, lapsed lease), including those that died.
+    pub returned_total: u64,
+    /// Publishes refused by a length limit (reject-publish and reject-publish-dlx).
+    pub rejected_publishes_total: u64,
+    pub duplicates_total: u64,
+    pub purged_total: u64,
+}
+
+fn reason_index(reason: Reason) -> usize {
+    match reason {
+        Reason::Rejected => 0,
+        Reason::Expired => 1,
+        Reason::Maxlen => 2,
+        Reason::DeliveryLimit => 3,
+    }
+}
+
+const STRATEGIES: [Strategy; 3] = [
+    Strategy::Disabled,
+    Strategy::AtMostOnce,
+    Strategy::AtLeastOnce,
+];
+
+fn strategy_index(strategy: Strategy) -> usize {
+    match strategy {
+        Strategy::Disabled => 0,
+        Strategy::AtMostOnce => 1,
+        Strategy::AtLeastOnce => 2,
+    }
+}
+
+impl Stats {
+    /// How many messages died for `reason` under `strategy`.
+    pub fn dead_lettered(&self, reason: Reason, strategy: Strategy) -> u64 {
+        self.dead_lettered[reason_index(reason)][strategy_index(strategy)]
+    }
+
+    /// Every (reason, strategy, count), including zeros, in a fixed order.
+    pub fn dead_lettered_all(&self) -> Vec<(Reason, Strategy, u64)> {
+        let mut out = Vec::with_capacity(12);
+        for reason in Reason::ALL {
+            for strategy in STRATEGIES {
+                out.push((reason, strategy, self.dead_lettered(reason, strategy)));
+            }
+        }
+        out
+    }
+
+    /// Total dead-letterings, all reasons and strategies.
+    pub fn dead_lettered_total(&self) -> u64 {
+        self.dead_lettered.iter().flatten().sum()
+    }
+
+    fn count_dead_letter(&mut self, reason: Reason, strategy: Strategy) {
+        self.dead_lettered[reason_index(reason)][strategy_index(strategy)] += 1;
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+enum Place {
+    /// `returned`: position in the returns queue, or None for a never-returned message (ordered
+    /// by id in `fresh`).
+    Ready { returned: Option<u64> },
+    Unacked {
+        consumer: ConsumerId,
+        redelivered: bool,
+        lease_deadline_ms: Option<u64>,
+    },
+    Held {
+        seq: u64,
+        reason: Reason,
+        died_at_ms: u64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Msg {
+    header: MsgHeader,
+    deadline_ms: Option<u64>,
+    delivery_count: u32,
+    /// Delivered at least once (to a consumer or a Get).
+    delivered: bool,
+    place: Place,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Consumer {
+    node: NodeId,
+    prefetch: u32,
+    /// Order of attachment (for single active consumer).
+    attached: u64,
+    checked_out: BTreeSet<MessageId>,
+}
+
+impl Consumer {
+    fn has_credit(&self) -> bool {
+        self.prefetch == 0 || (self.checked_out.len() as u64) < u64::from(self.prefetch)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Publisher {
+    last_seq: u64,
+    last_index: u64,
+}
+
+/// The state of one queue. See the module documentation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueState {
+    config: QueueConfig,
+    last_index: u64,
+    /// Largest `now_ms` applied so far.
+    clock_ms: u64,
+    /// Shared counter for return order, death order and attach order.
+    seq: u64,
+    /// Every live message.
+    msgs: BTreeMap<MessageId, Msg>,
+    /// Ready, returned: return seq -> id. Served first.
+    returns: BTreeMap<u64, MessageId>,
+    /// Ready, never returned, in id order.
+    fresh: BTreeSet<MessageId>,
+    ready_bytes: u64,
+    /// (deadline, id) of every ready message with a deadline.
+    expiries: BTreeSet<(u64, MessageId)>,
+    consumers: BTreeMap<ConsumerId, Consumer>,
+    /// Round-robin: the next consumer to serve is the first with credit at or after this id.
+    cursor: ConsumerId,
+    /// (deadline, id) of every Get lease.
+    leases: BTreeSet<(u64, MessageId)>,
+    /// Held dead letters: death seq -> id.
+    held: BTreeMap<u64, MessageId>,
+    held_bytes: u64,
+    publishers: BTreeMap<u64, Publisher>,
+    /// last_index -> publisher id, for least-recently-used eviction.
+    publishers_by_use: BTreeMap<u64, u64>,
+    dedup_keys: BTreeSet<String>,
+    dedup_order: VecDeque<String>,
+    stats: Stats,
+}
+
+impl QueueState {
+    pub fn new(config: QueueConfig) -> Self {
+        QueueState {
+            config,
+            last_index: 0,
+            clock_ms: 0,
+            seq: 0,
+            msgs: BTreeMap::new(),
+            returns: BTreeMap::new(),
+            fresh: BTreeSet::new(),
+            ready_bytes: 0,
+            expiries: BTreeSet::new(),
+            consumers: BTreeMap::new(),
+            cursor: 0,
+            leases: BTreeSet::new(),
+            held: BTreeMap::new(),
+            held_bytes: 0,
+            publishers: BTreeMap::new(),
+            publishers_by_use: BTreeMap::new(),
+            dedup_keys: BTreeSet::new(),
+            dedup_order: VecDeque::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// Apply the command of log entry `index`. Indexes must strictly increase; the index of an
+    /// accepted Enqueue becomes the message's id.
+    pub fn apply(&mut self, index: u64, cmd: Command) -> (Reply, Vec<Effect>) {
+        assert!(
+            index > self.last_index,
+            "queue apply: index {index} not after last applied {}",
+            self.last_index
+        );
+        self.last_index = index;
+        let now = match &cmd {
+            Command::Enqueue { now_ms, .. }
+            | Command::Checkout { now_ms, .. }
+            | Command::Settle { now_ms, .. }
+            | Command::ConsumerDown { now_ms, .. }
+            | Command::NodeDown { now_ms, .. }
+            | Command::Get { now_ms, .. }
+            | Command::Expire { now_ms }
+            | Command::UpdateConfig { now_ms, .. } => (*now_ms).max(self.clock_ms),
+            Command::DeadLetterSettle { .. } | Command::Purge => self.clock_ms,
+        };
+        self.clock_ms = now;
+        let mut fx = Vec::new();
+        self.advance(now, &mut fx);
+        let reply = match cmd {
+            Command::Enqueue {
+                header,
+                publisher,
+                dedup_key,
+                ..
+            } => self.enqueue(index, now, header, publisher, dedup_key, &mut fx),
+            Command::Checkout {
+                consumer,
+                node,
+                prefetch,
+                ..
+            } => self.checkout_cmd(consumer, node, prefetch),
+            Command::Settle {
+                consumer,
+                ids,
+                outcome,
+                ..
+            } => self.settle(now, consumer, &ids, outcome, &mut fx),
+            Command::ConsumerDown { consumer, .. } => {
+                if consumer == GET_CONSUMER {
+                    Reply::Error {
+                        detail: format!("consumer id {GET_CONSUMER} is reserved for get"),
+                    }
+                } else {
+                    self.consumer_down(now, consumer, &mut fx);
+                    Reply::Ok
+                }
+            }
+            Command::NodeDown { node, .. } => {
+                let down: Vec<ConsumerId> = self
+                    .consumers
+                    .iter()
+                    .filter(|(_, c)| c.node == node)
+                    .map(|(id, _)| *id)
+                    .collect();
+                for consumer in down {
+                    self.consumer_down(now, consumer, &mut fx);
+                }
+                Reply::Ok
+            }
+            Command::Get {
+                lease_ms, auto_ack, ..
+            } => self.get(now, lease_ms, auto_ack, &mut fx),
+            Command::Expire { .. } => Reply::Ok,
+            Command::DeadLetterSettle { ids } => {
+                for id in ids {
+                    self.dead_letter_settle(id, &mut fx);
+                }
+                Reply::Ok
+            }
+            Command::Purge => self.purge(&mut fx),
+            Command::UpdateConfig { config, .. } => {
+                self.update_config(config, &mut fx);
+                Reply::Ok
+            }
+        };
+        self.assign(&mut fx);
+        // TTL 0 (deadline == now): whatever no consumer took in this apply expires now.
+        self.expire_ready(now, &mut fx);
+        self.trim(now, &mut fx);
+        (reply, fx)
+    }
+
+    pub fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The index of the last applied command (0 before any).
+    pub fn last_applied(&self) -> u64 {
+        self.last_index
+    }
+
+    /// The largest `now_ms` applied so far: the state machine's clock.
+    pub fn clock_ms(&self) -> u64 {
+        self.clock_ms
+    }
+
+    pub fn counts(&self) -> Counts {
+        Counts {
+            ready: self.ready_len(),
+            unacked: self.unacked_len(),
+            held: self.held.len() as u64,
+            consumers: self.consumers.len() as u64,
+            ready_bytes: self.ready_bytes,
+            held_bytes: self.held_bytes,
+        }
+    }
+
+    /// Earliest ready-message expiry or Get-lease deadline: when the leader should propose Expire.
+    pub fn next_deadline(&self) -> Option<u64> {
+        let expiry = self.expiries.first().map(|(d, _)| *d);
+        let lease = self.leases.first().map(|(d, _)| *d);
+        match (expiry, lease) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Dead letters held for at-least-once transfer, in death order.
+    pub fn held_dead_letters(&self) -> Vec<HeldDeadLetter> {
+        self.held
+            .values()
+            .map(|id| {
+                let m = &self.msgs[id];
+                let Place::Held {
+                    reason, died_at_ms, ..
+                } = m.place
+                else {
+                    unreachable!("held index names message {id} that is not held")
+                };
+                HeldDeadLetter {
+                    id: *id,
+                    reason,
+                    died_at_ms,
+                    size_bytes: m.header.size_bytes,
+                }
+            })
+            .collect()
+    }
+
+    /// (consumer, node, prefetch, unacked) of every attached consumer, by consumer id.
+    pub fn consumers(&self) -> Vec<(ConsumerId, NodeId, u32, u32)> {
+        self.consumers
+            .iter()
+            .map(|(id, c)| (*id, c.node, c.prefetch, c.checked_out.len() as u32))
+            .collect()
+    }
+
+    /// Every live id (ready, unacked, held), ascending: the bodies a snapshot must carry.
+    pub fn message_ids(&self) -> Vec<MessageId> {
+        self.msgs.keys().copied().collect()
+    }
+
+    /// Ready ids in dispatch order (returns first, then never-returned by id).
+    pub fn ready_ids(&self) -> Vec<MessageId> {
+        self.returns
+            .values()
+            .chain(self.fresh.iter())
+            .copied()
+            .collect()
+    }
+
+    /// Where a live message is; None if it is not (or no longer) in the queue.
+    pub fn location(&self, id: MessageId) -> Option<Location> {
+        self.msgs.get(&id).map(|m| match m.place {
+            Place::Ready { .. } => Location::Ready,
+            Place::Unacked { consumer, .. } => Location::Unacked { consumer },
+            Place::Held { .. } => Location::Held,
+        })
+    }
+
+    /// Header of a live message.
+    pub fn header(&self, id: MessageId) -> Option<&MsgHeader> {
+        self.msgs.get(&id).map(|m| &m.header)
+    }
+
+    /// Every message checked out to a consumer (not Get leases), as the Delivery that sent it:
+    /// what a new leader re-sends (consumers de-duplicate by id). By consumer, then id.
+    pub fn pending_deliveries(&self) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        for (cid, c) in &self.consumers {
+            for id in &c.checked_out {
+                let m = &self.msgs[id];
+                if let Place::Unacked { redelivered, .. } = m.place {
+                    out.push(Delivery {
+                        consumer: *cid,
+                        id: *id,
+                        delivery_count: m.delivery_count,
+                        redelivered,
+                        lease_deadline_ms: None,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Stable hash of the whole state (FNV-1a over its `Debug` form, which uses ordered
+    /// collections only), for replica-agreement checks.
+    pub fn digest(&self) -> u64 {
+        let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+        fmt::write(&mut h, format_args!("{self:?}")).expect("hashing cannot fail");
+        h.0
+    }
+
+    /// Full consistency check of the internal indexes (for tests and after loading a snapshot).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut ready = 0u64;
+        let mut ready_bytes = 0u64;
+        let mut held_bytes = 0u64;
+        let mut expiries = BTreeSet::new();
+        let mut leases = BTreeSet::new();
+        let mut unacked: BTreeMap<ConsumerId, BTreeSet<MessageId>> = BTreeMap::new();
+        let mut held = BTreeMap::new();
+        let mut returns = BTreeMap::new();
+        for (id, m) in &self.msgs {
+            if *id > self.last_index {
+                return Err(format!(
+                    "message {id} is after last index {}",
+                    self.last_index
+                ));
+            }
+            match m.place {
+                Place::Ready { returned } => {
+                    ready += 1;
+                    ready_bytes += m.header.size_bytes;
+                    if let Some(d) = m.deadline_ms {
+                        expiries.insert((d, *id));
+                    }
+                    match returned {
+                        Some(r) => {
+                            returns.insert(r, *id);
+                        }
+                        None => {
+                            if !self.fresh.contains(id) {
+                                return Err(format!("ready message {id} not in fresh"));
+                            }
+                        }
+                    }
+                }
+                Place::Unacked {
+                    consumer,
+                    lease_deadline_ms,
+                    ..
+                } => {
+                    if !m.delivered {
+                        return Err(format!("unacked message {id} never delivered"));
+                    }
+                    unacked.entry(consumer).or_default().insert(*id);
+                    match (consumer == GET_CONSUMER, lease_deadline_ms) {
+                        (true, Some(d)) => {
+                            leases.insert((d, *id));
+                        }
+                        (false, None) => {}
+                        _ => return Err(format!("message {id}: lease does not match holder")),
+                    }
+                }
+                Place::Held { seq, .. } => {
+                    held_bytes += m.header.size_bytes;
+                    held.insert(seq, *id);
+                }
+            }
+        }
+        if ready != self.ready_len() || ready_bytes != self.ready_bytes {
+            return Err(format!(
+                "ready {ready}/{ready_bytes}B but indexes say {}/{}B",
+                self.ready_len(),
+                self.ready_bytes
+            ));
+        }
+        if returns != self.returns {
+            return Err("returns index disagrees with messages".into());
+        }
+        if expiries != self.expiries {
+            return Err("expiry index disagrees with ready messages".into());
+        }
+        if leases != self.leases {
+            return Err("lease index disagrees with messages".into());
+        }
+        if held != self.held || held_bytes != self.held_bytes {
+            return Err("held index disagrees with messages".into());
+        }
+        let gets = unacked.remove(&GET_CONSUMER).unwrap_or_default();
+        if gets.len() != self.leases.len() {
+            return Err("get leases disagree".into());
+        }
+        for (cid, c) in &self.consumers {
+            let mine = unacked.remove(cid).unwrap_or_default();
+            if mine != c.checked_out {
+                return Err(format!("consumer {cid} checked-out set disagrees"));
+            }
+        }
+        if let Some((cid, _)) = unacked.first_key_value() {
+            return Err(format!("messages held by unknown consumer {cid}"));
+        }
+        if self.ready_len() > 0 && self.next_consumer().is_some() {
+            return Err("a consumer has credit while messages are ready".into());
+        }
+        if self.publishers.len() != self.publishers_by_use.len()
+            || self.publishers.len() > PUBLISHER_WINDOW
+        {
+            return Err("publisher window disagrees".into());
+        }
+        if self.dedup_keys.len() != self.dedup_order.len()
+            || self.dedup_keys.len() > DEDUP_KEY_WINDOW
+        {
+            return Err("dedup key window disagrees".into());
+        }
+        Ok(())
+    }
+
+    // ----- commands -----
+
+    fn enqueue(
+        &mut self,
+        index: u64,
+        now: u64,
+        header: MsgHeader,
+        publisher: Option<(u64, u64)>,
+        dedup_key: Option<String>,
+        fx: &mut Vec<Effect>,
+    ) -> Reply {
+        if let Some((pid, seq)) = publisher
+            && self.publishers.get(&pid).is_some_and(|p| seq <= p.last_seq)
+        {
+            self.stats.duplicates_total += 1;
+            return Reply::Duplicate;
+        }
+        if let Some(key) = &dedup_key
+            && self.dedup_keys.contains(key)
+        {
+            self.stats.duplicates_total += 1;
+            return Reply::Duplicate;
+        }
+        let ttl = match (self.config.message_ttl_ms, header.expiration_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let deadline_ms = ttl.map(|t| now.saturating_add(t));
+        let size = header.size_bytes;
+        let msg = Msg {
+            header,
+            deadline_ms,
+            delivery_count: 0,
+            delivered: false,
+            place: Place::Ready { returned: None },
+        };
+
+        // Exact limits for the reject overflows: refuse a message that would be ready and would
+        // take the queue over a limit. One a waiting consumer takes at once never counts.
+        if self.config.overflow != Overflow::DropHead {
+            let taken_at_once = self.ready_len() == 0 && self.next_consumer().is_some();
+            if !taken_at_once && let Some(detail) = self.would_exceed(size) {
+                self.stats.rejected_publishes_total += 1;
+                if self.config.overflow == Overflow::RejectPublish {
+                    return Reply::Rejected { detail };
+                }
+                self.stats.enqueued_total += 1;
+                self.msgs.insert(index, msg);
+                self.kill(index, Reason::Maxlen, now, fx);
+                return Reply::RejectedDeadLettered { id: index, detail };
+            }
+        }
+
+        if let Some((pid, seq)) = publisher {
+            self.remember_publisher(pid, seq, index);
+        }
+        if let Some(key) = dedup_key {
+            self.remember_key(key);
+        }
+        self.stats.enqueued_total += 1;
+        self.msgs.insert(index, msg);
+        self.fresh.insert(index);
+        self.ready_bytes += size;
+        if let Some(d) = deadline_ms {
+            self.expiries.insert((d, index));
+        }
+        Reply::Enqueued { id: index }
+    }
+
+    fn checkout_cmd(&mut self, consumer: ConsumerId, node: NodeId, prefetch: u32) -> Reply {
+        if consumer == GET_CONSUMER {
+            return Reply::Error {
+                detail: format!("consumer id {GET_CONSUMER} is reserved for get"),
+            };
+        }
+        if let Some(c) = self.consumers.get_mut(&consumer) {
+            c.node = node;
+            c.prefetch = prefetch;
+            return Reply::Ok;
+        }
+        if self.consumers.len() >= MAX_CONSUMERS {
+            return Reply::Error {
+                detail: format!(
+                    "queue '{}' has too many consumers (at most {MAX_CONSUMERS})",
+                    self.config.name
+                ),
+            };
+        }
+        let attached = self.next_seq();
+        self.consumers.insert(
+            consumer,
+            Consumer {
+                node,
+                prefetch,
+                attached,
+                checked_out: BTreeSet::new(),
+            },
+        );
+        Reply::Ok
+    }
+
+    fn settle(
+        &mut self,
+        now: u64,
+        consumer: ConsumerId,
+        ids: &[MessageId],
+        outcome: SettleOutcome,
+        fx: &mut Vec<Effect>,
+    ) -> Reply {
+        // All or nothing: refuse the whole settle if any id is not held by this consumer.
+        let mut seen = BTreeSet::new();
+        for id in ids {
+            let held = matches!(
+                self.msgs.get(id).map(|m| &m.place),
+                Some(Place::Unacked { consumer: c, .. }) if *c == consumer
+            );
+            if !held || !seen.insert(*id) {
+                return Reply::Error {
+                    detail: format!("unknown delivery tag {id}"),
+                };
+            }
+        }
+        for id in ids {
+            self.detach_unacked(*id);
+            match outcome {
+                SettleOutcome::Ack => {
+                    self.msgs.remove(id);
+                    self.stats.acked_total += 1;
+                    fx.push(Effect::DeleteBody { id: *id });
+                }
+                SettleOutcome::Requeue => self.return_failed(*id, now, fx),
+                SettleOutcome::Reject => self.kill(*id, Reason::Rejected, now, fx),
+            }
+        }
+        Reply::Ok
+    }
+
+    fn consumer_down(&mut self, now: u64, consumer: ConsumerId, fx: &mut Vec<Effect>) {
+        let Some(c) = self.consumers.remove(&consumer) else {
+            return;
+        };
+        // Returned in id order, as rabbit_fifo does; the consumer record is already gone, so
+        // there is nothing to detach from.
+        for id in c.checked_out {
+            self.return_failed(id, now, fx);
+        }
+    }
+
+    fn get(&mut self, now: u64, lease_ms: u64, auto_ack: bool, fx: &mut Vec<Effect>) -> Reply {
+        if self.config.single_active_consumer {
+            return Reply::Error {
+                detail: format!(
+                    "get is not supported on queue '{}' with single active consumer",
+                    self.config.name
+                ),
+            };
+        }
+        let Some(id) = self.ready_head() else {
+            return Reply::Got {
+                delivery: None,
+                message_count: 0,
+            };
+        };
+        self.detach_ready(id);
+        self.stats.delivered_total += 1;
+        let lease_deadline_ms = if auto_ack {
+            None
+        } else {
+            Some(now.saturating_add(lease_ms))
+        };
+        let m = self.msgs.get_mut(&id).expect("ready message exists");
+        let delivery = Delivery {
+            consumer: GET_CONSUMER,
+            id,
+            delivery_count: m.delivery_count,
+            redelivered: m.delivered,
+            lease_deadline_ms,
+        };
+        if auto_ack {
+            self.msgs.remove(&id);
+            self.stats.acked_total += 1;
+            fx.push(Effect::DeleteBody { id });
+        } else {
+            let deadline = now.saturating_add(lease_ms);
+            m.place = Place::Unacked {
+                consumer: GET_CONSUMER,
+                redelivered: m.delivered,
+                lease_deadline_ms,
+            };
+            m.delivered = true;
+            self.leases.insert((deadline, id));
+        }
+        Reply::Got {
+            delivery: Some(delivery),
+            message_count: self.ready_len(),
+        }
+    }
+
+    fn dead_letter_settle(&mut self, id: MessageId, fx: &mut Vec<Effect>) {
+        let Some(Msg {
+            place: Place::Held { seq, .. },
+            ..
+        }) = self.msgs.get(&id)
+        else {
+            return; // unknown or not held: already settled (a retried confirmation)
+        };
+        let seq = *seq;
+        let m = self.msgs.remove(&id).expect("held message exists");
+        self.held.remove(&seq);
+        self.held_bytes -= m.header.size_bytes;
+        self.stats.dead_lettered_confirmed += 1;
+        fx.push(Effect::DeleteBody { id });
+    }
+
+    fn purge(&mut self, fx: &mut Vec<Effect>) -> Reply {
+        let ids = self.ready_ids();
+        for id in &ids {
+            self.detach_ready(*id);
+            self.msgs.remove(id);
+            fx.push(Effect::DeleteBody { id: *id });
+        }
+        self.stats.purged_total += ids.len() as u64;
+        Reply::Purged {
+            count: ids.len() as u64,
+        }
+    }
+
+    fn update_config(&mut self, config: QueueConfig, fx: &mut Vec<Effect>) {
+        let was = self.config.dead_letter_strategy;
+        self.config = config;
+        let now_strategy = self.config.dead_letter_strategy;
+        if was == Strategy::AtLeastOnce && now_strategy != Strategy::AtLeastOnce {
+            // Release the held dead letters under the new strategy, in death order.
+            let held = std::mem::take(&mut self.held);
+            self.held_bytes = 0;
+            for id in held.into_values() {
+                let m = self.msgs.remove(&id).expect("held message exists");
+                let Place::Held {
+                    reason, died_at_ms, ..
+                } = m.place
+                else {
+                    unreachable!("held index names message {id} that is not held")
+                };
+                fx.push(Effect::DeadLetter {
+                    id,
+                    reason,
+                    strategy: now_strategy,
+                    died_at_ms,
+                });
+            }
+        }
+    }
+
+    // ----- the machinery every command shares -----
+
+    /// Lapse due Get leases and expire due ready messages.
+    fn advance(&mut self, now: u64, fx: &mut Vec<Effect>) {
+        while let Some(&(deadline, id)) = self.leases.first() {
+            if deadline > now {
+                break;
+            }
+            self.detach_unacked(id);
+            self.return_failed(id, now, fx);
+        }
+        self.expire_ready(now, fx);
+    }
+
+    /// Dead-letter (reason expired) every ready message whose deadline <= now, in queue order.
+    fn expire_ready(&mut self, now: u64, fx: &mut Vec<Effect>) {
+        let due: Vec<MessageId> = self
+            .expiries
+            .range(..=(now, MessageId::MAX))
+            .map(|(_, id)| *id)
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let mut due: Vec<((u8, u64), MessageId)> =
+            due.into_iter().map(|id| (self.queue_pos(id), id)).collect();
+        due.sort_unstable();
+        for (_, id) in due {
+            self.detach_ready(id);
+            self.kill(id, Reason::Expired, now, fx);
+        }
+    }
+
+    /// Give ready messages to consumers with credit, round-robin, one at a time, in FIFO order.
+    fn assign(&mut self, fx: &mut Vec<Effect>) {
+        while let Some(id) = self.ready_head() {
+            let Some(cid) = self.next_consumer() else {
+                break;
+            };
+            self.detach_ready(id);
+            let m = self.msgs.get_mut(&id).expect("ready message exists");
+            let redelivered = m.delivered;
+            m.delivered = true;
+            m.place = Place::Unacked {
+                consumer: cid,
+                redelivered,
+                lease_deadline_ms: None,
+            };
+            let delivery_count = m.delivery_count;
+            self.consumers
+                .get_mut(&cid)
+                .expect("consumer exists")
+                .checked_out
+                .insert(id);
+            self.cursor = cid.wrapping_add(1);
+            self.stats.delivered_total += 1;
+            fx.push(Effect::Deliver(Delivery {
+                consumer: cid,
+                id,
+                delivery_count,
+                redelivered,
+                lease_deadline_ms: None,
+            }));
+        }
+    }
+
+    /// drop-head: while over a limit, dead-letter the oldest ready messages (reason maxlen).
+    fn trim(&mut self, now: u64, fx: &mut Vec<Effect>) {
+        if self.config.overflow != Overflow::DropHead {
+            return;
+        }
+        while self.is_over_limit() {
+            let Some(id) = self.ready_head() else {
+                break; // only held dead letters left over the limit: nothing drop-head can drop
+            };
+            self.detach_ready(id);
+            self.kill(id, Reason::Maxlen, now, fx);
+        }
+    }
+
+    /// The next consumer to serve, if any has credit (single active consumer: only the earliest
+    /// attached one is considered).
+    fn next_consumer(&self) -> Option<ConsumerId> {
+        if self.config.single_active_consumer {
+            let (id, c) = self.consumers.iter().min_by_key(|(_, c)| c.attached)?;
+            return c.has_credit().then_some(*id);
+        }
+        self.consumers
+            .range(self.cursor..)
+            .chain(self.consumers.range(..self.cursor))
+            .find(|(_, c)| c.has_credit())
+            .map(|(id, _)| *id)
+    }
+
+    /// A failed delivery comes back: count it; past the delivery limit it dies, past its
+    /// deadline it expires, otherwise it joins the tail of the returns queue.
+    /// The message must already be detached from its holder.
+    fn return_failed(&mut self, id: MessageId, now: u64, fx: &mut Vec<Effect>) {
+        self.stats.returned_total += 1;
+        let m = self.msgs.get_mut(&id).expect("returned message exists");
+        m.delivery_count = m.delivery_count.saturating_add(1);
+        let over_limit = self
+            .config
+            .delivery_limit
+            .is_some_and(|limit| u64::from(m.delivery_count) > limit);
+        if over_limit {
+            self.kill(id, Reason::DeliveryLimit, now, fx);
+            return;
+        }
+        if m.deadline_ms.is_some_and(|d| d <= now) {
+            self.kill(id, Reason::Expired, now, fx);
+            return;
+        }
+        let pos = self.next_seq();
+        let m = self.msgs.get_mut(&id).expect("returned message exists");
+        m.place = Place::Ready {
+            returned: Some(pos),
+        };
+        self.ready_bytes += m.header.size_bytes;
+        if let Some(d) = m.deadline_ms {
+            self.expiries.insert((d, id));
+        }
+        self.returns.insert(pos, id);
+    }
+
+    /// A message dies. It must already be detached (or never placed). Disabled/AtMostOnce: it
+    /// leaves the state; AtLeastOnce: it is held.
+    fn kill(&mut self, id: MessageId, reason: Reason, now: u64, fx: &mut Vec<Effect>) {
+        let strategy = self.config.dead_letter_strategy;
+        self.stats.count_dead_letter(reason, strategy);
+        fx.push(Effect::DeadLetter {
+            id,
+            reason,
+            strategy,
+            died_at_ms: now,
+        });
+        if strategy == Strategy::AtLeastOnce {
+            let seq = self.next_seq();
+            let m = self.msgs.get_mut(&id).expect("dying message exists");
+            m.place = Place::Held {
+                seq,
+                reason,
+                died_at_ms: now,
+            };
+            self.held_bytes += m.header.size_bytes;
+            self.held.insert(seq, id);
+        } else {
+            self.msgs.remove(&id);
+        }
+    }
+
+    fn detach_ready(&mut self, id: MessageId) {
+        let m = &self.msgs[&id];
+        let Place::Ready { returned } = m.place else {
+            unreachable!("message {id} is not ready")
+        };
+        match returned {
+            Some(pos) => {
+                self.returns.remove(&pos);
+            }
+            None => {
+                self.fresh.remove(&id);
+            }
+        }
+        if let Some(d) = m.deadline_ms {
+            self.expiries.remove(&(d, id));
+        }
+        self.ready_bytes -= m.header.size_bytes;
+    }
+
+    fn detach_unacked(&mut self, id: MessageId) {
+        let m = &self.msgs[&id];
+        let Place::Unacked {
+            consumer,
+            lease_deadline_ms,
+            ..
+        } = m.place
+        else {
+            unreachable!("message {id} is not unacked")
+        };
+        if consumer == GET_CONSUMER {
+            let d = lease_deadline_ms.expect("get lease has a deadline");
+            self.leases.remove(&(d, id));
+        } else {
+            self.consumers
+                .get_mut(&consumer)
+                .expect("holder exists")
+                .checked_out
+                .remove(&id);
+        }
+    }
+
+    fn ready_head(&self) -> Option<MessageId> {
+        self.returns
+            .first_key_value()
+            .map(|(_, id)| *id)
+            .or_else(|| self.fresh.first().copied())
+    }
+
+    /// Sort key of a ready message in dispatch order.
+    fn queue_pos(&self, id: MessageId) -> (u8, u64) {
+        match self.msgs[&id].place {
+            Place::Ready {
+                returned: Some(pos),
+            } => (0, pos),
+            _ => (1, id),
+        }
+    }
+
+    fn ready_len(&self) -> u64 {
+        (self.returns.len() + self.fresh.len()) as u64
+    }
+
+    fn unacked_len(&self) -> u64 {
+        self.leases.len() as u64
+            + self
+                .consumers
+                .values()
+                .map(|c| c.checked_out.len() as u64)
+                .sum::<u64>()
+    }
+
+    fn is_over_limit(&self) -> bool {
+        let count = self.ready_len() + self.held.len() as u64;
+        let bytes = self.ready_bytes + self.held_bytes;
+        self.config.max_length.is_some_and(|l| count > l)
+            || self.config.max_length_bytes.is_some_and(|l| bytes > l)
+    }
+
+    /// Which limit one more ready message of `size` bytes would break, as a refusal detail.
+    fn would_exceed(&self, size: u64) -> Option<String> {
+        let count = self.ready_len() + self.held.len() as u64 + 1;
+        let bytes = self.ready_bytes + self.held_bytes + size;
+        let name = &self.config.name;
+        if let Some(l) = self.config.max_length
+            && count > l
+        {
+            return Some(format!("queue '{name}' is full (x-max-length {l})"));
+        }
+        if let Some(l) = self.config.max_length_bytes
+            && bytes > l
+        {
+            return Some(format!("queue '{name}' is full (x-max-length-bytes {l})"));
+        }
+        None
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    fn remember_publisher(&mut self, pid: u64, seq: u64, index: u64) {
+        if let Some(p) = self.publishers.get_mut(&pid) {
+            self.publishers_by_use.remove(&p.last_index);
+            p.last_seq = seq;
+            p.last_index = index;
+        } else {
+            if self.publishers.len() >= PUBLISHER_WINDOW {
+                let (_, oldest) = self
+                    .publishers_by_use
+                    .pop_first()
+                    .expect("window is not empty");
+                self.publishers.remove(&oldest);
+            }
+            self.publishers.insert(
+                pid,
+                Publisher {
+                    last_seq: seq,
+                    last_index: index,
+                },
+            );
+        }
+        self.publishers_by_use.insert(index, pid);
+    }
+
+    fn remember_key(&mut self, key: String) {
+        if self.dedup_order.len() >= DEDUP_KEY_WINDOW {
+            let oldest = self.dedup_order.pop_front().expect("window is not empty");
+            self.dedup_keys.remove(&oldest);
+        }
+        self.dedup_keys.insert(key.clone());
+        self.dedup_order.push_back(key);
+    }
+}
+
+/// FNV-1a, fed through `fmt::Write` so the `Debug` form is hashed without being materialised.
+struct Fnv(u64);
+
+impl fmt::Write for Fnv {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for b in s.bytes() {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,207 @@
+//! Shared vocabulary of the pure core: identifiers, AMQP-style values and message properties,
+//! and the effective configuration of a queue.
+//!
+//! Everything here is plain data with serde, ordered collections only (`BTreeMap`), so that a
+//! serialized state is byte-for-byte the same on every replica.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A cluster node. Node ids are chosen by the operator and are stable across restarts.
+pub type NodeId = u64;
+
+/// The Raft group of one queue. Group 0 is the metadata group; queues get 1, 2, ...
+pub type QueueId = u64;
+
+/// The id of a message inside its queue: the Raft log index of the entry that enqueued it.
+/// Unique within the queue's group forever, and the same on every replica.
+pub type MessageId = u64;
+
+/// A consumer attachment inside one queue. Chosen by the node that proposes the checkout;
+/// unique within the queue (nodes put their node id in the high 16 bits).
+pub type ConsumerId = u64;
+
+/// Typed field-table value (AMQP 0-9-1 field table, as carried by the gRPC `Value`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Value {
+    String(String),
+    Long(i64),
+    Bool(bool),
+    Double(f64),
+    Bytes(Vec<u8>),
+    /// Seconds since the Unix epoch.
+    Timestamp(i64),
+    List(Vec<Value>),
+    Table(Table),
+}
+
+/// A field table: headers, queue arguments, policy definitions.
+pub type Table = BTreeMap<String, Value>;
+
+impl Value {
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            Value::Long(n) => Some(*n),
+            _ => None,
+        }
+    }
+    /// The name of the value's type, for error messages ("expected long, got string").
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::String(_) => "string",
+            Value::Long(_) => "long",
+            Value::Bool(_) => "bool",
+            Value::Double(_) => "double",
+            Value::Bytes(_) => "bytes",
+            Value::Timestamp(_) => "timestamp",
+            Value::List(_) => "list",
+            Value::Table(_) => "table",
+        }
+    }
+}
+
+/// AMQP 0-9-1 basic properties. Empty strings and zeros mean "not set".
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Properties {
+    pub content_type: String,
+    pub content_encoding: String,
+    pub headers: Table,
+    pub delivery_mode: u32,
+    pub priority: u32,
+    pub correlation_id: String,
+    pub reply_to: String,
+    /// Per-message TTL: a decimal string of milliseconds; empty = none.
+    pub expiration: String,
+    pub message_id: String,
+    pub timestamp: i64,
+    pub r#type: String,
+    pub user_id: String,
+    pub app_id: String,
+}
+
+/// A message as stored: properties, body, and where it was published to.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub properties: Properties,
+    pub body: Vec<u8>,
+    /// The exchange it was last published to (for dead letters: the DLX).
+    pub exchange: String,
+    /// The routing key it was last published with.
+    pub routing_key: String,
+}
+
+/// What happens when a queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Overflow {
+    /// Dead-letter (or drop) the oldest ready messages.
+    #[default]
+    DropHead,
+    /// Refuse the new message; the publisher's confirm says rejected.
+    RejectPublish,
+    /// Refuse the new message and dead-letter it with reason `maxlen`.
+    RejectPublishDlx,
+}
+
+/// Dead-letter strategy in effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Strategy {
+    /// No dead-letter exchange: dead messages are dropped (and counted).
+    #[default]
+    Disabled,
+    AtMostOnce,
+    AtLeastOnce,
+}
+
+impl Strategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Disabled => "disabled",
+            Strategy::AtMostOnce => "at_most_once",
+            Strategy::AtLeastOnce => "at_least_once",
+        }
+    }
+}
+
+/// Why a message died.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Reason {
+    Rejected,
+    Expired,
+    Maxlen,
+    DeliveryLimit,
+}
+
+impl Reason {
+    /// The wire name used in `x-death` and counters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Rejected => "rejected",
+            Reason::Expired => "expired",
+            Reason::Maxlen => "maxlen",
+            Reason::DeliveryLimit => "delivery_limit",
+        }
+    }
+    pub const ALL: [Reason; 4] = [
+        Reason::Rejected,
+        Reason::Expired,
+        Reason::Maxlen,
+        Reason::DeliveryLimit,
+    ];
+}
+
+/// Default `x-delivery-limit` (SEMANTICS.md).
+pub const DEFAULT_DELIVERY_LIMIT: i64 = 20;
+
+/// The resolved configuration of a queue: arguments merged with the applied policy.
+/// Computed by the metadata layer (`policy::effective_config`) and carried into the queue's
+/// own log by `Command::UpdateConfig`, so every replica of the queue sees the same one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueConfig {
+    pub vhost: String,
+    pub name: String,
+    pub dead_letter_exchange: Option<String>,
+    pub dead_letter_routing_key: Option<String>,
+    /// Effective strategy (Disabled when there is no DLX).
+    pub dead_letter_strategy: Strategy,
+    pub message_ttl_ms: Option<u64>,
+    pub expires_ms: Option<u64>,
+    pub max_length: Option<u64>,
+    pub max_length_bytes: Option<u64>,
+    pub overflow: Overflow,
+    /// None = unlimited (a negative limit was given).
+    pub delivery_limit: Option<u64>,
+    pub single_active_consumer: bool,
+    /// Name of the policy that applies, if any.
+    pub policy: Option<String>,
+    /// Why a requested setting could not take effect (e.g. at-least-once with drop-head).
+    pub note: Option<String>,
+}
+
+impl QueueConfig {
+    /// A queue with no arguments and no policy.
+    pub fn new(vhost: &str, name: &str) -> Self {
+        QueueConfig {
+            vhost: vhost.to_string(),
+            name: name.to_string(),
+            dead_letter_exchange: None,
+            dead_letter_routing_key: None,
+            dead_letter_strategy: Strategy::Disabled,
+            message_ttl_ms: None,
+            expires_ms: None,
+            max_length: None,
+            max_length_bytes: None,
+            overflow: Overflow::DropHead,
+            delivery_limit: Some(DEFAULT_DELIVERY_LIMIT as u64),
+            single_active_consumer: false,
+            policy: None,
+            note: None,
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! Node configuration: one typed `Config` with defaults in code, then the TOML file given with
+//! `--config`, then command-line flags (which may also come from `QQ_*` environment variables).
+//! `validate()` runs at start and names the field and the reason for every problem.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use serde::Deserialize;
+
+/// Default bound on one message (properties + body), 16 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+/// Default bound on unconfirmed publishes in flight on one `PublishStream`.
+pub const DEFAULT_MAX_INFLIGHT_PUBLISHES: usize = 10_000;
+/// Default bound on a consumer's prefetch.
+pub const DEFAULT_MAX_PREFETCH: u32 = 65_535;
+
+/// A cluster member: its node id and the address other nodes and clients reach it at.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct Peer {
+    pub id: u64,
+    pub address: String,
+}
+
+/// Everything a node needs to start. See `cluster/node1.toml` for the documented file form.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// This node's id: unique in the cluster, stable across restarts, >= 1.
+    pub node_id: u64,
+    /// Where the gRPC server (client API and internal service) listens.
+    pub listen: SocketAddr,
+    /// The address other nodes and clients use for this node; defaults to `listen`.
+    #[serde(default)]
+    pub advertise: Option<String>,
+    /// Every initial member, this node included. Nodes started with the same list form the
+    /// cluster by themselves.
+    pub peers: Vec<Peer>,
+    /// Directory for the node's RocksDB (created if missing).
+    pub data_dir: PathBuf,
+    /// Largest accepted message (properties + body), in bytes.
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
+    /// Largest number of unconfirmed publishes on one PublishStream; the stream is not read
+    /// further until confirms come back.
+    #[serde(default = "default_max_inflight")]
+    pub max_inflight_publishes: usize,
+    /// Largest prefetch a consumer may ask for.
+    #[serde(default = "default_max_prefetch")]
+    pub max_prefetch: u32,
+    /// Raft heartbeat interval in ms (every group).
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// Raft election timeout range in ms; failover takes about this long.
+    #[serde(default = "default_election_min_ms")]
+    pub election_timeout_min_ms: u64,
+    #[serde(default = "default_election_max_ms")]
+    pub election_timeout_max_ms: u64,
+    /// Snapshot (and compact the log of) a group after this many entries.
+    #[serde(default = "default_snapshot_entries")]
+    pub snapshot_after_entries: u64,
+    /// How often at-least-once dead letters without a route are retried, in ms.
+    #[serde(default = "default_dead_letter_retry_ms")]
+    pub dead_letter_retry_ms: u64,
+}
+
+fn default_max_message_bytes() -> usize {
+    DEFAULT_MAX_MESSAGE_BYTES
+}
+fn default_max_inflight() -> usize {
+    DEFAULT_MAX_INFLIGHT_PUBLISHES
+}
+fn default_max_prefetch() -> u32 {
+    DEFAULT_MAX_PREFETCH
+}
+fn default_heartbeat_ms() -> u64 {
+    250
+}
+fn default_election_min_ms() -> u64 {
+    1000
+}
+fn default_election_max_ms() -> u64 {
+    2000
+}
+fn default_snapshot_entries() -> u64 {
+    20_000
+}
+fn default_dead_letter_retry_ms() -> u64 {
+    3000
+}
+
+/// Command line. Either `--config FILE`, or the flags, or both (flags override the file).
+#[derive(Debug, Parser)]
+#[command(name = "qq-node", version, about = "A quorumq cluster node")]
+pub struct Args {
+    /// TOML config file (see cluster/node1.toml).
+    #[arg(long, env = "QQ_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Node id (>= 1).
+    #[arg(long, env = "QQ_NODE_ID")]
+    pub node_id: Option<u64>,
+    /// Listen address, e.g. 127.0.0.1:7101.
+    #[arg(long, env = "QQ_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Advertised address (defaults to the listen address).
+    #[arg(long, env = "QQ_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Initial members as id=host:port, comma separated, e.g. 1=127.0.0.1:7101,2=127.0.0.1:7102.
+    #[arg(long, env = "QQ_PEERS", value_delimiter = ',')]
+    pub peers: Vec<String>,
+    /// Data directory.
+    #[arg(long, env = "QQ_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+}
+
+impl Config {
+    /// Load from the file (if any) and apply flags on top, then validate.
+    pub fn load(args: &Args) -> anyhow::Result<Config> {
+        let mut table: toml::Table = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("read config file {}", path.display()))?;
+                text.parse()
+                    .with_context(|| format!("parse config file {}", path.display()))?
+            }
+            None => toml::Table::new(),
+        };
+        if let Some(id) = args.node_id {
+            table.insert("node_id".into(), toml::Value::Integer(id as i64));
+        }
+        if let Some(listen) = args.listen {
+            table.insert("listen".into(), toml::Value::String(listen.to_string()));
+        }
+        if let Some(adv) = &args.advertise {
+            table.insert("advertise".into(), toml::Value::String(adv.clone()));
+        }
+        if let Some(dir) = &args.data_dir {
+            table.insert("data_dir".into(), toml::Value::String(dir.display().to_string()));
+        }
+        if !args.peers.is_empty() {
+            let mut peers = Vec::new();
+            for p in &args.peers {
+                let (id, addr) = p
+                    .split_once('=')
+                    .with_context(|| format!("--peers: '{p}' is not id=host:port"))?;
+                let id: i64 = id
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("--peers: '{id}' is not a node id"))?;
+                let mut t = toml::Table::new();
+                t.insert("id".into(), toml::Value::Integer(id));
+                t.insert("address".into(), toml::Value::String(addr.trim().to_string()));
+                peers.push(toml::Value::Table(t));
+            }
+            table.insert("peers".into(), toml::Value::Array(peers));
+        }
+        let config: Config = toml::Value::Table(table)
+            .try_into()
+            .context("invalid configuration")?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Check every field; the message names the field and the reason.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.node_id == 0 {
+            bail!("node_id: must be >= 1");
+        }
+        if self.peers.is_empty() {
+            bail!("peers: at least one peer (this node) is required");
+        }
+        let mut seen = BTreeMap::new();
+        for p in &self.peers {
+            if p.id == 0 {
+                bail!("peers: node id 0 is not allowed (ids start at 1)");
+            }
+            if seen.insert(p.id, &p.address).is_some() {
+                bail!("peers: node id {} is listed twice", p.id);
+            }
+            if p.address.parse::<SocketAddr>().is_err() && !p.address.contains(':') {
+                bail!("peers: address '{}' of node {} is not host:port", p.address, p.id);
+            }
+        }
+        if !seen.contains_key(&self.node_id) {
+            bail!("peers: this node's id {} is not in the peer list", self.node_id);
+        }
+        if self.max_message_bytes == 0 || self.max_message_bytes > 512 * 1024 * 1024 {
+            bail!("max_message_bytes: must be between 1 and 536870912");
+        }
+        if self.max_inflight_publishes == 0 {
+            bail!("max_inflight_publishes: must be >= 1");
+        }
+        if self.max_prefetch == 0 {
+            bail!("max_prefetch: must be >= 1");
+        }
+        if self.heartbeat_ms == 0 {
+            bail!("heartbeat_ms: must be >= 1");
+        }
+        if self.election_timeout_min_ms <= self.heartbeat_ms {
+            bail!("election_timeout_min_ms: must be greater than heartbeat_ms ({})", self.heartbeat_ms);
+        }
+        if self.election_timeout_max_ms <= self.election_timeout_min_ms {
+            bail!("election_timeout_max_ms: must be greater than election_timeout_min_ms");
+        }
+        if self.snapshot_after_entries < 100 {
+            bail!("snapshot_after_entries: must be >= 100");
+        }
+        Ok(())
+    }
+
+    /// The address other nodes reach this node at.
+    pub fn advertised(&self) -> String {
+        self.advertise.clone().unwrap_or_else(|| self.listen.to_string())
+    }
+
+    /// Sorted ids of every initial member.
+    pub fn node_ids(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.peers.iter().map(|p| p.id).collect();
+        ids.sort_unstable();
+        ids
+    }
+}

@@ -1,0 +1,145 @@
+//! Conversions between the wire types of `qq.v1` and the pure core's types, and the mapping of
+//! core errors onto gRPC statuses (API.md "Errors").
+
+use std::collections::HashMap;
+
+use qq_core::meta::{ErrorKind, MetaError};
+use qq_core::{Message, Properties, Table, Value};
+use qq_proto::v1 as pb;
+use tonic::{Code, Status};
+
+pub fn value_from_pb(field: &str, v: &pb::Value) -> Result<Value, Status> {
+    use pb::value::Kind;
+    Ok(match &v.kind {
+        None => return Err(Status::invalid_argument(format!("{field}: value has no type set"))),
+        Some(Kind::StringValue(s)) => Value::String(s.clone()),
+        Some(Kind::LongValue(n)) => Value::Long(*n),
+        Some(Kind::BoolValue(b)) => Value::Bool(*b),
+        Some(Kind::DoubleValue(d)) => Value::Double(*d),
+        Some(Kind::BytesValue(b)) => Value::Bytes(b.to_vec()),
+        Some(Kind::TimestampValue(t)) => Value::Timestamp(*t),
+        Some(Kind::ListValue(l)) => Value::List(
+            l.values
+                .iter()
+                .enumerate()
+                .map(|(i, x)| value_from_pb(&format!("{field}[{i}]"), x))
+                .collect::<Result<_, _>>()?,
+        ),
+        Some(Kind::TableValue(t)) => Value::Table(table_from_pb(field, &t.fields)?),
+    })
+}
+
+pub fn table_from_pb(field: &str, map: &HashMap<String, pb::Value>) -> Result<Table, Status> {
+    map.iter()
+        .map(|(k, v)| Ok((k.clone(), value_from_pb(&format!("{field}.{k}"), v)?)))
+        .collect()
+}
+
+pub fn value_to_pb(v: &Value) -> pb::Value {
+    use pb::value::Kind;
+    let kind = match v {
+        Value::String(s) => Kind::StringValue(s.clone()),
+        Value::Long(n) => Kind::LongValue(*n),
+        Value::Bool(b) => Kind::BoolValue(*b),
+        Value::Double(d) => Kind::DoubleValue(*d),
+        Value::Bytes(b) => Kind::BytesValue(b.clone().into()),
+        Value::Timestamp(t) => Kind::TimestampValue(*t),
+        Value::List(l) => Kind::ListValue(pb::ValueList { values: l.iter().map(value_to_pb).collect() }),
+        Value::Table(t) => Kind::TableValue(pb::ValueTable { fields: table_to_pb(t) }),
+    };
+    pb::Value { kind: Some(kind) }
+}
+
+pub fn table_to_pb(t: &Table) -> HashMap<String, pb::Value> {
+    t.iter().map(|(k, v)| (k.clone(), value_to_pb(v))).collect()
+}
+
+/// Decode a published message; the per-message TTL must be a decimal number of milliseconds.
+pub fn message_from_pb(m: Option<&pb::Message>) -> Result<(Properties, Vec<u8>), Status> {
+    let Some(m) = m else {
+        return Err(Status::invalid_argument("message: required"));
+    };
+    let p = m.properties.clone().unwrap_or_default();
+    if !p.expiration.is_empty() {
+        parse_expiration(&p.expiration)?;
+    }
+    if p.delivery_mode > 2 {
+        return Err(Status::invalid_argument(format!(
+            "message.properties.delivery_mode: must be 0, 1 or 2, got {}",
+            p.delivery_mode
+        )));
+    }
+    if p.priority > 255 {
+        return Err(Status::invalid_argument(format!(
+            "message.properties.priority: must be 0..=255, got {}",
+            p.priority
+        )));
+    }
+    let props = Properties {
+        content_type: p.content_type,
+        content_encoding: p.content_encoding,
+        headers: table_from_pb("message.properties.headers", &p.headers)?,
+        delivery_mode: p.delivery_mode,
+        priority: p.priority,
+        correlation_id: p.correlation_id,
+        reply_to: p.reply_to,
+        expiration: p.expiration,
+        message_id: p.message_id,
+        timestamp: p.timestamp,
+        r#type: p.r#type,
+        user_id: p.user_id,
+        app_id: p.app_id,
+    };
+    Ok((props, m.body.to_vec()))
+}
+
+/// `expiration` is a decimal string of milliseconds (AMQP 0-9-1 shortstr).
+pub fn parse_expiration(s: &str) -> Result<u64, Status> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Status::invalid_argument(format!(
+            "message.properties.expiration: must be a non-negative decimal number of milliseconds, got '{s}'"
+        )));
+    }
+    s.parse::<u64>().map_err(|_| {
+        Status::invalid_argument(format!("message.properties.expiration: '{s}' is out of range"))
+    })
+}
+
+pub fn properties_to_pb(p: &Properties) -> pb::Properties {
+    pb::Properties {
+        content_type: p.content_type.clone(),
+        content_encoding: p.content_encoding.clone(),
+        headers: table_to_pb(&p.headers),
+        delivery_mode: p.delivery_mode,
+        priority: p.priority,
+        correlation_id: p.correlation_id.clone(),
+        reply_to: p.reply_to.clone(),
+        expiration: p.expiration.clone(),
+        message_id: p.message_id.clone(),
+        timestamp: p.timestamp,
+        r#type: p.r#type.clone(),
+        user_id: p.user_id.clone(),
+        app_id: p.app_id.clone(),
+    }
+}
+
+pub fn message_to_pb(m: &Message) -> pb::Message {
+    pb::Message { properties: Some(properties_to_pb(&m.properties)), body: m.body.clone().into() }
+}
+
+pub fn meta_error_to_status(e: &MetaError) -> Status {
+    let code = match e.kind {
+        ErrorKind::InvalidArgument => Code::InvalidArgument,
+        ErrorKind::FailedPrecondition => Code::FailedPrecondition,
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
+        ErrorKind::Unauthenticated => Code::Unauthenticated,
+        ErrorKind::AlreadyExists => Code::AlreadyExists,
+    };
+    Status::new(code, e.message.clone())
+}
+
+/// `""` means the default vhost `/`.
+pub fn vhost(v: &str) -> String {
+    if v.is_empty() { "/".to_string() } else { v.to_string() }
+}

@@ -1,0 +1,110 @@
+//! Work only a queue's leader does: track leadership, clean up consumers that lived on an
+//! earlier leader, and propose `Expire { now_ms }` when the earliest deadline (message TTL or
+//! Get lease) passes. Time enters the queue's log only here and in commands the node stamps.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use openraft::{Raft, ServerState};
+use qq_core::queue::Command;
+use qq_raft::TypeConfig;
+use tracing::{Instrument, Span, debug, info};
+
+use crate::node::{Node, now_ms};
+use crate::queue_sm::{QueueRequest, QueueShared, QueueSm};
+
+/// Longest sleep of the expiry timer between checks.
+const EXPIRY_POLL: Duration = Duration::from_millis(500);
+
+pub fn spawn_queue_tasks(
+    node: Arc<Node>,
+    group: u64,
+    raft: Raft<TypeConfig, QueueSm>,
+    shared: Arc<QueueShared>,
+    span: Span,
+) {
+    // Leadership watcher.
+    {
+        let node = node.clone();
+        let raft = raft.clone();
+        let shared = shared.clone();
+        tokio::spawn(
+            async move {
+                let mut metrics = raft.metrics();
+                let mut was_leader = false;
+                loop {
+                    let is_leader = metrics.borrow().state == ServerState::Leader;
+                    if is_leader != was_leader {
+                        was_leader = is_leader;
+                        shared.is_leader.store(is_leader, Ordering::Release);
+                        if is_leader {
+                            info!("became leader");
+                            clean_up_old_consumers(&node, group, &shared).await;
+                        } else {
+                            info!("not the leader any more");
+                            shared.cancel_consumers("queue leader changed; subscribe again", true);
+                        }
+                    }
+                    if metrics.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }
+            .instrument(span.clone()),
+        );
+    }
+    // Expiry timer.
+    tokio::spawn(
+        async move {
+            let mut applied = shared.applied.subscribe();
+            loop {
+                if node.queue_group(group).is_none() {
+                    return;
+                }
+                let mut wait = EXPIRY_POLL;
+                if shared.is_leader.load(Ordering::Acquire) {
+                    let next = shared.state.lock().unwrap().next_deadline();
+                    if let Some(deadline) = next {
+                        let now = now_ms();
+                        if deadline <= now {
+                            let cmd = Command::Expire { now_ms: now };
+                            if let Err(e) = node.propose_queue(group, QueueRequest { cmd, message: None }).await {
+                                debug!("expire not applied: {e}");
+                            }
+                            continue;
+                        }
+                        wait = wait.min(Duration::from_millis(deadline - now));
+                    }
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    r = applied.changed() => if r.is_err() { return },
+                }
+            }
+        }
+        .instrument(span),
+    );
+}
+
+/// A new leader owns no consumer streams: every consumer in the state belongs to a stream that
+/// ended with the old leader, so its unacked messages go back to the queue.
+async fn clean_up_old_consumers(node: &Arc<Node>, group: u64, shared: &Arc<QueueShared>) {
+    let local: HashSet<u64> = shared.consumers.lock().unwrap().keys().copied().collect();
+    let stale: Vec<u64> = shared
+        .state
+        .lock()
+        .unwrap()
+        .consumers()
+        .into_iter()
+        .map(|c| c.0)
+        .filter(|c| !local.contains(c))
+        .collect();
+    for consumer in stale {
+        let cmd = Command::ConsumerDown { now_ms: now_ms(), consumer };
+        if let Err(e) = node.propose_queue(group, QueueRequest { cmd, message: None }).await {
+            debug!(consumer, "consumer down not applied: {e}");
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! qq-raft: openraft glue for quorumq.
+//!
+//! - [`types`]: the `TypeConfig` every group uses (opaque byte payloads).
+//! - [`store`]: one RocksDB per node shared by all groups, with a single fsync thread
+//!   (group commit across groups).
+//! - [`log_store`]: openraft's `RaftLogStorage` for one group on top of [`store`].
+
+pub mod log_store;
+pub mod network;
+pub mod store;
+pub mod types;
+
+pub use types::{GroupId, META_GROUP, Request, Response, TypeConfig};
