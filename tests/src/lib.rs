@@ -1,1 +1,380 @@
-//! integration test support
+//! # qq-tests: quorumq against real processes
+//!
+//! The integration tests in `tests/tests/cluster/` start real `qq-node` processes, the same
+//! binary `make cluster` runs, and talk to them only through the public gRPC API with
+//! `qq-client`. Nothing is mocked: a "crash" is `kill -9`, a "restart" is a new process on the
+//! same data directory and port.
+//!
+//! [`TestCluster::start`] picks free loopback ports, writes one TOML config per node into a
+//! temporary directory (data directories and logs live there too), spawns the nodes and waits
+//! until every node reports a metadata leader. Dropping the cluster kills every node with
+//! `SIGKILL`. When a test fails (the thread is panicking), the directory is kept and the tail of
+//! every node's log is printed, so the failure can be read next to what the nodes did.
+//!
+//! The node binary is found, in order, at `$QQ_NODE_BIN`, next to the test executable's
+//! `target/<profile>/` directory, at `$CARGO_TARGET_DIR/debug/qq-node`, and at
+//! `<workspace>/target/debug/qq-node`. `make test` builds it first; `cargo test -p qq-tests`
+//! alone does not (the test crate cannot depend on a binary), so run `cargo build -p qq-node`
+//! before it.
+//!
+//! Tests never sleep to hide a race: they poll for a condition with a deadline ([`eventually`]).
+//! Each cluster has three processes, and the suite runs one test at a time
+//! (`--test-threads=1`, as `make test` does).
+
+use std::fs::{File, OpenOptions};
+use std::future::Future;
+use std::io::{Read, Seek, SeekFrom};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use qq_client::Client;
+pub use tracing::info;
+
+/// How long a fresh cluster may take to elect its metadata leader.
+pub const FORMATION_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a queue may take to (re-)elect a leader after a crash.
+pub const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest message the test nodes accept (smaller than the node's default, so the
+/// oversized-message test stays cheap).
+pub const TEST_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+/// Raft timings of the test nodes: faster failover than the defaults, still loose enough for a
+/// debug build on two cores.
+const HEARTBEAT_MS: u64 = 200;
+const ELECTION_TIMEOUT_MIN_MS: u64 = 800;
+const ELECTION_TIMEOUT_MAX_MS: u64 = 1600;
+/// Lines of each node's log printed when a test fails.
+const LOG_TAIL_LINES: usize = 60;
+
+static TRACING: Once = Once::new();
+
+/// Logs of the test itself (`info!("--- ...")` phases) go to the test's output; `RUST_LOG`
+/// selects, default `info`.
+pub fn init_tracing() {
+    TRACING.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+    });
+}
+
+/// The `qq-node` binary to run (see the crate documentation for the search order).
+pub fn node_binary() -> anyhow::Result<PathBuf> {
+    let mut candidates = Vec::new();
+    if let Some(p) = std::env::var_os("QQ_NODE_BIN") {
+        candidates.push(PathBuf::from(p));
+    }
+    // <target>/debug/deps/cluster-<hash> → <target>/debug/qq-node
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(profile_dir) = exe.parent().and_then(Path::parent)
+    {
+        candidates.push(profile_dir.join("qq-node"));
+    }
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
+        candidates.push(PathBuf::from(dir).join("debug").join("qq-node"));
+    }
+    candidates.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/qq-node"));
+    candidates.into_iter().find(|p| p.is_file()).ok_or_else(|| {
+        anyhow!(
+            "qq-node binary not found (set QQ_NODE_BIN, or run `make build` / \
+             `cargo build -p qq-node` with the same CARGO_TARGET_DIR first)"
+        )
+    })
+}
+
+/// Polls `check` every 100 ms until it returns `Ok(Some(value))`, failing after `timeout` with
+/// the last error or "still not". Errors from `check` count as "not yet".
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut last = String::from("condition never held");
+    loop {
+        match check().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last = format!("{e:#}"),
+        }
+        if Instant::now() >= deadline {
+            bail!("timed out after {timeout:?} waiting for {what}: {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One node process.
+struct Node {
+    id: u64,
+    address: String,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+/// N `qq-node` processes on loopback, killed on drop.
+pub struct TestCluster {
+    dir: Option<tempfile::TempDir>,
+    binary: PathBuf,
+    nodes: Vec<Node>,
+}
+
+impl TestCluster {
+    /// Starts `n` nodes (ids 1..=n) and waits until every one reports a metadata leader.
+    pub async fn start(n: usize) -> anyhow::Result<TestCluster> {
+        init_tracing();
+        assert!(n >= 1, "a cluster needs a node");
+        let binary = node_binary()?;
+        let dir = tempfile::Builder::new().prefix("qq-cluster-").tempdir().context("create temp dir")?;
+        let ports = free_ports(n)?;
+        let addresses: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let peers: Vec<String> = addresses
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("    {{ id = {}, address = \"{a}\" }},", i + 1))
+            .collect();
+        let mut nodes = Vec::new();
+        for (i, address) in addresses.iter().enumerate() {
+            let id = i as u64 + 1;
+            let data_dir = dir.path().join(format!("node{id}"));
+            let config = dir.path().join(format!("node{id}.toml"));
+            let text = format!(
+                "node_id = {id}\nlisten = \"{address}\"\npeers = [\n{}\n]\ndata_dir = \"{}\"\n\
+                 max_message_bytes = {TEST_MAX_MESSAGE_BYTES}\nheartbeat_ms = {HEARTBEAT_MS}\n\
+                 election_timeout_min_ms = {ELECTION_TIMEOUT_MIN_MS}\n\
+                 election_timeout_max_ms = {ELECTION_TIMEOUT_MAX_MS}\n",
+                peers.join("\n"),
+                data_dir.display()
+            );
+            std::fs::write(&config, text).with_context(|| format!("write {}", config.display()))?;
+            nodes.push(Node {
+                id,
+                address: address.clone(),
+                config,
+                log: dir.path().join(format!("node{id}.log")),
+                child: None,
+            });
+        }
+        let mut cluster = TestCluster { dir: Some(dir), binary, nodes };
+        info!(dir = %cluster.path().display(), nodes = n, "--- starting a {n}-node cluster");
+        for id in 1..=n as u64 {
+            cluster.spawn(id)?;
+        }
+        cluster.wait_formed().await?;
+        info!("--- cluster formed");
+        Ok(cluster)
+    }
+
+    /// The temporary directory holding configs, data and logs.
+    pub fn path(&self) -> &Path {
+        self.dir.as_ref().map(|d| d.path()).expect("temp dir present until drop")
+    }
+
+    /// Node ids, 1..=n.
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.iter().map(|n| n.id).collect()
+    }
+
+    /// Ids of the nodes currently running.
+    pub fn live_ids(&self) -> Vec<u64> {
+        self.nodes.iter().filter(|n| n.child.is_some()).map(|n| n.id).collect()
+    }
+
+    /// The gRPC address of node `id`.
+    pub fn address(&self, id: u64) -> &str {
+        &self.node(id).address
+    }
+
+    fn node(&self, id: u64) -> &Node {
+        self.nodes.iter().find(|n| n.id == id).unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    fn node_mut(&mut self, id: u64) -> &mut Node {
+        self.nodes.iter_mut().find(|n| n.id == id).unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    fn spawn(&mut self, id: u64) -> anyhow::Result<()> {
+        let binary = self.binary.clone();
+        let node = self.node_mut(id);
+        assert!(node.child.is_none(), "node {id} is already running");
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .with_context(|| format!("open {}", node.log.display()))?;
+        let child = Command::new(&binary)
+            .arg("--config")
+            .arg(&node.config)
+            .env("RUST_LOG", std::env::var("QQ_TEST_NODE_LOG").unwrap_or_else(|_| "info".into()))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("spawn {} for node {id}", binary.display()))?;
+        info!(node = id, pid = child.id(), address = %node.address, "node started");
+        node.child = Some(child);
+        Ok(())
+    }
+
+    /// A client connected to node `id` as guest.
+    pub async fn client(&self, id: u64) -> anyhow::Result<Client> {
+        Client::connect(self.address(id))
+            .await
+            .with_context(|| format!("connect to node {id} at {}", self.address(id)))
+    }
+
+    /// Kills node `id` with SIGKILL (no shutdown, no flush) and reaps it.
+    pub fn kill9(&mut self, id: u64) {
+        let node = self.node_mut(id);
+        if let Some(mut child) = node.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            info!(node = id, "node killed with SIGKILL");
+        }
+    }
+
+    /// Starts node `id` again on its data directory and port, and waits until it answers
+    /// `ClusterStatus` with a metadata leader.
+    pub async fn restart(&mut self, id: u64) -> anyhow::Result<()> {
+        self.spawn(id)?;
+        let address = self.address(id).to_string();
+        eventually(&format!("restarted node {id} to see a metadata leader"), FORMATION_TIMEOUT, || {
+            let address = address.clone();
+            async move {
+                let c = Client::connect(&address).await?;
+                let s = c.cluster_status().await?;
+                Ok((s.metadata_leader != 0).then_some(()))
+            }
+        })
+        .await?;
+        self.check_alive()?;
+        Ok(())
+    }
+
+    /// Fails if a node that should be running has exited (with the tail of its log).
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        for node in &mut self.nodes {
+            if let Some(child) = &mut node.child
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                node.child = None;
+                bail!("node {} exited ({status}); log tail:\n{}", node.id, tail(&node.log, LOG_TAIL_LINES));
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_formed(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + FORMATION_TIMEOUT;
+        for id in self.live_ids() {
+            let address = self.address(id).to_string();
+            loop {
+                self.check_alive()?;
+                let status = async {
+                    let c = Client::connect(&address).await?;
+                    anyhow::Ok(c.cluster_status().await?)
+                }
+                .await;
+                match status {
+                    Ok(s) if s.metadata_leader != 0 => break,
+                    Ok(_) | Err(_) if Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(100)).await
+                    }
+                    Ok(s) => bail!("node {id} sees no metadata leader after {FORMATION_TIMEOUT:?}: {s:?}"),
+                    Err(e) => bail!("node {id} never answered ClusterStatus: {e:#}"),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The current leader of `queue` (in vhost `/`), as reported by a running node, once it is
+    /// a running node. Waits through elections up to [`FAILOVER_TIMEOUT`].
+    pub async fn leader_of(&self, queue: &str) -> anyhow::Result<u64> {
+        self.leader_of_except(queue, 0).await
+    }
+
+    /// Like [`TestCluster::leader_of`], but waits until the leader is not `old` (0: any).
+    pub async fn leader_of_except(&self, queue: &str, old: u64) -> anyhow::Result<u64> {
+        let live = self.live_ids();
+        let addresses: Vec<String> = live.iter().map(|id| self.address(*id).to_string()).collect();
+        eventually(&format!("a live leader of queue {queue} other than {old}"), FAILOVER_TIMEOUT, || {
+            let addresses = addresses.clone();
+            let live = live.clone();
+            async move {
+                let mut last = None;
+                for address in &addresses {
+                    let reply = async {
+                        let c = Client::connect(address).await?;
+                        anyhow::Ok(c.get_queue(queue).await?)
+                    }
+                    .await;
+                    match reply {
+                        Ok(q) if q.leader != 0 && q.leader != old && live.contains(&q.leader) => {
+                            return Ok(Some(q.leader));
+                        }
+                        Ok(q) => last = Some(anyhow!("leader reported: {}", q.leader)),
+                        Err(e) => last = Some(e),
+                    }
+                }
+                match last {
+                    Some(e) => Err(e),
+                    None => Ok(None),
+                }
+            }
+        })
+        .await
+    }
+
+    /// The ids of the running nodes other than `id`.
+    pub fn others(&self, id: u64) -> Vec<u64> {
+        self.live_ids().into_iter().filter(|n| *n != id).collect()
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        if std::thread::panicking()
+            && let Some(dir) = self.dir.take()
+        {
+            let path = dir.keep();
+            eprintln!("test failed: cluster files kept in {}", path.display());
+            for node in &self.nodes {
+                eprintln!("===== node {} log ({}), last {LOG_TAIL_LINES} lines", node.id, node.log.display());
+                eprintln!("{}", tail(&node.log, LOG_TAIL_LINES));
+            }
+        }
+    }
+}
+
+/// `n` distinct free loopback ports (bound together, so they differ, then released).
+fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").context("bind a free port"))
+        .collect::<anyhow::Result<_>>()?;
+    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+}
+
+/// The last `lines` lines of a file (reads at most the last 64 KiB).
+pub fn tail(path: &Path, lines: usize) -> String {
+    let Ok(mut f) = File::open(path) else {
+        return format!("(no log at {})", path.display());
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

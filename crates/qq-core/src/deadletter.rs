@@ -171,7 +171,12 @@ pub fn dead_letter(
     // Keys as they were when it died, before anything below edits the headers.
     let keys = match dl_routing_key {
         Some(key) => vec![key.to_string()],
-        None => route::routing_keys(&msg.routing_key, &msg.properties.headers),
+        // BCC keys were moved out of the headers into `msg.bcc` when the message was stored.
+        None => {
+            let mut keys = route::routing_keys(&msg.routing_key, &msg.properties.headers);
+            keys.extend(msg.bcc.iter().cloned());
+            keys
+        }
     };
 
     let mut history = parse_deaths(headers).unwrap_or_default();
@@ -193,7 +198,10 @@ pub fn dead_letter(
                 count: 1,
                 time_s: i64::try_from(died_at_ms / 1000).unwrap_or(i64::MAX),
                 exchange: msg.exchange.clone(),
-                routing_keys: route::visible_routing_keys(&msg.routing_key, &msg.properties.headers),
+                routing_keys: route::visible_routing_keys(
+                    &msg.routing_key,
+                    &msg.properties.headers,
+                ),
                 original_expiration: (!msg.properties.expiration.is_empty())
                     .then(|| msg.properties.expiration.clone()),
             },
@@ -207,7 +215,11 @@ pub fn dead_letter(
     let this_death = [
         (reason_name, X_FIRST_DEATH_REASON, X_LAST_DEATH_REASON),
         (queue, X_FIRST_DEATH_QUEUE, X_LAST_DEATH_QUEUE),
-        (msg.exchange.as_str(), X_FIRST_DEATH_EXCHANGE, X_LAST_DEATH_EXCHANGE),
+        (
+            msg.exchange.as_str(),
+            X_FIRST_DEATH_EXCHANGE,
+            X_LAST_DEATH_EXCHANGE,
+        ),
     ];
     let first_known = headers.contains_key(X_FIRST_DEATH_REASON);
     for (value, first, last) in this_death {
@@ -221,6 +233,7 @@ pub fn dead_letter(
         headers.remove(CC_HEADER);
     }
     headers.remove(BCC_HEADER);
+    copy.bcc.clear();
     copy.properties.expiration.clear();
     copy.exchange = dlx.to_string();
     copy.routing_key = keys[0].clone();

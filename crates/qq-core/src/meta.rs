@@ -494,7 +494,8 @@ fn check_not_reserved(what: &str, name: &str) -> Result<(), MetaError> {
 }
 
 fn compile(what: &str, pattern: &str) -> Result<Regex, MetaError> {
-    Regex::new(pattern).map_err(|e| MetaError::invalid(format!("{what}: invalid regex '{pattern}': {e}")))
+    Regex::new(pattern)
+        .map_err(|e| MetaError::invalid(format!("{what}: invalid regex '{pattern}': {e}")))
 }
 
 /// RabbitMQ's rendering of an argument value in an inequivalence message.
@@ -612,7 +613,10 @@ impl MetaState {
         routing_keys: &[String],
         headers: &Table,
     ) -> Result<Vec<QueueMeta>, MetaError> {
-        let v = self.vhosts.get(vhost).ok_or_else(|| vhost_not_found(vhost))?;
+        let v = self
+            .vhosts
+            .get(vhost)
+            .ok_or_else(|| vhost_not_found(vhost))?;
         let names: BTreeSet<&str> = if is_default_exchange(exchange) {
             routing_keys.iter().map(String::as_str).collect()
         } else {
@@ -656,7 +660,10 @@ impl MetaState {
         perm: Perm,
         resource: &str,
     ) -> Result<(), MetaError> {
-        let v = self.vhosts.get(vhost).ok_or_else(|| vhost_not_found(vhost))?;
+        let v = self
+            .vhosts
+            .get(vhost)
+            .ok_or_else(|| vhost_not_found(vhost))?;
         let resource = if resource.is_empty() {
             DEFAULT_EXCHANGE_ALIAS
         } else {
@@ -672,8 +679,8 @@ impl MetaState {
             Perm::Write => &p.write,
             Perm::Read => &p.read,
         };
-        let granted = !pattern.is_empty()
-            && Regex::new(pattern).is_ok_and(|re| re.is_match(resource));
+        let granted =
+            !pattern.is_empty() && Regex::new(pattern).is_ok_and(|re| re.is_match(resource));
         if granted {
             Ok(())
         } else {
@@ -788,7 +795,9 @@ impl MetaState {
     }
 
     fn vhost_mut(&mut self, vhost: &str) -> Result<&mut Vhost, MetaError> {
-        self.vhosts.get_mut(vhost).ok_or_else(|| vhost_not_found(vhost))
+        self.vhosts
+            .get_mut(vhost)
+            .ok_or_else(|| vhost_not_found(vhost))
     }
 
     fn put_vhost(&mut self, name: String) -> Result<MetaReply, MetaError> {
@@ -804,7 +813,10 @@ impl MetaState {
         name: &str,
         effects: &mut Vec<MetaEffect>,
     ) -> Result<MetaReply, MetaError> {
-        let vhost = self.vhosts.remove(name).ok_or_else(|| vhost_not_found(name))?;
+        let vhost = self
+            .vhosts
+            .remove(name)
+            .ok_or_else(|| vhost_not_found(name))?;
         for queue in vhost.queues.into_values() {
             self.queue_ids.remove(&queue.id);
             effects.push(MetaEffect::QueueDeleted(queue));
@@ -882,9 +894,8 @@ impl MetaState {
             return Err(default_exchange_refused());
         }
         check_name("exchange", name)?;
-        let kind_parsed = ExchangeType::parse(kind).ok_or_else(|| {
-            MetaError::invalid(format!("type: unknown exchange type '{kind}'"))
-        })?;
+        let kind_parsed = ExchangeType::parse(kind)
+            .ok_or_else(|| MetaError::invalid(format!("type: unknown exchange type '{kind}'")))?;
         if let Some(current) = v.exchanges.get(name) {
             let inequivalent = |arg: &str, received: &str, current: &str| {
                 MetaError::failed_precondition(format!(
@@ -1031,7 +1042,10 @@ impl MetaState {
         effects: &mut Vec<MetaEffect>,
     ) -> Result<MetaReply, MetaError> {
         let v = self.vhost_mut(vhost)?;
-        let queue = v.queues.remove(name).ok_or_else(|| queue_not_found(vhost, name))?;
+        let queue = v
+            .queues
+            .remove(name)
+            .ok_or_else(|| queue_not_found(vhost, name))?;
         v.remove_bindings(|b| b.destination == name);
         self.queue_ids.remove(&queue.id);
         effects.push(MetaEffect::QueueDeleted(queue.clone()));

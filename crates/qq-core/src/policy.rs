@@ -162,7 +162,10 @@ fn describe_rule(rule: Rule) -> String {
         Rule::String => "a string".into(),
         Rule::Strategy => "at-most-once or at-least-once".into(),
         Rule::Overflow => "drop-head, reject-publish or reject-publish-dlx".into(),
-        Rule::Long { min: 0, max: i64::MAX } => "a non-negative long".into(),
+        Rule::Long {
+            min: 0,
+            max: i64::MAX,
+        } => "a non-negative long".into(),
         Rule::Long { min: 0, max } => format!("a non-negative long <= {max}"),
         Rule::Long { min, max: i64::MAX } if min > i64::MIN => format!("a long >= {min}"),
         Rule::Long { min, max } if min > i64::MIN => format!("a long between {min} and {max}"),
@@ -231,7 +234,8 @@ pub fn validate_queue_arguments(args: &Table) -> Result<(), MetaError> {
             )));
         }
     }
-    if args.contains_key("x-dead-letter-routing-key") && !args.contains_key("x-dead-letter-exchange")
+    if args.contains_key("x-dead-letter-routing-key")
+        && !args.contains_key("x-dead-letter-exchange")
     {
         return Err(MetaError::invalid(
             "x-dead-letter-routing-key: requires x-dead-letter-exchange",
@@ -302,11 +306,19 @@ pub fn matching_policy<'a>(
                 .map(|re| re.is_match(queue_name))
                 .unwrap_or(false)
         })
-        .min_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.name.cmp(&b.name)))
+        .min_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then_with(|| a.name.cmp(&b.name))
+        })
 }
 
 /// The value of `key` from the arguments (`x-key`) and from the policy (`key`).
-fn both<'a>(args: &'a Table, policy: Option<&'a Policy>, key: &str) -> (Option<&'a Value>, Option<&'a Value>) {
+fn both<'a>(
+    args: &'a Table,
+    policy: Option<&'a Policy>,
+    key: &str,
+) -> (Option<&'a Value>, Option<&'a Value>) {
     (
         args.get(&format!("x-{key}")),
         policy.and_then(|p| p.definition.get(key)),
@@ -322,8 +334,12 @@ fn string_arg_wins(args: &Table, policy: Option<&Policy>, key: &str) -> Option<S
 
 fn min_non_negative(args: &Table, policy: Option<&Policy>, key: &str) -> Option<u64> {
     let (a, p) = both(args, policy, key);
-    let a = a.and_then(Value::as_i64).and_then(|n| u64::try_from(n).ok());
-    let p = p.and_then(Value::as_i64).and_then(|n| u64::try_from(n).ok());
+    let a = a
+        .and_then(Value::as_i64)
+        .and_then(|n| u64::try_from(n).ok());
+    let p = p
+        .and_then(Value::as_i64)
+        .and_then(|n| u64::try_from(n).ok());
     match (a, p) {
         (Some(a), Some(p)) => Some(a.min(p)),
         (a, p) => a.or(p),
@@ -362,7 +378,10 @@ pub fn effective_config(
     };
     config.delivery_limit = u64::try_from(limit).ok();
 
-    config.single_active_consumer = matches!(args.get("x-single-active-consumer"), Some(Value::Bool(true)));
+    config.single_active_consumer = matches!(
+        args.get("x-single-active-consumer"),
+        Some(Value::Bool(true))
+    );
 
     config.dead_letter_exchange = string_arg_wins(args, policy, "dead-letter-exchange");
     config.dead_letter_routing_key = string_arg_wins(args, policy, "dead-letter-routing-key");

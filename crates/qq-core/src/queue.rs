@@ -45,7 +45,8 @@
 //! - Refused publishes (`Rejected`, `RejectedDeadLettered`) do not record the publisher's seq nor
 //!   the dedup key: the queue did not accept the message, so a retry is judged again.
 //! - A `Settle` naming an id the consumer does not hold is refused as a whole (`Reply::Error`),
-//!   with no partial effect.
+//!   with no partial effect. A refused command still carries time: its `now_ms` fires due timers
+//!   exactly as an `Expire` would, so what time does never depends on which command carried it.
 //! - Leaving at-least-once (policy change) re-emits each held dead letter with the new strategy
 //!   (its original reason and death time) and drops it from the state; these are not counted a
 //!   second time in [`Stats`]. RabbitMQ deletes them instead; re-emitting loses nothing.
@@ -128,7 +129,8 @@ pub enum Command {
         now_ms: u64,
         node: NodeId,
     },
-    /// Take the head ready message under a lease of `lease_ms` (auto_ack: removed at once).
+    /// Take the head ready message under a lease of `lease_ms` (auto_ack: removed at once). A
+    /// lease of 0 lapses at the next command.
     Get {
         now_ms: u64,
         lease_ms: u64,
@@ -178,7 +180,9 @@ pub enum Reply {
     Purged {
         count: u64,
     },
-    /// Deterministic refusal; nothing changed.
+    /// Deterministic refusal (e.g. a Settle naming an id the consumer does not hold: `unknown
+    /// delivery tag N`). The command did nothing, but the time it carries still advanced the
+    /// queue's clock exactly as an Expire would (leases lapse, due messages expire).
     Error {
         detail: String,
     },
@@ -233,7 +237,7 @@ pub struct HeldDeadLetter {
 }
 
 /// Where a live message is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Location {
     Ready,
     /// Checked out to `consumer` ([`GET_CONSUMER`] for a Get lease).
@@ -442,6 +446,9 @@ impl QueueState {
             Command::DeadLetterSettle { .. } | Command::Purge => self.clock_ms,
         };
         self.clock_ms = now;
+        // Every command runs in four phases: timers due by `now` fire; the command acts;
+        // ready messages go to consumers with credit; then what is still ready and due (TTL 0)
+        // expires and drop-head trims the queue back within its limits.
         let mut fx = Vec::new();
         self.advance(now, &mut fx);
         let reply = match cmd {
@@ -922,8 +929,7 @@ impl QueueState {
             self.msgs.remove(&id);
             self.stats.acked_total += 1;
             fx.push(Effect::DeleteBody { id });
-        } else {
-            let deadline = now.saturating_add(lease_ms);
+        } else if let Some(deadline) = lease_deadline_ms {
             m.place = Place::Unacked {
                 consumer: GET_CONSUMER,
                 redelivered: m.delivered,

@@ -113,11 +113,7 @@ pub fn topic_matches(pattern: &str, key: &str) -> bool {
                     next[j] = any;
                 }
             }
-            "*" => {
-                for j in 1..=key.len() {
-                    next[j] = matched[j - 1];
-                }
-            }
+            "*" => next[1..].copy_from_slice(&matched[..key.len()]),
             literal => {
                 for j in 1..=key.len() {
                     next[j] = matched[j - 1] && key[j - 1] == literal;

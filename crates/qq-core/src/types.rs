@@ -95,6 +95,11 @@ pub struct Message {
     pub exchange: String,
     /// The routing key it was last published with.
     pub routing_key: String,
+    /// `BCC` keys of the publish: stripped from the headers before storing (no consumer sees
+    /// them) but kept here, because a dead letter without a dead-letter routing key routes on
+    /// them too (SEMANTICS.md "Routing a dead letter").
+    #[serde(default)]
+    pub bcc: Vec<String>,
 }
 
 /// What happens when a queue is full.

@@ -25,14 +25,14 @@ use qq_raft::log_store::LogStore;
 use qq_raft::network::{GroupNetwork, Peers};
 use qq_raft::store::Store;
 use qq_raft::{GroupId, META_GROUP, Request, TypeConfig};
-use serde::{Serialize, de::DeserializeOwned};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use tokio::sync::mpsc;
 use tonic::Status;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::config::Config;
 use crate::meta_sm::{MetaShared, MetaSm};
-use crate::queue_sm::{DeadLetterJob, QueueRequest, QueueShared, QueueSm};
+use crate::queue_sm::{DeadLetterJob, QueueReplyOut, QueueRequest, QueueShared, QueueSm};
 
 /// How long a proposal keeps retrying (leader elections, forwarding) before UNAVAILABLE.
 /// `ProposeReply.code`: this node does not lead the group (`forward_to` may hint who does).
@@ -338,6 +338,11 @@ impl Node {
     }
 
     pub async fn propose_queue(&self, group: GroupId, req: QueueRequest) -> Result<Reply, Status> {
+        Ok(self.propose_queue_full(group, req).await?.reply)
+    }
+
+    /// Like [`Node::propose_queue`], with the message of a `Get` read on the leader.
+    pub async fn propose_queue_full(&self, group: GroupId, req: QueueRequest) -> Result<QueueReplyOut, Status> {
         let bytes = self.propose(group, encode(&req)?).await?;
         decode(&bytes)
     }

@@ -36,6 +36,14 @@ pub struct QueueRequest {
     pub message: Option<Vec<u8>>,
 }
 
+/// The reply of a queue command as it leaves the state machine (and crosses nodes).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct QueueReplyOut {
+    pub reply: Reply,
+    /// The message taken by a `Get`, read on the leader that applied it.
+    pub message: Option<Message>,
+}
+
 /// Sent to a consumer stream registered on this (leader) node.
 #[derive(Debug)]
 pub enum ConsumerEvent {
@@ -207,6 +215,11 @@ impl RaftStateMachine<TypeConfig> for QueueSm {
                         io::Error::other(format!("queue group {}: decode entry {index}: {e}", shared.group))
                     })?;
                     let (reply, effects) = shared.state.lock().unwrap().apply(index, req.cmd);
+                    // A Get's message is read before effects run (auto-ack deletes its body).
+                    let message = match &reply {
+                        Reply::Got { delivery: Some(d), .. } => Some(shared.read_message(d.id)?),
+                        _ => None,
+                    };
                     match &reply {
                         Reply::Enqueued { id } | Reply::RejectedDeadLettered { id, .. } => {
                             let body = req.message.as_deref().unwrap_or_default();
@@ -215,7 +228,7 @@ impl RaftStateMachine<TypeConfig> for QueueSm {
                         _ => {}
                     }
                     shared.carry_out(effects)?;
-                    payload = encode(&reply)?;
+                    payload = encode(&QueueReplyOut { reply, message })?;
                 }
             }
             *shared.last_applied.lock().unwrap() = Some(entry.log_id);

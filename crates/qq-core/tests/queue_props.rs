@@ -1,0 +1,504 @@
+//! Property tests of the queue state machine (after RabbitMQ's `rabbit_fifo_prop_SUITE`):
+//! random command sequences, with message conservation, credit, limits and timers checked after
+//! every step, and snapshot + replay checked against a straight run.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+use qq_core::queue::{
+    Command, Effect, GET_CONSUMER, Location, MsgHeader, QueueState, Reply, SettleOutcome,
+};
+use qq_core::types::{ConsumerId, MessageId, Overflow, QueueConfig, Strategy as DlStrategy};
+
+/// An abstract step; ids to settle are resolved against the state when it is applied.
+#[derive(Clone, Debug)]
+enum Op {
+    Enqueue {
+        dt: u64,
+        size: u64,
+        expiration_ms: Option<u64>,
+        publisher: Option<(u64, u64)>,
+        key: Option<u8>,
+    },
+    Checkout {
+        dt: u64,
+        consumer: ConsumerId,
+        node: u64,
+        prefetch: u32,
+    },
+    /// Settle ids the consumer holds (picked by these selectors).
+    SettleHeld {
+        dt: u64,
+        consumer: ConsumerId,
+        picks: Vec<usize>,
+        outcome: SettleOutcome,
+    },
+    /// Settle arbitrary ids (usually refused).
+    SettleAny {
+        dt: u64,
+        consumer: ConsumerId,
+        ids: Vec<MessageId>,
+        outcome: SettleOutcome,
+    },
+    ConsumerDown {
+        dt: u64,
+        consumer: ConsumerId,
+    },
+    NodeDown {
+        dt: u64,
+        node: u64,
+    },
+    Get {
+        dt: u64,
+        lease_ms: u64,
+        auto_ack: bool,
+    },
+    Expire {
+        dt: u64,
+    },
+    DeadLetterSettle {
+        picks: Vec<usize>,
+        stray: Option<MessageId>,
+    },
+    Purge,
+    UpdateConfig {
+        dt: u64,
+        config: QueueConfig,
+    },
+}
+
+fn outcome() -> impl Strategy<Value = SettleOutcome> {
+    prop_oneof![
+        3 => Just(SettleOutcome::Ack),
+        2 => Just(SettleOutcome::Requeue),
+        1 => Just(SettleOutcome::Reject),
+    ]
+}
+
+fn config() -> impl Strategy<Value = QueueConfig> {
+    (
+        prop_oneof![Just(None), Just(Some(0u64)), Just(Some(3)), Just(Some(6))],
+        prop_oneof![Just(None), Just(Some(60u64)), Just(Some(200))],
+        prop_oneof![
+            Just(Overflow::DropHead),
+            Just(Overflow::RejectPublish),
+            Just(Overflow::RejectPublishDlx)
+        ],
+        prop_oneof![
+            Just(DlStrategy::Disabled),
+            Just(DlStrategy::AtMostOnce),
+            Just(DlStrategy::AtLeastOnce)
+        ],
+        prop_oneof![Just(None), Just(Some(0u64)), Just(Some(2)), Just(Some(20))],
+        prop_oneof![
+            Just(None),
+            Just(Some(0u64)),
+            Just(Some(25)),
+            Just(Some(100))
+        ],
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(
+            |(max_len, max_bytes, overflow, strategy, limit, ttl, sac)| {
+                let mut c = QueueConfig::new("/", "q");
+                c.max_length = max_len;
+                c.max_length_bytes = max_bytes;
+                c.overflow = overflow;
+                c.dead_letter_strategy = strategy;
+                c.delivery_limit = limit;
+                c.message_ttl_ms = ttl;
+                c.single_active_consumer = sac;
+                c
+            },
+        )
+}
+
+fn dt() -> impl Strategy<Value = u64> {
+    prop_oneof![3 => Just(0u64), 3 => 1u64..10, 1 => 10u64..120]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let consumer = 1u64..=4;
+    prop_oneof![
+        8 => (dt(), 1u64..40, prop::option::weighted(0.3, 0u64..80),
+              prop::option::weighted(0.4, (0u64..3, 0u64..12)),
+              prop::option::weighted(0.2, 0u8..6))
+            .prop_map(|(dt, size, expiration_ms, publisher, key)| Op::Enqueue {
+                dt, size, expiration_ms, publisher, key }),
+        3 => (dt(), consumer.clone(), 1u64..=2, 0u32..4)
+            .prop_map(|(dt, consumer, node, prefetch)| Op::Checkout { dt, consumer, node, prefetch }),
+        6 => (dt(), 0u64..=4, prop::collection::vec(any::<usize>(), 0..4), outcome())
+            .prop_map(|(dt, consumer, picks, outcome)| Op::SettleHeld { dt, consumer, picks, outcome }),
+        1 => (dt(), 0u64..=4, prop::collection::vec(0u64..80, 0..3), outcome())
+            .prop_map(|(dt, consumer, ids, outcome)| Op::SettleAny { dt, consumer, ids, outcome }),
+        1 => (dt(), 0u64..=4).prop_map(|(dt, consumer)| Op::ConsumerDown { dt, consumer }),
+        1 => (dt(), 1u64..=2).prop_map(|(dt, node)| Op::NodeDown { dt, node }),
+        2 => (dt(), 1u64..60, any::<bool>())
+            .prop_map(|(dt, lease_ms, auto_ack)| Op::Get { dt, lease_ms, auto_ack }),
+        2 => dt().prop_map(|dt| Op::Expire { dt }),
+        2 => (prop::collection::vec(any::<usize>(), 0..3), prop::option::weighted(0.2, 0u64..80))
+            .prop_map(|(picks, stray)| Op::DeadLetterSettle { picks, stray }),
+        1 => Just(Op::Purge),
+        1 => (dt(), config()).prop_map(|(dt, config)| Op::UpdateConfig { dt, config }),
+    ]
+}
+
+fn pick_ids(candidates: &[MessageId], picks: &[usize]) -> Vec<MessageId> {
+    let mut out = Vec::new();
+    if candidates.is_empty() {
+        return out;
+    }
+    for p in picks {
+        let id = candidates[p % candidates.len()];
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    out
+}
+
+/// Turn an abstract step into a command against the current state.
+fn resolve(s: &QueueState, op: &Op) -> Command {
+    let t = s.clock_ms();
+    match op.clone() {
+        Op::Enqueue {
+            dt,
+            size,
+            expiration_ms,
+            publisher,
+            key,
+        } => Command::Enqueue {
+            now_ms: t + dt,
+            header: MsgHeader {
+                size_bytes: size,
+                expiration_ms,
+            },
+            publisher,
+            dedup_key: key.map(|k| format!("key-{k}")),
+        },
+        Op::Checkout {
+            dt,
+            consumer,
+            node,
+            prefetch,
+        } => Command::Checkout {
+            now_ms: t + dt,
+            consumer,
+            node,
+            prefetch,
+        },
+        Op::SettleHeld {
+            dt,
+            consumer,
+            picks,
+            outcome,
+        } => {
+            let held: Vec<MessageId> = s
+                .message_ids()
+                .into_iter()
+                .filter(|id| s.location(*id) == Some(Location::Unacked { consumer }))
+                .collect();
+            Command::Settle {
+                now_ms: t + dt,
+                consumer,
+                ids: pick_ids(&held, &picks),
+                outcome,
+            }
+        }
+        Op::SettleAny {
+            dt,
+            consumer,
+            ids,
+            outcome,
+        } => Command::Settle {
+            now_ms: t + dt,
+            consumer,
+            ids,
+            outcome,
+        },
+        Op::ConsumerDown { dt, consumer } => Command::ConsumerDown {
+            now_ms: t + dt,
+            consumer,
+        },
+        Op::NodeDown { dt, node } => Command::NodeDown {
+            now_ms: t + dt,
+            node,
+        },
+        Op::Get {
+            dt,
+            lease_ms,
+            auto_ack,
+        } => Command::Get {
+            now_ms: t + dt,
+            lease_ms,
+            auto_ack,
+        },
+        Op::Expire { dt } => Command::Expire { now_ms: t + dt },
+        Op::DeadLetterSettle { picks, stray } => {
+            let held: Vec<MessageId> = s.held_dead_letters().iter().map(|h| h.id).collect();
+            let mut ids = pick_ids(&held, &picks);
+            ids.extend(stray);
+            Command::DeadLetterSettle { ids }
+        }
+        Op::Purge => Command::Purge,
+        Op::UpdateConfig { dt, config } => Command::UpdateConfig {
+            now_ms: t + dt,
+            config,
+        },
+    }
+}
+
+/// What the test knows from replies and effects alone.
+#[derive(Default)]
+struct Model {
+    live: BTreeSet<MessageId>,
+    gone: BTreeSet<MessageId>,
+    delivered: BTreeSet<MessageId>,
+    /// Largest id ever handed out on a first delivery.
+    last_first_delivery: MessageId,
+}
+
+impl Model {
+    fn arrive(&mut self, id: MessageId) -> Result<(), TestCaseError> {
+        prop_assert!(
+            !self.live.contains(&id) && !self.gone.contains(&id),
+            "id {id} reused"
+        );
+        self.live.insert(id);
+        Ok(())
+    }
+
+    fn leave(&mut self, id: MessageId) -> Result<(), TestCaseError> {
+        prop_assert!(self.live.remove(&id), "id {id} left but was not live");
+        self.gone.insert(id);
+        Ok(())
+    }
+
+    fn deliver(&mut self, id: MessageId, redelivered: bool) -> Result<(), TestCaseError> {
+        prop_assert!(self.live.contains(&id), "delivered {id} that is not live");
+        prop_assert_eq!(
+            redelivered,
+            self.delivered.contains(&id),
+            "redelivered flag of {}",
+            id
+        );
+        if !redelivered {
+            prop_assert!(
+                id > self.last_first_delivery,
+                "first deliveries out of FIFO order"
+            );
+            self.last_first_delivery = id;
+        }
+        self.delivered.insert(id);
+        Ok(())
+    }
+}
+
+/// Check one applied step: the reply and effects against the model, then the state.
+fn check_step(
+    model: &mut Model,
+    before: &QueueState,
+    cmd: &Command,
+    reply: &Reply,
+    effects: &[Effect],
+    s: &QueueState,
+) -> Result<(), TestCaseError> {
+    match reply {
+        Reply::Enqueued { id } | Reply::RejectedDeadLettered { id, .. } => model.arrive(*id)?,
+        Reply::Got {
+            delivery: Some(d), ..
+        } => {
+            prop_assert_eq!(d.consumer, GET_CONSUMER);
+            model.deliver(d.id, d.redelivered)?;
+        }
+        Reply::Error { .. } => {
+            // A refused command changes nothing but the time: it acts exactly as an Expire.
+            let now_ms = s.clock_ms();
+            let mut expire_only = before.clone();
+            let (r, fx) = expire_only.apply(s.last_applied(), Command::Expire { now_ms });
+            prop_assert_eq!(r, Reply::Ok);
+            prop_assert_eq!(&fx[..], effects, "a refused command has effects of its own");
+            prop_assert_eq!(&expire_only, s, "a refused command changed the state");
+            prop_assert!(
+                matches!(
+                    cmd,
+                    Command::Settle { .. } | Command::Get { .. } | Command::ConsumerDown { .. }
+                ),
+                "unexpected refusal of {:?}",
+                cmd
+            );
+        }
+        _ => {}
+    }
+    if let Command::Settle { ids, .. } = cmd
+        && !matches!(reply, Reply::Error { .. })
+    {
+        // every settled id was held by that consumer before
+        for id in ids {
+            let held = matches!(before.location(*id), Some(Location::Unacked { .. }));
+            prop_assert!(held, "settled {} that was not unacked", id);
+        }
+    }
+    for e in effects {
+        match e {
+            Effect::Deliver(d) => {
+                prop_assert_ne!(d.consumer, GET_CONSUMER);
+                prop_assert!(d.lease_deadline_ms.is_none());
+                prop_assert!(d.delivery_count == 0 || d.redelivered);
+                model.deliver(d.id, d.redelivered)?;
+            }
+            Effect::DeadLetter { id, strategy, .. } => {
+                prop_assert!(model.live.contains(id), "dead letter {id} is not live");
+                if *strategy != DlStrategy::AtLeastOnce {
+                    model.leave(*id)?;
+                }
+            }
+            Effect::DeleteBody { id } => model.leave(*id)?,
+        }
+    }
+
+    // Conservation: the state holds exactly the live ids, each in one place.
+    prop_assert_eq!(
+        s.message_ids(),
+        model.live.iter().copied().collect::<Vec<_>>()
+    );
+    s.check_invariants().map_err(TestCaseError::fail)?;
+    let mut per_place: BTreeMap<Option<Location>, u64> = BTreeMap::new();
+    let mut ready_bytes = 0;
+    for id in s.message_ids() {
+        let loc = s.location(id);
+        prop_assert!(loc.is_some());
+        let key = match loc {
+            Some(Location::Unacked { .. }) => Some(Location::Unacked { consumer: 0 }),
+            other => other,
+        };
+        *per_place.entry(key).or_default() += 1;
+        if loc == Some(Location::Ready) {
+            ready_bytes += s.header(id).unwrap().size_bytes;
+        }
+    }
+    let counts = s.counts();
+    let n = |l: Location| per_place.get(&Some(l)).copied().unwrap_or(0);
+    prop_assert_eq!(counts.ready, n(Location::Ready));
+    prop_assert_eq!(counts.unacked, n(Location::Unacked { consumer: 0 }));
+    prop_assert_eq!(counts.held, n(Location::Held));
+    prop_assert_eq!(counts.ready_bytes, ready_bytes);
+    prop_assert_eq!(counts.ready as usize, s.ready_ids().len());
+    prop_assert_eq!(counts.held as usize, s.held_dead_letters().len());
+    prop_assert_eq!(counts.consumers as usize, s.consumers().len());
+
+    // Credit: a consumer that got something in this step is within its prefetch.
+    let consumers: BTreeMap<ConsumerId, (u32, u32)> = s
+        .consumers()
+        .into_iter()
+        .map(|(c, _, prefetch, unacked)| (c, (prefetch, unacked)))
+        .collect();
+    for e in effects {
+        if let Effect::Deliver(d) = e {
+            let (prefetch, unacked) = consumers[&d.consumer];
+            prop_assert!(prefetch == 0 || unacked <= prefetch, "prefetch exceeded");
+        }
+    }
+    // Work-conserving: with messages ready, no eligible consumer has credit.
+    if counts.ready > 0 && !s.config().single_active_consumer {
+        for (c, (prefetch, unacked)) in &consumers {
+            prop_assert!(
+                *prefetch != 0 && unacked >= prefetch,
+                "consumer {} idle with messages ready",
+                c
+            );
+        }
+    }
+
+    // Timers: nothing overdue survives an apply.
+    if let Some(d) = s.next_deadline() {
+        prop_assert!(
+            d > s.clock_ms(),
+            "deadline {} overdue at {}",
+            d,
+            s.clock_ms()
+        );
+    }
+
+    // Limits.
+    let c = s.config();
+    let over = c.max_length.is_some_and(|l| counts.ready + counts.held > l)
+        || c.max_length_bytes
+            .is_some_and(|l| counts.ready_bytes + counts.held_bytes > l);
+    if c.overflow == Overflow::DropHead {
+        prop_assert!(
+            !over || counts.ready == 0,
+            "drop-head left the queue over its limit"
+        );
+    } else if let Reply::Enqueued { id } = reply
+        && s.location(*id) == Some(Location::Ready)
+    {
+        prop_assert!(!over, "reject-publish accepted a message over the limit");
+    }
+    Ok(())
+}
+
+fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<(), TestCaseError> {
+    let mut s = QueueState::new(initial);
+    let mut model = Model::default();
+    let mut index = 0;
+    let mut log = Vec::new();
+    let mut outputs = Vec::new();
+    let mut snapshot = None;
+    for (step, (gap, op)) in ops.iter().enumerate() {
+        if step == snapshot_at {
+            snapshot = Some(postcard::to_allocvec(&s).unwrap());
+        }
+        index += gap;
+        let cmd = resolve(&s, op);
+        let before = s.clone();
+        let (reply, effects) = s.apply(index, cmd.clone());
+        check_step(&mut model, &before, &cmd, &reply, &effects, &s)?;
+        log.push((index, cmd));
+        outputs.push((reply, effects));
+    }
+    let snapshot = snapshot.unwrap_or_else(|| postcard::to_allocvec(&s).unwrap());
+    let mut restored: QueueState = postcard::from_bytes(&snapshot).unwrap();
+    restored.check_invariants().map_err(TestCaseError::fail)?;
+    let from = snapshot_at.min(log.len());
+    for ((index, cmd), expected) in log[from..].iter().zip(&outputs[from..]) {
+        let got = restored.apply(*index, cmd.clone());
+        prop_assert_eq!(
+            &got,
+            expected,
+            "replay after snapshot diverged at index {}",
+            index
+        );
+    }
+    prop_assert_eq!(&restored, &s);
+    prop_assert_eq!(restored.digest(), s.digest());
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_command_sequences_keep_every_invariant(
+        initial in config(),
+        ops in prop::collection::vec((1u64..=2, op()), 1..120),
+        snapshot_at in 0usize..120,
+    ) {
+        run(initial, &ops, snapshot_at)?;
+    }
+}
+
+// Longer runs without length limits: round-robin, returns and the delivery limit at scale.
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn long_sequences_without_limits(
+        ops in prop::collection::vec((1u64..=1, op()), 200..400),
+        snapshot_at in 0usize..400,
+    ) {
+        let mut c = QueueConfig::new("/", "q");
+        c.delivery_limit = Some(3);
+        run(c, &ops, snapshot_at)?;
+    }
+}

@@ -1,0 +1,1172 @@
+//! Scenario tests of the queue state machine, one behaviour per test, through the public API.
+
+use qq_core::queue::{
+    Command, Counts, Delivery, Effect, GET_CONSUMER, Location, MsgHeader, PUBLISHER_WINDOW,
+    QueueState, Reply, SettleOutcome,
+};
+use qq_core::types::{ConsumerId, MessageId, Overflow, QueueConfig, Reason, Strategy};
+
+/// A queue plus its log index; checks the internal invariants after every command.
+struct Q {
+    s: QueueState,
+    index: u64,
+}
+
+impl Q {
+    fn new(config: QueueConfig) -> Self {
+        Q {
+            s: QueueState::new(config),
+            index: 0,
+        }
+    }
+
+    fn plain() -> Self {
+        Q::new(QueueConfig::new("/", "q"))
+    }
+
+    fn with(f: impl FnOnce(&mut QueueConfig)) -> Self {
+        let mut c = QueueConfig::new("/", "q");
+        f(&mut c);
+        Q::new(c)
+    }
+
+    fn apply(&mut self, cmd: Command) -> (Reply, Vec<Effect>) {
+        self.index += 1;
+        let out = self.s.apply(self.index, cmd);
+        self.s.check_invariants().unwrap();
+        out
+    }
+
+    fn publish_full(
+        &mut self,
+        now_ms: u64,
+        size: u64,
+        expiration_ms: Option<u64>,
+    ) -> (Reply, Vec<Effect>) {
+        self.apply(Command::Enqueue {
+            now_ms,
+            header: MsgHeader {
+                size_bytes: size,
+                expiration_ms,
+            },
+            publisher: None,
+            dedup_key: None,
+        })
+    }
+
+    /// Publish and expect acceptance; returns the id.
+    fn publish(&mut self, now_ms: u64, expiration_ms: Option<u64>) -> MessageId {
+        match self.publish_full(now_ms, 10, expiration_ms).0 {
+            Reply::Enqueued { id } => id,
+            other => panic!("expected Enqueued, got {other:?}"),
+        }
+    }
+
+    fn checkout(&mut self, now_ms: u64, consumer: ConsumerId, prefetch: u32) -> Vec<Effect> {
+        let (r, fx) = self.apply(Command::Checkout {
+            now_ms,
+            consumer,
+            node: 1,
+            prefetch,
+        });
+        assert_eq!(r, Reply::Ok);
+        fx
+    }
+
+    fn settle(
+        &mut self,
+        now_ms: u64,
+        consumer: ConsumerId,
+        ids: &[MessageId],
+        outcome: SettleOutcome,
+    ) -> (Reply, Vec<Effect>) {
+        self.apply(Command::Settle {
+            now_ms,
+            consumer,
+            ids: ids.to_vec(),
+            outcome,
+        })
+    }
+
+    fn expire(&mut self, now_ms: u64) -> Vec<Effect> {
+        let (r, fx) = self.apply(Command::Expire { now_ms });
+        assert_eq!(r, Reply::Ok);
+        fx
+    }
+
+    fn get(&mut self, now_ms: u64, lease_ms: u64, auto_ack: bool) -> (Option<Delivery>, u64) {
+        match self
+            .apply(Command::Get {
+                now_ms,
+                lease_ms,
+                auto_ack,
+            })
+            .0
+        {
+            Reply::Got {
+                delivery,
+                message_count,
+            } => (delivery, message_count),
+            other => panic!("expected Got, got {other:?}"),
+        }
+    }
+}
+
+fn deliveries(fx: &[Effect]) -> Vec<(ConsumerId, MessageId)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Deliver(d) => Some((d.consumer, d.id)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn full_deliveries(fx: &[Effect]) -> Vec<Delivery> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Deliver(d) => Some(d.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn dead(fx: &[Effect]) -> Vec<(MessageId, Reason)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::DeadLetter { id, reason, .. } => Some((*id, *reason)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn deleted(fx: &[Effect]) -> Vec<MessageId> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::DeleteBody { id } => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
+// ----- FIFO, round-robin, prefetch -----
+
+#[test]
+fn delivers_in_fifo_order() {
+    let mut q = Q::plain();
+    let ids: Vec<_> = (0..3).map(|_| q.publish(0, None)).collect();
+    let fx = q.checkout(0, 1, 0);
+    assert_eq!(
+        deliveries(&fx),
+        ids.iter().map(|id| (1, *id)).collect::<Vec<_>>()
+    );
+    let d = full_deliveries(&fx);
+    assert!(d.iter().all(|d| !d.redelivered && d.delivery_count == 0));
+    assert_eq!(q.s.counts().unacked, 3);
+    assert_eq!(q.s.counts().ready, 0);
+    assert_eq!(q.s.stats().enqueued_total, 3);
+    assert_eq!(q.s.stats().delivered_total, 3);
+}
+
+#[test]
+fn round_robin_between_consumers() {
+    let mut q = Q::plain();
+    q.checkout(0, 1, 0);
+    q.checkout(0, 2, 0);
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let (_, fx) = q.publish_full(0, 1, None);
+        got.extend(deliveries(&fx));
+    }
+    let consumers: Vec<_> = got.iter().map(|(c, _)| *c).collect();
+    assert_eq!(consumers, vec![1, 2, 1, 2]);
+}
+
+#[test]
+fn round_robin_skips_consumers_without_credit() {
+    let mut q = Q::plain();
+    q.checkout(0, 1, 1);
+    q.checkout(0, 2, 0);
+    q.checkout(0, 3, 0);
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        let (_, fx) = q.publish_full(0, 1, None);
+        got.extend(deliveries(&fx));
+    }
+    let consumers: Vec<_> = got.iter().map(|(c, _)| *c).collect();
+    assert_eq!(consumers, vec![1, 2, 3, 2, 3]);
+    // A backlog handed to a newly attached consumer goes to it alone.
+    let mut q = Q::plain();
+    for _ in 0..4 {
+        q.publish(0, None);
+    }
+    let fx = q.checkout(0, 1, 2);
+    assert_eq!(deliveries(&fx), vec![(1, 1), (1, 2)]);
+    let fx = q.checkout(0, 2, 0);
+    assert_eq!(deliveries(&fx), vec![(2, 3), (2, 4)]);
+}
+
+#[test]
+fn prefetch_is_never_exceeded() {
+    let mut q = Q::plain();
+    let ids: Vec<_> = (0..5).map(|_| q.publish(0, None)).collect();
+    let fx = q.checkout(0, 1, 2);
+    assert_eq!(deliveries(&fx), vec![(1, ids[0]), (1, ids[1])]);
+    assert_eq!(q.s.consumers(), vec![(1, 1, 2, 2)]);
+    let (r, fx) = q.settle(0, 1, &[ids[0]], SettleOutcome::Ack);
+    assert_eq!(r, Reply::Ok);
+    assert_eq!(deleted(&fx), vec![ids[0]]);
+    assert_eq!(deliveries(&fx), vec![(1, ids[2])]);
+    // Lowering the prefetch below unacked stops deliveries until it drops below again.
+    q.checkout(0, 1, 1);
+    let (_, fx) = q.settle(0, 1, &[ids[1]], SettleOutcome::Ack);
+    assert!(deliveries(&fx).is_empty());
+    let (_, fx) = q.settle(0, 1, &[ids[2]], SettleOutcome::Ack);
+    assert_eq!(deliveries(&fx), vec![(1, ids[3])]);
+}
+
+// ----- returns -----
+
+#[test]
+fn requeued_messages_go_to_the_head_in_return_order() {
+    let mut q = Q::plain();
+    let ids: Vec<_> = (0..5).map(|_| q.publish(0, None)).collect();
+    q.checkout(0, 1, 3);
+    let (r, fx) = q.settle(0, 1, &[ids[2], ids[0]], SettleOutcome::Requeue);
+    assert_eq!(r, Reply::Ok);
+    let d = full_deliveries(&fx);
+    assert_eq!(
+        d.iter().map(|d| d.id).collect::<Vec<_>>(),
+        vec![ids[2], ids[0]],
+        "returned messages are served first, first returned first"
+    );
+    assert!(d.iter().all(|d| d.redelivered && d.delivery_count == 1));
+    assert_eq!(q.s.ready_ids(), vec![ids[3], ids[4]]);
+}
+
+#[test]
+fn returned_messages_wait_ahead_of_new_ones() {
+    let mut q = Q::plain();
+    let a = q.publish(0, None);
+    q.checkout(0, 1, 1);
+    let b = q.publish(0, None);
+    q.checkout(0, 1, 0); // b delivered too
+    q.checkout(0, 1, 2);
+    q.settle(0, 1, &[b], SettleOutcome::Requeue);
+    // b was redelivered at once (credit); now make the consumer go away.
+    let (_, fx) = q.apply(Command::ConsumerDown {
+        now_ms: 0,
+        consumer: 1,
+    });
+    assert!(fx.is_empty());
+    let c = q.publish(0, None);
+    assert_eq!(
+        q.s.ready_ids(),
+        vec![a, b, c],
+        "returned in id order, before new"
+    );
+    let fx = q.checkout(0, 2, 0);
+    let d = full_deliveries(&fx);
+    assert_eq!(
+        d.iter()
+            .map(|d| (d.id, d.delivery_count, d.redelivered))
+            .collect::<Vec<_>>(),
+        vec![(a, 1, true), (b, 2, true), (c, 0, false)]
+    );
+}
+
+#[test]
+fn delivery_limit_default_is_20() {
+    let mut q = Q::plain();
+    let id = q.publish(0, None);
+    q.checkout(0, 1, 1);
+    for n in 1..=20u32 {
+        let (_, fx) = q.settle(0, 1, &[id], SettleOutcome::Requeue);
+        let d = full_deliveries(&fx);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].delivery_count, n);
+    }
+    let (_, fx) = q.settle(0, 1, &[id], SettleOutcome::Requeue);
+    assert_eq!(dead(&fx), vec![(id, Reason::DeliveryLimit)]);
+    assert!(deliveries(&fx).is_empty());
+    assert_eq!(q.s.location(id), None);
+    assert_eq!(
+        q.s.stats()
+            .dead_lettered(Reason::DeliveryLimit, Strategy::Disabled),
+        1
+    );
+    assert_eq!(q.s.stats().returned_total, 21);
+}
+
+#[test]
+fn delivery_limit_none_is_unlimited_and_zero_kills_at_first_failure() {
+    let mut q = Q::with(|c| c.delivery_limit = None);
+    let id = q.publish(0, None);
+    q.checkout(0, 1, 1);
+    for _ in 0..100 {
+        let (_, fx) = q.settle(0, 1, &[id], SettleOutcome::Requeue);
+        assert!(dead(&fx).is_empty());
+    }
+    assert_eq!(q.s.pending_deliveries()[0].delivery_count, 100);
+
+    let mut q = Q::with(|c| c.delivery_limit = Some(0));
+    let id = q.publish(0, None);
+    q.checkout(0, 1, 1);
+    let (_, fx) = q.apply(Command::ConsumerDown {
+        now_ms: 0,
+        consumer: 1,
+    });
+    assert_eq!(dead(&fx), vec![(id, Reason::DeliveryLimit)]);
+}
+
+// ----- TTL -----
+
+#[test]
+fn ttl_expires_at_the_deadline_not_only_at_the_head() {
+    let mut q = Q::plain();
+    let a = q.publish(0, None);
+    let b = q.publish(0, Some(100));
+    let c = q.publish(0, Some(50));
+    assert_eq!(q.s.next_deadline(), Some(50));
+    assert!(q.expire(49).is_empty());
+    assert_eq!(dead(&q.expire(60)), vec![(c, Reason::Expired)]);
+    assert_eq!(q.s.next_deadline(), Some(100));
+    assert_eq!(dead(&q.expire(100)), vec![(b, Reason::Expired)]);
+    assert_eq!(q.s.ready_ids(), vec![a]);
+    assert_eq!(q.s.next_deadline(), None);
+    assert_eq!(
+        q.s.stats()
+            .dead_lettered(Reason::Expired, Strategy::Disabled),
+        2
+    );
+}
+
+#[test]
+fn expired_messages_die_in_queue_order() {
+    let mut q = Q::plain();
+    let a = q.publish(0, Some(30));
+    let b = q.publish(0, Some(10));
+    let c = q.publish(0, Some(20));
+    assert_eq!(
+        dead(&q.expire(100)),
+        vec![
+            (a, Reason::Expired),
+            (b, Reason::Expired),
+            (c, Reason::Expired)
+        ]
+    );
+}
+
+#[test]
+fn ttl_is_the_minimum_of_queue_and_message_ttl() {
+    let mut q = Q::with(|c| c.message_ttl_ms = Some(100));
+    q.publish(1000, Some(500));
+    assert_eq!(q.s.next_deadline(), Some(1100));
+    q.apply(Command::Purge);
+    q.publish(1000, Some(30));
+    assert_eq!(q.s.next_deadline(), Some(1030));
+    q.apply(Command::Purge);
+    q.publish(1000, None);
+    assert_eq!(q.s.next_deadline(), Some(1100));
+}
+
+#[test]
+fn ttl_zero_delivers_or_expires_in_the_same_apply() {
+    let mut q = Q::with(|c| c.message_ttl_ms = Some(0));
+    let (r, fx) = q.publish_full(5, 10, None);
+    let Reply::Enqueued { id } = r else { panic!() };
+    assert_eq!(dead(&fx), vec![(id, Reason::Expired)]);
+    assert_eq!(q.s.counts(), Counts::default());
+
+    q.checkout(5, 1, 1);
+    let (r, fx) = q.publish_full(6, 10, Some(0));
+    let Reply::Enqueued { id } = r else { panic!() };
+    assert_eq!(deliveries(&fx), vec![(1, id)]);
+    assert!(dead(&fx).is_empty());
+    // consumer full: the next one expires at once
+    let (r, fx) = q.publish_full(6, 10, Some(0));
+    let Reply::Enqueued { id } = r else { panic!() };
+    assert_eq!(dead(&fx), vec![(id, Reason::Expired)]);
+}
+
+#[test]
+fn unacked_messages_never_expire_but_expire_when_returned_late() {
+    let mut q = Q::plain();
+    let id = q.publish(0, Some(100));
+    q.checkout(0, 1, 1);
+    assert_eq!(q.s.next_deadline(), None, "unacked messages carry no timer");
+    assert!(q.expire(500).is_empty());
+    assert_eq!(q.s.location(id), Some(Location::Unacked { consumer: 1 }));
+    let (_, fx) = q.settle(500, 1, &[id], SettleOutcome::Requeue);
+    assert_eq!(dead(&fx), vec![(id, Reason::Expired)]);
+    assert!(deliveries(&fx).is_empty());
+}
+
+#[test]
+fn a_message_returned_at_its_deadline_is_not_redelivered() {
+    let mut q = Q::plain();
+    let id = q.publish(0, Some(100));
+    q.checkout(0, 1, 1);
+    // The consumer has credit again after the requeue, but the message is due: it dies.
+    let (_, fx) = q.settle(100, 1, &[id], SettleOutcome::Requeue);
+    assert_eq!(dead(&fx), vec![(id, Reason::Expired)]);
+    assert!(deliveries(&fx).is_empty());
+}
+
+#[test]
+fn no_command_delivers_an_expired_message() {
+    let mut q = Q::plain();
+    let a = q.publish(0, Some(100));
+    let b = q.publish(0, None);
+    let fx = q.checkout(150, 1, 0);
+    assert_eq!(dead(&fx), vec![(a, Reason::Expired)]);
+    assert_eq!(deliveries(&fx), vec![(1, b)]);
+}
+
+#[test]
+fn time_never_goes_backwards() {
+    let mut q = Q::plain();
+    q.publish(1000, None);
+    // A command stamped by a lagging leader: the queue's clock stays at 1000.
+    let id = q.publish(400, Some(100));
+    assert_eq!(q.s.clock_ms(), 1000);
+    assert_eq!(q.s.next_deadline(), Some(1100));
+    assert!(q.expire(1099).is_empty());
+    assert_eq!(dead(&q.expire(1100)), vec![(id, Reason::Expired)]);
+}
+
+// ----- length limits -----
+
+#[test]
+fn drop_head_dead_letters_the_oldest_ready_messages() {
+    let mut q = Q::with(|c| c.max_length = Some(2));
+    let a = q.publish(0, None);
+    let b = q.publish(0, None);
+    let (r, fx) = q.publish_full(0, 10, None);
+    let Reply::Enqueued { id: c } = r else {
+        panic!()
+    };
+    assert_eq!(dead(&fx), vec![(a, Reason::Maxlen)]);
+    assert_eq!(q.s.ready_ids(), vec![b, c]);
+
+    // bytes: the new message itself can go (RabbitMQ's at_most_once_dead_letter_order_maxlen)
+    let mut q = Q::with(|c| c.max_length_bytes = Some(1000));
+    let Reply::Enqueued { id: m1 } = q.publish_full(0, 400, None).0 else {
+        panic!()
+    };
+    let Reply::Enqueued { id: m2 } = q.publish_full(0, 400, None).0 else {
+        panic!()
+    };
+    assert_eq!(q.s.counts().ready_bytes, 800);
+    let (r, fx) = q.publish_full(0, 1500, None);
+    let Reply::Enqueued { id: m3 } = r else {
+        panic!()
+    };
+    assert_eq!(
+        dead(&fx),
+        vec![
+            (m1, Reason::Maxlen),
+            (m2, Reason::Maxlen),
+            (m3, Reason::Maxlen)
+        ]
+    );
+    assert_eq!(q.s.counts(), Counts::default());
+}
+
+#[test]
+fn unacked_messages_do_not_count_against_limits() {
+    let mut q = Q::with(|c| c.max_length = Some(1));
+    q.checkout(0, 1, 2);
+    q.publish(0, None);
+    q.publish(0, None);
+    let c = q.publish(0, None);
+    assert_eq!(q.s.counts().unacked, 2);
+    assert_eq!(q.s.ready_ids(), vec![c]);
+}
+
+#[test]
+fn reject_publish_is_exact() {
+    let mut q = Q::with(|c| {
+        c.max_length = Some(2);
+        c.overflow = Overflow::RejectPublish;
+    });
+    let a = q.publish(0, None);
+    q.publish(0, None);
+    let (r, fx) = q.publish_full(0, 10, None);
+    assert_eq!(
+        r,
+        Reply::Rejected {
+            detail: "queue 'q' is full (x-max-length 2)".into()
+        }
+    );
+    assert!(fx.is_empty());
+    assert_eq!(q.s.counts().ready, 2);
+    assert_eq!(q.s.stats().rejected_publishes_total, 1);
+    // A consumer takes one: room for exactly one more.
+    q.checkout(0, 1, 1);
+    assert_eq!(q.s.location(a), Some(Location::Unacked { consumer: 1 }));
+    q.publish(0, None);
+    assert!(matches!(
+        q.publish_full(0, 10, None).0,
+        Reply::Rejected { .. }
+    ));
+
+    let mut q = Q::with(|c| {
+        c.max_length_bytes = Some(100);
+        c.overflow = Overflow::RejectPublish;
+    });
+    assert!(matches!(
+        q.publish_full(0, 60, None).0,
+        Reply::Enqueued { .. }
+    ));
+    assert!(matches!(
+        q.publish_full(0, 40, None).0,
+        Reply::Enqueued { .. }
+    ));
+    assert_eq!(
+        q.publish_full(0, 1, None).0,
+        Reply::Rejected {
+            detail: "queue 'q' is full (x-max-length-bytes 100)".into()
+        }
+    );
+}
+
+#[test]
+fn reject_publish_accepts_what_a_waiting_consumer_takes() {
+    let mut q = Q::with(|c| {
+        c.max_length = Some(0);
+        c.overflow = Overflow::RejectPublish;
+    });
+    assert!(matches!(
+        q.publish_full(0, 10, None).0,
+        Reply::Rejected { .. }
+    ));
+    q.checkout(0, 1, 1);
+    let (r, fx) = q.publish_full(0, 10, None);
+    let Reply::Enqueued { id } = r else { panic!() };
+    assert_eq!(deliveries(&fx), vec![(1, id)]);
+    assert!(matches!(
+        q.publish_full(0, 10, None).0,
+        Reply::Rejected { .. }
+    ));
+}
+
+#[test]
+fn reject_publish_dlx_refuses_and_dead_letters_the_new_message() {
+    let mut q = Q::with(|c| {
+        c.max_length = Some(1);
+        c.overflow = Overflow::RejectPublishDlx;
+        c.dead_letter_strategy = Strategy::AtMostOnce;
+    });
+    let a = q.publish(7, None);
+    let index_before = q.index;
+    let (r, fx) = q.publish_full(9, 10, None);
+    assert_eq!(
+        r,
+        Reply::RejectedDeadLettered {
+            id: index_before + 1,
+            detail: "queue 'q' is full (x-max-length 1)".into()
+        }
+    );
+    assert_eq!(
+        fx,
+        vec![Effect::DeadLetter {
+            id: index_before + 1,
+            reason: Reason::Maxlen,
+            strategy: Strategy::AtMostOnce,
+            died_at_ms: 9
+        }]
+    );
+    assert_eq!(q.s.message_ids(), vec![a]);
+    assert_eq!(
+        q.s.stats()
+            .dead_lettered(Reason::Maxlen, Strategy::AtMostOnce),
+        1
+    );
+}
+
+// ----- dead-letter strategies -----
+
+#[test]
+fn reject_dead_letters_in_the_order_given() {
+    let mut q = Q::with(|c| c.dead_letter_strategy = Strategy::AtMostOnce);
+    let ids: Vec<_> = (0..3).map(|_| q.publish(0, None)).collect();
+    q.checkout(0, 1, 0);
+    let (_, fx) = q.settle(3, 1, &[ids[2], ids[0], ids[1]], SettleOutcome::Reject);
+    assert_eq!(
+        dead(&fx),
+        vec![
+            (ids[2], Reason::Rejected),
+            (ids[0], Reason::Rejected),
+            (ids[1], Reason::Rejected)
+        ]
+    );
+    assert!(
+        deleted(&fx).is_empty(),
+        "the glue deletes after republishing"
+    );
+    assert!(q.s.message_ids().is_empty());
+    assert_eq!(
+        q.s.stats()
+            .dead_lettered(Reason::Rejected, Strategy::AtMostOnce),
+        3
+    );
+}
+
+fn at_least_once(max_length: u64) -> Q {
+    Q::with(|c| {
+        c.dead_letter_exchange = Some("dlx".into());
+        c.dead_letter_strategy = Strategy::AtLeastOnce;
+        c.overflow = Overflow::RejectPublish;
+        c.max_length = Some(max_length);
+    })
+}
+
+#[test]
+fn at_least_once_holds_dead_letters_until_settled() {
+    let mut q = at_least_once(2);
+    let m1 = q.publish(0, None);
+    let m2 = q.publish(0, None);
+    let (d, left) = q.get(10, 1000, false);
+    assert_eq!(d.unwrap().id, m1);
+    assert_eq!(left, 1);
+    let (r, fx) = q.settle(20, GET_CONSUMER, &[m1], SettleOutcome::Reject);
+    assert_eq!(r, Reply::Ok);
+    assert_eq!(
+        fx,
+        vec![Effect::DeadLetter {
+            id: m1,
+            reason: Reason::Rejected,
+            strategy: Strategy::AtLeastOnce,
+            died_at_ms: 20
+        }]
+    );
+    let counts = q.s.counts();
+    assert_eq!((counts.ready, counts.held, counts.held_bytes), (1, 1, 10));
+    assert_eq!(q.s.location(m1), Some(Location::Held));
+    assert_eq!(q.s.message_ids(), vec![m1, m2]);
+    let held = q.s.held_dead_letters();
+    assert_eq!(held.len(), 1);
+    assert_eq!(
+        (held[0].id, held[0].reason, held[0].died_at_ms),
+        (m1, Reason::Rejected, 20)
+    );
+    // held letters count against the limit
+    assert!(matches!(
+        q.publish_full(30, 10, None).0,
+        Reply::Rejected { .. }
+    ));
+    let (r, fx) = q.apply(Command::DeadLetterSettle { ids: vec![m1, 999] });
+    assert_eq!(r, Reply::Ok);
+    assert_eq!(fx, vec![Effect::DeleteBody { id: m1 }]);
+    assert_eq!(q.s.stats().dead_lettered_confirmed, 1);
+    assert!(q.s.held_dead_letters().is_empty());
+    // settling again is harmless
+    let (_, fx) = q.apply(Command::DeadLetterSettle { ids: vec![m1] });
+    assert!(fx.is_empty());
+    q.publish(40, None);
+}
+
+#[test]
+fn held_dead_letters_keep_death_order() {
+    let mut q = at_least_once(100);
+    let a = q.publish(0, Some(50));
+    let b = q.publish(0, None);
+    q.checkout(0, 1, 0);
+    let c = q.publish(0, Some(10));
+    q.settle(5, 1, &[b], SettleOutcome::Reject);
+    q.settle(6, 1, &[a], SettleOutcome::Reject);
+    let _ = q.expire(100);
+    let held: Vec<_> =
+        q.s.held_dead_letters()
+            .iter()
+            .map(|h| (h.id, h.reason))
+            .collect();
+    // c was delivered to consumer 1 (prefetch 0), so nothing expires.
+    assert_eq!(held, vec![(b, Reason::Rejected), (a, Reason::Rejected)]);
+    assert_eq!(q.s.location(c), Some(Location::Unacked { consumer: 1 }));
+}
+
+#[test]
+fn leaving_at_least_once_releases_held_dead_letters() {
+    let mut q = at_least_once(10);
+    let a = q.publish(0, None);
+    let b = q.publish(0, None);
+    q.checkout(0, 1, 0);
+    q.settle(5, 1, &[b, a], SettleOutcome::Reject);
+    assert_eq!(q.s.counts().held, 2);
+    let mut config = q.s.config().clone();
+    config.dead_letter_strategy = Strategy::AtMostOnce;
+    let (r, fx) = q.apply(Command::UpdateConfig { now_ms: 9, config });
+    assert_eq!(r, Reply::Ok);
+    assert_eq!(
+        fx,
+        vec![
+            Effect::DeadLetter {
+                id: b,
+                reason: Reason::Rejected,
+                strategy: Strategy::AtMostOnce,
+                died_at_ms: 5
+            },
+            Effect::DeadLetter {
+                id: a,
+                reason: Reason::Rejected,
+                strategy: Strategy::AtMostOnce,
+                died_at_ms: 5
+            }
+        ]
+    );
+    assert_eq!(
+        q.s.counts(),
+        Counts {
+            consumers: 1,
+            ..Counts::default()
+        }
+    );
+    assert_eq!(q.s.stats().dead_lettered_total(), 2, "not counted twice");
+}
+
+#[test]
+fn update_config_trims_at_once_with_drop_head() {
+    let mut q = Q::plain();
+    let ids: Vec<_> = (0..5).map(|_| q.publish(0, None)).collect();
+    let mut config = q.s.config().clone();
+    config.max_length = Some(2);
+    let (_, fx) = q.apply(Command::UpdateConfig { now_ms: 0, config });
+    assert_eq!(
+        dead(&fx),
+        ids[..3]
+            .iter()
+            .map(|id| (*id, Reason::Maxlen))
+            .collect::<Vec<_>>()
+    );
+    // reject-publish with a lowered limit drops nothing
+    let mut config = q.s.config().clone();
+    config.max_length = Some(1);
+    config.overflow = Overflow::RejectPublish;
+    let (_, fx) = q.apply(Command::UpdateConfig { now_ms: 0, config });
+    assert!(fx.is_empty());
+    assert_eq!(q.s.counts().ready, 2);
+}
+
+#[test]
+fn queue_ttl_change_applies_to_later_messages() {
+    let mut q = Q::plain();
+    let a = q.publish(0, None);
+    let mut config = q.s.config().clone();
+    config.message_ttl_ms = Some(10);
+    q.apply(Command::UpdateConfig { now_ms: 0, config });
+    let b = q.publish(0, None);
+    assert_eq!(dead(&q.expire(20)), vec![(b, Reason::Expired)]);
+    assert_eq!(q.s.ready_ids(), vec![a]);
+}
+
+// ----- dedup -----
+
+fn publish_as(q: &mut Q, publisher: Option<(u64, u64)>, key: Option<&str>) -> Reply {
+    q.apply(Command::Enqueue {
+        now_ms: 0,
+        header: MsgHeader {
+            size_bytes: 1,
+            expiration_ms: None,
+        },
+        publisher,
+        dedup_key: key.map(str::to_string),
+    })
+    .0
+}
+
+#[test]
+fn publisher_sequence_numbers_deduplicate() {
+    let mut q = Q::plain();
+    assert!(matches!(
+        publish_as(&mut q, Some((7, 1)), None),
+        Reply::Enqueued { .. }
+    ));
+    assert_eq!(publish_as(&mut q, Some((7, 1)), None), Reply::Duplicate);
+    assert_eq!(publish_as(&mut q, Some((7, 0)), None), Reply::Duplicate);
+    assert!(matches!(
+        publish_as(&mut q, Some((7, 3)), None),
+        Reply::Enqueued { .. }
+    ));
+    assert_eq!(publish_as(&mut q, Some((7, 2)), None), Reply::Duplicate);
+    assert!(matches!(
+        publish_as(&mut q, Some((8, 1)), None),
+        Reply::Enqueued { .. }
+    ));
+    assert_eq!(q.s.counts().ready, 3);
+    assert_eq!(q.s.stats().duplicates_total, 3);
+}
+
+#[test]
+fn a_refused_publish_is_not_remembered() {
+    let mut q = Q::with(|c| {
+        c.max_length = Some(1);
+        c.overflow = Overflow::RejectPublish;
+    });
+    assert!(matches!(
+        publish_as(&mut q, Some((7, 1)), None),
+        Reply::Enqueued { .. }
+    ));
+    assert!(matches!(
+        publish_as(&mut q, Some((7, 2)), Some("k")),
+        Reply::Rejected { .. }
+    ));
+    q.apply(Command::Purge);
+    assert!(matches!(
+        publish_as(&mut q, Some((7, 2)), Some("k")),
+        Reply::Enqueued { .. }
+    ));
+}
+
+#[test]
+fn publisher_window_forgets_the_least_recently_used() {
+    let mut s = QueueState::new(QueueConfig::new("/", "q"));
+    let mut index = 0;
+    let mut publish = |s: &mut QueueState, pid: u64, seq: u64| {
+        index += 1;
+        s.apply(
+            index,
+            Command::Enqueue {
+                now_ms: 0,
+                header: MsgHeader {
+                    size_bytes: 1,
+                    expiration_ms: None,
+                },
+                publisher: Some((pid, seq)),
+                dedup_key: None,
+            },
+        )
+        .0
+    };
+    for pid in 0..PUBLISHER_WINDOW as u64 {
+        publish(&mut s, pid, 5);
+    }
+    // Publisher 0 is used again: now publisher 1 is the least recently used.
+    assert!(matches!(publish(&mut s, 0, 6), Reply::Enqueued { .. }));
+    assert!(matches!(
+        publish(&mut s, 1_000_000, 1),
+        Reply::Enqueued { .. }
+    ));
+    assert_eq!(publish(&mut s, 0, 6), Reply::Duplicate);
+    assert_eq!(publish(&mut s, 2, 5), Reply::Duplicate);
+    assert!(
+        matches!(publish(&mut s, 1, 5), Reply::Enqueued { .. }),
+        "publisher 1 was evicted"
+    );
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn dedup_keys_deduplicate_dead_letter_copies() {
+    let mut q = Q::plain();
+    assert!(matches!(
+        publish_as(&mut q, None, Some("src/5/1")),
+        Reply::Enqueued { .. }
+    ));
+    assert_eq!(publish_as(&mut q, None, Some("src/5/1")), Reply::Duplicate);
+    assert!(matches!(
+        publish_as(&mut q, None, Some("src/5/2")),
+        Reply::Enqueued { .. }
+    ));
+    assert!(matches!(
+        publish_as(&mut q, None, None),
+        Reply::Enqueued { .. }
+    ));
+    assert_eq!(q.s.counts().ready, 3);
+}
+
+#[test]
+fn dedup_key_window_forgets_the_oldest() {
+    let key_cmd = |k: String| Command::Enqueue {
+        now_ms: 0,
+        header: MsgHeader {
+            size_bytes: 1,
+            expiration_ms: None,
+        },
+        publisher: None,
+        dedup_key: Some(k),
+    };
+    let n = qq_core::queue::DEDUP_KEY_WINDOW as u64;
+    let mut s = QueueState::new(QueueConfig::new("/", "q"));
+    let mut index = 0;
+    for i in 0..=n {
+        index += 1;
+        s.apply(index, key_cmd(format!("k{i}")));
+    }
+    index += 1;
+    assert!(matches!(
+        s.apply(index, key_cmd("k0".into())).0,
+        Reply::Enqueued { .. }
+    ));
+    index += 1;
+    assert_eq!(s.apply(index, key_cmd("k2".into())).0, Reply::Duplicate);
+    index += 1;
+    assert_eq!(s.apply(index, key_cmd(format!("k{n}"))).0, Reply::Duplicate);
+    s.check_invariants().unwrap();
+}
+
+// ----- Get -----
+
+#[test]
+fn get_lease_lapses_as_a_failed_delivery() {
+    let mut q = Q::plain();
+    let a = q.publish(0, None);
+    let b = q.publish(0, None);
+    let (d, left) = q.get(100, 1000, false);
+    assert_eq!(
+        d,
+        Some(Delivery {
+            consumer: GET_CONSUMER,
+            id: a,
+            delivery_count: 0,
+            redelivered: false,
+            lease_deadline_ms: Some(1100)
+        })
+    );
+    assert_eq!(left, 1);
+    assert_eq!(q.s.counts().unacked, 1);
+    assert_eq!(q.s.next_deadline(), Some(1100));
+    assert!(q.expire(1099).is_empty());
+    assert!(q.expire(1100).is_empty());
+    assert_eq!(q.s.ready_ids(), vec![a, b], "back at the head");
+    // the lapsed receipt can no longer be settled
+    let (r, _) = q.settle(1200, GET_CONSUMER, &[a], SettleOutcome::Ack);
+    assert_eq!(
+        r,
+        Reply::Error {
+            detail: format!("unknown delivery tag {a}")
+        }
+    );
+    let (d, _) = q.get(1200, 1000, false);
+    let d = d.unwrap();
+    assert_eq!((d.id, d.delivery_count, d.redelivered), (a, 1, true));
+    let (r, fx) = q.settle(1300, GET_CONSUMER, &[a], SettleOutcome::Ack);
+    assert_eq!(r, Reply::Ok);
+    assert_eq!(deleted(&fx), vec![a]);
+}
+
+#[test]
+fn get_auto_ack_removes_at_once() {
+    let mut q = Q::plain();
+    assert_eq!(q.get(0, 0, true), (None, 0));
+    let a = q.publish(0, None);
+    q.publish(0, None);
+    let (r, fx) = q.apply(Command::Get {
+        now_ms: 0,
+        lease_ms: 0,
+        auto_ack: true,
+    });
+    assert_eq!(
+        r,
+        Reply::Got {
+            delivery: Some(Delivery {
+                consumer: GET_CONSUMER,
+                id: a,
+                delivery_count: 0,
+                redelivered: false,
+                lease_deadline_ms: None
+            }),
+            message_count: 1
+        }
+    );
+    assert_eq!(fx, vec![Effect::DeleteBody { id: a }]);
+    assert_eq!(q.s.location(a), None);
+}
+
+#[test]
+fn get_is_refused_on_single_active_consumer_queues() {
+    let mut q = Q::with(|c| c.single_active_consumer = true);
+    q.publish(0, None);
+    let (r, _) = q.apply(Command::Get {
+        now_ms: 0,
+        lease_ms: 10,
+        auto_ack: false,
+    });
+    assert!(matches!(r, Reply::Error { .. }));
+    assert_eq!(q.s.counts().ready, 1);
+}
+
+// ----- consumers going away -----
+
+#[test]
+fn consumer_down_returns_its_messages_as_failed_deliveries() {
+    let mut q = Q::plain();
+    q.checkout(0, 1, 2);
+    let a = q.publish(0, None);
+    let b = q.publish(0, None);
+    let c = q.publish(0, None);
+    let (r, fx) = q.apply(Command::ConsumerDown {
+        now_ms: 0,
+        consumer: 1,
+    });
+    assert_eq!(r, Reply::Ok);
+    assert!(fx.is_empty());
+    assert_eq!(q.s.counts().consumers, 0);
+    assert_eq!(q.s.ready_ids(), vec![a, b, c]);
+    let fx = q.checkout(0, 2, 0);
+    let d = full_deliveries(&fx);
+    assert_eq!(
+        d.iter()
+            .map(|d| (d.id, d.delivery_count))
+            .collect::<Vec<_>>(),
+        vec![(a, 1), (b, 1), (c, 0)]
+    );
+    // unknown consumer: harmless
+    let (r, fx) = q.apply(Command::ConsumerDown {
+        now_ms: 0,
+        consumer: 77,
+    });
+    assert_eq!((r, fx), (Reply::Ok, vec![]));
+    // settling after being removed is refused
+    q.apply(Command::ConsumerDown {
+        now_ms: 0,
+        consumer: 2,
+    });
+    let (r, _) = q.settle(0, 2, &[a], SettleOutcome::Ack);
+    assert!(matches!(r, Reply::Error { .. }));
+}
+
+#[test]
+fn node_down_removes_every_consumer_on_that_node() {
+    let mut q = Q::plain();
+    for (consumer, node) in [(1, 1), (2, 2), (3, 1)] {
+        q.apply(Command::Checkout {
+            now_ms: 0,
+            consumer,
+            node,
+            prefetch: 1,
+        });
+    }
+    let ids: Vec<_> = (0..3).map(|_| q.publish(0, None)).collect();
+    let (_, fx) = q.apply(Command::NodeDown { now_ms: 0, node: 1 });
+    assert!(deliveries(&fx).is_empty(), "consumer 2 is full");
+    assert_eq!(q.s.consumers(), vec![(2, 2, 1, 1)]);
+    assert_eq!(q.s.ready_ids(), vec![ids[0], ids[2]]);
+}
+
+#[test]
+fn single_active_consumer_serves_only_the_earliest() {
+    let mut q = Q::with(|c| c.single_active_consumer = true);
+    q.checkout(0, 5, 2);
+    q.checkout(0, 3, 0);
+    let ids: Vec<_> = (0..4).map(|_| q.publish(0, None)).collect();
+    assert_eq!(
+        q.s.pending_deliveries()
+            .iter()
+            .map(|d| (d.consumer, d.id))
+            .collect::<Vec<_>>(),
+        vec![(5, ids[0]), (5, ids[1])]
+    );
+    assert_eq!(q.s.counts().ready, 2);
+    let (_, fx) = q.apply(Command::ConsumerDown {
+        now_ms: 0,
+        consumer: 5,
+    });
+    assert_eq!(
+        deliveries(&fx),
+        vec![(3, ids[0]), (3, ids[1]), (3, ids[2]), (3, ids[3])]
+    );
+}
+
+// ----- purge, settle errors, misc -----
+
+#[test]
+fn purge_removes_ready_messages_only() {
+    let mut q = Q::plain();
+    q.checkout(0, 1, 1);
+    let a = q.publish(0, None);
+    let b = q.publish(0, Some(100));
+    let c = q.publish(0, None);
+    let (r, fx) = q.apply(Command::Purge);
+    assert_eq!(r, Reply::Purged { count: 2 });
+    assert_eq!(
+        fx,
+        vec![Effect::DeleteBody { id: b }, Effect::DeleteBody { id: c }]
+    );
+    assert_eq!(q.s.message_ids(), vec![a]);
+    assert_eq!(q.s.next_deadline(), None);
+    assert_eq!(q.s.stats().dead_lettered_total(), 0);
+}
+
+#[test]
+fn settle_of_an_unknown_id_is_refused_as_a_whole() {
+    let mut q = Q::plain();
+    q.checkout(0, 1, 0);
+    q.checkout(0, 2, 0);
+    let a = q.publish(0, None); // to consumer 1
+    let b = q.publish(0, None); // to consumer 2
+    let before = q.s.clone();
+    let (r, fx) = q.settle(0, 1, &[a, b], SettleOutcome::Ack);
+    assert_eq!(
+        r,
+        Reply::Error {
+            detail: format!("unknown delivery tag {b}")
+        }
+    );
+    assert!(fx.is_empty());
+    let (r, _) = q.settle(0, 1, &[a, a], SettleOutcome::Ack);
+    assert!(matches!(r, Reply::Error { .. }));
+    // nothing changed apart from the applied index
+    assert_eq!(q.s.pending_deliveries(), before.pending_deliveries());
+    assert_eq!(q.s.stats(), before.stats());
+    let (r, _) = q.settle(0, 1, &[], SettleOutcome::Ack);
+    assert_eq!(r, Reply::Ok);
+}
+
+#[test]
+fn consumer_id_zero_is_reserved() {
+    let mut q = Q::plain();
+    let (r, _) = q.apply(Command::Checkout {
+        now_ms: 0,
+        consumer: GET_CONSUMER,
+        node: 1,
+        prefetch: 1,
+    });
+    assert!(matches!(r, Reply::Error { .. }));
+    assert_eq!(q.s.counts().consumers, 0);
+}
+
+#[test]
+#[should_panic(expected = "not after last applied")]
+fn apply_index_must_increase() {
+    let mut s = QueueState::new(QueueConfig::new("/", "q"));
+    s.apply(5, Command::Purge);
+    s.apply(5, Command::Purge);
+}
+
+#[test]
+fn message_ids_are_log_indexes() {
+    let mut s = QueueState::new(QueueConfig::new("/", "q"));
+    let (r, _) = s.apply(
+        42,
+        Command::Enqueue {
+            now_ms: 0,
+            header: MsgHeader {
+                size_bytes: 3,
+                expiration_ms: None,
+            },
+            publisher: None,
+            dedup_key: None,
+        },
+    );
+    assert_eq!(r, Reply::Enqueued { id: 42 });
+    assert_eq!(s.last_applied(), 42);
+}
+
+#[test]
+fn snapshot_round_trip_and_digest() {
+    let mut q = at_least_once(10);
+    q.publish(0, Some(500));
+    q.checkout(0, 1, 1);
+    let b = q.publish(0, None);
+    q.publish(0, None);
+    assert_eq!(q.get(1, 100, false).0.unwrap().id, b);
+    let bytes = postcard::to_allocvec(&q.s).unwrap();
+    let restored: QueueState = postcard::from_bytes(&bytes).unwrap();
+    restored.check_invariants().unwrap();
+    assert_eq!(restored, q.s);
+    assert_eq!(restored.digest(), q.s.digest());
+    let mut other = q.s.clone();
+    other.apply(q.index + 1, Command::Purge);
+    assert_ne!(other.digest(), q.s.digest());
+}

@@ -1,0 +1,111 @@
+//! The node-to-node service: Raft RPCs for any group, forwarded proposals, relayed consumer
+//! sessions and queue info from the leader.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use openraft::raft::{AppendEntriesRequest, VoteRequest};
+use qq_proto::internal::internal_server::Internal;
+use qq_proto::internal::*;
+use qq_raft::network::SnapshotRequest;
+use qq_raft::{META_GROUP, TypeConfig};
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::consume::{SessionIn, SessionOut, run_session};
+use crate::node::Node;
+
+pub struct InternalService {
+    pub node: Arc<Node>,
+}
+
+fn reply<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> RaftReply {
+    match r {
+        Ok(v) => match postcard::to_stdvec(&v) {
+            Ok(b) => RaftReply { payload: b.into(), error: String::new() },
+            Err(e) => RaftReply { payload: Default::default(), error: format!("encode: {e}") },
+        },
+        Err(e) => RaftReply { payload: Default::default(), error: e.to_string() },
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(b: &[u8]) -> Result<T, Status> {
+    postcard::from_bytes(b).map_err(|e| Status::invalid_argument(format!("payload: {e}")))
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Internal for InternalService {
+    async fn raft(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        let r = request.into_inner();
+        let kind = RaftKind::try_from(r.kind).map_err(|_| Status::invalid_argument("kind"))?;
+        let node = &self.node;
+        macro_rules! dispatch {
+            ($raft:expr) => {
+                match kind {
+                    RaftKind::Append => reply($raft.append_entries(decode::<AppendEntriesRequest<TypeConfig>>(&r.payload)?).await),
+                    RaftKind::Vote => reply($raft.vote(decode::<VoteRequest<TypeConfig>>(&r.payload)?).await),
+                    RaftKind::Snapshot => {
+                        let s: SnapshotRequest = decode(&r.payload)?;
+                        let snapshot = openraft::alias::SnapshotOf::<TypeConfig, Vec<u8>> { meta: s.meta, snapshot: s.data };
+                        reply($raft.install_full_snapshot(s.vote, snapshot).await)
+                    }
+                    RaftKind::Unspecified => return Err(Status::invalid_argument("kind: unspecified")),
+                }
+            };
+        }
+        let out = if r.group == META_GROUP {
+            dispatch!(node.meta_raft)
+        } else {
+            match node.queue_group(r.group) {
+                Some(g) => dispatch!(g.raft),
+                None => RaftReply { payload: Default::default(), error: format!("group {} is not running on node {}", r.group, node.id) },
+            }
+        };
+        Ok(Response::new(out))
+    }
+
+    async fn propose(&self, request: Request<ProposeRequest>) -> Result<Response<ProposeReply>, Status> {
+        let r = request.into_inner();
+        Ok(Response::new(self.node.serve_propose(r.group, r.payload.to_vec()).await))
+    }
+
+    type ConsumeStream = BoxStream<ForwardConsumeResponse>;
+
+    async fn consume(&self, request: Request<Streaming<ForwardConsumeRequest>>) -> Result<Response<Self::ConsumeStream>, Status> {
+        let mut input = request.into_inner();
+        let first = input.next().await.ok_or_else(|| Status::invalid_argument("empty consume stream"))??;
+        let SessionIn::Subscribe(args) = decode::<SessionIn>(&first.payload)? else {
+            return Err(Status::invalid_argument("first message must subscribe"));
+        };
+        let (in_tx, in_rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            while let Some(Ok(m)) = input.next().await {
+                let Ok(msg) = postcard::from_bytes::<SessionIn>(&m.payload) else { return };
+                if in_tx.send(msg).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let (out_tx, mut out_rx) = mpsc::channel::<SessionOut>(256);
+        tokio::spawn(run_session(self.node.clone(), args, in_rx, out_tx));
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            while let Some(m) = out_rx.recv().await {
+                let Ok(payload) = postcard::to_stdvec(&m) else { return };
+                if tx.send(Ok(ForwardConsumeResponse { payload: payload.into() })).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn queue_info(&self, request: Request<QueueInfoRequest>) -> Result<Response<QueueInfoReply>, Status> {
+        Ok(Response::new(self.node.serve_queue_info(request.into_inner().group)))
+    }
+}

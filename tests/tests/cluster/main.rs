@@ -1,0 +1,75 @@
+//! Integration tests: each module is one story told against a real three-node cluster
+//! (`qq_tests::TestCluster`). One test binary, so the suite links once; `make test` runs it with
+//! `--test-threads=1` because every test starts its own cluster.
+
+mod bad_input;
+mod consumers;
+mod failover;
+mod policies;
+mod routing;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use qq_client::{Client, Delivery, Error, ValueExt, delivery_body};
+
+/// The body of a delivery as text.
+pub fn body(d: &Delivery) -> String {
+    String::from_utf8_lossy(&delivery_body(d)).into_owned()
+}
+
+/// Takes (auto-ack `Get`) exactly `expected` messages from `queue`, polling while fewer have
+/// arrived, then checks that the queue is empty. Returns the bodies in the order received.
+pub async fn drain_exactly(client: &Client, queue: &str, expected: usize) -> anyhow::Result<Vec<String>> {
+    let mut bodies = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while bodies.len() < expected {
+        let r = client.get(queue, true, 0).await.with_context(|| format!("get from {queue}"))?;
+        match r.delivery {
+            Some(d) => bodies.push(body(&d)),
+            None if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            None => bail!("{queue}: got {} of {expected} messages: {bodies:?}", bodies.len()),
+        }
+    }
+    let r = client.get(queue, true, 0).await?;
+    if let Some(d) = r.delivery {
+        bail!("{queue}: expected {expected} messages, got another: {:?} (after {bodies:?})", body(&d));
+    }
+    Ok(bodies)
+}
+
+/// Same as [`drain_exactly`], as a set.
+pub async fn drain_set(client: &Client, queue: &str, expected: &[&str]) -> anyhow::Result<()> {
+    let got: BTreeSet<String> = drain_exactly(client, queue, expected.len()).await?.into_iter().collect();
+    let want: BTreeSet<String> = expected.iter().map(|s| s.to_string()).collect();
+    if got != want {
+        bail!("{queue}: received {got:?}, expected {want:?}");
+    }
+    Ok(())
+}
+
+/// Asserts that `result` failed with gRPC `code` and a message containing `needle`
+/// (case-insensitive).
+#[track_caller]
+pub fn assert_status<T: std::fmt::Debug>(result: Result<T, Error>, code: tonic::Code, needle: &str) {
+    match result {
+        Ok(v) => panic!("expected {code:?} mentioning {needle:?}, got success: {v:?}"),
+        Err(e) => {
+            let status = e.status().unwrap_or_else(|| panic!("expected a gRPC status {code:?}, got {e}"));
+            assert_eq!(status.code(), code, "wrong status code: {e}");
+            assert!(
+                status.message().to_lowercase().contains(&needle.to_lowercase()),
+                "status message {:?} does not mention {needle:?}",
+                status.message()
+            );
+        }
+    }
+}
+
+/// The `x-delivery-count` header of a delivery, if any.
+pub fn delivery_count(d: &Delivery) -> Option<i64> {
+    qq_client::delivery_headers(d).get("x-delivery-count").and_then(|v| v.as_long())
+}
