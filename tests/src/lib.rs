@@ -57,7 +57,10 @@ pub fn init_tracing() {
     TRACING.call_once(|| {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
     });
 }
 
@@ -129,7 +132,10 @@ impl TestCluster {
         init_tracing();
         assert!(n >= 1, "a cluster needs a node");
         let binary = node_binary()?;
-        let dir = tempfile::Builder::new().prefix("qq-cluster-").tempdir().context("create temp dir")?;
+        let dir = tempfile::Builder::new()
+            .prefix("qq-cluster-")
+            .tempdir()
+            .context("create temp dir")?;
         let ports = free_ports(n)?;
         let addresses: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let peers: Vec<String> = addresses
@@ -159,7 +165,11 @@ impl TestCluster {
                 child: None,
             });
         }
-        let mut cluster = TestCluster { dir: Some(dir), binary, nodes };
+        let mut cluster = TestCluster {
+            dir: Some(dir),
+            binary,
+            nodes,
+        };
         info!(dir = %cluster.path().display(), nodes = n, "--- starting a {n}-node cluster");
         for id in 1..=n as u64 {
             cluster.spawn(id)?;
@@ -171,7 +181,10 @@ impl TestCluster {
 
     /// The temporary directory holding configs, data and logs.
     pub fn path(&self) -> &Path {
-        self.dir.as_ref().map(|d| d.path()).expect("temp dir present until drop")
+        self.dir
+            .as_ref()
+            .map(|d| d.path())
+            .expect("temp dir present until drop")
     }
 
     /// Node ids, 1..=n.
@@ -181,7 +194,11 @@ impl TestCluster {
 
     /// Ids of the nodes currently running.
     pub fn live_ids(&self) -> Vec<u64> {
-        self.nodes.iter().filter(|n| n.child.is_some()).map(|n| n.id).collect()
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .map(|n| n.id)
+            .collect()
     }
 
     /// The gRPC address of node `id`.
@@ -190,11 +207,17 @@ impl TestCluster {
     }
 
     fn node(&self, id: u64) -> &Node {
-        self.nodes.iter().find(|n| n.id == id).unwrap_or_else(|| panic!("no node {id}"))
+        self.nodes
+            .iter()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id}"))
     }
 
     fn node_mut(&mut self, id: u64) -> &mut Node {
-        self.nodes.iter_mut().find(|n| n.id == id).unwrap_or_else(|| panic!("no node {id}"))
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id}"))
     }
 
     fn spawn(&mut self, id: u64) -> anyhow::Result<()> {
@@ -209,7 +232,10 @@ impl TestCluster {
         let child = Command::new(&binary)
             .arg("--config")
             .arg(&node.config)
-            .env("RUST_LOG", std::env::var("QQ_TEST_NODE_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("QQ_TEST_NODE_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -242,14 +268,18 @@ impl TestCluster {
     pub async fn restart(&mut self, id: u64) -> anyhow::Result<()> {
         self.spawn(id)?;
         let address = self.address(id).to_string();
-        eventually(&format!("restarted node {id} to see a metadata leader"), FORMATION_TIMEOUT, || {
-            let address = address.clone();
-            async move {
-                let c = Client::connect(&address).await?;
-                let s = c.cluster_status().await?;
-                Ok((s.metadata_leader != 0).then_some(()))
-            }
-        })
+        eventually(
+            &format!("restarted node {id} to see a metadata leader"),
+            FORMATION_TIMEOUT,
+            || {
+                let address = address.clone();
+                async move {
+                    let c = Client::connect(&address).await?;
+                    let s = c.cluster_status().await?;
+                    Ok((s.metadata_leader != 0).then_some(()))
+                }
+            },
+        )
         .await?;
         self.check_alive()?;
         Ok(())
@@ -262,7 +292,11 @@ impl TestCluster {
                 && let Ok(Some(status)) = child.try_wait()
             {
                 node.child = None;
-                bail!("node {} exited ({status}); log tail:\n{}", node.id, tail(&node.log, LOG_TAIL_LINES));
+                bail!(
+                    "node {} exited ({status}); log tail:\n{}",
+                    node.id,
+                    tail(&node.log, LOG_TAIL_LINES)
+                );
             }
         }
         Ok(())
@@ -284,7 +318,9 @@ impl TestCluster {
                     Ok(_) | Err(_) if Instant::now() < deadline => {
                         tokio::time::sleep(Duration::from_millis(100)).await
                     }
-                    Ok(s) => bail!("node {id} sees no metadata leader after {FORMATION_TIMEOUT:?}: {s:?}"),
+                    Ok(s) => bail!(
+                        "node {id} sees no metadata leader after {FORMATION_TIMEOUT:?}: {s:?}"
+                    ),
                     Err(e) => bail!("node {id} never answered ClusterStatus: {e:#}"),
                 }
             }
@@ -301,32 +337,41 @@ impl TestCluster {
     /// Like [`TestCluster::leader_of`], but waits until the leader is not `old` (0: any).
     pub async fn leader_of_except(&self, queue: &str, old: u64) -> anyhow::Result<u64> {
         let live = self.live_ids();
-        let addresses: Vec<String> = live.iter().map(|id| self.address(*id).to_string()).collect();
-        eventually(&format!("a live leader of queue {queue} other than {old}"), FAILOVER_TIMEOUT, || {
-            let addresses = addresses.clone();
-            let live = live.clone();
-            async move {
-                let mut last = None;
-                for address in &addresses {
-                    let reply = async {
-                        let c = Client::connect(address).await?;
-                        anyhow::Ok(c.get_queue(queue).await?)
-                    }
-                    .await;
-                    match reply {
-                        Ok(q) if q.leader != 0 && q.leader != old && live.contains(&q.leader) => {
-                            return Ok(Some(q.leader));
+        let addresses: Vec<String> = live
+            .iter()
+            .map(|id| self.address(*id).to_string())
+            .collect();
+        eventually(
+            &format!("a live leader of queue {queue} other than {old}"),
+            FAILOVER_TIMEOUT,
+            || {
+                let addresses = addresses.clone();
+                let live = live.clone();
+                async move {
+                    let mut last = None;
+                    for address in &addresses {
+                        let reply = async {
+                            let c = Client::connect(address).await?;
+                            anyhow::Ok(c.get_queue(queue).await?)
                         }
-                        Ok(q) => last = Some(anyhow!("leader reported: {}", q.leader)),
-                        Err(e) => last = Some(e),
+                        .await;
+                        match reply {
+                            Ok(q)
+                                if q.leader != 0 && q.leader != old && live.contains(&q.leader) =>
+                            {
+                                return Ok(Some(q.leader));
+                            }
+                            Ok(q) => last = Some(anyhow!("leader reported: {}", q.leader)),
+                            Err(e) => last = Some(e),
+                        }
+                    }
+                    match last {
+                        Some(e) => Err(e),
+                        None => Ok(None),
                     }
                 }
-                match last {
-                    Some(e) => Err(e),
-                    None => Ok(None),
-                }
-            }
-        })
+            },
+        )
         .await
     }
 
@@ -350,7 +395,11 @@ impl Drop for TestCluster {
             let path = dir.keep();
             eprintln!("test failed: cluster files kept in {}", path.display());
             for node in &self.nodes {
-                eprintln!("===== node {} log ({}), last {LOG_TAIL_LINES} lines", node.id, node.log.display());
+                eprintln!(
+                    "===== node {} log ({}), last {LOG_TAIL_LINES} lines",
+                    node.id,
+                    node.log.display()
+                );
                 eprintln!("{}", tail(&node.log, LOG_TAIL_LINES));
             }
         }
@@ -362,7 +411,10 @@ fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
     let listeners: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0").context("bind a free port"))
         .collect::<anyhow::Result<_>>()?;
-    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
 }
 
 /// The last `lines` lines of a file (reads at most the last 64 KiB).

@@ -48,7 +48,7 @@ use tonic::transport::{Channel, Endpoint};
 pub use qq_proto::v1;
 use qq_proto::v1::broker_client::BrokerClient;
 pub use qq_proto::v1::{
-    ClusterStatusResponse, Delivery, EffectiveConfig, ExchangeInfo, BindingInfo, Message,
+    BindingInfo, ClusterStatusResponse, Delivery, EffectiveConfig, ExchangeInfo, Message,
     OverviewResponse, Policy, Properties, PublishOutcome, PublishRequest, PublishResponse,
     QueueInfo, SettleOutcome, Subscribe, Value,
 };
@@ -68,10 +68,16 @@ const REQUEST_CHANNEL_CAPACITY: usize = 1024;
 pub enum Error {
     /// The address could not be turned into a gRPC endpoint.
     #[error("invalid address '{address}': {source}")]
-    InvalidAddress { address: String, source: tonic::transport::Error },
+    InvalidAddress {
+        address: String,
+        source: tonic::transport::Error,
+    },
     /// The TCP/HTTP2 connection could not be established.
     #[error("connect to {address}: {source}")]
-    Connect { address: String, source: tonic::transport::Error },
+    Connect {
+        address: String,
+        source: tonic::transport::Error,
+    },
     /// User name or password cannot travel as gRPC metadata.
     #[error("invalid credentials: {0}")]
     InvalidCredentials(String),
@@ -147,12 +153,17 @@ impl Auth {
         let header = format!("Basic {token}")
             .parse()
             .map_err(|e| Error::InvalidCredentials(format!("{e}")))?;
-        Ok(Auth { header: Some(header) })
+        Ok(Auth {
+            header: Some(header),
+        })
     }
 }
 
 impl Interceptor for Auth {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(h) = &self.header {
             request.metadata_mut().insert("authorization", h.clone());
         }
@@ -175,7 +186,10 @@ pub struct Client {
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client").field("address", &self.address).field("vhost", &self.vhost).finish()
+        f.debug_struct("Client")
+            .field("address", &self.address)
+            .field("vhost", &self.vhost)
+            .finish()
     }
 }
 
@@ -206,14 +220,22 @@ impl Client {
 
     fn endpoint(address: &str) -> Result<Endpoint> {
         Ok(Endpoint::from_shared(endpoint_uri(address))
-            .map_err(|source| Error::InvalidAddress { address: address.to_string(), source })?
+            .map_err(|source| Error::InvalidAddress {
+                address: address.to_string(),
+                source,
+            })?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true))
     }
 
     fn from_channel(channel: Channel, address: &str) -> Client {
         let raw = Self::raw_client(channel.clone(), Auth::default());
-        Client { channel, address: address.to_string(), vhost: String::new(), raw }
+        Client {
+            channel,
+            address: address.to_string(),
+            vhost: String::new(),
+            raw,
+        }
     }
 
     fn raw_client(channel: Channel, auth: Auth) -> RawClient {
@@ -271,7 +293,11 @@ impl Client {
 
     /// Deletes an exchange.
     pub async fn delete_exchange(&self, name: &str, if_unused: bool) -> Result<()> {
-        let req = v1::DeleteExchangeRequest { vhost: self.vhost.clone(), name: name.into(), if_unused };
+        let req = v1::DeleteExchangeRequest {
+            vhost: self.vhost.clone(),
+            name: name.into(),
+            if_unused,
+        };
         self.raw().delete_exchange(req).await?;
         Ok(())
     }
@@ -310,13 +336,26 @@ impl Client {
             if_unused,
             if_empty,
         };
-        Ok(self.raw().delete_queue(req).await?.into_inner().message_count)
+        Ok(self
+            .raw()
+            .delete_queue(req)
+            .await?
+            .into_inner()
+            .message_count)
     }
 
     /// Removes every ready message; returns how many.
     pub async fn purge_queue(&self, name: &str) -> Result<u64> {
-        let req = v1::PurgeQueueRequest { vhost: self.vhost.clone(), name: name.into() };
-        Ok(self.raw().purge_queue(req).await?.into_inner().message_count)
+        let req = v1::PurgeQueueRequest {
+            vhost: self.vhost.clone(),
+            name: name.into(),
+        };
+        Ok(self
+            .raw()
+            .purge_queue(req)
+            .await?
+            .into_inner()
+            .message_count)
     }
 
     /// Binds `queue` to `exchange` with `routing_key` (and `arguments`, for headers exchanges).
@@ -364,7 +403,12 @@ impl Client {
     // ---- publishing -----------------------------------------------------------------------
 
     /// Publishes one message and waits until every routed queue has committed it.
-    pub async fn publish(&self, exchange: &str, routing_key: &str, message: Message) -> Result<Confirm> {
+    pub async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: Message,
+    ) -> Result<Confirm> {
         self.publish_with(PublishRequest {
             exchange: exchange.into(),
             routing_key: routing_key.into(),
@@ -403,7 +447,11 @@ impl Client {
     pub async fn publisher(&self, window: usize) -> Result<Publisher> {
         let window = window.max(1);
         let (tx, rx) = mpsc::channel(REQUEST_CHANNEL_CAPACITY.min(window).max(1));
-        let responses = self.raw().publish_stream(ReceiverStream::new(rx)).await?.into_inner();
+        let responses = self
+            .raw()
+            .publish_stream(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
         Ok(Publisher {
             vhost: self.vhost.clone(),
             tx,
@@ -436,7 +484,11 @@ impl Client {
         })
         .await
         .map_err(|_| Error::Closed("consume request channel"))?;
-        let mut responses = self.raw().consume(ReceiverStream::new(rx)).await?.into_inner();
+        let mut responses = self
+            .raw()
+            .consume(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
         let first = responses
             .message()
             .await?
@@ -444,25 +496,43 @@ impl Client {
         let consumer_tag = match first.response {
             Some(consume_response::Response::Subscribed(s)) => s.consumer_tag,
             Some(consume_response::Response::Cancelled(c)) => {
-                return Err(Error::Protocol(format!("cancelled at subscribe: {}", c.reason)));
+                return Err(Error::Protocol(format!(
+                    "cancelled at subscribe: {}",
+                    c.reason
+                )));
             }
             other => {
-                return Err(Error::Protocol(format!("expected subscribed first, got {other:?}")));
+                return Err(Error::Protocol(format!(
+                    "expected subscribed first, got {other:?}"
+                )));
             }
         };
-        Ok(Consumer { tx: Some(tx), responses, consumer_tag, cancel_reason: None })
+        Ok(Consumer {
+            tx: Some(tx),
+            responses,
+            consumer_tag,
+            cancel_reason: None,
+        })
     }
 
     /// Takes one message (`auto_ack`: settled at once; otherwise held for `lease_ms`, 0 = the
     /// server's default of 30 s, until [`Client::settle`]).
     pub async fn get(&self, queue: &str, auto_ack: bool, lease_ms: u64) -> Result<v1::GetResponse> {
-        let req = v1::GetRequest { vhost: self.vhost.clone(), queue: queue.into(), auto_ack, lease_ms };
+        let req = v1::GetRequest {
+            vhost: self.vhost.clone(),
+            queue: queue.into(),
+            auto_ack,
+            lease_ms,
+        };
         Ok(self.raw().get(req).await?.into_inner())
     }
 
     /// Settles messages taken with [`Client::get`], in the order given.
     pub async fn settle(&self, receipts: Vec<String>, outcome: SettleOutcome) -> Result<()> {
-        let req = v1::SettleRequest { receipts, outcome: outcome as i32 };
+        let req = v1::SettleRequest {
+            receipts,
+            outcome: outcome as i32,
+        };
         self.raw().settle(req).await?;
         Ok(())
     }
@@ -471,37 +541,54 @@ impl Client {
 
     /// Every queue of the vhost.
     pub async fn list_queues(&self) -> Result<Vec<QueueInfo>> {
-        let req = v1::ListQueuesRequest { vhost: self.vhost.clone() };
+        let req = v1::ListQueuesRequest {
+            vhost: self.vhost.clone(),
+        };
         Ok(self.raw().list_queues(req).await?.into_inner().queues)
     }
 
     /// One queue, answered by (or forwarded to) its leader.
     pub async fn get_queue(&self, name: &str) -> Result<QueueInfo> {
-        let req = v1::GetQueueRequest { vhost: self.vhost.clone(), name: name.into() };
+        let req = v1::GetQueueRequest {
+            vhost: self.vhost.clone(),
+            name: name.into(),
+        };
         Ok(self.raw().get_queue(req).await?.into_inner())
     }
 
     /// Every exchange of the vhost.
     pub async fn list_exchanges(&self) -> Result<Vec<ExchangeInfo>> {
-        let req = v1::ListExchangesRequest { vhost: self.vhost.clone() };
+        let req = v1::ListExchangesRequest {
+            vhost: self.vhost.clone(),
+        };
         Ok(self.raw().list_exchanges(req).await?.into_inner().exchanges)
     }
 
     /// Every binding of the vhost.
     pub async fn list_bindings(&self) -> Result<Vec<BindingInfo>> {
-        let req = v1::ListBindingsRequest { vhost: self.vhost.clone() };
+        let req = v1::ListBindingsRequest {
+            vhost: self.vhost.clone(),
+        };
         Ok(self.raw().list_bindings(req).await?.into_inner().bindings)
     }
 
     /// Nodes, their reachability, the metadata leader and every queue's leader, as this node
     /// sees them.
     pub async fn cluster_status(&self) -> Result<ClusterStatusResponse> {
-        Ok(self.raw().cluster_status(v1::ClusterStatusRequest {}).await?.into_inner())
+        Ok(self
+            .raw()
+            .cluster_status(v1::ClusterStatusRequest {})
+            .await?
+            .into_inner())
     }
 
     /// Cluster-wide counters.
     pub async fn overview(&self) -> Result<OverviewResponse> {
-        Ok(self.raw().overview(v1::OverviewRequest {}).await?.into_inner())
+        Ok(self
+            .raw()
+            .overview(v1::OverviewRequest {})
+            .await?
+            .into_inner())
     }
 
     // ---- policies -------------------------------------------------------------------------
@@ -529,14 +616,19 @@ impl Client {
 
     /// Removes a policy.
     pub async fn clear_policy(&self, name: &str) -> Result<()> {
-        let req = v1::ClearPolicyRequest { vhost: self.vhost.clone(), name: name.into() };
+        let req = v1::ClearPolicyRequest {
+            vhost: self.vhost.clone(),
+            name: name.into(),
+        };
         self.raw().clear_policy(req).await?;
         Ok(())
     }
 
     /// Every policy of the vhost.
     pub async fn list_policies(&self) -> Result<Vec<Policy>> {
-        let req = v1::ListPoliciesRequest { vhost: self.vhost.clone() };
+        let req = v1::ListPoliciesRequest {
+            vhost: self.vhost.clone(),
+        };
         Ok(self.raw().list_policies(req).await?.into_inner().policies)
     }
 
@@ -544,14 +636,20 @@ impl Client {
 
     /// Creates or updates a user.
     pub async fn put_user(&self, name: &str, password: &str, tags: Vec<String>) -> Result<()> {
-        let req = v1::PutUserRequest { name: name.into(), password: password.into(), tags };
+        let req = v1::PutUserRequest {
+            name: name.into(),
+            password: password.into(),
+            tags,
+        };
         self.raw().put_user(req).await?;
         Ok(())
     }
 
     /// Deletes a user.
     pub async fn delete_user(&self, name: &str) -> Result<()> {
-        self.raw().delete_user(v1::DeleteUserRequest { name: name.into() }).await?;
+        self.raw()
+            .delete_user(v1::DeleteUserRequest { name: name.into() })
+            .await?;
         Ok(())
     }
 
@@ -577,13 +675,17 @@ impl Client {
 
     /// Creates a vhost.
     pub async fn put_vhost(&self, name: &str) -> Result<()> {
-        self.raw().put_vhost(v1::PutVhostRequest { name: name.into() }).await?;
+        self.raw()
+            .put_vhost(v1::PutVhostRequest { name: name.into() })
+            .await?;
         Ok(())
     }
 
     /// Deletes a vhost and everything in it.
     pub async fn delete_vhost(&self, name: &str) -> Result<()> {
-        self.raw().delete_vhost(v1::DeleteVhostRequest { name: name.into() }).await?;
+        self.raw()
+            .delete_vhost(v1::DeleteVhostRequest { name: name.into() })
+            .await?;
         Ok(())
     }
 
@@ -606,7 +708,11 @@ pub struct Confirm {
 
 impl Confirm {
     fn from_response(r: PublishResponse) -> Confirm {
-        Confirm { seq: r.seq, outcome: r.outcome(), detail: r.detail }
+        Confirm {
+            seq: r.seq,
+            outcome: r.outcome(),
+            detail: r.detail,
+        }
     }
 
     /// Every routed queue committed the message.
@@ -633,7 +739,12 @@ pub struct Publisher {
 
 impl Publisher {
     /// Sends one message; returns its `seq`.
-    pub async fn send(&mut self, exchange: &str, routing_key: &str, message: Message) -> Result<u64> {
+    pub async fn send(
+        &mut self,
+        exchange: &str,
+        routing_key: &str,
+        message: Message,
+    ) -> Result<u64> {
         self.send_request(PublishRequest {
             exchange: exchange.into(),
             routing_key: routing_key.into(),
@@ -797,7 +908,11 @@ impl Consumer {
     /// Negative acknowledgement: `requeue` returns the message to the queue (redelivered,
     /// `x-delivery-count` + 1), otherwise it is rejected (dead-lettered with reason `rejected`).
     pub async fn nack(&self, tag: u64, multiple: bool, requeue: bool) -> Result<()> {
-        let outcome = if requeue { SettleOutcome::Requeue } else { SettleOutcome::Reject };
+        let outcome = if requeue {
+            SettleOutcome::Requeue
+        } else {
+            SettleOutcome::Reject
+        };
         self.settle(vec![tag], multiple, outcome).await
     }
 
@@ -807,7 +922,12 @@ impl Consumer {
     }
 
     /// Settles several tags with one outcome.
-    pub async fn settle(&self, delivery_tags: Vec<u64>, multiple: bool, outcome: SettleOutcome) -> Result<()> {
+    pub async fn settle(
+        &self,
+        delivery_tags: Vec<u64>,
+        multiple: bool,
+        outcome: SettleOutcome,
+    ) -> Result<()> {
         let req = v1::ConsumeRequest {
             request: Some(consume_request::Request::Settle(v1::ConsumeSettle {
                 delivery_tags,
@@ -821,7 +941,9 @@ impl Consumer {
     /// Asks the server to cancel the subscription; unsettled deliveries return to the queue.
     /// Keep calling [`Consumer::next`] to drain until it returns `None`.
     pub async fn cancel(&self) -> Result<()> {
-        let req = v1::ConsumeRequest { request: Some(consume_request::Request::Cancel(v1::Cancel {})) };
+        let req = v1::ConsumeRequest {
+            request: Some(consume_request::Request::Cancel(v1::Cancel {})),
+        };
         self.send(req).await
     }
 
@@ -832,7 +954,9 @@ impl Consumer {
 
     async fn send(&self, req: v1::ConsumeRequest) -> Result<()> {
         let tx = self.tx.as_ref().ok_or(Error::Closed("consumer closed"))?;
-        tx.send(req).await.map_err(|_| Error::Closed("consume stream"))
+        tx.send(req)
+            .await
+            .map_err(|_| Error::Closed("consume stream"))
     }
 }
 
@@ -857,28 +981,44 @@ pub trait ValueExt: Sized {
 
 impl ValueExt for Value {
     fn string(s: impl Into<String>) -> Self {
-        Value { kind: Some(value::Kind::StringValue(s.into())) }
+        Value {
+            kind: Some(value::Kind::StringValue(s.into())),
+        }
     }
     fn long(n: i64) -> Self {
-        Value { kind: Some(value::Kind::LongValue(n)) }
+        Value {
+            kind: Some(value::Kind::LongValue(n)),
+        }
     }
     fn bool(b: bool) -> Self {
-        Value { kind: Some(value::Kind::BoolValue(b)) }
+        Value {
+            kind: Some(value::Kind::BoolValue(b)),
+        }
     }
     fn double(d: f64) -> Self {
-        Value { kind: Some(value::Kind::DoubleValue(d)) }
+        Value {
+            kind: Some(value::Kind::DoubleValue(d)),
+        }
     }
     fn bytes(b: impl Into<Bytes>) -> Self {
-        Value { kind: Some(value::Kind::BytesValue(b.into())) }
+        Value {
+            kind: Some(value::Kind::BytesValue(b.into())),
+        }
     }
     fn timestamp(seconds: i64) -> Self {
-        Value { kind: Some(value::Kind::TimestampValue(seconds)) }
+        Value {
+            kind: Some(value::Kind::TimestampValue(seconds)),
+        }
     }
     fn list(values: Vec<Value>) -> Self {
-        Value { kind: Some(value::Kind::ListValue(v1::ValueList { values })) }
+        Value {
+            kind: Some(value::Kind::ListValue(v1::ValueList { values })),
+        }
     }
     fn table(fields: HashMap<String, Value>) -> Self {
-        Value { kind: Some(value::Kind::TableValue(v1::ValueTable { fields })) }
+        Value {
+            kind: Some(value::Kind::TableValue(v1::ValueTable { fields })),
+        }
     }
     fn as_str(&self) -> Option<&str> {
         match &self.kind {
@@ -913,7 +1053,9 @@ impl ValueExt for Value {
 }
 
 /// A `map<string, Value>` from pairs: `table([("x-max-length", Value::long(5))])`.
-pub fn table<K: Into<String>>(pairs: impl IntoIterator<Item = (K, Value)>) -> HashMap<String, Value> {
+pub fn table<K: Into<String>>(
+    pairs: impl IntoIterator<Item = (K, Value)>,
+) -> HashMap<String, Value> {
     pairs.into_iter().map(|(k, v)| (k.into(), v)).collect()
 }
 
@@ -948,7 +1090,10 @@ pub fn display_value(v: &Value) -> String {
 pub fn display_table(t: &HashMap<String, Value>) -> String {
     let mut keys: Vec<&String> = t.keys().collect();
     keys.sort();
-    let items: Vec<String> = keys.iter().map(|k| format!("{k}: {}", display_value(&t[*k]))).collect();
+    let items: Vec<String> = keys
+        .iter()
+        .map(|k| format!("{k}: {}", display_value(&t[*k])))
+        .collect();
     format!("{{{}}}", items.join(", "))
 }
 
@@ -961,12 +1106,17 @@ pub struct MessageBuilder {
 impl MessageBuilder {
     pub fn new(body: impl Into<Bytes>) -> Self {
         MessageBuilder {
-            message: Message { properties: Some(Properties::default()), body: body.into() },
+            message: Message {
+                properties: Some(Properties::default()),
+                body: body.into(),
+            },
         }
     }
 
     fn props(&mut self) -> &mut Properties {
-        self.message.properties.get_or_insert_with(Properties::default)
+        self.message
+            .properties
+            .get_or_insert_with(Properties::default)
     }
 
     pub fn header(mut self, key: impl Into<String>, value: Value) -> Self {
@@ -1033,7 +1183,10 @@ pub fn delivery_headers(d: &Delivery) -> HashMap<String, Value> {
 
 /// The body of a delivery (empty when it has no message).
 pub fn delivery_body(d: &Delivery) -> Bytes {
-    d.message.as_ref().map(|m| m.body.clone()).unwrap_or_default()
+    d.message
+        .as_ref()
+        .map(|m| m.body.clone())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -1050,7 +1203,10 @@ mod tests {
     fn basic_auth_header_is_base64_of_user_colon_password() {
         let mut auth = Auth::basic("guest", "guest").unwrap();
         let req = auth.call(tonic::Request::new(())).unwrap();
-        assert_eq!(req.metadata().get("authorization").unwrap(), "Basic Z3Vlc3Q6Z3Vlc3Q=");
+        assert_eq!(
+            req.metadata().get("authorization").unwrap(),
+            "Basic Z3Vlc3Q6Z3Vlc3Q="
+        );
     }
 
     #[test]

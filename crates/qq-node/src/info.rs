@@ -1,5 +1,6 @@
 //! Live queue information, answered by the queue's leader (counts are only exact there).
 
+use openraft::async_runtime::WatchReceiver;
 use std::time::Duration;
 
 use qq_core::queue::{Counts, Stats};
@@ -27,7 +28,7 @@ impl Node {
     /// The info as this node sees it, if it runs the group. `require_leader`: only answer as leader.
     pub fn local_queue_info(&self, group: GroupId, require_leader: bool) -> Option<QueueInfoData> {
         let g = self.queue_group(group)?;
-        let m = g.raft.metrics().borrow().clone();
+        let m = g.raft.metrics().borrow_watched().clone();
         if require_leader && m.current_leader != Some(self.id) {
             return None;
         }
@@ -38,7 +39,7 @@ impl Node {
             config: state.config().clone(),
             leader: m.current_leader.unwrap_or(0),
             term: m.current_term,
-            commit_index: m.committed.map(|l| l.index).unwrap_or(0),
+            commit_index: m.local_committed.map(|l| l.index).unwrap_or(0),
             last_applied: m.last_applied.map(|l| l.index).unwrap_or(0),
             digest: state.digest(),
         })

@@ -2,6 +2,7 @@
 //! earlier leader, and propose `Expire { now_ms }` when the earliest deadline (message TTL or
 //! Get lease) passes. Time enters the queue's log only here and in commands the node stamps.
 
+use openraft::async_runtime::WatchReceiver;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -35,7 +36,7 @@ pub fn spawn_queue_tasks(
                 let mut metrics = raft.metrics();
                 let mut was_leader = false;
                 loop {
-                    let is_leader = metrics.borrow().state == ServerState::Leader;
+                    let is_leader = metrics.borrow_watched().state == ServerState::Leader;
                     if is_leader != was_leader {
                         was_leader = is_leader;
                         shared.is_leader.store(is_leader, Ordering::Release);

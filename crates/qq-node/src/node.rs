@@ -10,6 +10,7 @@
 //! every metadata apply (and on a timer): the node never has to interpret metadata effects in
 //! order, it just makes its running groups match what the metadata says.
 
+use openraft::async_runtime::WatchReceiver;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -25,7 +26,7 @@ use qq_raft::log_store::LogStore;
 use qq_raft::network::{GroupNetwork, Peers};
 use qq_raft::store::Store;
 use qq_raft::{GroupId, META_GROUP, Request, TypeConfig};
-use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use serde::{Serialize, de::DeserializeOwned};
 use tokio::sync::mpsc;
 use tonic::Status;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -355,13 +356,13 @@ impl Node {
     /// The leader of a group as this node knows it (own metrics if a member).
     pub fn known_leader(&self, group: GroupId) -> Option<NodeId> {
         if group == META_GROUP {
-            return self.meta_raft.metrics().borrow().current_leader;
+            return self.meta_raft.metrics().borrow_watched().current_leader;
         }
-        self.queue_group(group).and_then(|g| g.raft.metrics().borrow().current_leader)
+        self.queue_group(group).and_then(|g| g.raft.metrics().borrow_watched().current_leader)
     }
 
     pub fn is_queue_leader(&self, group: GroupId) -> bool {
-        self.queue_group(group).map(|g| g.raft.metrics().borrow().state == ServerState::Leader).unwrap_or(false)
+        self.queue_group(group).map(|g| g.raft.metrics().borrow_watched().state == ServerState::Leader).unwrap_or(false)
     }
 }
 

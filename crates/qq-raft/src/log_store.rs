@@ -39,17 +39,16 @@ use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, Mutex};
 
+use openraft::OptionalSend;
 use openraft::alias::{EntryOf, LogIdOf, VoteOf};
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
-use openraft::OptionalSend;
 use rocksdb::{ReadOptions, WriteBatch};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::store::{
-    CF_LOG, CF_RAFT, Store, TAG_COMMITTED, TAG_LAST_PURGED, TAG_VOTE, group_end, key16,
-    raft_key,
+    CF_LOG, CF_RAFT, Store, TAG_COMMITTED, TAG_LAST_PURGED, TAG_VOTE, group_end, key16, raft_key,
 };
 use crate::types::{GroupId, TypeConfig};
 
@@ -206,7 +205,10 @@ impl LogStore {
             {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
-                    format!("hole in {}: expected index {e}, found {index}", self.ctx("log")),
+                    format!(
+                        "hole in {}: expected index {e}, found {index}",
+                        self.ctx("log")
+                    ),
                 ));
             }
             let entry: Entry = self.decode("log entry", it.value().expect("value"))?;
@@ -297,7 +299,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // put the old vote back into the cache.
             let mut c = self.lock();
             let mut batch = WriteBatch::default();
-            batch.put_cf(self.store.cf(CF_RAFT), raft_key(self.group, TAG_VOTE), bytes);
+            batch.put_cf(
+                self.store.cf(CF_RAFT),
+                raft_key(self.group, TAG_VOTE),
+                bytes,
+            );
             self.store
                 .write(batch, &format!("save {}", self.ctx("vote")))?;
             c.vote = Some(Some(vote.clone()));
@@ -321,7 +327,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.read_raft(TAG_COMMITTED, "committed log id")
     }
 
-    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,

@@ -184,7 +184,9 @@ pub struct Store {
 
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Store").field("path", &self.inner.path).finish()
+        f.debug_struct("Store")
+            .field("path", &self.inner.path)
+            .finish()
     }
 }
 
@@ -209,12 +211,11 @@ impl Store {
             ColumnFamilyDescriptor::new(*name, o)
         });
 
-        let db = DB::open_cf_descriptors(&db_opts, path, cfs).map_err(|source| {
-            StoreError::Open {
+        let db =
+            DB::open_cf_descriptors(&db_opts, path, cfs).map_err(|source| StoreError::Open {
                 path: path.to_path_buf(),
                 source,
-            }
-        })?;
+            })?;
         let db = Arc::new(db);
         let stats = Arc::new(Stats::default());
         let (tx, rx) = mpsc::channel();
@@ -309,7 +310,10 @@ impl Store {
     }
 
     pub(crate) fn err(&self, what: &str, e: impl fmt::Display) -> io::Error {
-        io::Error::other(format!("{what} (rocksdb {}): {e}", self.inner.path.display()))
+        io::Error::other(format!(
+            "{what} (rocksdb {}): {e}",
+            self.inner.path.display()
+        ))
     }
 
     // ---- message bodies ------------------------------------------------------------------
@@ -322,7 +326,10 @@ impl Store {
         for (id, body) in bodies {
             batch.put_cf(cf, key16(group, *id), body);
         }
-        self.write(batch, &format!("put {} bodies of group {group}", bodies.len()))
+        self.write(
+            batch,
+            &format!("put {} bodies of group {group}", bodies.len()),
+        )
     }
 
     /// Reads one message body.
@@ -339,7 +346,10 @@ impl Store {
         for id in ids {
             batch.delete_cf(cf, key16(group, *id));
         }
-        self.write(batch, &format!("delete {} bodies of group {group}", ids.len()))
+        self.write(
+            batch,
+            &format!("delete {} bodies of group {group}", ids.len()),
+        )
     }
 
     /// Reads up to `limit` bodies of `group` with id `>= from_id`, in id order (for streaming
@@ -458,7 +468,10 @@ mod tests {
         assert_eq!(store.scan_bodies(1, 2, 100).unwrap().len(), 1);
 
         store.put_snapshot(1, b"snap").await.unwrap();
-        assert_eq!(store.get_snapshot(1).unwrap().as_deref(), Some(&b"snap"[..]));
+        assert_eq!(
+            store.get_snapshot(1).unwrap().as_deref(),
+            Some(&b"snap"[..])
+        );
         store.sync().await.unwrap();
 
         store.delete_group(1).unwrap();

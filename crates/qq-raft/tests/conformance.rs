@@ -14,8 +14,7 @@ use openraft::alias::{
 };
 use openraft::entry::RaftEntry;
 use openraft::storage::{
-    EntryResponder, IOFlushed, RaftLogReader, RaftLogStorage, RaftSnapshotBuilder,
-    RaftStateMachine,
+    EntryResponder, IOFlushed, RaftLogReader, RaftLogStorage, RaftSnapshotBuilder, RaftStateMachine,
 };
 use openraft::testing::log::{StoreBuilder, Suite};
 use openraft::type_config::TypeConfigExt;
@@ -123,11 +122,11 @@ impl RaftStateMachine<TypeConfig> for MemStateMachine {
         Ok(())
     }
 
-    async fn get_current_snapshot(
-        &mut self,
-    ) -> Result<Option<Snapshot>, io::Error> {
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
         let g = self.inner.lock().unwrap();
-        Ok(g.current.clone().map(|(meta, snapshot)| Snapshot { meta, snapshot }))
+        Ok(g.current
+            .clone()
+            .map(|(meta, snapshot)| Snapshot { meta, snapshot }))
     }
 }
 
@@ -188,8 +187,9 @@ async fn group_commit_across_groups() {
             let mut pending = Vec::new();
             for a in 0..APPENDS {
                 let first = a * PER_APPEND + 1;
-                let entries: Vec<Entry> =
-                    (first..first + PER_APPEND).map(|i| entry(group, i)).collect();
+                let entries: Vec<Entry> = (first..first + PER_APPEND)
+                    .map(|i| entry(group, i))
+                    .collect();
                 let (tx, rx) = TypeConfig::oneshot();
                 ls.append(entries, IOFlushed::signal(tx)).await.unwrap();
                 // Readable as soon as append returns, before it is durable.
@@ -212,7 +212,12 @@ async fn group_commit_across_groups() {
 
     let mut acked = Vec::new();
     for t in tasks {
-        acked.push(tokio::time::timeout(Duration::from_secs(60), t).await.unwrap().unwrap());
+        acked.push(
+            tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
     }
 
     let (fsyncs, callbacks) = store.sync_stats();

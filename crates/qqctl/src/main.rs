@@ -27,7 +27,11 @@ use qq_client::{
 use serde_json::{Map, Value as Json, json};
 
 #[derive(Debug, Parser)]
-#[command(name = "qqctl", version, about = "Command-line client for a quorumq cluster")]
+#[command(
+    name = "qqctl",
+    version,
+    about = "Command-line client for a quorumq cluster"
+)]
 struct Cli {
     /// Any node of the cluster (host:port or http://host:port).
     #[arg(long, global = true, env = "QQ_NODE", default_value = "127.0.0.1:7101")]
@@ -244,7 +248,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .with_credentials(&cli.user, &cli.password)?
         .with_vhost(&cli.vhost);
     match cli.command {
-        Command::DeclareExchange { name, kind, args, internal } => {
+        Command::DeclareExchange {
+            name,
+            kind,
+            args,
+            internal,
+        } => {
             let kind = match kind {
                 ExchangeType::Direct => "direct",
                 ExchangeType::Fanout => "fanout",
@@ -274,7 +283,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 r.name, r.message_count, r.consumer_count
             );
         }
-        Command::DeleteQueue { name, if_unused, if_empty } => {
+        Command::DeleteQueue {
+            name,
+            if_unused,
+            if_empty,
+        } => {
             let n = client.delete_queue(&name, if_unused, if_empty).await?;
             println!("queue {name} deleted ({n} messages)");
         }
@@ -283,31 +296,53 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("queue {name} purged ({n} messages)");
         }
         Command::Bind(b) => {
-            client.bind(&b.queue, &b.exchange, &b.key, parse_pairs(&b.args)?).await?;
+            client
+                .bind(&b.queue, &b.exchange, &b.key, parse_pairs(&b.args)?)
+                .await?;
             println!("bound {} to {} with key {:?}", b.queue, b.exchange, b.key);
         }
         Command::Unbind(b) => {
-            client.unbind(&b.queue, &b.exchange, &b.key, parse_pairs(&b.args)?).await?;
-            println!("unbound {} from {} with key {:?}", b.queue, b.exchange, b.key);
+            client
+                .unbind(&b.queue, &b.exchange, &b.key, parse_pairs(&b.args)?)
+                .await?;
+            println!(
+                "unbound {} from {} with key {:?}",
+                b.queue, b.exchange, b.key
+            );
         }
         Command::Publish(p) => publish(&client, p).await?,
-        Command::Get { queue, ack, no_ack: _ } => {
+        Command::Get {
+            queue,
+            ack,
+            no_ack: _,
+        } => {
             let r = client.get(&queue, ack, 0).await?;
             match r.delivery {
                 None => println!("queue {queue} is empty"),
                 Some(d) => {
                     print_delivery(&d, Some(&d.receipt));
                     if !ack {
-                        client.settle(vec![d.receipt.clone()], SettleOutcome::Requeue).await?;
+                        client
+                            .settle(vec![d.receipt.clone()], SettleOutcome::Requeue)
+                            .await?;
                         println!("(requeued; use --ack to remove it)");
                     }
                 }
             }
             println!("{} messages left", r.message_count);
         }
-        Command::Consume { queue, prefetch, count, reject, requeue } => {
+        Command::Consume {
+            queue,
+            prefetch,
+            count,
+            reject,
+            requeue,
+        } => {
             let mut consumer = client.consume(&queue, prefetch).await?;
-            eprintln!("consuming from {queue} as {} (ctrl-c to stop)", consumer.consumer_tag());
+            eprintln!(
+                "consuming from {queue} as {} (ctrl-c to stop)",
+                consumer.consumer_tag()
+            );
             let mut seen = 0u64;
             while count.is_none_or(|c| seen < c) {
                 let d = tokio::select! {
@@ -340,7 +375,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ListQueues => {
             let queues = client.list_queues().await?;
             let mut rows = vec![row([
-                "name", "messages", "ready", "unacked", "dl-held", "consumers", "leader", "members",
+                "name",
+                "messages",
+                "ready",
+                "unacked",
+                "dl-held",
+                "consumers",
+                "leader",
+                "members",
             ])];
             for q in &queues {
                 rows.push(vec![
@@ -361,9 +403,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&queue_json(&q))?);
         }
         Command::ListExchanges => {
-            let mut rows = vec![row(["name", "type", "durable", "auto-delete", "internal", "arguments"])];
+            let mut rows = vec![row([
+                "name",
+                "type",
+                "durable",
+                "auto-delete",
+                "internal",
+                "arguments",
+            ])];
             for e in client.list_exchanges().await? {
-                let name = if e.name.is_empty() { "(default)".to_string() } else { e.name };
+                let name = if e.name.is_empty() {
+                    "(default)".to_string()
+                } else {
+                    e.name
+                };
                 rows.push(vec![
                     name,
                     e.r#type,
@@ -378,16 +431,39 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ListBindings => {
             let mut rows = vec![row(["exchange", "queue", "routing-key", "arguments"])];
             for b in client.list_bindings().await? {
-                let ex = if b.exchange.is_empty() { "(default)".to_string() } else { b.exchange };
-                rows.push(vec![ex, b.queue, b.routing_key, display_table(&b.arguments)]);
+                let ex = if b.exchange.is_empty() {
+                    "(default)".to_string()
+                } else {
+                    b.exchange
+                };
+                rows.push(vec![
+                    ex,
+                    b.queue,
+                    b.routing_key,
+                    display_table(&b.arguments),
+                ]);
             }
             print_table(&rows);
         }
-        Command::SetPolicy { name, pattern, definition, priority, apply_to } => {
-            let json: Json = serde_json::from_str(&definition).context("--definition is not JSON")?;
-            let Json::Object(map) = json else { bail!("--definition must be a JSON object") };
-            let def = map.into_iter().map(|(k, v)| (k, json_to_value(v))).collect();
-            client.set_policy(&name, &pattern, &apply_to, priority, def).await?;
+        Command::SetPolicy {
+            name,
+            pattern,
+            definition,
+            priority,
+            apply_to,
+        } => {
+            let json: Json =
+                serde_json::from_str(&definition).context("--definition is not JSON")?;
+            let Json::Object(map) = json else {
+                bail!("--definition must be a JSON object")
+            };
+            let def = map
+                .into_iter()
+                .map(|(k, v)| (k, json_to_value(v)))
+                .collect();
+            client
+                .set_policy(&name, &pattern, &apply_to, priority, def)
+                .await?;
             println!("policy {name} set");
         }
         Command::ClearPolicy { name } => {
@@ -395,7 +471,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("policy {name} cleared");
         }
         Command::ListPolicies => {
-            let mut rows = vec![row(["name", "pattern", "apply-to", "priority", "definition"])];
+            let mut rows = vec![row([
+                "name",
+                "pattern",
+                "apply-to",
+                "priority",
+                "definition",
+            ])];
             for p in client.list_policies().await? {
                 rows.push(vec![
                     p.name,
@@ -407,7 +489,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             print_table(&rows);
         }
-        Command::PutUser { name, new_password, tags } => {
+        Command::PutUser {
+            name,
+            new_password,
+            tags,
+        } => {
             client.put_user(&name, &new_password, tags).await?;
             println!("user {name} saved");
         }
@@ -415,9 +501,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             client.delete_user(&name).await?;
             println!("user {name} deleted");
         }
-        Command::SetPermissions { user, configure, write, read } => {
-            let on_vhost = if cli.vhost.is_empty() { "/" } else { cli.vhost.as_str() };
-            client.set_permissions(&user, on_vhost, &configure, &write, &read).await?;
+        Command::SetPermissions {
+            user,
+            configure,
+            write,
+            read,
+        } => {
+            let on_vhost = if cli.vhost.is_empty() {
+                "/"
+            } else {
+                cli.vhost.as_str()
+            };
+            client
+                .set_permissions(&user, on_vhost, &configure, &write, &read)
+                .await?;
             println!("permissions of {user} on {on_vhost} set");
         }
         Command::PutVhost { name } => {
@@ -438,15 +535,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             let mut rows = vec![row(["node", "address", "reachable"])];
             for n in &s.nodes {
-                rows.push(vec![n.id.to_string(), n.address.clone(), n.reachable.to_string()]);
+                rows.push(vec![
+                    n.id.to_string(),
+                    n.address.clone(),
+                    n.reachable.to_string(),
+                ]);
             }
             print_table(&rows);
             if !s.queues.is_empty() {
                 println!();
                 let mut rows = vec![row(["vhost", "queue", "leader", "members"])];
                 for q in &s.queues {
-                    let vhost = if q.vhost.is_empty() { "/".to_string() } else { q.vhost.clone() };
-                    rows.push(vec![vhost, q.name.clone(), q.leader.to_string(), join_ids(&q.members)]);
+                    let vhost = if q.vhost.is_empty() {
+                        "/".to_string()
+                    } else {
+                        q.vhost.clone()
+                    };
+                    rows.push(vec![
+                        vhost,
+                        q.name.clone(),
+                        q.leader.to_string(),
+                        join_ids(&q.members),
+                    ]);
                 }
                 print_table(&rows);
             }
@@ -459,11 +569,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("messages ready:   {}", o.messages_ready);
             println!("messages unacked: {}", o.messages_unacked);
             println!("consumers:        {}", o.consumers);
-            println!("dead-lettered (confirmed at-least-once): {}", o.messages_dead_lettered_confirmed_total);
+            println!(
+                "dead-lettered (confirmed at-least-once): {}",
+                o.messages_dead_lettered_confirmed_total
+            );
             if !o.messages_dead_lettered_total.is_empty() {
                 let mut rows = vec![row(["reason", "strategy", "dead-lettered"])];
                 for c in &o.messages_dead_lettered_total {
-                    rows.push(vec![c.reason.clone(), c.strategy.clone(), c.count.to_string()]);
+                    rows.push(vec![
+                        c.reason.clone(),
+                        c.strategy.clone(),
+                        c.count.to_string(),
+                    ]);
                 }
                 print_table(&rows);
             }
@@ -528,8 +645,10 @@ async fn publish(client: &Client, p: PublishArgs) -> anyhow::Result<()> {
     }
     let secs = started.elapsed().as_secs_f64();
     let confirmed = tally.get(&PublishOutcome::Confirmed).copied().unwrap_or(0);
-    let mut outcomes: Vec<String> =
-        tally.iter().map(|(o, n)| format!("{}={n}", o.as_str_name())).collect();
+    let mut outcomes: Vec<String> = tally
+        .iter()
+        .map(|(o, n)| format!("{}={n}", o.as_str_name()))
+        .collect();
     outcomes.sort();
     println!("{count} messages in {secs:.2} s: {}", outcomes.join(" "));
     println!("{:.0} confirmed msgs/s", confirmed as f64 / secs.max(1e-9));
@@ -547,7 +666,10 @@ fn print_outcome(outcome: PublishOutcome, detail: &str) {
 fn print_delivery(d: &Delivery, receipt: Option<&str>) {
     let (headers, body) = match &d.message {
         Some(m) => (
-            m.properties.as_ref().map(|p| display_table(&p.headers)).unwrap_or_else(|| "{}".into()),
+            m.properties
+                .as_ref()
+                .map(|p| display_table(&p.headers))
+                .unwrap_or_else(|| "{}".into()),
             String::from_utf8_lossy(&m.body).into_owned(),
         ),
         None => ("{}".into(), String::new()),
@@ -556,7 +678,11 @@ fn print_delivery(d: &Delivery, receipt: Option<&str>) {
         Some(r) => format!("receipt={r}"),
         None => format!("tag={}", d.delivery_tag),
     };
-    let exchange = if d.exchange.is_empty() { "(default)" } else { &d.exchange };
+    let exchange = if d.exchange.is_empty() {
+        "(default)"
+    } else {
+        &d.exchange
+    };
     println!(
         "{id} redelivered={} exchange={exchange} routing-key={} headers={headers}\n  body: {body}",
         d.redelivered, d.routing_key
@@ -568,7 +694,9 @@ fn parse_pairs(pairs: &[String]) -> anyhow::Result<HashMap<String, Value>> {
     pairs
         .iter()
         .map(|p| {
-            let (k, v) = p.split_once('=').with_context(|| format!("'{p}' is not key=value"))?;
+            let (k, v) = p
+                .split_once('=')
+                .with_context(|| format!("'{p}' is not key=value"))?;
             if k.is_empty() {
                 bail!("'{p}': empty key");
             }
@@ -599,7 +727,9 @@ fn json_to_value(j: Json) -> Value {
         },
         Json::String(s) => Value::string(s),
         Json::Array(a) => Value::list(a.into_iter().map(json_to_value).collect()),
-        Json::Object(o) => Value::table(o.into_iter().map(|(k, v)| (k, json_to_value(v))).collect()),
+        Json::Object(o) => {
+            Value::table(o.into_iter().map(|(k, v)| (k, json_to_value(v))).collect())
+        }
     }
 }
 
@@ -620,7 +750,11 @@ fn value_to_json(v: &Value) -> Json {
 fn table_to_json(t: &HashMap<String, Value>) -> Json {
     let mut keys: Vec<&String> = t.keys().collect();
     keys.sort();
-    Json::Object(keys.into_iter().map(|k| (k.clone(), value_to_json(&t[k]))).collect::<Map<_, _>>())
+    Json::Object(
+        keys.into_iter()
+            .map(|k| (k.clone(), value_to_json(&t[k])))
+            .collect::<Map<_, _>>(),
+    )
 }
 
 fn queue_json(q: &QueueInfo) -> Json {
@@ -672,13 +806,25 @@ fn join_ids(ids: &[u64]) -> String {
 fn print_table(rows: &[Vec<String>]) {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
-        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0))
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     for r in rows {
         let line: Vec<String> = r
             .iter()
             .enumerate()
-            .map(|(i, s)| if i + 1 == r.len() { s.clone() } else { format!("{s:<w$}", w = widths[i]) })
+            .map(|(i, s)| {
+                if i + 1 == r.len() {
+                    s.clone()
+                } else {
+                    format!("{s:<w$}", w = widths[i])
+                }
+            })
             .collect();
         println!("{}", line.join("  ").trim_end());
     }
@@ -693,8 +839,13 @@ mod tests {
 
     #[test]
     fn pair_values_are_typed() {
-        let t = parse_pairs(&["a=5".into(), "b=true".into(), "c=reject-publish".into(), "d=\"7\"".into()])
-            .unwrap();
+        let t = parse_pairs(&[
+            "a=5".into(),
+            "b=true".into(),
+            "c=reject-publish".into(),
+            "d=\"7\"".into(),
+        ])
+        .unwrap();
         assert_eq!(t["a"].as_long(), Some(5));
         assert_eq!(t["b"].as_bool(), Some(true));
         assert_eq!(t["c"].as_str(), Some("reject-publish"));

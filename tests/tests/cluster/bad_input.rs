@@ -25,50 +25,124 @@ async fn bad_requests_get_precise_statuses_and_change_nothing() -> anyhow::Resul
     }
 
     info!("--- INVALID_ARGUMENT names the field");
-    assert_status(c.declare_queue("", Default::default()).await, Code::InvalidArgument, "name");
+    assert_status(
+        c.declare_queue("", Default::default()).await,
+        Code::InvalidArgument,
+        "name",
+    );
     let bad_ttl = table([("x-message-ttl", Value::string("soon"))]);
-    assert_status(c.declare_queue("ttl.q", bad_ttl).await, Code::InvalidArgument, "x-message-ttl");
+    assert_status(
+        c.declare_queue("ttl.q", bad_ttl).await,
+        Code::InvalidArgument,
+        "x-message-ttl",
+    );
     let negative_ttl = table([("x-message-ttl", Value::long(-5))]);
-    assert_status(c.declare_queue("ttl.q", negative_ttl).await, Code::InvalidArgument, "x-message-ttl");
+    assert_status(
+        c.declare_queue("ttl.q", negative_ttl).await,
+        Code::InvalidArgument,
+        "x-message-ttl",
+    );
     let bad_overflow = table([("x-overflow", Value::string("explode"))]);
-    assert_status(c.declare_queue("of.q", bad_overflow).await, Code::InvalidArgument, "x-overflow");
+    assert_status(
+        c.declare_queue("of.q", bad_overflow).await,
+        Code::InvalidArgument,
+        "x-overflow",
+    );
     let bad_expiration = MessageBuilder::new("e").expiration("tomorrow").build();
-    assert_status(c.publish("", SAFE, bad_expiration).await, Code::InvalidArgument, "expiration");
-    assert_status(c.declare_exchange("bad.ex", "bogus").await, Code::InvalidArgument, "type");
+    assert_status(
+        c.publish("", SAFE, bad_expiration).await,
+        Code::InvalidArgument,
+        "expiration",
+    );
+    assert_status(
+        c.declare_exchange("bad.ex", "bogus").await,
+        Code::InvalidArgument,
+        "type",
+    );
 
     info!("--- FAILED_PRECONDITION: inequivalent redeclare, if_empty");
     let different = table([("x-max-length", Value::long(3))]);
-    assert_status(c.declare_queue(SAFE, different).await, Code::FailedPrecondition, "x-max-length");
-    assert_status(c.delete_queue(SAFE, false, true).await, Code::FailedPrecondition, "");
+    assert_status(
+        c.declare_queue(SAFE, different).await,
+        Code::FailedPrecondition,
+        "x-max-length",
+    );
+    assert_status(
+        c.delete_queue(SAFE, false, true).await,
+        Code::FailedPrecondition,
+        "",
+    );
 
     info!("--- NOT_FOUND: queue, exchange, vhost, passive declare");
-    assert_status(c.get_queue("no.such.queue").await, Code::NotFound, "no.such.queue");
-    assert_status(c.declare_queue_passive("no.such.queue").await, Code::NotFound, "no.such.queue");
-    assert_status(c.get("no.such.queue", true, 0).await, Code::NotFound, "no.such.queue");
-    assert_status(c.publish("no.such.exchange", "k", message("x")).await, Code::NotFound, "no.such.exchange");
-    assert_status(c.bind(SAFE, "no.such.exchange", "k", Default::default()).await, Code::NotFound, "no.such.exchange");
+    assert_status(
+        c.get_queue("no.such.queue").await,
+        Code::NotFound,
+        "no.such.queue",
+    );
+    assert_status(
+        c.declare_queue_passive("no.such.queue").await,
+        Code::NotFound,
+        "no.such.queue",
+    );
+    assert_status(
+        c.get("no.such.queue", true, 0).await,
+        Code::NotFound,
+        "no.such.queue",
+    );
+    assert_status(
+        c.publish("no.such.exchange", "k", message("x")).await,
+        Code::NotFound,
+        "no.such.exchange",
+    );
+    assert_status(
+        c.bind(SAFE, "no.such.exchange", "k", Default::default())
+            .await,
+        Code::NotFound,
+        "no.such.exchange",
+    );
     let elsewhere = c.clone().with_vhost("no-such-vhost");
-    assert_status(elsewhere.declare_queue("q", Default::default()).await, Code::NotFound, "no-such-vhost");
+    assert_status(
+        elsewhere.declare_queue("q", Default::default()).await,
+        Code::NotFound,
+        "no-such-vhost",
+    );
 
     info!("--- UNAUTHENTICATED: wrong password, unknown user");
     let wrong = c.clone().with_credentials("guest", "not-the-password")?;
     assert_status(wrong.list_queues().await, Code::Unauthenticated, "");
     let stranger = c.clone().with_credentials("nobody", "x")?;
-    assert_status(stranger.publish("", SAFE, message("x")).await, Code::Unauthenticated, "");
+    assert_status(
+        stranger.publish("", SAFE, message("x")).await,
+        Code::Unauthenticated,
+        "",
+    );
 
     info!("--- PERMISSION_DENIED: a user whose permissions match nothing here");
     c.put_user("bob", "bobpw", vec![]).await?;
-    c.set_permissions("bob", "/", "^bob-only$", "^bob-only$", "^bob-only$").await?;
+    c.set_permissions("bob", "/", "^bob-only$", "^bob-only$", "^bob-only$")
+        .await?;
     let bob = c.clone().with_credentials("bob", "bobpw")?;
-    assert_status(bob.declare_queue("bob.q", Default::default()).await, Code::PermissionDenied, "");
-    assert_status(bob.publish("amq.direct", "k", message("x")).await, Code::PermissionDenied, "");
+    assert_status(
+        bob.declare_queue("bob.q", Default::default()).await,
+        Code::PermissionDenied,
+        "",
+    );
+    assert_status(
+        bob.publish("amq.direct", "k", message("x")).await,
+        Code::PermissionDenied,
+        "",
+    );
     assert_status(bob.get(SAFE, true, 0).await, Code::PermissionDenied, "");
     assert_status(bob.consume(SAFE, 1).await, Code::PermissionDenied, "");
     assert_status(bob.purge_queue(SAFE).await, Code::PermissionDenied, "");
 
     info!("--- RESOURCE_EXHAUSTED: a message over max_message_bytes");
     let huge = vec![b'x'; 2 * TEST_MAX_MESSAGE_BYTES];
-    assert_status(c.publish("", SAFE, message(huge)).await, Code::ResourceExhausted, "");
+    assert_status(
+        c.publish("", SAFE, message(huge)).await,
+        Code::ResourceExhausted,
+        "",
+    );
 
     info!("--- the cluster still serves and lost nothing");
     for id in cluster.ids() {
@@ -79,12 +153,18 @@ async fn bad_requests_get_precise_statuses_and_change_nothing() -> anyhow::Resul
     let names: Vec<String> = c.list_queues().await?.into_iter().map(|q| q.name).collect();
     assert_eq!(names, [SAFE], "no bad declare created a queue");
     let q = c.get_queue(SAFE).await?;
-    assert!(q.arguments.is_empty(), "the inequivalent redeclare changed nothing: {q:?}");
+    assert!(
+        q.arguments.is_empty(),
+        "the inequivalent redeclare changed nothing: {q:?}"
+    );
     let bodies = super::drain_exactly(&c, SAFE, 20).await?;
     let want: Vec<String> = (0..20).map(|i| format!("s{i}")).collect();
     assert_eq!(bodies, want, "every confirmed message, in order");
     let exchanges = c.list_exchanges().await?;
-    assert!(!exchanges.iter().any(|e| e.name == "bad.ex"), "no bad exchange was created");
+    assert!(
+        !exchanges.iter().any(|e| e.name == "bad.ex"),
+        "no bad exchange was created"
+    );
     Ok(())
 }
 
@@ -95,15 +175,27 @@ async fn permissions_allow_what_they_match() -> anyhow::Result<()> {
     let cluster = TestCluster::start(3).await?;
     let admin = cluster.client(2).await?;
     admin.put_user("carol", "pw", vec![]).await?;
-    admin.set_permissions("carol", "/", "^carol\\.", "^carol\\.", "^carol\\.").await?;
+    admin
+        .set_permissions("carol", "/", "^carol\\.", "^carol\\.", "^carol\\.")
+        .await?;
     let carol: Client = cluster.client(3).await?.with_credentials("carol", "pw")?;
     carol.declare_queue("carol.q", Default::default()).await?;
-    assert_status(carol.declare_queue("dave.q", Default::default()).await, Code::PermissionDenied, "");
+    assert_status(
+        carol.declare_queue("dave.q", Default::default()).await,
+        Code::PermissionDenied,
+        "",
+    );
     carol.declare_exchange("carol.ex", "fanout").await?;
-    carol.bind("carol.q", "carol.ex", "", Default::default()).await?;
+    carol
+        .bind("carol.q", "carol.ex", "", Default::default())
+        .await?;
     let r = carol.publish("carol.ex", "", message("hi")).await?;
     assert_eq!(r.outcome, PublishOutcome::Confirmed);
-    let d = carol.get("carol.q", true, 0).await?.delivery.expect("carol reads her queue");
+    let d = carol
+        .get("carol.q", true, 0)
+        .await?
+        .delivery
+        .expect("carol reads her queue");
     assert_eq!(super::body(&d), "hi");
     Ok(())
 }

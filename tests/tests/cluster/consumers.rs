@@ -21,11 +21,20 @@ async fn next(consumer: &mut Consumer) -> anyhow::Result<Delivery> {
 }
 
 /// Waits until the queue's counts are (ready, unacked).
-async fn counts(c: &qq_client::Client, queue: &str, ready: u64, unacked: u64) -> anyhow::Result<()> {
-    eventually(&format!("{queue} to have {ready} ready and {unacked} unacked"), Duration::from_secs(20), || async move {
-        let q = c.get_queue(queue).await?;
-        Ok((q.messages_ready == ready && q.messages_unacked == unacked).then_some(()))
-    })
+async fn counts(
+    c: &qq_client::Client,
+    queue: &str,
+    ready: u64,
+    unacked: u64,
+) -> anyhow::Result<()> {
+    eventually(
+        &format!("{queue} to have {ready} ready and {unacked} unacked"),
+        Duration::from_secs(20),
+        || async move {
+            let q = c.get_queue(queue).await?;
+            Ok((q.messages_ready == ready && q.messages_unacked == unacked).then_some(()))
+        },
+    )
     .await
 }
 
@@ -36,15 +45,23 @@ async fn follower_consumer_ack_requeue_reject() -> anyhow::Result<()> {
     setup.declare_queue("work", Default::default()).await?;
     let leader = cluster.leader_of("work").await?;
     let follower = cluster.others(leader)[0];
-    info!(leader, follower, "--- consumer on follower node {follower}, leader is node {leader}");
+    info!(
+        leader,
+        follower, "--- consumer on follower node {follower}, leader is node {leader}"
+    );
     let on_follower = cluster.client(follower).await?;
     let mut consumer = on_follower.consume("work", 10).await?;
-    assert!(!consumer.consumer_tag().is_empty(), "the server names the consumer");
+    assert!(
+        !consumer.consumer_tag().is_empty(),
+        "the server names the consumer"
+    );
 
     info!("--- publish five messages through the leader");
     let on_leader = cluster.client(leader).await?;
     for i in 0..5 {
-        let c = on_leader.publish("", "work", message(format!("w{i}"))).await?;
+        let c = on_leader
+            .publish("", "work", message(format!("w{i}")))
+            .await?;
         assert_eq!(c.outcome, PublishOutcome::Confirmed);
     }
     let mut ds = Vec::new();
@@ -52,10 +69,23 @@ async fn follower_consumer_ack_requeue_reject() -> anyhow::Result<()> {
         ds.push(next(&mut consumer).await?);
     }
     let bodies: Vec<String> = ds.iter().map(body).collect();
-    assert_eq!(bodies, ["w0", "w1", "w2", "w3", "w4"], "FIFO to a single consumer");
+    assert_eq!(
+        bodies,
+        ["w0", "w1", "w2", "w3", "w4"],
+        "FIFO to a single consumer"
+    );
     for d in &ds {
-        assert!(!d.redelivered, "first delivery of {} is not redelivered", body(d));
-        assert_eq!(delivery_count(d).unwrap_or(0), 0, "no failed deliveries yet for {}", body(d));
+        assert!(
+            !d.redelivered,
+            "first delivery of {} is not redelivered",
+            body(d)
+        );
+        assert_eq!(
+            delivery_count(d).unwrap_or(0),
+            0,
+            "no failed deliveries yet for {}",
+            body(d)
+        );
         assert_eq!(d.routing_key, "work");
     }
     counts(&setup, "work", 0, 5).await?;
@@ -67,8 +97,15 @@ async fn follower_consumer_ack_requeue_reject() -> anyhow::Result<()> {
     let again = next(&mut consumer).await?;
     assert_eq!(body(&again), "w1", "the requeued message comes back");
     assert!(again.redelivered, "a requeued message is redelivered");
-    assert_eq!(delivery_count(&again), Some(1), "x-delivery-count counts the failed delivery");
-    assert_ne!(again.delivery_tag, ds[1].delivery_tag, "a redelivery gets a new tag");
+    assert_eq!(
+        delivery_count(&again),
+        Some(1),
+        "x-delivery-count counts the failed delivery"
+    );
+    assert_ne!(
+        again.delivery_tag, ds[1].delivery_tag,
+        "a redelivery gets a new tag"
+    );
 
     info!("--- ack w3 and w4 with one multiple ack, then w1");
     consumer.ack(ds[4].delivery_tag, true).await?;
@@ -80,7 +117,9 @@ async fn follower_consumer_ack_requeue_reject() -> anyhow::Result<()> {
 
     info!("--- closing the stream returns unsettled deliveries");
     for i in 0..3 {
-        on_leader.publish("", "work", message(format!("c{i}"))).await?;
+        on_leader
+            .publish("", "work", message(format!("c{i}")))
+            .await?;
     }
     for _ in 0..3 {
         next(&mut consumer).await?;
@@ -88,17 +127,32 @@ async fn follower_consumer_ack_requeue_reject() -> anyhow::Result<()> {
     counts(&setup, "work", 0, 3).await?;
     drop(consumer);
     counts(&setup, "work", 3, 0).await?;
-    let back = setup.get("work", false, 0).await?.delivery.context("returned message")?;
+    let back = setup
+        .get("work", false, 0)
+        .await?
+        .delivery
+        .context("returned message")?;
     assert_eq!(body(&back), "c0", "returned messages keep their order");
-    assert!(back.redelivered, "a message returned by a closed consumer is redelivered");
+    assert!(
+        back.redelivered,
+        "a message returned by a closed consumer is redelivered"
+    );
     assert_eq!(delivery_count(&back), Some(1));
 
     info!("--- get + settle: requeue then ack by receipt");
-    setup.settle(vec![back.receipt.clone()], SettleOutcome::Requeue).await?;
-    let back2 = setup.get("work", false, 0).await?.delivery.context("requeued message")?;
+    setup
+        .settle(vec![back.receipt.clone()], SettleOutcome::Requeue)
+        .await?;
+    let back2 = setup
+        .get("work", false, 0)
+        .await?
+        .delivery
+        .context("requeued message")?;
     assert_eq!(body(&back2), "c0");
     assert_eq!(delivery_count(&back2), Some(2));
-    setup.settle(vec![back2.receipt], SettleOutcome::Ack).await?;
+    setup
+        .settle(vec![back2.receipt], SettleOutcome::Ack)
+        .await?;
     super::drain_set(&setup, "work", &["c1", "c2"]).await?;
     Ok(())
 }
@@ -135,8 +189,16 @@ async fn prefetch_bounds_unacked_deliveries() -> anyhow::Result<()> {
 
     info!("--- deleting the queue cancels the consumer");
     c.delete_queue("pf", false, false).await?;
-    let end = tokio::time::timeout(Duration::from_secs(20), consumer.next()).await.context("no cancel within 20 s")?;
-    assert!(end.is_none(), "the stream ends after the queue is deleted: {end:?}");
-    assert!(consumer.cancel_reason().is_some(), "the server said why it cancelled");
+    let end = tokio::time::timeout(Duration::from_secs(20), consumer.next())
+        .await
+        .context("no cancel within 20 s")?;
+    assert!(
+        end.is_none(),
+        "the stream ends after the queue is deleted: {end:?}"
+    );
+    assert!(
+        consumer.cancel_reason().is_some(),
+        "the server said why it cancelled"
+    );
     Ok(())
 }

@@ -26,14 +26,21 @@ async fn confirmed_messages_survive_leader_crash_and_the_node_catches_up() -> an
     any.declare_queue(QUEUE, Default::default()).await?;
     let leader = cluster.leader_of(QUEUE).await?;
     let survivor = cluster.others(leader)[0];
-    info!(leader, survivor, "queue leader found; publishing through a follower");
+    info!(
+        leader,
+        survivor, "queue leader found; publishing through a follower"
+    );
     let client = cluster.client(survivor).await?;
 
     info!("--- publish {MESSAGES} messages with confirms (window {WINDOW})");
     let mut publisher = client.publisher(WINDOW).await?;
     let mut confirmed = HashSet::new();
     let mut check = |c: qq_client::Confirm| -> anyhow::Result<()> {
-        ensure!(c.outcome == PublishOutcome::Confirmed, "seq {} not confirmed: {c:?}", c.seq);
+        ensure!(
+            c.outcome == PublishOutcome::Confirmed,
+            "seq {} not confirmed: {c:?}",
+            c.seq
+        );
         ensure!(confirmed.insert(c.seq), "seq {} confirmed twice", c.seq);
         Ok(())
     };
@@ -48,7 +55,11 @@ async fn confirmed_messages_survive_leader_crash_and_the_node_catches_up() -> an
     for c in publisher.close().await? {
         check(c)?;
     }
-    assert_eq!(confirmed.len(), MESSAGES, "every publish gets exactly one confirm");
+    assert_eq!(
+        confirmed.len(),
+        MESSAGES,
+        "every publish gets exactly one confirm"
+    );
     let before = eventually("all messages counted", Duration::from_secs(30), || {
         let client = client.clone();
         async move {
@@ -57,7 +68,11 @@ async fn confirmed_messages_survive_leader_crash_and_the_node_catches_up() -> an
         }
     })
     .await?;
-    info!(commit_index = before.commit_index, term = before.raft_term, "all confirmed and counted");
+    info!(
+        commit_index = before.commit_index,
+        term = before.raft_term,
+        "all confirmed and counted"
+    );
 
     info!("--- kill -9 the queue leader (node {leader})");
     cluster.kill9(leader);
@@ -71,7 +86,12 @@ async fn confirmed_messages_survive_leader_crash_and_the_node_catches_up() -> an
     while seen.len() < MESSAGES {
         let d = tokio::time::timeout(Duration::from_secs(60), consumer.next())
             .await
-            .with_context(|| format!("no delivery for 60 s with {} of {MESSAGES} seen", seen.len()))?
+            .with_context(|| {
+                format!(
+                    "no delivery for 60 s with {} of {MESSAGES} seen",
+                    seen.len()
+                )
+            })?
             .context("consume stream ended early")??;
         if !seen.insert(super::body(&d)) {
             duplicates += 1;
@@ -79,15 +99,22 @@ async fn confirmed_messages_survive_leader_crash_and_the_node_catches_up() -> an
         consumer.ack(d.delivery_tag, false).await?;
     }
     let expected: HashSet<String> = (0..MESSAGES).map(|i| format!("m-{i}")).collect();
-    assert_eq!(seen, expected, "every confirmed message is delivered, nothing else");
+    assert_eq!(
+        seen, expected,
+        "every confirmed message is delivered, nothing else"
+    );
     info!(duplicates, "every message received");
-    eventually("the queue to be empty after the acks", Duration::from_secs(30), || {
-        let client = client.clone();
-        async move {
-            let q = client.get_queue(QUEUE).await?;
-            Ok((q.messages == 0).then_some(()))
-        }
-    })
+    eventually(
+        "the queue to be empty after the acks",
+        Duration::from_secs(30),
+        || {
+            let client = client.clone();
+            async move {
+                let q = client.get_queue(QUEUE).await?;
+                Ok((q.messages == 0).then_some(()))
+            }
+        },
+    )
     .await?;
     consumer.cancel().await?;
     drop(consumer);
@@ -96,10 +123,18 @@ async fn confirmed_messages_survive_leader_crash_and_the_node_catches_up() -> an
     cluster.restart(leader).await?;
     let restarted = cluster.client(leader).await?;
     let q = restarted.get_queue(QUEUE).await?;
-    assert_eq!(q.messages, 0, "the restarted node serves the current state: {q:?}");
-    assert!(q.members.contains(&leader), "the restarted node is still a member: {q:?}");
+    assert_eq!(
+        q.messages, 0,
+        "the restarted node serves the current state: {q:?}"
+    );
+    assert!(
+        q.members.contains(&leader),
+        "the restarted node is still a member: {q:?}"
+    );
 
-    info!("--- kill the current leader (node {new_leader}): the restarted node is now needed for quorum");
+    info!(
+        "--- kill the current leader (node {new_leader}): the restarted node is now needed for quorum"
+    );
     cluster.kill9(new_leader);
     let third = cluster.leader_of_except(QUEUE, new_leader).await?;
     info!(third, "leader after the second crash");
@@ -112,11 +147,16 @@ async fn confirmed_messages_survive_leader_crash_and_the_node_catches_up() -> an
         before.commit_index
     );
     for i in 0..10 {
-        let c = restarted.publish("", QUEUE, qq_client::message(format!("late-{i}"))).await?;
+        let c = restarted
+            .publish("", QUEUE, qq_client::message(format!("late-{i}")))
+            .await?;
         assert_eq!(c.outcome, PublishOutcome::Confirmed, "{c:?}");
     }
     let late = super::drain_exactly(&restarted, QUEUE, 10).await?;
     let want: Vec<String> = (0..10).map(|i| format!("late-{i}")).collect();
-    assert_eq!(late, want, "FIFO order with the restarted node in the majority");
+    assert_eq!(
+        late, want,
+        "FIFO order with the restarted node in the majority"
+    );
     Ok(())
 }

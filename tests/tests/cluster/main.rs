@@ -21,29 +21,45 @@ pub fn body(d: &Delivery) -> String {
 
 /// Takes (auto-ack `Get`) exactly `expected` messages from `queue`, polling while fewer have
 /// arrived, then checks that the queue is empty. Returns the bodies in the order received.
-pub async fn drain_exactly(client: &Client, queue: &str, expected: usize) -> anyhow::Result<Vec<String>> {
+pub async fn drain_exactly(
+    client: &Client,
+    queue: &str,
+    expected: usize,
+) -> anyhow::Result<Vec<String>> {
     let mut bodies = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while bodies.len() < expected {
-        let r = client.get(queue, true, 0).await.with_context(|| format!("get from {queue}"))?;
+        let r = client
+            .get(queue, true, 0)
+            .await
+            .with_context(|| format!("get from {queue}"))?;
         match r.delivery {
             Some(d) => bodies.push(body(&d)),
             None if tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await
             }
-            None => bail!("{queue}: got {} of {expected} messages: {bodies:?}", bodies.len()),
+            None => bail!(
+                "{queue}: got {} of {expected} messages: {bodies:?}",
+                bodies.len()
+            ),
         }
     }
     let r = client.get(queue, true, 0).await?;
     if let Some(d) = r.delivery {
-        bail!("{queue}: expected {expected} messages, got another: {:?} (after {bodies:?})", body(&d));
+        bail!(
+            "{queue}: expected {expected} messages, got another: {:?} (after {bodies:?})",
+            body(&d)
+        );
     }
     Ok(bodies)
 }
 
 /// Same as [`drain_exactly`], as a set.
 pub async fn drain_set(client: &Client, queue: &str, expected: &[&str]) -> anyhow::Result<()> {
-    let got: BTreeSet<String> = drain_exactly(client, queue, expected.len()).await?.into_iter().collect();
+    let got: BTreeSet<String> = drain_exactly(client, queue, expected.len())
+        .await?
+        .into_iter()
+        .collect();
     let want: BTreeSet<String> = expected.iter().map(|s| s.to_string()).collect();
     if got != want {
         bail!("{queue}: received {got:?}, expected {want:?}");
@@ -54,14 +70,23 @@ pub async fn drain_set(client: &Client, queue: &str, expected: &[&str]) -> anyho
 /// Asserts that `result` failed with gRPC `code` and a message containing `needle`
 /// (case-insensitive).
 #[track_caller]
-pub fn assert_status<T: std::fmt::Debug>(result: Result<T, Error>, code: tonic::Code, needle: &str) {
+pub fn assert_status<T: std::fmt::Debug>(
+    result: Result<T, Error>,
+    code: tonic::Code,
+    needle: &str,
+) {
     match result {
         Ok(v) => panic!("expected {code:?} mentioning {needle:?}, got success: {v:?}"),
         Err(e) => {
-            let status = e.status().unwrap_or_else(|| panic!("expected a gRPC status {code:?}, got {e}"));
+            let status = e
+                .status()
+                .unwrap_or_else(|| panic!("expected a gRPC status {code:?}, got {e}"));
             assert_eq!(status.code(), code, "wrong status code: {e}");
             assert!(
-                status.message().to_lowercase().contains(&needle.to_lowercase()),
+                status
+                    .message()
+                    .to_lowercase()
+                    .contains(&needle.to_lowercase()),
                 "status message {:?} does not mention {needle:?}",
                 status.message()
             );
@@ -71,5 +96,7 @@ pub fn assert_status<T: std::fmt::Debug>(result: Result<T, Error>, code: tonic::
 
 /// The `x-delivery-count` header of a delivery, if any.
 pub fn delivery_count(d: &Delivery) -> Option<i64> {
-    qq_client::delivery_headers(d).get("x-delivery-count").and_then(|v| v.as_long())
+    qq_client::delivery_headers(d)
+        .get("x-delivery-count")
+        .and_then(|v| v.as_long())
 }

@@ -12,7 +12,9 @@ use qq_tests::{TestCluster, eventually, info};
 
 async fn publish_n(c: &Client, queue: &str, prefix: &str, n: usize) -> anyhow::Result<()> {
     for i in 0..n {
-        let r = c.publish("", queue, message(format!("{prefix}{i}"))).await?;
+        let r = c
+            .publish("", queue, message(format!("{prefix}{i}")))
+            .await?;
         assert_eq!(r.outcome, PublishOutcome::Confirmed, "{r:?}");
     }
     Ok(())
@@ -42,14 +44,37 @@ async fn max_length_policy_trims_live_queue_and_clearing_lifts_it() -> anyhow::R
     publish_n(&c, "other", "o", 10).await?;
 
     info!("--- policy max-length 5 on ^pol\\.");
-    c.set_policy("limit", r"^pol\.", "queues", 0, table([("max-length", Value::long(5))])).await?;
+    c.set_policy(
+        "limit",
+        r"^pol\.",
+        "queues",
+        0,
+        table([("max-length", Value::long(5))]),
+    )
+    .await?;
     let policies = c.list_policies().await?;
-    assert!(policies.iter().any(|p| p.name == "limit" && p.pattern == r"^pol\."), "{policies:?}");
-    let q = wait_queue(&c, "pol.jobs", "the policy to trim pol.jobs to 5", |q| q.messages == 5).await?;
+    assert!(
+        policies
+            .iter()
+            .any(|p| p.name == "limit" && p.pattern == r"^pol\."),
+        "{policies:?}"
+    );
+    let q = wait_queue(&c, "pol.jobs", "the policy to trim pol.jobs to 5", |q| {
+        q.messages == 5
+    })
+    .await?;
     assert_eq!(q.policy, "limit", "{q:?}");
     let eff = q.effective.clone().unwrap_or_default();
-    assert_eq!(eff.max_length, Some(5), "effective config shows the limit: {eff:?}");
-    assert_eq!(c.get_queue("other").await?.messages, 10, "a queue the pattern misses is untouched");
+    assert_eq!(
+        eff.max_length,
+        Some(5),
+        "effective config shows the limit: {eff:?}"
+    );
+    assert_eq!(
+        c.get_queue("other").await?.messages,
+        10,
+        "a queue the pattern misses is untouched"
+    );
 
     info!("--- drop-head kept the newest five");
     let kept = super::drain_exactly(&c, "pol.jobs", 5).await?;
@@ -68,12 +93,19 @@ async fn max_length_policy_trims_live_queue_and_clearing_lifts_it() -> anyhow::R
     .await?;
     assert_eq!(q.messages, 5);
     publish_n(&c, "pol.jobs", "c", 10).await?;
-    wait_queue(&c, "pol.jobs", "15 messages without a limit", |q| q.messages == 15).await?;
+    wait_queue(&c, "pol.jobs", "15 messages without a limit", |q| {
+        q.messages == 15
+    })
+    .await?;
     let all = super::drain_exactly(&c, "pol.jobs", 15).await?;
     let mut want: Vec<String> = (3..8).map(|i| format!("b{i}")).collect();
     want.extend((0..10).map(|i| format!("c{i}")));
     assert_eq!(all, want);
-    super::assert_status(c.clear_policy("limit").await, tonic::Code::NotFound, "limit");
+    super::assert_status(
+        c.clear_policy("limit").await,
+        tonic::Code::NotFound,
+        "limit",
+    );
     Ok(())
 }
 
@@ -91,7 +123,11 @@ async fn reject_publish_overflow_refuses_with_detail() -> anyhow::Result<()> {
     publish_n(&c, "rp.q", "r", 2).await?;
     let third = c.publish("", "rp.q", message("r2")).await?;
     assert_eq!(third.outcome, PublishOutcome::Rejected, "{third:?}");
-    assert!(third.detail.contains("rp.q"), "the detail names the queue: {:?}", third.detail);
+    assert!(
+        third.detail.contains("rp.q"),
+        "the detail names the queue: {:?}",
+        third.detail
+    );
 
     info!("--- the stream publisher sees the same outcome per seq");
     let mut publisher = c.publisher(8).await?;

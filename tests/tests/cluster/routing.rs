@@ -8,7 +8,13 @@
 use qq_client::{Client, MessageBuilder, PublishOutcome, Value, ValueExt, string_list, table};
 use qq_tests::{TestCluster, info};
 
-async fn publish(c: &Client, exchange: &str, key: &str, body: &str, headers: &[(&str, &str)]) -> anyhow::Result<PublishOutcome> {
+async fn publish(
+    c: &Client,
+    exchange: &str,
+    key: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> anyhow::Result<PublishOutcome> {
     let mut m = MessageBuilder::new(body.to_string());
     for (k, v) in headers {
         m = m.header(*k, Value::string(*v));
@@ -23,7 +29,12 @@ async fn every_exchange_type_routes_exactly() -> anyhow::Result<()> {
     let c = cluster.client(2).await?;
 
     info!("--- topology: four exchanges, four queues");
-    for (name, kind) in [("rt.direct", "direct"), ("rt.fanout", "fanout"), ("rt.topic", "topic"), ("rt.headers", "headers")] {
+    for (name, kind) in [
+        ("rt.direct", "direct"),
+        ("rt.fanout", "fanout"),
+        ("rt.topic", "topic"),
+        ("rt.headers", "headers"),
+    ] {
         c.declare_exchange(name, kind).await?;
     }
     for q in ["ra", "rb", "rc", "rd"] {
@@ -49,11 +60,20 @@ async fn every_exchange_type_routes_exactly() -> anyhow::Result<()> {
     c.bind("rb", "rt.headers", "", pdf_report("any")).await?;
 
     info!("--- direct: exact key");
-    assert_eq!(publish(&c, "rt.direct", "a", "d1", &[]).await?, PublishOutcome::Confirmed);
-    assert_eq!(publish(&c, "rt.direct", "b", "d2", &[]).await?, PublishOutcome::Confirmed);
+    assert_eq!(
+        publish(&c, "rt.direct", "a", "d1", &[]).await?,
+        PublishOutcome::Confirmed
+    );
+    assert_eq!(
+        publish(&c, "rt.direct", "b", "d2", &[]).await?,
+        PublishOutcome::Confirmed
+    );
 
     info!("--- fanout: every bound queue, key ignored");
-    assert_eq!(publish(&c, "rt.fanout", "whatever", "f1", &[]).await?, PublishOutcome::Confirmed);
+    assert_eq!(
+        publish(&c, "rt.fanout", "whatever", "f1", &[]).await?,
+        PublishOutcome::Confirmed
+    );
 
     info!("--- topic: * is one word, # is zero or more");
     publish(&c, "rt.topic", "eu.fr", "t1", &[]).await?; // ra (eu.*), rb (eu.#)
@@ -64,10 +84,21 @@ async fn every_exchange_type_routes_exactly() -> anyhow::Result<()> {
     publish(&c, "rt.topic", "us.fr", "t6", &[]).await?; // nobody
 
     info!("--- headers: x-match all / any");
-    publish(&c, "rt.headers", "", "h1", &[("format", "pdf"), ("type", "report")]).await?; // ra, rb
+    publish(
+        &c,
+        "rt.headers",
+        "",
+        "h1",
+        &[("format", "pdf"), ("type", "report")],
+    )
+    .await?; // ra, rb
     publish(&c, "rt.headers", "", "h2", &[("format", "pdf")]).await?; // rb
     let unrouted = publish(&c, "rt.headers", "", "h3", &[("format", "doc")]).await?;
-    assert_eq!(unrouted, PublishOutcome::Confirmed, "an unroutable non-mandatory publish is confirmed");
+    assert_eq!(
+        unrouted,
+        PublishOutcome::Confirmed,
+        "an unroutable non-mandatory publish is confirmed"
+    );
 
     info!("--- default exchange: the routing key names the queue");
     publish(&c, "", "rd", "x1", &[]).await?;
@@ -77,20 +108,38 @@ async fn every_exchange_type_routes_exactly() -> anyhow::Result<()> {
         .header("CC", string_list(["b"]))
         .header("BCC", string_list(["c"]))
         .build();
-    assert_eq!(c.publish("rt.direct", "a", cc).await?.outcome, PublishOutcome::Confirmed);
+    assert_eq!(
+        c.publish("rt.direct", "a", cc).await?.outcome,
+        PublishOutcome::Confirmed
+    );
 
     info!("--- mandatory: UNROUTABLE when nothing matches, CONFIRMED otherwise");
-    let m = c.publish_mandatory("rt.direct", "zzz", qq_client::message("m1")).await?;
+    let m = c
+        .publish_mandatory("rt.direct", "zzz", qq_client::message("m1"))
+        .await?;
     assert_eq!(m.outcome, PublishOutcome::Unroutable, "{m:?}");
-    let m = c.publish_mandatory("rt.topic", "eu", qq_client::message("m2")).await?;
+    let m = c
+        .publish_mandatory("rt.topic", "eu", qq_client::message("m2"))
+        .await?;
     assert_eq!(m.outcome, PublishOutcome::Confirmed, "{m:?}");
-    let m = c.publish_mandatory("", "no-such-queue", qq_client::message("m3")).await?;
-    assert_eq!(m.outcome, PublishOutcome::Unroutable, "default exchange to a missing queue: {m:?}");
+    let m = c
+        .publish_mandatory("", "no-such-queue", qq_client::message("m3"))
+        .await?;
+    assert_eq!(
+        m.outcome,
+        PublishOutcome::Unroutable,
+        "default exchange to a missing queue: {m:?}"
+    );
 
     info!("--- each queue holds exactly its messages");
     super::drain_set(&c, "rc", &["t2", "t4", "t5", "cc1"]).await?;
     super::drain_set(&c, "ra", &["d1", "f1", "t1", "h1", "cc1"]).await?;
-    super::drain_set(&c, "rb", &["d2", "f1", "t1", "t2", "t3", "h1", "h2", "cc1", "m2"]).await?;
+    super::drain_set(
+        &c,
+        "rb",
+        &["d2", "f1", "t1", "t2", "t3", "h1", "h2", "cc1", "m2"],
+    )
+    .await?;
     super::drain_set(&c, "rd", &["x1"]).await?;
     Ok(())
 }
@@ -111,19 +160,42 @@ async fn bcc_is_invisible_and_deliveries_carry_their_route() -> anyhow::Result<(
         .header("BCC", string_list(["cc.c"]))
         .header("keep", Value::long(7))
         .build();
-    assert_eq!(c.publish("cc.direct", "cc.a", msg).await?.outcome, PublishOutcome::Confirmed);
+    assert_eq!(
+        c.publish("cc.direct", "cc.a", msg).await?.outcome,
+        PublishOutcome::Confirmed
+    );
 
     for q in ["cc.a", "cc.b", "cc.c"] {
-        let d = c.get(q, true, 0).await?.delivery.unwrap_or_else(|| panic!("{q} got the message"));
+        let d = c
+            .get(q, true, 0)
+            .await?
+            .delivery
+            .unwrap_or_else(|| panic!("{q} got the message"));
         let headers = qq_client::delivery_headers(&d);
         assert_eq!(super::body(&d), "hello");
         assert_eq!(d.exchange, "cc.direct", "{q}: delivery names its exchange");
-        assert_eq!(d.routing_key, "cc.a", "{q}: delivery carries the published routing key");
+        assert_eq!(
+            d.routing_key, "cc.a",
+            "{q}: delivery carries the published routing key"
+        );
         assert!(!d.redelivered, "{q}: first delivery");
-        assert!(!headers.contains_key("BCC"), "{q}: BCC must be stripped, headers {headers:?}");
-        assert!(headers.contains_key("CC"), "{q}: CC stays visible, headers {headers:?}");
-        assert_eq!(headers.get("keep").and_then(|v| v.as_long()), Some(7), "{q}: other headers kept");
-        assert!(c.get(q, true, 0).await?.delivery.is_none(), "{q}: exactly one copy");
+        assert!(
+            !headers.contains_key("BCC"),
+            "{q}: BCC must be stripped, headers {headers:?}"
+        );
+        assert!(
+            headers.contains_key("CC"),
+            "{q}: CC stays visible, headers {headers:?}"
+        );
+        assert_eq!(
+            headers.get("keep").and_then(|v| v.as_long()),
+            Some(7),
+            "{q}: other headers kept"
+        );
+        assert!(
+            c.get(q, true, 0).await?.delivery.is_none(),
+            "{q}: exactly one copy"
+        );
     }
     Ok(())
 }
