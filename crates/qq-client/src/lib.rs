@@ -447,15 +447,15 @@ impl Client {
     pub async fn publisher(&self, window: usize) -> Result<Publisher> {
         let window = window.max(1);
         let (tx, rx) = mpsc::channel(REQUEST_CHANNEL_CAPACITY.min(window).max(1));
-        let responses = self
-            .raw()
-            .publish_stream(ReceiverStream::new(rx))
-            .await?
-            .into_inner();
+        // The call is opened lazily, on the first confirm we wait for: a server may wait for the
+        // first request before answering with response headers, and nothing has been sent yet.
+        let mut raw = self.raw();
+        let opening: OpeningCall =
+            Box::pin(async move { raw.publish_stream(ReceiverStream::new(rx)).await });
         Ok(Publisher {
             vhost: self.vhost.clone(),
             tx,
-            responses,
+            responses: Responses::Opening(opening),
             window,
             next_seq: 1,
             in_flight: 0,
@@ -730,14 +730,37 @@ impl Confirm {
 pub struct Publisher {
     vhost: String,
     tx: mpsc::Sender<PublishRequest>,
-    responses: Streaming<PublishResponse>,
+    responses: Responses,
     window: usize,
     next_seq: u64,
     in_flight: usize,
     ready: VecDeque<Confirm>,
 }
 
+type OpeningCall = futures::future::BoxFuture<
+    'static,
+    Result<tonic::Response<Streaming<PublishResponse>>, tonic::Status>,
+>;
+
+/// The response half of a `PublishStream` call: opening until the server answers.
+enum Responses {
+    Opening(OpeningCall),
+    Open(Streaming<PublishResponse>),
+}
+
 impl Publisher {
+    /// The response stream, opening the call first if needed.
+    async fn responses(&mut self) -> Result<&mut Streaming<PublishResponse>> {
+        if let Responses::Opening(call) = &mut self.responses {
+            let stream = call.await?.into_inner();
+            self.responses = Responses::Open(stream);
+        }
+        match &mut self.responses {
+            Responses::Open(stream) => Ok(stream),
+            Responses::Opening(_) => unreachable!("the call was just opened"),
+        }
+    }
+
     /// Sends one message; returns its `seq`.
     pub async fn send(
         &mut self,
@@ -802,13 +825,17 @@ impl Publisher {
     /// Flushes, then closes the request stream and waits for the server to end the call.
     pub async fn close(mut self) -> Result<Vec<Confirm>> {
         let confirms = self.flush().await?;
-        drop(self.tx);
-        while self.responses.message().await?.is_some() {}
+        let Publisher { tx, responses, .. } = self;
+        drop(tx);
+        // Still opening after a flush means nothing was ever sent: there is no call to end.
+        if let Responses::Open(mut stream) = responses {
+            while stream.message().await?.is_some() {}
+        }
         Ok(confirms)
     }
 
     async fn receive_one(&mut self) -> Result<()> {
-        match self.responses.message().await? {
+        match self.responses().await?.message().await? {
             Some(r) => {
                 self.in_flight = self.in_flight.saturating_sub(1);
                 self.ready.push_back(Confirm::from_response(r));
@@ -823,7 +850,11 @@ impl Publisher {
 
     async fn ended_error(&mut self) -> Error {
         loop {
-            match self.responses.message().await {
+            let responses = match self.responses().await {
+                Ok(r) => r,
+                Err(e) => return e,
+            };
+            match responses.message().await {
                 Ok(Some(r)) => {
                     self.in_flight = self.in_flight.saturating_sub(1);
                     self.ready.push_back(Confirm::from_response(r));
