@@ -745,7 +745,7 @@ type OpeningCall = futures::future::BoxFuture<
 /// The response half of a `PublishStream` call: opening until the server answers.
 enum Responses {
     Opening(OpeningCall),
-    Open(Streaming<PublishResponse>),
+    Open(Box<Streaming<PublishResponse>>),
 }
 
 impl Publisher {
@@ -753,7 +753,7 @@ impl Publisher {
     async fn responses(&mut self) -> Result<&mut Streaming<PublishResponse>> {
         if let Responses::Opening(call) = &mut self.responses {
             let stream = call.await?.into_inner();
-            self.responses = Responses::Open(stream);
+            self.responses = Responses::Open(Box::new(stream));
         }
         match &mut self.responses {
             Responses::Open(stream) => Ok(stream),

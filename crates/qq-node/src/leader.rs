@@ -56,6 +56,7 @@ pub fn spawn_queue_tasks(
             .instrument(span.clone()),
         );
     }
+    crate::deadletter::spawn_at_least_once_worker(node.clone(), group, shared.clone(), span.clone());
     // Expiry timer.
     tokio::spawn(
         async move {
