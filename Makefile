@@ -12,7 +12,7 @@ export QQ_NODE_BIN QQCTL_BIN
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build cluster cluster-down clean-cluster test test-unit test-integration fmt fmt-check
+.PHONY: all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check
 
 all: build
 
@@ -43,15 +43,16 @@ cluster-down:
 clean-cluster: cluster-down
 	rm -rf .qq-cluster
 
-# Unit and property tests in parallel, then the integration tests (qq-tests) one at a time:
-# each starts a real cluster of qq-node processes, and the machine may have only 2 cores.
-test: deps build test-unit test-integration
+# Every test of the workspace. The integration tests (tests/, crate qq-tests) start real
+# qq-node processes; they run one cluster at a time by themselves (a lock in TestCluster), so
+# no --test-threads is needed on a 2-core machine. Always --workspace: selecting single
+# packages changes feature unification and makes cargo rebuild RocksDB.
+test: deps build
+	$(CARGO) test --workspace
 
-test-unit:
-	$(CARGO) test --workspace --exclude qq-tests
-
-test-integration:
-	$(CARGO) test -p qq-tests -- --test-threads=1
+# Only the integration tests (still --workspace, for the reason above).
+test-integration: deps build
+	$(CARGO) test --workspace --test cluster
 
 fmt:
 	$(CARGO) fmt --all

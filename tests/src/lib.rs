@@ -8,18 +8,20 @@
 //! [`TestCluster::start`] picks free loopback ports, writes one TOML config per node into a
 //! temporary directory (data directories and logs live there too), spawns the nodes and waits
 //! until every node reports a metadata leader. Dropping the cluster kills every node with
-//! `SIGKILL`. When a test fails (the thread is panicking), the directory is kept and the tail of
-//! every node's log is printed, so the failure can be read next to what the nodes did.
+//! `SIGKILL`. A passing test ends with [`TestCluster::stop`]; a cluster dropped without it (the
+//! test panicked or returned an error) keeps its directory and prints the tail of every node's
+//! log, so the failure can be read next to what the nodes did.
 //!
 //! The node binary is found, in order, at `$QQ_NODE_BIN`, next to the test executable's
 //! `target/<profile>/` directory, at `$CARGO_TARGET_DIR/debug/qq-node`, and at
 //! `<workspace>/target/debug/qq-node`. `make test` builds it first; `cargo test -p qq-tests`
-//! alone does not (the test crate cannot depend on a binary), so run `cargo build -p qq-node`
+//! alone does not (the test crate cannot depend on a binary), so run `cargo build --workspace --all-targets`
 //! before it.
 //!
 //! Tests never sleep to hide a race: they poll for a condition with a deadline ([`eventually`]).
-//! Each cluster has three processes, and the suite runs one test at a time
-//! (`--test-threads=1`, as `make test` does).
+//! Each cluster has three processes, so clusters run one at a time: [`TestCluster::start`] takes
+//! a process-wide lock that the cluster holds until it is dropped. Plain `cargo test --workspace`
+//! is therefore safe on a two-core machine, whatever `--test-threads` says.
 
 use std::fs::{File, OpenOptions};
 use std::future::Future;
@@ -27,7 +29,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Once;
+use std::sync::{Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
@@ -50,6 +52,8 @@ const ELECTION_TIMEOUT_MAX_MS: u64 = 1600;
 const LOG_TAIL_LINES: usize = 60;
 
 static TRACING: Once = Once::new();
+/// Held by every live [`TestCluster`]: one cluster at a time per test binary.
+static ONE_CLUSTER_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Logs of the test itself (`info!("--- ...")` phases) go to the test's output; `RUST_LOG`
 /// selects, default `info`.
@@ -83,7 +87,7 @@ pub fn node_binary() -> anyhow::Result<PathBuf> {
     candidates.into_iter().find(|p| p.is_file()).ok_or_else(|| {
         anyhow!(
             "qq-node binary not found (set QQ_NODE_BIN, or run `make build` / \
-             `cargo build -p qq-node` with the same CARGO_TARGET_DIR first)"
+             `cargo build --workspace --all-targets` with the same CARGO_TARGET_DIR first)"
         )
     })
 }
@@ -119,11 +123,16 @@ struct Node {
     child: Option<Child>,
 }
 
-/// N `qq-node` processes on loopback, killed on drop.
+/// N `qq-node` processes on loopback, killed on drop. End a passing test with
+/// [`TestCluster::stop`]; otherwise the files are kept for the post-mortem.
 pub struct TestCluster {
     dir: Option<tempfile::TempDir>,
     binary: PathBuf,
     nodes: Vec<Node>,
+    /// Set by [`TestCluster::stop`]; a cluster dropped without it belongs to a failed test.
+    stopped: bool,
+    /// Declared last: released after the nodes are killed in `drop`.
+    _serial: MutexGuard<'static, ()>,
 }
 
 impl TestCluster {
@@ -131,6 +140,10 @@ impl TestCluster {
     pub async fn start(n: usize) -> anyhow::Result<TestCluster> {
         init_tracing();
         assert!(n >= 1, "a cluster needs a node");
+        // A test that failed while holding the lock poisons it; its cluster is gone all the same.
+        let serial = ONE_CLUSTER_AT_A_TIME
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let binary = node_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("qq-cluster-")
@@ -169,6 +182,8 @@ impl TestCluster {
             dir: Some(dir),
             binary,
             nodes,
+            stopped: false,
+            _serial: serial,
         };
         info!(dir = %cluster.path().display(), nodes = n, "--- starting a {n}-node cluster");
         for id in 1..=n as u64 {
@@ -375,6 +390,13 @@ impl TestCluster {
         .await
     }
 
+    /// The end of a passing test: kills the nodes and deletes the files. A cluster dropped
+    /// without `stop` (the test failed, by panic or by returning an error) keeps its directory
+    /// and prints the tail of every node's log.
+    pub fn stop(mut self) {
+        self.stopped = true;
+    }
+
     /// The ids of the running nodes other than `id`.
     pub fn others(&self, id: u64) -> Vec<u64> {
         self.live_ids().into_iter().filter(|n| *n != id).collect()
@@ -389,7 +411,9 @@ impl Drop for TestCluster {
                 let _ = child.wait();
             }
         }
-        if std::thread::panicking()
+        // Not stopped: the test failed (a panic, or an error returned with `?`). Keep the files
+        // and show what the nodes did.
+        if !self.stopped
             && let Some(dir) = self.dir.take()
         {
             let path = dir.keep();

@@ -225,7 +225,10 @@ impl Client {
                 source,
             })?
             .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true))
+            .tcp_nodelay(true)
+            // h2 budgets small DATA frames by connection window; keep it large (see qq-raft network).
+            .initial_connection_window_size(32 * 1024 * 1024)
+            .initial_stream_window_size(4 * 1024 * 1024))
     }
 
     fn from_channel(channel: Channel, address: &str) -> Client {

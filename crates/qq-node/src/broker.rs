@@ -632,7 +632,18 @@ impl Broker for BrokerService {
         let metas: Vec<QueueMeta> = node.meta.state.read().unwrap().queues().cloned().collect();
         let queues = metas
             .iter()
-            .map(|q| pb::QueueLeader { vhost: q.vhost.clone(), name: q.name.clone(), leader: node.known_leader(q.id).unwrap_or(0), members: q.members.clone() })
+            .map(|q| {
+                let local = node.local_queue_info(q.id, false);
+                pb::QueueLeader {
+                    vhost: q.vhost.clone(),
+                    name: q.name.clone(),
+                    leader: node.known_leader(q.id).unwrap_or(0),
+                    members: q.members.clone(),
+                    local_member: local.is_some(),
+                    local_last_applied: local.as_ref().map(|l| l.last_applied).unwrap_or(0),
+                    local_state_digest: local.as_ref().map(|l| l.digest).unwrap_or(0),
+                }
+            })
             .collect();
         Ok(Response::new(pb::ClusterStatusResponse {
             nodes,

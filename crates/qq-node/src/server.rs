@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use qq_proto::internal::internal_server::InternalServer;
 use qq_proto::v1::broker_server::BrokerServer;
-use qq_raft::network::MAX_INTERNAL_MESSAGE_BYTES;
+use qq_raft::network::{HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_INTERNAL_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -34,6 +34,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         .max_encoding_message_size(MAX_INTERNAL_MESSAGE_BYTES);
     info!(node_id = node.id, %listen, "node serving");
     tonic::transport::Server::builder()
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW)
         .add_service(broker)
         .add_service(internal)
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -21,6 +21,10 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::types::{GroupId, TypeConfig};
 
+/// HTTP/2 flow-control windows used on every channel and server of the cluster.
+pub const HTTP2_CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
+pub const HTTP2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
+
 /// Largest gRPC message between nodes (snapshots travel whole).
 pub const MAX_INTERNAL_MESSAGE_BYTES: usize = 1024 * 1024 * 1024;
 
@@ -47,7 +51,12 @@ impl Peers {
                 .map_err(|e| NetError(format!("peer {id} address '{addr}': {e}")))?
                 .tcp_nodelay(true)
                 .connect_timeout(Duration::from_secs(2))
-                .http2_adaptive_window(true)
+                // Large windows: bulk replication, and h2's budget for small DATA frames (gRPC
+                // unary replies are small) scales with the connection window; at the 64 KiB
+                // default, hundreds of concurrent small replies trip its flood guard (GOAWAY
+                // ENHANCE_YOUR_CALM "too_many_data_frames").
+                .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+                .initial_stream_window_size(HTTP2_STREAM_WINDOW)
                 .http2_keep_alive_interval(Duration::from_secs(5))
                 .keep_alive_timeout(Duration::from_secs(10));
             map.insert(id, (addr, endpoint.connect_lazy()));

@@ -154,6 +154,7 @@ async fn follower_consumer_ack_requeue_reject() -> anyhow::Result<()> {
         .settle(vec![back2.receipt], SettleOutcome::Ack)
         .await?;
     super::drain_set(&setup, "work", &["c1", "c2"]).await?;
+    cluster.stop();
     Ok(())
 }
 
@@ -200,5 +201,44 @@ async fn prefetch_bounds_unacked_deliveries() -> anyhow::Result<()> {
         consumer.cancel_reason().is_some(),
         "the server said why it cancelled"
     );
+    cluster.stop();
+    Ok(())
+}
+
+/// One publisher stream into one queue keeps its order, as one AMQP channel does: pipelining
+/// (many publishes in flight) must not reorder the enqueues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_stream_keeps_its_order() -> anyhow::Result<()> {
+    let cluster = TestCluster::start(3).await?;
+    let c = cluster.client(1).await?;
+    c.declare_queue("ordered", Default::default()).await?;
+    let leader = cluster.leader_of("ordered").await?;
+    let via = cluster.client(cluster.others(leader)[0]).await?;
+
+    info!("--- 300 messages through one stream with 64 in flight, via a follower");
+    let mut publisher = via.publisher(64).await?;
+    for i in 0..300 {
+        publisher
+            .send("", "ordered", message(format!("o{i:03}")))
+            .await?;
+    }
+    let confirms = publisher.close().await?;
+    assert_eq!(confirms.len(), 300);
+    assert!(
+        confirms
+            .iter()
+            .all(|c| c.outcome == PublishOutcome::Confirmed)
+    );
+
+    let mut consumer = c.consume("ordered", 100).await?;
+    let mut got = Vec::new();
+    while got.len() < 300 {
+        let d = next(&mut consumer).await?;
+        got.push(body(&d));
+        consumer.ack(d.delivery_tag, false).await?;
+    }
+    let want: Vec<String> = (0..300).map(|i| format!("o{i:03}")).collect();
+    assert_eq!(got, want, "delivered in publish order");
+    cluster.stop();
     Ok(())
 }

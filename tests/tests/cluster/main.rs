@@ -1,6 +1,6 @@
 //! Integration tests: each module is one story told against a real three-node cluster
-//! (`qq_tests::TestCluster`). One test binary, so the suite links once; `make test` runs it with
-//! `--test-threads=1` because every test starts its own cluster.
+//! (`qq_tests::TestCluster`). One test binary, so the suite links once. Every test starts its own
+//! cluster; `TestCluster` runs them one at a time.
 
 mod bad_input;
 mod consumers;

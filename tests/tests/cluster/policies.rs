@@ -106,6 +106,7 @@ async fn max_length_policy_trims_live_queue_and_clearing_lifts_it() -> anyhow::R
         tonic::Code::NotFound,
         "limit",
     );
+    cluster.stop();
     Ok(())
 }
 
@@ -144,5 +145,6 @@ async fn reject_publish_overflow_refuses_with_detail() -> anyhow::Result<()> {
     let again = c.publish("", "rp.q", message("r4")).await?;
     assert_eq!(again.outcome, PublishOutcome::Confirmed, "{again:?}");
     assert_eq!(super::drain_exactly(&c, "rp.q", 2).await?, ["r1", "r4"]);
+    cluster.stop();
     Ok(())
 }

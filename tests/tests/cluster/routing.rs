@@ -141,6 +141,7 @@ async fn every_exchange_type_routes_exactly() -> anyhow::Result<()> {
     )
     .await?;
     super::drain_set(&c, "rd", &["x1"]).await?;
+    cluster.stop();
     Ok(())
 }
 
@@ -197,5 +198,6 @@ async fn bcc_is_invisible_and_deliveries_carry_their_route() -> anyhow::Result<(
             "{q}: exactly one copy"
         );
     }
+    cluster.stop();
     Ok(())
 }
