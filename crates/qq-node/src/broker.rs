@@ -13,7 +13,7 @@ use qq_core::queue::{Command, GET_CONSUMER, MsgHeader, Reply, SettleOutcome};
 use qq_core::{Message, Strategy, policy};
 use qq_proto::v1 as pb;
 use qq_proto::v1::broker_server::Broker;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::instrument;
@@ -88,11 +88,11 @@ impl BrokerService {
         self.node.propose_meta(cmd).await?.map_err(meta_err)
     }
 
-    /// Route and enqueue one message; answers once every routed queue committed it.
-    async fn publish_one(&self, user: &str, req: pb::PublishRequest) -> Result<pb::PublishResponse, Status> {
+    /// Validate and route one publish: either its answer already, or what to enqueue where.
+    fn prepare_publish(&self, user: &str, req: pb::PublishRequest) -> Result<Prepared, Status> {
         let vhost = vhost(&req.vhost);
         self.check(user, &vhost, Perm::Write, &req.exchange)?;
-        let size = req.message.as_ref().map(|m| m.body.len() + m.properties.as_ref().map(|p| p.headers.len() * 16).unwrap_or(0)).unwrap_or(0);
+        let size = req.message.as_ref().map(|m| m.body.len()).unwrap_or(0);
         if size > self.node.config.max_message_bytes {
             return Err(Status::resource_exhausted(format!(
                 "message.body: {size} bytes exceeds max_message_bytes {}",
@@ -103,47 +103,112 @@ impl BrokerService {
         qq_core::route::validate_sender_selected(&properties.headers).map_err(meta_err)?;
         qq_core::deadletter::strip_client_death_headers(&mut properties.headers);
         let keys = qq_core::route::routing_keys(&req.routing_key, &properties.headers);
-        let targets = self
-            .node
-            .meta
-            .state
-            .read()
-            .unwrap()
-            .route(&vhost, &req.exchange, &keys, &properties.headers)
-            .map_err(meta_err)?;
+        let targets = {
+            let state = self.node.meta.state.read().unwrap();
+            if let Some(x) = state.exchange(&vhost, &req.exchange) {
+                if x.internal {
+                    return Err(Status::permission_denied(format!(
+                        "exchange: '{}' in vhost '{vhost}' is internal and cannot be published to",
+                        req.exchange
+                    )));
+                }
+            }
+            state.route(&vhost, &req.exchange, &keys, &properties.headers).map_err(meta_err)?
+        };
         let seq = req.seq;
         if targets.is_empty() {
             let outcome = if req.mandatory { pb::PublishOutcome::Unroutable } else { pb::PublishOutcome::Confirmed };
-            let detail = if req.mandatory { format!("no queue is bound to exchange '{}' for key '{}'", req.exchange, req.routing_key) } else { String::new() };
-            return Ok(pb::PublishResponse { seq, outcome: outcome as i32, detail });
+            let detail = if req.mandatory {
+                format!("no queue is bound to exchange '{}' for key '{}'", req.exchange, req.routing_key)
+            } else {
+                String::new()
+            };
+            return Ok(Prepared::Done(pb::PublishResponse { seq, outcome: outcome as i32, detail }));
         }
         let visible = qq_core::route::visible_routing_keys(&req.routing_key, &properties.headers).len();
         let bcc = keys[visible..].to_vec();
         qq_core::route::strip_bcc(&mut properties.headers);
         let expiration_ms = if properties.expiration.is_empty() { None } else { Some(parse_expiration(&properties.expiration)?) };
-        let message = Message { properties, body, exchange: req.exchange.clone(), routing_key: req.routing_key.clone(), bcc };
+        let message = Message { properties, body, exchange: req.exchange, routing_key: req.routing_key, bcc };
         let encoded = postcard::to_stdvec(&message).map_err(|e| Status::internal(format!("encode message: {e}")))?;
         let header = MsgHeader { size_bytes: message.body.len() as u64, expiration_ms };
-        let now = now_ms();
-        let results = join_all(targets.iter().map(|q| {
-            let cmd = Command::Enqueue { now_ms: now, header: header.clone(), publisher: None, dedup_key: Some(self.node.next_publish_key()) };
-            let request = QueueRequest { cmd, message: Some(encoded.clone()) };
-            async move { (q.name.clone(), self.node.propose_queue(q.id, request).await) }
+        Ok(Prepared::Route { seq, targets: targets.into_iter().map(|q| (q.id, q.name)).collect(), header, encoded })
+    }
+
+    /// The enqueue command for one routed message into one queue (a fresh idempotency key, so
+    /// the node's own retries of this proposal never store it twice).
+    fn enqueue_request(&self, header: &MsgHeader, encoded: &[u8]) -> QueueRequest {
+        let cmd = Command::Enqueue { now_ms: now_ms(), header: header.clone(), publisher: None, dedup_key: Some(self.node.next_publish_key()) };
+        QueueRequest { cmd, message: Some(encoded.to_vec()) }
+    }
+
+    /// Route and enqueue one message; answers once every routed queue committed it.
+    async fn publish_one(&self, user: &str, req: pb::PublishRequest) -> Result<pb::PublishResponse, Status> {
+        let (seq, targets, header, encoded) = match self.prepare_publish(user, req)? {
+            Prepared::Done(r) => return Ok(r),
+            Prepared::Route { seq, targets, header, encoded } => (seq, targets, header, encoded),
+        };
+        let results = join_all(targets.iter().map(|(id, name)| {
+            let request = self.enqueue_request(&header, &encoded);
+            async move { (name.clone(), self.node.propose_queue(*id, request).await) }
         }))
         .await;
         let mut rejected = Vec::new();
         for (queue, result) in results {
-            match result? {
-                Reply::Enqueued { .. } | Reply::Duplicate => {}
-                Reply::Rejected { detail } | Reply::RejectedDeadLettered { detail, .. } => rejected.push(detail),
-                other => return Err(Status::internal(format!("queue '{queue}': unexpected reply {other:?}"))),
+            if let Some(detail) = refusal(&queue, &result?)? {
+                rejected.push(detail);
             }
         }
-        if rejected.is_empty() {
-            Ok(pb::PublishResponse { seq, outcome: pb::PublishOutcome::Confirmed as i32, detail: String::new() })
-        } else {
-            Ok(pb::PublishResponse { seq, outcome: pb::PublishOutcome::Rejected as i32, detail: rejected.join("; ") })
+        Ok(answer(seq, rejected))
+    }
+
+    /// Publish a batch read from one stream: validated and routed in order, then one Raft
+    /// entry per target queue holding that queue's messages in stream order. Answers in order.
+    async fn publish_batch(&self, user: &str, batch: Vec<pb::PublishRequest>) -> Result<Vec<pb::PublishResponse>, Status> {
+        let mut answers: Vec<Option<pb::PublishResponse>> = Vec::with_capacity(batch.len());
+        let mut rejected: Vec<Vec<String>> = Vec::with_capacity(batch.len());
+        let mut per_queue: BTreeMap<u64, (String, Vec<(usize, QueueRequest)>)> = BTreeMap::new();
+        let mut seqs = Vec::with_capacity(batch.len());
+        for (i, req) in batch.into_iter().enumerate() {
+            let seq = req.seq;
+            seqs.push(seq);
+            rejected.push(Vec::new());
+            match self.prepare_publish(user, req) {
+                Ok(Prepared::Done(r)) => answers.push(Some(r)),
+                // A bad message fails its own seq, not the stream.
+                Err(status) => answers.push(Some(pb::PublishResponse {
+                    seq,
+                    outcome: pb::PublishOutcome::Rejected as i32,
+                    detail: format!("{}: {}", qq_code_name(status.code()), status.message()),
+                })),
+                Ok(Prepared::Route { targets, header, encoded, .. }) => {
+                    answers.push(None);
+                    for (id, name) in targets {
+                        let entry = per_queue.entry(id).or_insert_with(|| (name, Vec::new()));
+                        entry.1.push((i, self.enqueue_request(&header, &encoded)));
+                    }
+                }
+            }
         }
+        let results = join_all(per_queue.into_iter().map(|(id, (name, items))| async move {
+            let (positions, reqs): (Vec<usize>, Vec<QueueRequest>) = items.into_iter().unzip();
+            (name, positions, self.node.propose_queue_batch(id, reqs).await)
+        }))
+        .await;
+        for (queue, positions, result) in results {
+            let replies = result?;
+            for (i, out) in positions.into_iter().zip(replies) {
+                if let Some(detail) = refusal(&queue, &out.reply)? {
+                    rejected[i].push(detail);
+                }
+            }
+        }
+        Ok(answers
+            .into_iter()
+            .zip(rejected)
+            .zip(seqs)
+            .map(|((a, r), seq)| a.unwrap_or_else(|| answer(seq, r)))
+            .collect())
     }
 
     fn queue_info_pb(&self, qm: &QueueMeta, data: Option<QueueInfoData>) -> pb::QueueInfo {
@@ -194,6 +259,33 @@ impl BrokerService {
         }
         Ok(state.queues().filter(|q| q.vhost == vhost).cloned().collect())
     }
+}
+
+/// What `prepare_publish` decided.
+enum Prepared {
+    Done(pb::PublishResponse),
+    Route { seq: u64, targets: Vec<(u64, String)>, header: MsgHeader, encoded: Vec<u8> },
+}
+
+/// `Some(detail)` when the queue refused the message (reject-publish limits).
+fn refusal(queue: &str, reply: &Reply) -> Result<Option<String>, Status> {
+    match reply {
+        Reply::Enqueued { .. } | Reply::Duplicate => Ok(None),
+        Reply::Rejected { detail } | Reply::RejectedDeadLettered { detail, .. } => Ok(Some(detail.clone())),
+        other => Err(Status::internal(format!("queue '{queue}': unexpected reply {other:?}"))),
+    }
+}
+
+fn answer(seq: u64, rejected: Vec<String>) -> pb::PublishResponse {
+    if rejected.is_empty() {
+        pb::PublishResponse { seq, outcome: pb::PublishOutcome::Confirmed as i32, detail: String::new() }
+    } else {
+        pb::PublishResponse { seq, outcome: pb::PublishOutcome::Rejected as i32, detail: rejected.join("; ") }
+    }
+}
+
+fn qq_code_name(code: tonic::Code) -> String {
+    format!("{code:?}")
 }
 
 fn settle_outcome(v: i32, field: &str) -> Result<SettleOutcome, Status> {
@@ -341,38 +433,48 @@ impl Broker for BrokerService {
     type PublishStreamStream = BoxStream<pb::PublishResponse>;
 
     async fn publish_stream(&self, request: Request<Streaming<pb::PublishRequest>>) -> Result<Response<Self::PublishStreamStream>, Status> {
+        use futures::FutureExt;
         let user = self.user(&request)?;
         let mut input = request.into_inner();
-        let (tx, rx) = mpsc::channel(1024);
-        let limit = Arc::new(Semaphore::new(self.node.config.max_inflight_publishes));
-        let service = Arc::new(BrokerService { node: self.node.clone() });
+        let (tx, rx) = mpsc::channel(4096);
+        // One batch in flight at a time keeps the stream's order; a batch is everything that
+        // arrived while the previous one was being committed (bounded).
+        let max_batch = self.node.config.max_inflight_publishes.min(crate::queue_sm::MAX_BATCH);
+        let service = BrokerService { node: self.node.clone() };
         tokio::spawn(async move {
             loop {
-                // Bound: stop reading the stream while max_inflight_publishes are unconfirmed.
-                let Ok(permit) = limit.clone().acquire_owned().await else { return };
-                let req = match input.next().await {
+                let first = match input.next().await {
                     Some(Ok(r)) => r,
                     Some(Err(_)) | None => return,
                 };
-                let (service, user, tx) = (service.clone(), user.clone(), tx.clone());
-                tokio::spawn(async move {
-                    let seq = req.seq;
-                    let answer = match service.publish_one(&user, req).await {
-                        Ok(r) => r,
-                        // A bad message fails its own seq, not the stream.
-                        Err(status) if status.code() != tonic::Code::Unavailable => pb::PublishResponse {
-                            seq,
-                            outcome: pb::PublishOutcome::Rejected as i32,
-                            detail: format!("{:?}: {}", status.code(), status.message()),
-                        },
-                        Err(status) => {
-                            let _ = tx.send(Err(status)).await;
-                            return;
+                let mut batch = vec![first];
+                let mut closed = false;
+                while batch.len() < max_batch {
+                    match input.next().now_or_never() {
+                        Some(Some(Ok(r))) => batch.push(r),
+                        Some(Some(Err(_))) | Some(None) => {
+                            closed = true;
+                            break;
                         }
-                    };
-                    let _ = tx.send(Ok(answer)).await;
-                    drop(permit);
-                });
+                        None => break,
+                    }
+                }
+                match service.publish_batch(&user, batch).await {
+                    Ok(answers) => {
+                        for a in answers {
+                            if tx.send(Ok(a)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                }
+                if closed {
+                    return;
+                }
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

@@ -33,7 +33,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::config::Config;
 use crate::meta_sm::{MetaShared, MetaSm};
-use crate::queue_sm::{DeadLetterJob, QueueReplyOut, QueueRequest, QueueShared, QueueSm};
+use crate::queue_sm::{DeadLetterJob, QueueEntry, QueueReplyOut, QueueRequest, QueueShared, QueueSm};
 
 /// How long a proposal keeps retrying (leader elections, forwarding) before UNAVAILABLE.
 /// `ProposeReply.code`: this node does not lead the group (`forward_to` may hint who does).
@@ -344,7 +344,13 @@ impl Node {
 
     /// Like [`Node::propose_queue`], with the message of a `Get` read on the leader.
     pub async fn propose_queue_full(&self, group: GroupId, req: QueueRequest) -> Result<QueueReplyOut, Status> {
-        let bytes = self.propose(group, encode(&req)?).await?;
+        let bytes = self.propose(group, encode(&QueueEntry::One(req))?).await?;
+        decode(&bytes)
+    }
+
+    /// Propose several commands as one entry, applied in order; one reply each.
+    pub async fn propose_queue_batch(&self, group: GroupId, reqs: Vec<QueueRequest>) -> Result<Vec<QueueReplyOut>, Status> {
+        let bytes = self.propose(group, encode(&QueueEntry::Batch(reqs))?).await?;
         decode(&bytes)
     }
 

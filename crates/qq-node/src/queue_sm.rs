@@ -36,6 +36,18 @@ pub struct QueueRequest {
     pub message: Option<Vec<u8>>,
 }
 
+/// What a queue log entry carries: one command, or a batch of commands applied in order
+/// (a publish stream's messages for this queue, proposed as one Raft entry).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum QueueEntry {
+    One(QueueRequest),
+    Batch(Vec<QueueRequest>),
+}
+
+/// Commands in one batch entry, at most. Message ids are `raft index << 16 | position`.
+pub const MAX_BATCH: usize = 1 << 15;
+const BATCH_SHIFT: u32 = 16;
+
 /// The reply of a queue command as it leaves the state machine (and crosses nodes).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct QueueReplyOut {
@@ -109,6 +121,25 @@ impl QueueShared {
         for (_, tx) in consumers.drain() {
             let _ = tx.send(ConsumerEvent::Cancelled { reason: reason.to_string(), unavailable });
         }
+    }
+
+    /// Apply one command at sub-index `index` (raft index << 16 | position in the entry).
+    fn apply_one(&self, index: u64, req: QueueRequest) -> io::Result<QueueReplyOut> {
+        let (reply, effects) = self.state.lock().unwrap().apply(index, req.cmd);
+        // A Get's message is read before effects run (auto-ack deletes its body).
+        let message = match &reply {
+            Reply::Got { delivery: Some(d), .. } => Some(self.read_message(d.id)?),
+            _ => None,
+        };
+        match &reply {
+            Reply::Enqueued { id } | Reply::RejectedDeadLettered { id, .. } => {
+                let body = req.message.as_deref().unwrap_or_default();
+                self.store.put_bodies(self.group, &[(*id, body)])?;
+            }
+            _ => {}
+        }
+        self.carry_out(effects)?;
+        Ok(QueueReplyOut { reply, message })
     }
 
     fn carry_out(&self, effects: Vec<Effect>) -> io::Result<()> {
@@ -211,24 +242,22 @@ impl RaftStateMachine<TypeConfig> for QueueSm {
                     self.membership = StoredMembershipOf::<TypeConfig>::new(Some(entry.log_id), m);
                 }
                 EntryPayload::Normal(req) => {
-                    let req: QueueRequest = postcard::from_bytes(&req.payload).map_err(|e| {
+                    let decoded: QueueEntry = postcard::from_bytes(&req.payload).map_err(|e| {
                         io::Error::other(format!("queue group {}: decode entry {index}: {e}", shared.group))
                     })?;
-                    let (reply, effects) = shared.state.lock().unwrap().apply(index, req.cmd);
-                    // A Get's message is read before effects run (auto-ack deletes its body).
-                    let message = match &reply {
-                        Reply::Got { delivery: Some(d), .. } => Some(shared.read_message(d.id)?),
-                        _ => None,
-                    };
-                    match &reply {
-                        Reply::Enqueued { id } | Reply::RejectedDeadLettered { id, .. } => {
-                            let body = req.message.as_deref().unwrap_or_default();
-                            shared.store.put_bodies(shared.group, &[(*id, body)])?;
+                    payload = match decoded {
+                        QueueEntry::One(req) => encode(&shared.apply_one(index << BATCH_SHIFT, req)?)?,
+                        QueueEntry::Batch(reqs) => {
+                            if reqs.len() > MAX_BATCH {
+                                return Err(io::Error::other(format!("entry {index}: batch of {} commands", reqs.len())));
+                            }
+                            let mut replies = Vec::with_capacity(reqs.len());
+                            for (k, req) in reqs.into_iter().enumerate() {
+                                replies.push(shared.apply_one((index << BATCH_SHIFT) | k as u64, req)?);
+                            }
+                            encode(&replies)?
                         }
-                        _ => {}
-                    }
-                    shared.carry_out(effects)?;
-                    payload = encode(&QueueReplyOut { reply, message })?;
+                    };
                 }
             }
             *shared.last_applied.lock().unwrap() = Some(entry.log_id);

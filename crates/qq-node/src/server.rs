@@ -20,7 +20,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
         .await
         .map_err(|e| anyhow::anyhow!("listen on {}: {e}", config.listen))?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let max_client = config.max_message_bytes + 64 * 1024;
+    // Decode somewhat larger messages than allowed, so the node itself refuses them with
+    // RESOURCE_EXHAUSTED naming the limit (tonic would answer OUT_OF_RANGE).
+    let max_client = (config.max_message_bytes.saturating_mul(4)).saturating_add(1024 * 1024).min(1 << 30);
     let listen = config.listen;
     // Starting the groups does not wait for peers: Raft RPCs to nodes not yet up are retried.
     let (node, dead_letters) = Node::start(config).await?;

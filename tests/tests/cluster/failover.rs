@@ -3,8 +3,9 @@
 //! 10 000 messages are published with confirms through `PublishStream`, the queue's leader is
 //! killed with SIGKILL, and a consumer on a survivor must receive every one of them (at least
 //! once; duplicates are tolerated, losses are not). The killed node then restarts and must
-//! rejoin: with the other survivor's leader killed in turn, the queue can only make progress
-//! with the restarted node in its majority, which it can only be once it has caught up.
+//! catch up: its own replica (reported by its `ClusterStatus`) reaches the leader's applied
+//! index with the same state digest. Then the new leader is killed in turn, so the queue can
+//! only make progress with the restarted node in its majority.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
@@ -196,6 +197,33 @@ async fn confirmed_messages_survive_leader_crash_and_the_node_catches_up() -> an
     assert!(
         q.members.contains(&leader),
         "the restarted node is still a member: {q:?}"
+    );
+    let caught_up = eventually(
+        "the restarted replica to reach the leader's applied index and state digest",
+        Duration::from_secs(60),
+        || {
+            let restarted = restarted.clone();
+            async move {
+                let leader_view = restarted.get_queue(QUEUE).await?;
+                let status = restarted.cluster_status().await?;
+                let Some(local) = status.queues.iter().find(|q| q.name == QUEUE) else {
+                    anyhow::bail!("ClusterStatus of node {leader} does not list {QUEUE}");
+                };
+                ensure!(
+                    local.local_member,
+                    "node {leader} is not a member of {QUEUE}: {local:?}"
+                );
+                let same = local.local_last_applied == leader_view.last_applied
+                    && local.local_state_digest == leader_view.state_digest;
+                Ok(same.then_some((local.local_last_applied, leader_view.commit_index)))
+            }
+        },
+    )
+    .await?;
+    info!(
+        applied = caught_up.0,
+        commit_index = caught_up.1,
+        "restarted replica caught up"
     );
 
     info!(
