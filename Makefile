@@ -12,7 +12,7 @@ export QQ_NODE_BIN QQCTL_BIN
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check
+.PHONY: check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check
 
 all: build
 
@@ -47,8 +47,15 @@ clean-cluster: cluster-down
 # qq-node processes; they run one cluster at a time by themselves (a lock in TestCluster), so
 # no --test-threads is needed on a 2-core machine. Always --workspace: selecting single
 # packages changes feature unification and makes cargo rebuild RocksDB.
-test: deps build
+test: deps build check-core-purity
 	$(CARGO) test --workspace
+
+# The queue state machine must stay pure: no async runtime, RPC, Raft or storage in qq-core's
+# dependency tree (STYLE.md "A strict one-way crate graph").
+check-core-purity:
+	@if $(CARGO) tree -p qq-core -e normal --prefix none | grep -E '^(tokio|tonic|openraft|rocksdb|librocksdb-sys|prost) '; then \
+		echo "qq-core must not depend on the crates above"; exit 1; \
+	else echo "qq-core is pure: no tokio, tonic, openraft, rocksdb in its tree"; fi
 
 # Only the integration tests (still --workspace, for the reason above).
 test-integration: deps build
