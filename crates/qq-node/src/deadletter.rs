@@ -13,8 +13,8 @@
 //!   `DeadLetterSettle` for those every target committed. It retries after each apply, after
 //!   each metadata change (topology), and every `dead_letter_retry_ms`.
 //!
-//! Known gap: dead letters of one batch are transferred concurrently, so their order within the
-//! batch is not guaranteed in the target.
+//! Order: dead letters leave in the order they died; the copies for one target go as one batch
+//! entry in that order (one Raft entry per target per round), so each target sees them in order.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -42,8 +42,14 @@ pub enum TransferError {
     Unavailable(String),
 }
 
-/// Route `message` (which died in `config`'s queue) through the DLX into every target.
-pub async fn transfer(
+/// A dead letter ready to go: its targets and the enqueue command (with its idempotency key).
+struct Copy {
+    targets: Vec<(u64, String)>,
+    request: QueueRequest,
+}
+
+/// Make the copy of `message` (which died in `config`'s queue) and route it through the DLX.
+fn prepare(
     node: &Node,
     group: GroupId,
     config: &QueueConfig,
@@ -51,7 +57,7 @@ pub async fn transfer(
     reason: Reason,
     died_at_ms: u64,
     message: &Message,
-) -> Result<(), TransferError> {
+) -> Result<Copy, TransferError> {
     let Some(dlx) = config.dead_letter_exchange.as_deref() else {
         return Err(TransferError::NoRoute(format!("queue '{}' has no dead-letter exchange", config.name)));
     };
@@ -67,38 +73,84 @@ pub async fn transfer(
         return Err(TransferError::NoRoute(format!("exchange '{dlx}' routes no queue for keys {keys:?}")));
     }
     // A cycle without a rejection in it: the copy is dropped for that target.
-    let targets: Vec<_> = targets.into_iter().filter(|t| !is_cycle(&copy, &t.name)).collect();
+    let targets = targets.into_iter().filter(|t| !is_cycle(&copy, &t.name)).map(|t| (t.id, t.name)).collect();
     let encoded = postcard::to_stdvec(&copy).map_err(|e| TransferError::Unavailable(format!("encode: {e}")))?;
     let expiration_ms = if copy.properties.expiration.is_empty() { None } else { parse_expiration(&copy.properties.expiration).ok() };
     let count = deaths(&copy).first().map(|d| d.count).unwrap_or(1);
-    let key = format!("dl:{group}:{id}:{count}");
-    let results = join_all(targets.iter().map(|t| {
-        let cmd = Command::Enqueue {
-            now_ms: now_ms(),
-            header: MsgHeader { size_bytes: copy.body.len() as u64, expiration_ms },
-            publisher: None,
-            dedup_key: Some(key.clone()),
-        };
-        let request = QueueRequest { cmd, message: Some(encoded.clone()) };
-        async move { (t.name.clone(), node.propose_queue(t.id, request).await) }
-    }))
-    .await;
-    for (target, result) in results {
-        match result {
-            Ok(Reply::Enqueued { .. } | Reply::Duplicate) => {}
-            Ok(Reply::Rejected { detail } | Reply::RejectedDeadLettered { detail, .. }) => {
-                return Err(TransferError::Refused(format!("target '{target}': {detail}")));
+    let cmd = Command::Enqueue {
+        now_ms: now_ms(),
+        header: MsgHeader { size_bytes: copy.body.len() as u64, expiration_ms },
+        publisher: None,
+        dedup_key: Some(format!("dl:{group}:{id}:{count}")),
+    };
+    Ok(Copy { targets, request: QueueRequest { cmd, message: Some(encoded) } })
+}
+
+fn check_reply(target: &str, reply: &Reply) -> Result<(), TransferError> {
+    match reply {
+        Reply::Enqueued { .. } | Reply::Duplicate => Ok(()),
+        Reply::Rejected { detail } | Reply::RejectedDeadLettered { detail, .. } => {
+            Err(TransferError::Refused(format!("target '{target}': {detail}")))
+        }
+        other => Err(TransferError::Refused(format!("target '{target}': {other:?}"))),
+    }
+}
+
+/// Transfer dead letters (in the order they died): one ordered batch entry per target queue,
+/// all targets at once. Returns, per dead letter, whether every target committed it.
+async fn transfer_ordered(
+    node: &Node,
+    group: GroupId,
+    config: &QueueConfig,
+    letters: Vec<(MessageId, Reason, u64, Message)>,
+) -> Vec<(MessageId, Result<(), TransferError>)> {
+    let mut outcome: Vec<(MessageId, Result<(), TransferError>)> = Vec::with_capacity(letters.len());
+    let mut per_target: std::collections::BTreeMap<u64, (String, Vec<(usize, QueueRequest)>)> = Default::default();
+    for (i, (id, reason, died_at_ms, message)) in letters.into_iter().enumerate() {
+        match prepare(node, group, config, id, reason, died_at_ms, &message) {
+            Ok(copy) => {
+                for (tid, name) in copy.targets {
+                    per_target.entry(tid).or_insert_with(|| (name, Vec::new())).1.push((i, copy.request.clone()));
+                }
+                outcome.push((id, Ok(())));
             }
-            Ok(other) => return Err(TransferError::Refused(format!("target '{target}': {other:?}"))),
-            Err(status) => return Err(TransferError::Unavailable(format!("target '{target}': {}", status.message()))),
+            Err(e) => outcome.push((id, Err(e))),
         }
     }
-    Ok(())
+    let results = join_all(per_target.into_iter().map(|(tid, (name, items))| async move {
+        let (positions, reqs): (Vec<usize>, Vec<QueueRequest>) = items.into_iter().unzip();
+        (name, positions, node.propose_queue_batch(tid, reqs).await)
+    }))
+    .await;
+    for (target, positions, result) in results {
+        match result {
+            Ok(replies) => {
+                for (i, out) in positions.into_iter().zip(replies) {
+                    if let Err(e) = check_reply(&target, &out.reply) {
+                        if outcome[i].1.is_ok() {
+                            outcome[i].1 = Err(e);
+                        }
+                    }
+                }
+            }
+            Err(status) => {
+                for i in positions {
+                    if outcome[i].1.is_ok() {
+                        outcome[i].1 = Err(TransferError::Unavailable(format!("target '{target}': {}", status.message())));
+                    }
+                }
+            }
+        }
+    }
+    outcome
 }
 
 pub async fn publish_at_most_once(node: &Arc<Node>, job: DeadLetterJob) -> anyhow::Result<()> {
-    if let Err(e) = transfer(node, job.group, &job.config, job.id, job.reason, job.died_at_ms, &job.message).await {
-        anyhow::bail!("queue '{}': at-most-once dead letter {} dropped: {e:?}", job.config.name, job.id);
+    let letters = vec![(job.id, job.reason, job.died_at_ms, job.message)];
+    for (id, result) in transfer_ordered(node, job.group, &job.config, letters).await {
+        if let Err(e) = result {
+            anyhow::bail!("queue '{}': at-most-once dead letter {id} dropped: {e:?}", job.config.name);
+        }
     }
     Ok(())
 }
@@ -123,19 +175,18 @@ pub fn spawn_at_least_once_worker(node: Arc<Node>, group: GroupId, shared: Arc<Q
                 if !held.is_empty() {
                     let config = shared.state.lock().unwrap().config().clone();
                     let batch: Vec<_> = held.into_iter().take(TRANSFER_BATCH).collect();
-                    let results = join_all(batch.iter().map(|h| {
-                        let (node, shared, config) = (&node, &shared, &config);
-                        async move {
-                            let message = shared.read_message(h.id).map_err(|e| TransferError::Unavailable(e.to_string()))?;
-                            transfer(node, group, config, h.id, h.reason, h.died_at_ms, &message).await.map(|_| h.id)
-                        }
-                    }))
-                    .await;
-                    let mut done = Vec::new();
+                    let mut letters = Vec::with_capacity(batch.len());
                     let mut failure = None;
-                    for r in results {
+                    for h in &batch {
+                        match shared.read_message(h.id) {
+                            Ok(m) => letters.push((h.id, h.reason, h.died_at_ms, m)),
+                            Err(e) => failure = Some(TransferError::Unavailable(e.to_string())),
+                        }
+                    }
+                    let mut done = Vec::new();
+                    for (id, r) in transfer_ordered(&node, group, &config, letters).await {
                         match r {
-                            Ok(id) => done.push(id),
+                            Ok(()) => done.push(id),
                             Err(e) => failure = Some(e),
                         }
                     }

@@ -57,7 +57,12 @@ fn dl_args(dlx: &str, extra: Vec<(&str, Value)>) -> HashMap<String, Value> {
     args
 }
 
-async fn publish_ok(c: &Client, exchange: &str, key: &str, m: qq_client::Message) -> anyhow::Result<()> {
+async fn publish_ok(
+    c: &Client,
+    exchange: &str,
+    key: &str,
+    m: qq_client::Message,
+) -> anyhow::Result<()> {
     let r = c.publish(exchange, key, m).await?;
     ensure!(
         r.outcome == PublishOutcome::Confirmed,
@@ -66,7 +71,12 @@ async fn publish_ok(c: &Client, exchange: &str, key: &str, m: qq_client::Message
     Ok(())
 }
 
-async fn publish_bodies(c: &Client, exchange: &str, key: &str, bodies: &[&str]) -> anyhow::Result<()> {
+async fn publish_bodies(
+    c: &Client,
+    exchange: &str,
+    key: &str,
+    bodies: &[&str],
+) -> anyhow::Result<()> {
     for b in bodies {
         publish_ok(c, exchange, key, message(b.to_string())).await?;
     }
@@ -108,7 +118,9 @@ async fn take_exactly(c: &Client, queue: &str, n: usize) -> anyhow::Result<Vec<D
     while out.len() < n {
         match c.get(queue, true, 0).await?.delivery {
             Some(d) => out.push(d),
-            None if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+            None if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
             None => bail!(
                 "{queue}: got {} of {n} messages: {:?}",
                 out.len(),
@@ -117,7 +129,10 @@ async fn take_exactly(c: &Client, queue: &str, n: usize) -> anyhow::Result<Vec<D
         }
     }
     if let Some(d) = c.get(queue, true, 0).await?.delivery {
-        bail!("{queue}: expected {n} messages, got another: {:?}", body(&d));
+        bail!(
+            "{queue}: expected {n} messages, got another: {:?}",
+            body(&d)
+        );
     }
     Ok(out)
 }
@@ -136,7 +151,9 @@ async fn get_and_settle(
     while taken.len() < n {
         match c.get(queue, false, 0).await?.delivery {
             Some(d) => taken.push(d),
-            None if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+            None if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
             None => bail!("{queue}: got {} of {n} messages to settle", taken.len()),
         }
     }
@@ -147,11 +164,16 @@ async fn get_and_settle(
 
 /// Rejects (Get + Settle REJECT) the next message of `queue`; returns its body.
 async fn get_reject(c: &Client, queue: &str) -> anyhow::Result<String> {
-    Ok(get_and_settle(c, queue, 1, &[0], SettleOutcome::Reject).await?.remove(0))
+    Ok(get_and_settle(c, queue, 1, &[0], SettleOutcome::Reject)
+        .await?
+        .remove(0))
 }
 
 fn header_str(d: &Delivery, key: &str) -> Option<String> {
-    delivery_headers(d).get(key).and_then(|v| v.as_str()).map(str::to_string)
+    delivery_headers(d)
+        .get(key)
+        .and_then(|v| v.as_str())
+        .map(str::to_string)
 }
 
 /// The `x-death` entries of a delivery (panics when missing or malformed).
@@ -187,19 +209,34 @@ struct Death<'a> {
 #[track_caller]
 fn check_death(what: &str, entry: &HashMap<String, Value>, want: &Death) -> i64 {
     let s = |k: &str| entry.get(k).and_then(|v| v.as_str()).map(str::to_string);
-    assert_eq!(s("queue").as_deref(), Some(want.queue), "{what}: queue in {entry:?}");
-    assert_eq!(s("reason").as_deref(), Some(want.reason), "{what}: reason in {entry:?}");
+    assert_eq!(
+        s("queue").as_deref(),
+        Some(want.queue),
+        "{what}: queue in {entry:?}"
+    );
+    assert_eq!(
+        s("reason").as_deref(),
+        Some(want.reason),
+        "{what}: reason in {entry:?}"
+    );
     assert_eq!(
         entry.get("count").and_then(|v| v.as_long()),
         Some(want.count),
         "{what}: count (a long) in {entry:?}"
     );
-    assert_eq!(s("exchange").as_deref(), Some(want.exchange), "{what}: exchange in {entry:?}");
-    let keys: Option<Vec<String>> = entry.get("routing-keys").and_then(|v| v.as_list()).map(|l| {
-        l.iter()
-            .map(|k| k.as_str().unwrap_or("<not a string>").to_string())
-            .collect()
-    });
+    assert_eq!(
+        s("exchange").as_deref(),
+        Some(want.exchange),
+        "{what}: exchange in {entry:?}"
+    );
+    let keys: Option<Vec<String>> = entry
+        .get("routing-keys")
+        .and_then(|v| v.as_list())
+        .map(|l| {
+            l.iter()
+                .map(|k| k.as_str().unwrap_or("<not a string>").to_string())
+                .collect()
+        });
     let want_keys: Vec<String> = want.keys.iter().map(|k| k.to_string()).collect();
     assert_eq!(keys, Some(want_keys), "{what}: routing-keys in {entry:?}");
     assert_eq!(
@@ -217,7 +254,14 @@ fn check_death(what: &str, entry: &HashMap<String, Value>, want: &Death) -> i64 
         want.time.0,
         want.time.1
     );
-    let mut expected_fields = vec!["queue", "reason", "count", "time", "exchange", "routing-keys"];
+    let mut expected_fields = vec![
+        "queue",
+        "reason",
+        "count",
+        "time",
+        "exchange",
+        "routing-keys",
+    ];
     if want.original_expiration.is_some() {
         expected_fields.push("original-expiration");
     }
@@ -235,8 +279,16 @@ fn check_death(what: &str, entry: &HashMap<String, Value>, want: &Death) -> i64 
 fn check_first_last(d: &Delivery, first: (&str, &str, &str), last: (&str, &str, &str)) {
     let what = body(d);
     for (prefix, (reason, queue, exchange)) in [("x-first-death", first), ("x-last-death", last)] {
-        assert_eq!(header_str(d, &format!("{prefix}-reason")).as_deref(), Some(reason), "{what}: {prefix}-reason");
-        assert_eq!(header_str(d, &format!("{prefix}-queue")).as_deref(), Some(queue), "{what}: {prefix}-queue");
+        assert_eq!(
+            header_str(d, &format!("{prefix}-reason")).as_deref(),
+            Some(reason),
+            "{what}: {prefix}-reason"
+        );
+        assert_eq!(
+            header_str(d, &format!("{prefix}-queue")).as_deref(),
+            Some(queue),
+            "{what}: {prefix}-queue"
+        );
         assert_eq!(
             header_str(d, &format!("{prefix}-exchange")).as_deref(),
             Some(exchange),
@@ -249,7 +301,12 @@ fn check_first_last(d: &Delivery, first: (&str, &str, &str), last: (&str, &str, 
 #[track_caller]
 fn check_single_death(d: &Delivery, want: &Death) {
     let deaths = x_death(d);
-    assert_eq!(deaths.len(), 1, "{}: one death expected: {deaths:?}", body(d));
+    assert_eq!(
+        deaths.len(),
+        1,
+        "{}: one death expected: {deaths:?}",
+        body(d)
+    );
     check_death(&body(d), &deaths[0], want);
     let t = (want.reason, want.queue, want.exchange);
     check_first_last(d, t, t);
@@ -299,10 +356,13 @@ async fn dl_rejected_single_and_multiple_through_topic_exchanges() -> anyhow::Re
     let c = cluster.client(1).await?;
     c.declare_exchange("normal.exchange.test", "topic").await?;
     c.declare_exchange("dl.exchange.test", "topic").await?;
-    c.declare_queue("rej.src", dl_args("dl.exchange.test", vec![])).await?;
+    c.declare_queue("rej.src", dl_args("dl.exchange.test", vec![]))
+        .await?;
     c.declare_queue("rej.dlq", no_args()).await?;
-    c.bind("rej.src", "normal.exchange.test", "test.#", no_args()).await?;
-    c.bind("rej.dlq", "dl.exchange.test", "#", no_args()).await?;
+    c.bind("rej.src", "normal.exchange.test", "test.#", no_args())
+        .await?;
+    c.bind("rej.dlq", "dl.exchange.test", "#", no_args())
+        .await?;
 
     info!("--- six messages through normal.exchange.test, consumed on another node");
     let bodies_sent = ["m0", "m1", "m2", "m3", "m4", "m5"];
@@ -322,7 +382,15 @@ async fn dl_rejected_single_and_multiple_through_topic_exchanges() -> anyhow::Re
     consumer.nack(ds[5].delivery_tag, true, false).await?;
     wait_messages(&c, "rej.dlq", 6).await?;
     let src = wait_messages(&c, "rej.src", 0).await?;
-    assert_eq!((src.messages_ready, src.messages_unacked, src.messages_dead_letter_held), (0, 0, 0), "{src:?}");
+    assert_eq!(
+        (
+            src.messages_ready,
+            src.messages_unacked,
+            src.messages_dead_letter_held
+        ),
+        (0, 0, 0),
+        "{src:?}"
+    );
 
     let dead = take_exactly(&c, "rej.dlq", 6).await?;
     let t1 = now_s();
@@ -332,8 +400,18 @@ async fn dl_rejected_single_and_multiple_through_topic_exchanges() -> anyhow::Re
         "DLQ order = the order the consumer rejected"
     );
     for d in &dead {
-        assert_eq!(d.exchange, "dl.exchange.test", "{}: a dead letter comes from the DLX", body(d));
-        assert_eq!(d.routing_key, "test.rejected", "{}: original key kept", body(d));
+        assert_eq!(
+            d.exchange,
+            "dl.exchange.test",
+            "{}: a dead letter comes from the DLX",
+            body(d)
+        );
+        assert_eq!(
+            d.routing_key,
+            "test.rejected",
+            "{}: original key kept",
+            body(d)
+        );
         check_single_death(
             d,
             &Death {
@@ -349,12 +427,17 @@ async fn dl_rejected_single_and_multiple_through_topic_exchanges() -> anyhow::Re
     }
 
     info!("--- Get + Settle REJECT with receipts in a chosen order");
-    publish_bodies(&c, "normal.exchange.test", "test.get", &["g0", "g1", "g2"]).await?;
     drop(consumer);
+    wait_queue(&c, "rej.src", "no consumer", |q| q.consumers == 0).await?;
+    publish_bodies(&c, "normal.exchange.test", "test.get", &["g0", "g1", "g2"]).await?;
     let order = get_and_settle(&c, "rej.src", 3, &[2, 0, 1], SettleOutcome::Reject).await?;
     assert_eq!(order, ["g2", "g0", "g1"]);
     wait_messages(&c, "rej.dlq", 3).await?;
-    assert_eq!(drain_exactly(&c, "rej.dlq", 3).await?, ["g2", "g0", "g1"], "settle order is kept");
+    assert_eq!(
+        drain_exactly(&c, "rej.dlq", 3).await?,
+        ["g2", "g0", "g1"],
+        "settle order is kept"
+    );
     cluster.stop();
     Ok(())
 }
@@ -365,25 +448,65 @@ async fn dl_rejected_single_and_multiple_through_topic_exchanges() -> anyhow::Re
 async fn dl_expired_queue_ttl_per_message_ttl_and_zero() -> anyhow::Result<()> {
     let cluster = TestCluster::start(3).await?;
     let c = cluster.client(1).await?;
-    for (dlx, dlq) in [("ttl.dlx", "ttl.dlq"), ("pm.dlx", "pm.dlq"), ("z.dlx", "z.dlq")] {
+    for (dlx, dlq) in [
+        ("ttl.dlx", "ttl.dlq"),
+        ("pm.dlx", "pm.dlq"),
+        ("z.dlx", "z.dlq"),
+    ] {
         c.declare_exchange(dlx, "fanout").await?;
         c.declare_queue(dlq, no_args()).await?;
         c.bind(dlq, dlx, "", no_args()).await?;
     }
-    c.declare_queue("ttl.src", dl_args("ttl.dlx", vec![("x-message-ttl", Value::long(5000))])).await?;
-    c.declare_queue("pm.src", dl_args("pm.dlx", vec![("x-message-ttl", Value::long(60_000))])).await?;
-    c.declare_queue("z.src", dl_args("z.dlx", vec![("x-message-ttl", Value::long(0))])).await?;
+    c.declare_queue(
+        "ttl.src",
+        dl_args("ttl.dlx", vec![("x-message-ttl", Value::long(5000))]),
+    )
+    .await?;
+    c.declare_queue(
+        "pm.src",
+        dl_args("pm.dlx", vec![("x-message-ttl", Value::long(60_000))]),
+    )
+    .await?;
+    c.declare_queue(
+        "z.src",
+        dl_args("z.dlx", vec![("x-message-ttl", Value::long(0))]),
+    )
+    .await?;
 
     info!("--- queue TTL 5000 ms: four messages, the last with a longer per-message TTL");
     let started = Instant::now();
     let t0 = now_s();
     publish_bodies(&c, "", "ttl.src", &["e0", "e1", "e2"]).await?;
-    publish_ok(&c, "", "ttl.src", MessageBuilder::new("e3").expiration("60000").build()).await?;
+    publish_ok(
+        &c,
+        "",
+        "ttl.src",
+        MessageBuilder::new("e3").expiration("60000").build(),
+    )
+    .await?;
 
     info!("--- per-message TTL: a short one behind a long one expires first; expiration 0 at once");
-    publish_ok(&c, "", "pm.src", MessageBuilder::new("zero").expiration("0").build()).await?;
-    publish_ok(&c, "", "pm.src", MessageBuilder::new("long").expiration("20000").build()).await?;
-    publish_ok(&c, "", "pm.src", MessageBuilder::new("short").expiration("1000").build()).await?;
+    publish_ok(
+        &c,
+        "",
+        "pm.src",
+        MessageBuilder::new("zero").expiration("0").build(),
+    )
+    .await?;
+    publish_ok(
+        &c,
+        "",
+        "pm.src",
+        MessageBuilder::new("long").expiration("20000").build(),
+    )
+    .await?;
+    publish_ok(
+        &c,
+        "",
+        "pm.src",
+        MessageBuilder::new("short").expiration("1000").build(),
+    )
+    .await?;
     info!("--- queue TTL 0 without a consumer");
     publish_ok(&c, "", "z.src", message("z0")).await?;
 
@@ -392,9 +515,18 @@ async fn dl_expired_queue_ttl_per_message_ttl_and_zero() -> anyhow::Result<()> {
     assert_eq!(pm_src.messages, 1, "only 'long' is left: {pm_src:?}");
     let pm = take_exactly(&c, "pm.dlq", 2).await?;
     let t1 = now_s();
-    assert_eq!(bodies(&pm), ["zero", "short"], "'short' did not wait behind 'long'");
+    assert_eq!(
+        bodies(&pm),
+        ["zero", "short"],
+        "'short' did not wait behind 'long'"
+    );
     for (d, exp) in pm.iter().zip(["0", "1000"]) {
-        assert_eq!(expiration(d), "", "{}: the expiration property is removed", body(d));
+        assert_eq!(
+            expiration(d),
+            "",
+            "{}: the expiration property is removed",
+            body(d)
+        );
         assert_eq!(d.exchange, "pm.dlx");
         assert_eq!(d.routing_key, "pm.src");
         check_single_death(
@@ -432,11 +564,18 @@ async fn dl_expired_queue_ttl_per_message_ttl_and_zero() -> anyhow::Result<()> {
     }
     wait_messages(&c, "ttl.dlq", 4).await?;
     let elapsed = started.elapsed();
-    assert!(elapsed >= Duration::from_millis(4900), "expired after {elapsed:?}, before the 5 s TTL");
+    assert!(
+        elapsed >= Duration::from_millis(4900),
+        "expired after {elapsed:?}, before the 5 s TTL"
+    );
     assert_eq!(c.get_queue("ttl.src").await?.messages, 0);
     let dead = take_exactly(&c, "ttl.dlq", 4).await?;
     let t2 = now_s();
-    assert_eq!(bodies(&dead), ["e0", "e1", "e2", "e3"], "expired in queue order");
+    assert_eq!(
+        bodies(&dead),
+        ["e0", "e1", "e2", "e3"],
+        "expired in queue order"
+    );
     for d in &dead {
         assert_eq!(expiration(d), "");
         check_single_death(
@@ -465,14 +604,24 @@ async fn dl_maxlen_drop_head_reject_publish_dlx_and_reject_publish() -> anyhow::
     for p in ["dh", "rpd", "rp"] {
         c.declare_exchange(&format!("{p}.dlx"), "fanout").await?;
         c.declare_queue(&format!("{p}.dlq"), no_args()).await?;
-        c.bind(&format!("{p}.dlq"), &format!("{p}.dlx"), "", no_args()).await?;
+        c.bind(&format!("{p}.dlq"), &format!("{p}.dlx"), "", no_args())
+            .await?;
     }
     let limited = |dlx: &str, overflow: &str| {
-        dl_args(dlx, vec![("x-max-length", Value::long(5)), ("x-overflow", Value::string(overflow))])
+        dl_args(
+            dlx,
+            vec![
+                ("x-max-length", Value::long(5)),
+                ("x-overflow", Value::string(overflow)),
+            ],
+        )
     };
-    c.declare_queue("dh.src", limited("dh.dlx", "drop-head")).await?;
-    c.declare_queue("rpd.src", limited("rpd.dlx", "reject-publish-dlx")).await?;
-    c.declare_queue("rp.src", limited("rp.dlx", "reject-publish")).await?;
+    c.declare_queue("dh.src", limited("dh.dlx", "drop-head"))
+        .await?;
+    c.declare_queue("rpd.src", limited("rpd.dlx", "reject-publish-dlx"))
+        .await?;
+    c.declare_queue("rp.src", limited("rp.dlx", "reject-publish"))
+        .await?;
     let t0 = now_s();
 
     info!("--- reject-publish: the sixth is REJECTED, nothing is dead-lettered");
@@ -490,8 +639,15 @@ async fn dl_maxlen_drop_head_reject_publish_dlx_and_reject_publish() -> anyhow::
     info!("--- reject-publish-dlx: the sixth is REJECTED and dead-lettered");
     publish_bodies(&c, "", "rpd.src", &["r0", "r1", "r2", "r3", "r4"]).await?;
     let r = c.publish("", "rpd.src", message("r5")).await?;
-    assert_eq!(r.outcome, PublishOutcome::Rejected, "the publisher sees REJECTED: {r:?}");
-    assert!(r.detail.contains("rpd.src"), "detail names the queue: {r:?}");
+    assert_eq!(
+        r.outcome,
+        PublishOutcome::Rejected,
+        "the publisher sees REJECTED: {r:?}"
+    );
+    assert!(
+        r.detail.contains("rpd.src"),
+        "detail names the queue: {r:?}"
+    );
     wait_messages(&c, "rpd.dlq", 1).await?;
     let t1 = now_s();
 
@@ -511,10 +667,17 @@ async fn dl_maxlen_drop_head_reject_publish_dlx_and_reject_publish() -> anyhow::
             },
         );
     }
-    assert_eq!(drain_exactly(&c, "dh.src", 5).await?, ["p3", "p4", "p5", "p6", "p7"]);
+    assert_eq!(
+        drain_exactly(&c, "dh.src", 5).await?,
+        ["p3", "p4", "p5", "p6", "p7"]
+    );
 
     let rpd = take_exactly(&c, "rpd.dlq", 1).await?;
-    assert_eq!(body(&rpd[0]), "r5", "the refused new message is the one dead-lettered");
+    assert_eq!(
+        body(&rpd[0]),
+        "r5",
+        "the refused new message is the one dead-lettered"
+    );
     check_single_death(
         &rpd[0],
         &Death {
@@ -527,13 +690,26 @@ async fn dl_maxlen_drop_head_reject_publish_dlx_and_reject_publish() -> anyhow::
             time: (t0, t1),
         },
     );
-    assert_eq!(drain_exactly(&c, "rpd.src", 5).await?, ["r0", "r1", "r2", "r3", "r4"]);
+    assert_eq!(
+        drain_exactly(&c, "rpd.src", 5).await?,
+        ["r0", "r1", "r2", "r3", "r4"]
+    );
 
     // rp.src was refused before the other two queues' dead letters were observed.
     let rp_dlq = c.get_queue("rp.dlq").await?;
-    assert_eq!(rp_dlq.messages, 0, "reject-publish dead-letters nothing: {rp_dlq:?}");
-    assert_eq!(drain_exactly(&c, "rp.src", 5).await?, ["q0", "q1", "q2", "q3", "q4"]);
-    assert_eq!(dl_counter(&c, "maxlen", "at_most_once").await?, 4, "3 drop-head + 1 reject-publish-dlx");
+    assert_eq!(
+        rp_dlq.messages, 0,
+        "reject-publish dead-letters nothing: {rp_dlq:?}"
+    );
+    assert_eq!(
+        drain_exactly(&c, "rp.src", 5).await?,
+        ["q0", "q1", "q2", "q3", "q4"]
+    );
+    assert_eq!(
+        dl_counter(&c, "maxlen", "at_most_once").await?,
+        4,
+        "3 drop-head + 1 reject-publish-dlx"
+    );
     cluster.stop();
     Ok(())
 }
@@ -547,44 +723,29 @@ async fn dl_delivery_limit_after_three_deliveries() -> anyhow::Result<()> {
     c.declare_exchange("dlim.dlx", "fanout").await?;
     c.declare_queue("dlim.dlq", no_args()).await?;
     c.bind("dlim.dlq", "dlim.dlx", "", no_args()).await?;
-    c.declare_queue("dlim.src", dl_args("dlim.dlx", vec![("x-delivery-limit", Value::long(2))])).await?;
+    c.declare_queue(
+        "dlim.src",
+        dl_args("dlim.dlx", vec![("x-delivery-limit", Value::long(2))]),
+    )
+    .await?;
     let t0 = now_s();
     publish_ok(&c, "", "dlim.src", message("poison")).await?;
-    publish_ok(&c, "", "dlim.src", message("fine")).await?;
 
-    info!("--- a consumer that always requeues 'poison' (acks 'fine')");
+    info!("--- a consumer that always requeues");
     let mut consumer = c.consume("dlim.src", 1).await?;
     let mut seen = Vec::new();
-    loop {
+    for _ in 0..3 {
         let d = next(&mut consumer).await?;
-        if body(&d) == "fine" {
-            consumer.ack(d.delivery_tag, false).await?;
-            if seen.len() >= 3 {
-                break;
-            }
-            continue;
-        }
+        assert_eq!(body(&d), "poison");
         seen.push((d.redelivered, delivery_count(&d)));
         consumer.nack(d.delivery_tag, false, true).await?;
-        if seen.len() > 3 {
-            break;
-        }
-        if seen.len() == 3 {
-            // 'fine' comes next (poison is gone); or poison comes a 4th time (a bug).
-            let d = next(&mut consumer).await?;
-            if body(&d) == "poison" {
-                seen.push((d.redelivered, delivery_count(&d)));
-                break;
-            }
-            consumer.ack(d.delivery_tag, false).await?;
-            break;
-        }
     }
     assert_eq!(
         seen,
         [(false, None), (true, Some(1)), (true, Some(2))],
         "three deliveries; x-delivery-count on redeliveries (redelivered, x-delivery-count)"
     );
+    // After the third requeue it must be dead-lettered, not delivered a fourth time.
     wait_messages(&c, "dlim.dlq", 1).await?;
     wait_messages(&c, "dlim.src", 0).await?;
     let d = take_exactly(&c, "dlim.dlq", 1).await?.remove(0);
@@ -616,18 +777,41 @@ async fn dl_routing_keys_cc_bcc_default_and_headers_exchange() -> anyhow::Result
 
     info!("--- (a) x-dead-letter-routing-key replaces the keys, CC removed");
     c.declare_exchange("rk.dlx", "topic").await?;
-    c.declare_queue("rk.src", dl_args("rk.dlx", vec![("x-dead-letter-routing-key", Value::string("dead.rk"))])).await?;
-    for (q, key) in [("rk.dlq", "dead.rk"), ("rk.cc", "cc.key"), ("rk.orig", "rk.src")] {
+    c.declare_queue(
+        "rk.src",
+        dl_args(
+            "rk.dlx",
+            vec![("x-dead-letter-routing-key", Value::string("dead.rk"))],
+        ),
+    )
+    .await?;
+    for (q, key) in [
+        ("rk.dlq", "dead.rk"),
+        ("rk.cc", "cc.key"),
+        ("rk.orig", "rk.src"),
+    ] {
         c.declare_queue(q, no_args()).await?;
         c.bind(q, "rk.dlx", key, no_args()).await?;
     }
-    publish_ok(&c, "", "rk.src", MessageBuilder::new("rk").header("CC", string_list(["cc.key"])).build()).await?;
+    publish_ok(
+        &c,
+        "",
+        "rk.src",
+        MessageBuilder::new("rk")
+            .header("CC", string_list(["cc.key"]))
+            .build(),
+    )
+    .await?;
     get_reject(&c, "rk.src").await?;
 
     info!("--- (b) without it: original key + CC + BCC route; BCC never visible");
     c.declare_exchange("ok.dlx", "topic").await?;
     c.declare_queue("ok.src", dl_args("ok.dlx", vec![])).await?;
-    for (q, key) in [("ok.main", "ok.src"), ("ok.ccq", "cc.one"), ("ok.bccq", "bcc.one")] {
+    for (q, key) in [
+        ("ok.main", "ok.src"),
+        ("ok.ccq", "cc.one"),
+        ("ok.bccq", "bcc.one"),
+    ] {
         c.declare_queue(q, no_args()).await?;
         c.bind(q, "ok.dlx", key, no_args()).await?;
     }
@@ -641,15 +825,30 @@ async fn dl_routing_keys_cc_bcc_default_and_headers_exchange() -> anyhow::Result
             .build(),
     )
     .await?;
-    let g = c.get("ok.src", false, 0).await?.delivery.context("ok.src has the message")?;
+    let g = c
+        .get("ok.src", false, 0)
+        .await?
+        .delivery
+        .context("ok.src has the message")?;
     let h = delivery_headers(&g);
-    assert!(!h.contains_key("BCC"), "BCC is stripped before consumers see it: {h:?}");
+    assert!(
+        !h.contains_key("BCC"),
+        "BCC is stripped before consumers see it: {h:?}"
+    );
     assert!(h.contains_key("CC"), "CC stays: {h:?}");
-    c.settle(vec![g.receipt.clone()], SettleOutcome::Reject).await?;
+    c.settle(vec![g.receipt.clone()], SettleOutcome::Reject)
+        .await?;
 
     info!("--- (c) the default exchange as DLX with a routing key naming the DLQ");
     c.declare_queue("de.dlq", no_args()).await?;
-    c.declare_queue("de.src", dl_args("", vec![("x-dead-letter-routing-key", Value::string("de.dlq"))])).await?;
+    c.declare_queue(
+        "de.src",
+        dl_args(
+            "",
+            vec![("x-dead-letter-routing-key", Value::string("de.dlq"))],
+        ),
+    )
+    .await?;
     publish_ok(&c, "", "de.src", message("de")).await?;
     get_reject(&c, "de.src").await?;
 
@@ -666,7 +865,13 @@ async fn dl_routing_keys_cc_bcc_default_and_headers_exchange() -> anyhow::Result
     }
     publish_ok(&c, "", "hx.src", message("hx-rej")).await?;
     get_reject(&c, "hx.src").await?;
-    publish_ok(&c, "", "hx.src", MessageBuilder::new("hx-exp").expiration("100").build()).await?;
+    publish_ok(
+        &c,
+        "",
+        "hx.src",
+        MessageBuilder::new("hx-exp").expiration("100").build(),
+    )
+    .await?;
 
     wait_messages(&c, "rk.dlq", 1).await?;
     wait_messages(&c, "ok.main", 1).await?;
@@ -679,8 +884,15 @@ async fn dl_routing_keys_cc_bcc_default_and_headers_exchange() -> anyhow::Result
 
     // (a)
     let d = take_exactly(&c, "rk.dlq", 1).await?.remove(0);
-    assert_eq!((d.exchange.as_str(), d.routing_key.as_str()), ("rk.dlx", "dead.rk"));
-    assert!(!delivery_headers(&d).contains_key("CC"), "CC removed: {:?}", delivery_headers(&d));
+    assert_eq!(
+        (d.exchange.as_str(), d.routing_key.as_str()),
+        ("rk.dlx", "dead.rk")
+    );
+    assert!(
+        !delivery_headers(&d).contains_key("CC"),
+        "CC removed: {:?}",
+        delivery_headers(&d)
+    );
     check_single_death(
         &d,
         &Death {
@@ -695,7 +907,10 @@ async fn dl_routing_keys_cc_bcc_default_and_headers_exchange() -> anyhow::Result
     );
     for q in ["rk.cc", "rk.orig"] {
         let info = c.get_queue(q).await?;
-        assert_eq!(info.messages, 0, "{q}: only the dead-letter routing key routes: {info:?}");
+        assert_eq!(
+            info.messages, 0,
+            "{q}: only the dead-letter routing key routes: {info:?}"
+        );
     }
 
     // (b)
@@ -709,7 +924,11 @@ async fn dl_routing_keys_cc_bcc_default_and_headers_exchange() -> anyhow::Result
             Some(vec![Value::string("cc.one")]),
             "{q}: CC kept without a dead-letter routing key"
         );
-        assert_eq!((d.exchange.as_str(), d.routing_key.as_str()), ("ok.dlx", "ok.src"), "{q}");
+        assert_eq!(
+            (d.exchange.as_str(), d.routing_key.as_str()),
+            ("ok.dlx", "ok.src"),
+            "{q}"
+        );
         check_single_death(
             &d,
             &Death {
@@ -726,7 +945,14 @@ async fn dl_routing_keys_cc_bcc_default_and_headers_exchange() -> anyhow::Result
 
     // (c)
     let d = take_exactly(&c, "de.dlq", 1).await?.remove(0);
-    assert_eq!((d.exchange.as_str(), d.routing_key.as_str(), body(&d).as_str()), ("", "de.dlq", "de"));
+    assert_eq!(
+        (
+            d.exchange.as_str(),
+            d.routing_key.as_str(),
+            body(&d).as_str()
+        ),
+        ("", "de.dlq", "de")
+    );
     check_single_death(
         &d,
         &Death {
@@ -771,8 +997,22 @@ async fn dl_death_history_repeat_move_to_front_and_publisher_x_death() -> anyhow
     let c = cluster.client(2).await?;
     c.declare_exchange("h.in", "direct").await?;
     c.declare_exchange("h.dlx", "direct").await?;
-    c.declare_queue("h.a", dl_args("h.dlx", vec![("x-dead-letter-routing-key", Value::string("to.b"))])).await?;
-    c.declare_queue("h.b", dl_args("h.dlx", vec![("x-dead-letter-routing-key", Value::string("to.a"))])).await?;
+    c.declare_queue(
+        "h.a",
+        dl_args(
+            "h.dlx",
+            vec![("x-dead-letter-routing-key", Value::string("to.b"))],
+        ),
+    )
+    .await?;
+    c.declare_queue(
+        "h.b",
+        dl_args(
+            "h.dlx",
+            vec![("x-dead-letter-routing-key", Value::string("to.a"))],
+        ),
+    )
+    .await?;
     c.bind("h.a", "h.in", "start", no_args()).await?;
     c.bind("h.b", "h.dlx", "to.b", no_args()).await?;
     c.bind("h.a", "h.dlx", "to.a", no_args()).await?;
@@ -802,10 +1042,18 @@ async fn dl_death_history_repeat_move_to_front_and_publisher_x_death() -> anyhow
     info!("--- reject in h.a → h.b");
     assert_eq!(get_reject(&c, "h.a").await?, "hist");
     wait_messages(&c, "h.b", 1).await?;
-    let g = c.get("h.b", false, 0).await?.delivery.context("h.b has it")?;
+    let g = c
+        .get("h.b", false, 0)
+        .await?
+        .delivery
+        .context("h.b has it")?;
     let t1 = now_s();
     let deaths = x_death(&g);
-    assert_eq!(deaths.len(), 1, "the broker's history replaced the publisher's: {deaths:?}");
+    assert_eq!(
+        deaths.len(),
+        1,
+        "the broker's history replaced the publisher's: {deaths:?}"
+    );
     let a_time = check_death(
         "1st death",
         &deaths[0],
@@ -820,12 +1068,20 @@ async fn dl_death_history_repeat_move_to_front_and_publisher_x_death() -> anyhow
         },
     );
     check_first_last(&g, ("rejected", "h.a", "h.in"), ("rejected", "h.a", "h.in"));
-    assert_eq!((g.exchange.as_str(), g.routing_key.as_str()), ("h.dlx", "to.b"));
+    assert_eq!(
+        (g.exchange.as_str(), g.routing_key.as_str()),
+        ("h.dlx", "to.b")
+    );
 
     info!("--- reject in h.b → h.a (a rejection in the loop: keeps routing)");
-    c.settle(vec![g.receipt.clone()], SettleOutcome::Reject).await?;
+    c.settle(vec![g.receipt.clone()], SettleOutcome::Reject)
+        .await?;
     wait_messages(&c, "h.a", 1).await?;
-    let g = c.get("h.a", false, 0).await?.delivery.context("h.a has it again")?;
+    let g = c
+        .get("h.a", false, 0)
+        .await?
+        .delivery
+        .context("h.a has it again")?;
     let t2 = now_s();
     let deaths = x_death(&g);
     assert_eq!(deaths.len(), 2, "{deaths:?}");
@@ -855,10 +1111,15 @@ async fn dl_death_history_repeat_move_to_front_and_publisher_x_death() -> anyhow
             time: (a_time, a_time),
         },
     );
-    check_first_last(&g, ("rejected", "h.a", "h.in"), ("rejected", "h.b", "h.dlx"));
+    check_first_last(
+        &g,
+        ("rejected", "h.a", "h.in"),
+        ("rejected", "h.b", "h.dlx"),
+    );
 
     info!("--- reject in h.a again: count 2, entry moved to the front, nothing else changes");
-    c.settle(vec![g.receipt.clone()], SettleOutcome::Reject).await?;
+    c.settle(vec![g.receipt.clone()], SettleOutcome::Reject)
+        .await?;
     wait_messages(&c, "h.b", 1).await?;
     let g = take_exactly(&c, "h.b", 1).await?.remove(0);
     let deaths = x_death(&g);
@@ -889,7 +1150,11 @@ async fn dl_death_history_repeat_move_to_front_and_publisher_x_death() -> anyhow
             time: (b_time, b_time),
         },
     );
-    check_first_last(&g, ("rejected", "h.a", "h.in"), ("rejected", "h.a", "h.dlx"));
+    check_first_last(
+        &g,
+        ("rejected", "h.a", "h.in"),
+        ("rejected", "h.a", "h.dlx"),
+    );
     assert_eq!(c.get_queue("h.a").await?.messages, 0);
     cluster.stop();
     Ok(())
@@ -904,23 +1169,43 @@ async fn dl_cycles_expiry_loop_dropped_rejection_loop_routes() -> anyhow::Result
     let ttl = |to: &str| {
         dl_args(
             "",
-            vec![("x-dead-letter-routing-key", Value::string(to)), ("x-message-ttl", Value::long(200))],
+            vec![
+                ("x-dead-letter-routing-key", Value::string(to)),
+                ("x-message-ttl", Value::long(200)),
+            ],
         )
     };
     info!("--- expiry loop c.a (ttl) → c.b (ttl) → c.a");
     c.declare_queue("c.a", ttl("c.b")).await?;
     c.declare_queue("c.b", ttl("c.a")).await?;
     info!("--- rejection loop r.a (reject) → r.b (ttl) → r.a");
-    c.declare_queue("r.a", dl_args("", vec![("x-dead-letter-routing-key", Value::string("r.b"))])).await?;
+    c.declare_queue(
+        "r.a",
+        dl_args(
+            "",
+            vec![("x-dead-letter-routing-key", Value::string("r.b"))],
+        ),
+    )
+    .await?;
     c.declare_queue("r.b", ttl("r.a")).await?;
 
     let t0 = now_s();
     publish_ok(&c, "", "c.a", message("loop")).await?;
     publish_ok(&c, "", "r.a", message("spin")).await?;
-    for lap in 1..=3i64 {
+    for lap in 1..=3u64 {
         assert_eq!(get_reject(&c, "r.a").await?, "spin", "lap {lap}");
+        eventually(
+            &format!("lap {lap}: the rejection applied"),
+            WAIT,
+            || async {
+                Ok((dl_counter(&c, "rejected", "at_most_once").await? == lap).then_some(()))
+            },
+        )
+        .await?;
         // It expires in r.b and comes back to r.a: the rejection keeps it routing.
-        let back = wait_messages(&c, "r.a", 1).await.with_context(|| format!("lap {lap}: back in r.a"))?;
+        let back = wait_messages(&c, "r.a", 1)
+            .await
+            .with_context(|| format!("lap {lap}: back in r.a"))?;
         assert_eq!(back.messages_ready, 1);
     }
     let d = take_exactly(&c, "r.a", 1).await?.remove(0);
@@ -962,7 +1247,10 @@ async fn dl_cycles_expiry_loop_dropped_rejection_loop_routes() -> anyhow::Result
     }
     // 3 expiries in r.b, 2 in the c loop (c.a, then c.b; the copy back to c.a is dropped).
     let expired = dl_counter(&c, "expired", "at_most_once").await?;
-    assert_eq!(expired, 5, "expired dead-letterings: 3 (r.b) + 2 (c loop, then dropped)");
+    assert_eq!(
+        expired, 5,
+        "expired dead-letterings: 3 (r.b) + 2 (c loop, then dropped)"
+    );
     assert_eq!(dl_counter(&c, "rejected", "at_most_once").await?, 3);
     cluster.stop();
     Ok(())
@@ -975,14 +1263,17 @@ async fn dl_missing_dlx_at_most_once_drops_at_least_once_holds() -> anyhow::Resu
     let cluster = TestCluster::start(3).await?;
     let c = cluster.client(1).await?;
     info!("--- at-most-once to a missing DLX: dropped and counted");
-    c.declare_queue("amo.src", dl_args("amo.missing", vec![])).await?;
+    c.declare_queue("amo.src", dl_args("amo.missing", vec![]))
+        .await?;
     publish_bodies(&c, "", "amo.src", &["x0", "x1"]).await?;
     get_reject(&c, "amo.src").await?;
     get_reject(&c, "amo.src").await?;
     wait_messages(&c, "amo.src", 0).await?;
-    eventually("2 rejected at-most-once dead letters counted", WAIT, || async {
-        Ok((dl_counter(&c, "rejected", "at_most_once").await? == 2).then_some(()))
-    })
+    eventually(
+        "2 rejected at-most-once dead letters counted",
+        WAIT,
+        || async { Ok((dl_counter(&c, "rejected", "at_most_once").await? == 2).then_some(())) },
+    )
     .await?;
 
     info!("--- at-least-once to a missing DLX: held in the source");
@@ -999,7 +1290,11 @@ async fn dl_missing_dlx_at_most_once_drops_at_least_once_holds() -> anyhow::Resu
     )
     .await?;
     let eff = c.get_queue("alo.src").await?.effective.unwrap_or_default();
-    assert_eq!(norm_strategy(&eff.dead_letter_strategy), "at_least_once", "{eff:?}");
+    assert_eq!(
+        norm_strategy(&eff.dead_letter_strategy),
+        "at_least_once",
+        "{eff:?}"
+    );
     let sent = ["a0", "a1", "a2", "a3", "a4"];
     publish_bodies(&c, "", "alo.src", &sent).await?;
     let mut consumer = c.consume("alo.src", 10).await?;
@@ -1008,12 +1303,18 @@ async fn dl_missing_dlx_at_most_once_drops_at_least_once_holds() -> anyhow::Resu
         assert_eq!(body(&d), want);
         consumer.reject(d.delivery_tag).await?;
     }
-    let q = wait_queue(&c, "alo.src", "5 held", |q| q.messages_dead_letter_held == 5).await?;
+    let q = wait_queue(&c, "alo.src", "5 held", |q| {
+        q.messages_dead_letter_held == 5
+    })
+    .await?;
     assert_eq!(
         (q.messages, q.messages_ready, q.messages_unacked),
         (5, 0, 0),
         "held dead letters count in messages: {q:?}"
     );
+    // No consumer waiting: a message a waiting consumer takes at once is never "ready".
+    drop(consumer);
+    wait_queue(&c, "alo.src", "no consumer", |q| q.consumers == 0).await?;
     let r = c.publish("", "alo.src", message("a5")).await?;
     assert_eq!(
         r.outcome,
@@ -1034,28 +1335,53 @@ async fn dl_missing_dlx_at_most_once_drops_at_least_once_holds() -> anyhow::Resu
     info!("--- binding the DLQ delivers the held letters at once (before the 3 s retry)");
     let bound = Instant::now();
     c.bind("alo.dlq", "alo.dlx", "", no_args()).await?;
-    let q = wait_queue(&c, "alo.src", "nothing held", |q| q.messages == 0 && q.messages_dead_letter_held == 0).await?;
+    let q = wait_queue(&c, "alo.src", "nothing held", |q| {
+        q.messages == 0 && q.messages_dead_letter_held == 0
+    })
+    .await?;
     let took = bound.elapsed();
     wait_messages(&c, "alo.dlq", 5).await?;
     let dead = take_exactly(&c, "alo.dlq", 5).await?;
     let got: BTreeSet<String> = bodies(&dead).into_iter().collect();
-    assert_eq!(got, sent.iter().map(|s| s.to_string()).collect(), "every held letter delivered once");
+    assert_eq!(
+        got,
+        sent.iter().map(|s| s.to_string()).collect(),
+        "every held letter delivered once"
+    );
     for d in &dead {
         let deaths = x_death(d);
         assert_eq!(deaths.len(), 1);
-        assert_eq!(deaths[0].get("reason").and_then(|v| v.as_str()), Some("rejected"));
-        assert_eq!(deaths[0].get("queue").and_then(|v| v.as_str()), Some("alo.src"));
+        assert_eq!(
+            deaths[0].get("reason").and_then(|v| v.as_str()),
+            Some("rejected")
+        );
+        assert_eq!(
+            deaths[0].get("queue").and_then(|v| v.as_str()),
+            Some("alo.src")
+        );
     }
-    assert_eq!(c.get_queue("amo.late").await?.messages, 0, "at-most-once drops are final");
+    assert_eq!(
+        c.get_queue("amo.late").await?.messages,
+        0,
+        "at-most-once drops are final"
+    );
     assert_eq!(q.messages_dead_letter_held, 0);
     let (counters, confirmed) = dl_counters(&c).await?;
-    assert_eq!(counters.get(&("rejected".into(), "at_least_once".into())), Some(&5), "{counters:?}");
+    assert_eq!(
+        counters.get(&("rejected".into(), "at_least_once".into())),
+        Some(&5),
+        "{counters:?}"
+    );
     assert_eq!(confirmed, 5, "5 at-least-once transfers confirmed");
     assert!(
         took < Duration::from_millis(2500),
         "held letters delivered {took:?} after the binding appeared; expected at once on the topology change"
     );
-    assert_eq!(bodies(&dead), sent, "at-least-once retries keep the order in which they died");
+    assert_eq!(
+        bodies(&dead),
+        sent,
+        "at-least-once retries keep the order in which they died"
+    );
     cluster.stop();
     Ok(())
 }
@@ -1069,7 +1395,11 @@ async fn dl_config_validation_policies_and_precedence() -> anyhow::Result<()> {
 
     info!("--- refused declares");
     assert_status(
-        c.declare_queue("bad.rk", table([("x-dead-letter-routing-key", Value::string("k"))])).await,
+        c.declare_queue(
+            "bad.rk",
+            table([("x-dead-letter-routing-key", Value::string("k"))]),
+        )
+        .await,
         tonic::Code::InvalidArgument,
         "x-dead-letter-routing-key",
     );
@@ -1089,8 +1419,14 @@ async fn dl_config_validation_policies_and_precedence() -> anyhow::Result<()> {
         "at-least-once",
     );
     assert_status(
-        c.declare_queue("bad.alo2", dl_args("some.dlx", vec![("x-dead-letter-strategy", Value::string("at-least-once"))]))
-            .await,
+        c.declare_queue(
+            "bad.alo2",
+            dl_args(
+                "some.dlx",
+                vec![("x-dead-letter-strategy", Value::string("at-least-once"))],
+            ),
+        )
+        .await,
         tonic::Code::FailedPrecondition,
         "at-least-once",
     );
@@ -1107,7 +1443,10 @@ async fn dl_config_validation_policies_and_precedence() -> anyhow::Result<()> {
     c.declare_queue("pol.src", no_args()).await?;
     c.declare_queue(
         "pol.arg",
-        dl_args("arg.dlx", vec![("x-dead-letter-routing-key", Value::string("arg.rk"))]),
+        dl_args(
+            "arg.dlx",
+            vec![("x-dead-letter-routing-key", Value::string("arg.rk"))],
+        ),
     )
     .await?;
     publish_bodies(&c, "", "pol.src", &["ps"]).await?;
@@ -1124,17 +1463,26 @@ async fn dl_config_validation_policies_and_precedence() -> anyhow::Result<()> {
     )
     .await?;
     let q = wait_queue(&c, "pol.src", "the policy's DLX in effect", |q| {
-        q.effective.as_ref().is_some_and(|e| e.dead_letter_exchange == "pol.dlx")
+        q.effective
+            .as_ref()
+            .is_some_and(|e| e.dead_letter_exchange == "pol.dlx")
     })
     .await?;
     assert_eq!(q.policy, "dlx");
     let eff = q.effective.unwrap_or_default();
     assert_eq!(eff.dead_letter_routing_key, "policy.rk", "{eff:?}");
-    assert_eq!(norm_strategy(&eff.dead_letter_strategy), "at_most_once", "{eff:?}");
+    assert_eq!(
+        norm_strategy(&eff.dead_letter_strategy),
+        "at_most_once",
+        "{eff:?}"
+    );
     let q = wait_queue(&c, "pol.arg", "the policy applied", |q| q.policy == "dlx").await?;
     let eff = q.effective.unwrap_or_default();
     assert_eq!(
-        (eff.dead_letter_exchange.as_str(), eff.dead_letter_routing_key.as_str()),
+        (
+            eff.dead_letter_exchange.as_str(),
+            eff.dead_letter_routing_key.as_str()
+        ),
         ("arg.dlx", "arg.rk"),
         "arguments win for dead-letter keys: {eff:?}"
     );
@@ -1143,9 +1491,23 @@ async fn dl_config_validation_policies_and_precedence() -> anyhow::Result<()> {
     wait_messages(&c, "pol.dlq", 1).await?;
     wait_messages(&c, "arg.dlq", 1).await?;
     let d = take_exactly(&c, "pol.dlq", 1).await?.remove(0);
-    assert_eq!((body(&d).as_str(), d.exchange.as_str(), d.routing_key.as_str()), ("ps", "pol.dlx", "policy.rk"));
+    assert_eq!(
+        (
+            body(&d).as_str(),
+            d.exchange.as_str(),
+            d.routing_key.as_str()
+        ),
+        ("ps", "pol.dlx", "policy.rk")
+    );
     let d = take_exactly(&c, "arg.dlq", 1).await?.remove(0);
-    assert_eq!((body(&d).as_str(), d.exchange.as_str(), d.routing_key.as_str()), ("pa", "arg.dlx", "arg.rk"));
+    assert_eq!(
+        (
+            body(&d).as_str(),
+            d.exchange.as_str(),
+            d.routing_key.as_str()
+        ),
+        ("pa", "arg.dlx", "arg.rk")
+    );
 
     info!("--- at-least-once from a policy on a drop-head queue: effective strategy with a note");
     c.declare_queue("alo.q", no_args()).await?;
@@ -1164,7 +1526,11 @@ async fn dl_config_validation_policies_and_precedence() -> anyhow::Result<()> {
     let eff = q.effective.unwrap_or_default();
     assert_eq!(eff.dead_letter_exchange, "pol.dlx");
     assert_eq!(eff.overflow, "drop-head", "{eff:?}");
-    assert_eq!(norm_strategy(&eff.dead_letter_strategy), "at_most_once", "the effective strategy: {eff:?}");
+    assert_eq!(
+        norm_strategy(&eff.dead_letter_strategy),
+        "at_most_once",
+        "the effective strategy: {eff:?}"
+    );
     assert!(
         eff.note.contains("at-least-once") && eff.note.contains("reject-publish"),
         "a note says why: {eff:?}"
@@ -1183,11 +1549,17 @@ async fn dl_config_validation_policies_and_precedence() -> anyhow::Result<()> {
     )
     .await?;
     let q = wait_queue(&c, "alo.q", "overflow reject-publish in effect", |q| {
-        q.effective.as_ref().is_some_and(|e| e.overflow == "reject-publish")
+        q.effective
+            .as_ref()
+            .is_some_and(|e| e.overflow == "reject-publish")
     })
     .await?;
     let eff = q.effective.unwrap_or_default();
-    assert_eq!(norm_strategy(&eff.dead_letter_strategy), "at_least_once", "{eff:?}");
+    assert_eq!(
+        norm_strategy(&eff.dead_letter_strategy),
+        "at_least_once",
+        "{eff:?}"
+    );
     assert_eq!(eff.note, "", "{eff:?}");
     cluster.stop();
     Ok(())
@@ -1207,7 +1579,13 @@ async fn ha_publish(c: &Client) -> anyhow::Result<()> {
     let mut publisher = c.publisher(256).await?;
     for i in 0..HA_MESSAGES {
         publisher
-            .send("", HA_SRC, MessageBuilder::new(ha_body(i)).message_id(ha_body(i)).build())
+            .send(
+                "",
+                HA_SRC,
+                MessageBuilder::new(ha_body(i))
+                    .message_id(ha_body(i))
+                    .build(),
+            )
             .await?;
     }
     let confirms = publisher.close().await?;
@@ -1220,7 +1598,11 @@ async fn ha_publish(c: &Client) -> anyhow::Result<()> {
 
 /// Rejects everything it receives (multiple rejects every 100 deliveries, or when idle), and
 /// reconnects (rotating over the nodes) when the stream breaks.
-async fn ha_rejector(addresses: Vec<String>, stop: Arc<AtomicBool>, rejected_batches: Arc<AtomicUsize>) {
+async fn ha_rejector(
+    addresses: Vec<String>,
+    stop: Arc<AtomicBool>,
+    rejected_batches: Arc<AtomicUsize>,
+) {
     let mut attempt = 0usize;
     while !stop.load(Ordering::Acquire) {
         let address = &addresses[attempt % addresses.len()];
@@ -1367,7 +1749,14 @@ async fn dl_at_least_once_exactly_once_through_leader_kills() -> anyhow::Result<
     let t_rej = Instant::now();
 
     let result: anyhow::Result<()> = async {
-        ha_wait(&cluster, &dlq, "1000 dead letters arrived", Duration::from_secs(120), |q| q.messages >= 1000).await?;
+        ha_wait(
+            &cluster,
+            &dlq,
+            "1000 dead letters arrived",
+            Duration::from_secs(120),
+            |q| q.messages >= 1000,
+        )
+        .await?;
         let leader = cluster.leader_of(HA_SRC).await?;
         info!(leader, "--- kill -9 the source queue's leader");
         cluster.kill9(leader);
@@ -1375,17 +1764,31 @@ async fn dl_at_least_once_exactly_once_through_leader_kills() -> anyhow::Result<
         info!(new_leader, "--- source re-elected; restart the killed node");
         cluster.restart(leader).await?;
 
-        let q = ha_wait(&cluster, &dlq, "3000 dead letters arrived", Duration::from_secs(120), |q| q.messages >= 3000).await?;
-        info!(dlq_messages = q.messages, "--- kill -9 the target queue's leader");
+        let q = ha_wait(
+            &cluster,
+            &dlq,
+            "3000 dead letters arrived",
+            Duration::from_secs(120),
+            |q| q.messages >= 3000,
+        )
+        .await?;
+        info!(
+            dlq_messages = q.messages,
+            "--- kill -9 the target queue's leader"
+        );
         let target_leader = cluster.leader_of(&dlq).await?;
         cluster.kill9(target_leader);
         cluster.leader_of_except(&dlq, target_leader).await?;
         cluster.restart(target_leader).await?;
 
         info!("--- wait until everything is dead-lettered and nothing is held");
-        let src = ha_wait(&cluster, HA_SRC, "empty, nothing held", Duration::from_secs(180), |q| {
-            q.messages == 0 && q.messages_dead_letter_held == 0
-        })
+        let src = ha_wait(
+            &cluster,
+            HA_SRC,
+            "empty, nothing held",
+            Duration::from_secs(180),
+            |q| q.messages == 0 && q.messages_dead_letter_held == 0,
+        )
         .await?;
         info!(elapsed = ?t_rej.elapsed(), "--- source drained");
         ensure!(src.messages_dead_letter_held == 0, "{src:?}");
@@ -1396,11 +1799,18 @@ async fn dl_at_least_once_exactly_once_through_leader_kills() -> anyhow::Result<
     let _ = rejector.await;
     result?;
 
-    let q = ha_wait(&cluster, &dlq, &format!("{HA_MESSAGES} dead letters"), Duration::from_secs(30), |q| {
-        q.messages >= HA_MESSAGES as u64
-    })
+    let q = ha_wait(
+        &cluster,
+        &dlq,
+        &format!("{HA_MESSAGES} dead letters"),
+        Duration::from_secs(30),
+        |q| q.messages >= HA_MESSAGES as u64,
+    )
     .await?;
-    assert_eq!(q.messages, HA_MESSAGES as u64, "exactly once in the DLQ (no duplicates): {q:?}");
+    assert_eq!(
+        q.messages, HA_MESSAGES as u64,
+        "exactly once in the DLQ (no duplicates): {q:?}"
+    );
 
     info!("--- drain the DLQ and compare ids");
     let node = cluster.live_ids()[0];
@@ -1425,16 +1835,45 @@ async fn dl_at_least_once_exactly_once_through_leader_kills() -> anyhow::Result<
     }
     let dups: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
     let want: BTreeSet<String> = (0..HA_MESSAGES).map(ha_body).collect();
-    let missing: Vec<_> = want.iter().filter(|b| !seen.contains_key(*b)).take(10).collect();
-    assert!(dups.is_empty(), "duplicates in the DLQ: {} (first: {:?})", dups.len(), dups.iter().take(10).collect::<Vec<_>>());
+    let missing: Vec<_> = want
+        .iter()
+        .filter(|b| !seen.contains_key(*b))
+        .take(10)
+        .collect();
+    assert!(
+        dups.is_empty(),
+        "duplicates in the DLQ: {} (first: {:?})",
+        dups.len(),
+        dups.iter().take(10).collect::<Vec<_>>()
+    );
     assert!(missing.is_empty(), "missing from the DLQ: {missing:?}");
     assert_eq!(seen.len(), HA_MESSAGES);
     wait_queue(&c, &dlq, "drained", |q| q.messages == 0).await?;
     let src = c.get_queue(HA_SRC).await?;
-    assert_eq!((src.messages, src.messages_dead_letter_held), (0, 0), "{src:?}");
+    assert_eq!(
+        (src.messages, src.messages_dead_letter_held),
+        (0, 0),
+        "{src:?}"
+    );
+    let (counters, confirmed) = dl_counters(&c).await?;
+    assert_eq!(
+        counters.get(&("rejected".into(), "at_least_once".into())),
+        Some(&(HA_MESSAGES as u64)),
+        "each message died once: {counters:?}"
+    );
+    assert_eq!(
+        confirmed, HA_MESSAGES as u64,
+        "each transfer confirmed once"
+    );
     let took = started.elapsed();
-    info!(?took, reject_batches = batches.load(Ordering::Relaxed), "--- at-least-once under leader kills done");
-    println!("dl_at_least_once_exactly_once_through_leader_kills: {HA_MESSAGES} messages in {took:?}");
+    info!(
+        ?took,
+        reject_batches = batches.load(Ordering::Relaxed),
+        "--- at-least-once under leader kills done"
+    );
+    println!(
+        "dl_at_least_once_exactly_once_through_leader_kills: {HA_MESSAGES} messages in {took:?}"
+    );
     cluster.stop();
     Ok(())
 }
@@ -1446,17 +1885,36 @@ async fn dl_overview_counters_by_reason_and_strategy() -> anyhow::Result<()> {
     let cluster = TestCluster::start(3).await?;
     let c = cluster.client(1).await?;
     let (before, confirmed_before) = dl_counters(&c).await?;
-    assert_eq!(before.len(), 12, "4 reasons x 3 strategies, zeros included: {before:?}");
-    assert!(before.values().all(|n| *n == 0) && confirmed_before == 0, "{before:?}");
+    assert_eq!(
+        before.len(),
+        12,
+        "4 reasons x 3 strategies, zeros included: {before:?}"
+    );
+    assert!(
+        before.values().all(|n| *n == 0) && confirmed_before == 0,
+        "{before:?}"
+    );
 
     c.declare_exchange("ov.dlx", "fanout").await?;
     c.declare_queue("ov.dlq", no_args()).await?;
     c.bind("ov.dlq", "ov.dlx", "", no_args()).await?;
     c.declare_queue("ov.none", no_args()).await?;
     c.declare_queue("ov.amo", dl_args("ov.dlx", vec![])).await?;
-    c.declare_queue("ov.ttl", dl_args("ov.dlx", vec![("x-message-ttl", Value::long(100))])).await?;
-    c.declare_queue("ov.len", dl_args("ov.dlx", vec![("x-max-length", Value::long(1))])).await?;
-    c.declare_queue("ov.lim", dl_args("ov.dlx", vec![("x-delivery-limit", Value::long(0))])).await?;
+    c.declare_queue(
+        "ov.ttl",
+        dl_args("ov.dlx", vec![("x-message-ttl", Value::long(100))]),
+    )
+    .await?;
+    c.declare_queue(
+        "ov.len",
+        dl_args("ov.dlx", vec![("x-max-length", Value::long(1))]),
+    )
+    .await?;
+    c.declare_queue(
+        "ov.lim",
+        dl_args("ov.dlx", vec![("x-delivery-limit", Value::long(0))]),
+    )
+    .await?;
     c.declare_queue(
         "ov.alo",
         dl_args(
@@ -1481,7 +1939,10 @@ async fn dl_overview_counters_by_reason_and_strategy() -> anyhow::Result<()> {
     get_and_settle(&c, "ov.alo", 3, &[0, 1, 2], SettleOutcome::Reject).await?; // rejected / at_least_once x3
 
     wait_messages(&c, "ov.dlq", 8).await?;
-    wait_queue(&c, "ov.alo", "transfers confirmed", |q| q.messages == 0 && q.messages_dead_letter_held == 0).await?;
+    wait_queue(&c, "ov.alo", "transfers confirmed", |q| {
+        q.messages == 0 && q.messages_dead_letter_held == 0
+    })
+    .await?;
     let mut want: BTreeMap<(String, String), u64> = BTreeMap::new();
     for r in ["rejected", "expired", "maxlen", "delivery_limit"] {
         for s in ["disabled", "at_most_once", "at_least_once"] {
@@ -1500,25 +1961,23 @@ async fn dl_overview_counters_by_reason_and_strategy() -> anyhow::Result<()> {
     }
     for id in cluster.ids() {
         let node = cluster.client(id).await?;
-        let (got, confirmed) = eventually(&format!("node {id}: the expected counters"), WAIT, || {
-            let node = node.clone();
-            let want = want.clone();
-            async move {
-                let (got, confirmed) = dl_counters(&node).await?;
-                Ok((got == want && confirmed == 3).then_some((got, confirmed)))
-            }
-        })
-        .await
-        .with_context(|| format!("node {id}: last {:?}", futures_last(&node)))?;
+        let (got, confirmed) =
+            eventually(&format!("node {id}: the expected counters"), WAIT, || {
+                let node = node.clone();
+                let want = want.clone();
+                async move {
+                    let (got, confirmed) = dl_counters(&node).await?;
+                    if got == want && confirmed == 3 {
+                        Ok(Some((got, confirmed)))
+                    } else {
+                        bail!("got {got:?}, confirmed {confirmed}")
+                    }
+                }
+            })
+            .await?;
         assert_eq!(got, want);
         assert_eq!(confirmed, 3, "only at-least-once transfers are confirmed");
     }
     cluster.stop();
     Ok(())
-}
-
-/// Placeholder for context in error messages (the counters are printed by `eventually`'s last
-/// state only when an error occurs, so keep this cheap).
-fn futures_last(c: &Client) -> String {
-    c.address().to_string()
 }

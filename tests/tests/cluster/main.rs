@@ -4,6 +4,7 @@
 
 mod bad_input;
 mod consumers;
+mod deadletter;
 mod failover;
 mod policies;
 mod routing;
