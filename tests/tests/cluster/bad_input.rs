@@ -206,6 +206,18 @@ async fn permissions_allow_what_they_match() -> anyhow::Result<()> {
         .delivery
         .expect("carol reads her queue");
     assert_eq!(super::body(&d), "hi");
+
+    info!("--- naming a DLX at declare needs write on that exchange (and read on the queue)");
+    admin.declare_exchange("dave.dlx", "fanout").await?;
+    let dlx = |x: &str| {
+        std::collections::HashMap::from([("x-dead-letter-exchange".to_string(), Value::string(x))])
+    };
+    assert_status(
+        carol.declare_queue("carol.dl1", dlx("dave.dlx")).await,
+        Code::PermissionDenied,
+        "dave.dlx",
+    );
+    carol.declare_queue("carol.dl2", dlx("carol.ex")).await?;
     cluster.stop();
     Ok(())
 }
