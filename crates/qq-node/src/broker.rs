@@ -59,7 +59,23 @@ impl BrokerService {
     }
 
     fn check(&self, user: &str, vhost: &str, perm: Perm, resource: &str) -> Result<(), Status> {
-        self.node.meta.state.read().unwrap().check_permission(user, vhost, perm, resource).map_err(meta_err)
+        let version = *self.node.meta.applied.borrow();
+        let key = (user.to_string(), vhost.to_string(), perm as u8, resource.to_string());
+        {
+            let mut granted = self.node.granted.lock().unwrap();
+            if granted.0 != version || granted.1.len() > 10_000 {
+                *granted = (version, Default::default());
+            } else if granted.1.contains(&key) {
+                return Ok(());
+            }
+        }
+        self.node.meta.state.read().unwrap().check_permission(user, vhost, perm, resource).map_err(meta_err)?;
+        let mut granted = self.node.granted.lock().unwrap();
+        // Remember the grant only if the metadata did not move on since the version was read.
+        if granted.0 == version && *self.node.meta.applied.borrow() == version {
+            granted.1.insert(key);
+        }
+        Ok(())
     }
 
     fn require_admin(&self, user: &str) -> Result<(), Status> {
