@@ -29,7 +29,7 @@ pub enum Value {
     Long(i64),
     Bool(bool),
     Double(f64),
-    Bytes(Vec<u8>),
+    Bytes(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Seconds since the Unix epoch.
     Timestamp(i64),
     List(Vec<Value>),
@@ -90,6 +90,7 @@ pub struct Properties {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     pub properties: Properties,
+    #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
     /// The exchange it was last published to (for dead letters: the DLX).
     pub exchange: String,

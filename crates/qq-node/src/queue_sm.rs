@@ -33,6 +33,7 @@ use tracing::warn;
 pub struct QueueRequest {
     pub cmd: Command,
     /// postcard of [`Message`]; only with `Command::Enqueue`.
+    #[serde(with = "serde_bytes")]
     pub message: Option<Vec<u8>>,
 }
 
@@ -194,13 +195,14 @@ impl QueueShared {
 #[derive(Serialize, Deserialize)]
 struct QueueSnapshot {
     state: QueueState,
-    bodies: Vec<(MessageId, Vec<u8>)>,
+    bodies: Vec<(MessageId, serde_bytes::ByteBuf)>,
 }
 
 /// What is persisted for the current snapshot.
 #[derive(Serialize, Deserialize)]
 pub struct StoredSnapshot {
     pub meta: SnapshotMetaOf<TypeConfig>,
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
 }
 
@@ -288,7 +290,7 @@ impl RaftStateMachine<TypeConfig> for QueueSm {
         let keep: std::collections::BTreeSet<MessageId> = snap.bodies.iter().map(|(id, _)| *id).collect();
         let stale: Vec<MessageId> = old_ids.into_iter().filter(|id| !keep.contains(id)).collect();
         self.shared.store.delete_bodies(self.shared.group, &stale)?;
-        let bodies: Vec<(MessageId, &[u8])> = snap.bodies.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+        let bodies: Vec<(MessageId, &[u8])> = snap.bodies.iter().map(|(id, b)| (*id, b.as_ref())).collect();
         self.shared.store.put_bodies(self.shared.group, &bodies)?;
         *self.shared.state.lock().unwrap() = snap.state;
         *self.shared.last_applied.lock().unwrap() = meta.last_log_id;
@@ -329,7 +331,7 @@ impl RaftSnapshotBuilder<TypeConfig> for QueueSnapshotBuilder {
         let mut bodies = Vec::new();
         for id in state.message_ids() {
             if let Some(b) = self.shared.store.get_body(self.shared.group, id)? {
-                bodies.push((id, b));
+                bodies.push((id, serde_bytes::ByteBuf::from(b)));
             }
         }
         let data = encode(&QueueSnapshot { state, bodies })?;

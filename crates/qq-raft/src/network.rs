@@ -175,5 +175,6 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
 pub struct SnapshotRequest {
     pub vote: VoteOf<TypeConfig>,
     pub meta: openraft::alias::SnapshotMetaOf<TypeConfig>,
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
 }

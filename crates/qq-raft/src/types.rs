@@ -17,6 +17,7 @@ pub const META_GROUP: GroupId = 0;
 /// An encoded command proposed to a group.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
+    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
 }
 
@@ -35,6 +36,7 @@ impl fmt::Display for Request {
 /// An encoded reply from a state machine's apply.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
+    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
 }
 
