@@ -83,8 +83,15 @@ impl Node {
     }
 
     /// Serve Internal.QueueInfo.
+    /// For the metadata group (0) the payload is the metadata index applied on this node.
     pub fn serve_queue_info(&self, group: GroupId) -> qq_proto::internal::QueueInfoReply {
         let mut reply = qq_proto::internal::QueueInfoReply::default();
+        if group == qq_raft::META_GROUP {
+            if let Ok(b) = encode(&self.meta_applied()) {
+                reply.payload = b.into();
+            }
+            return reply;
+        }
         match self.local_queue_info(group, true) {
             Some(info) => match encode(&info) {
                 Ok(b) => reply.payload = b.into(),

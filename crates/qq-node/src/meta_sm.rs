@@ -85,7 +85,8 @@ impl RaftStateMachine<TypeConfig> for MetaSm {
                         io::Error::other(format!("metadata: decode entry {}: {e}", entry.log_id.index))
                     })?;
                     let (result, _effects) = self.shared.state.write().unwrap().apply(cmd);
-                    payload = encode(&result)?;
+                    // The index travels with the reply so the proposer can wait for replicas to apply it.
+                    payload = encode(&(entry.log_id.index, result))?;
                 }
             }
             *self.shared.last_applied.lock().unwrap() = Some(entry.log_id);

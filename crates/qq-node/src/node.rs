@@ -39,6 +39,9 @@ use crate::queue_sm::{DeadLetterJob, QueueEntry, QueueReplyOut, QueueRequest, Qu
 /// `ProposeReply.code`: this node does not lead the group (`forward_to` may hint who does).
 pub const NOT_LEADER: u32 = 1;
 
+/// How long a metadata change waits for reachable nodes to apply it.
+const META_PROPAGATION_WAIT: Duration = Duration::from_secs(3);
+
 const PROPOSE_DEADLINE: Duration = Duration::from_secs(8);
 
 pub fn now_ms() -> u64 {
@@ -358,9 +361,44 @@ impl Node {
         decode(&bytes)
     }
 
+    /// Propose a metadata command. Returns once the change is applied on this node and on every
+    /// reachable node (bounded wait), so a publish on any node right after a declare or bind
+    /// routes with it: routing reads each node's local replica.
     pub async fn propose_meta(&self, cmd: MetaCommand) -> Result<Result<MetaReply, MetaError>, Status> {
         let bytes = self.propose(META_GROUP, encode(&cmd)?).await?;
-        decode(&bytes)
+        let (index, result): (u64, Result<MetaReply, MetaError>) = decode(&bytes)?;
+        self.wait_meta_applied_everywhere(index).await;
+        Ok(result)
+    }
+
+    /// The metadata index this node has applied.
+    pub fn meta_applied(&self) -> u64 {
+        self.meta.last_applied.lock().unwrap().map(|l| l.index).unwrap_or(0)
+    }
+
+    async fn wait_meta_applied_everywhere(&self, index: u64) {
+        let deadline = tokio::time::Instant::now() + META_PROPAGATION_WAIT;
+        for id in self.peers.ids() {
+            loop {
+                let applied = if id == self.id {
+                    Some(self.meta_applied())
+                } else {
+                    let Some(mut client) = self.peers.client(id) else { break };
+                    let mut req = tonic::Request::new(qq_proto::internal::QueueInfoRequest { group: META_GROUP });
+                    req.set_timeout(Duration::from_millis(500));
+                    match client.queue_info(req).await {
+                        Ok(r) => decode::<u64>(&r.into_inner().payload).ok(),
+                        Err(_) => None, // unreachable: it catches up when it returns
+                    }
+                };
+                match applied {
+                    Some(a) if a >= index => break,
+                    None => break,
+                    Some(_) if tokio::time::Instant::now() >= deadline => break,
+                    Some(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            }
+        }
     }
 
     /// The leader of a group as this node knows it (own metrics if a member).

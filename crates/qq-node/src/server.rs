@@ -54,9 +54,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
 /// At-most-once dead letters: republished by [`crate::deadletter`].
 fn spawn_dead_letter_worker(node: Arc<Node>, mut rx: mpsc::UnboundedReceiver<DeadLetterJob>) {
     tokio::spawn(async move {
+        // Drops are counted in the source's stats; the log names each queue once.
+        let mut logged = std::collections::HashSet::new();
         while let Some(job) = rx.recv().await {
+            let group = job.group;
             if let Err(e) = crate::deadletter::publish_at_most_once(&node, job).await {
-                warn!("dead letter dropped: {e}");
+                if logged.insert(group) {
+                    warn!("dead letter dropped (further drops for this queue are only counted): {e}");
+                }
             }
         }
     });
