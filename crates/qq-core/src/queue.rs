@@ -373,6 +373,9 @@ pub struct QueueState {
     last_index: u64,
     /// Largest `now_ms` applied so far.
     clock_ms: u64,
+    /// When the queue was last used by a consumer or a Get (for `x-expires`): set by Checkout,
+    /// Get, and when a consumer leaves. 0 = never.
+    last_used_ms: u64,
     /// Shared counter for return order, death order and attach order.
     seq: u64,
     /// Every live message.
@@ -406,6 +409,7 @@ impl QueueState {
             config,
             last_index: 0,
             clock_ms: 0,
+            last_used_ms: 0,
             seq: 0,
             msgs: BTreeMap::new(),
             returns: BTreeMap::new(),
@@ -446,6 +450,12 @@ impl QueueState {
             Command::DeadLetterSettle { .. } | Command::Purge => self.clock_ms,
         };
         self.clock_ms = now;
+        if matches!(
+            cmd,
+            Command::Checkout { .. } | Command::Get { .. } | Command::ConsumerDown { .. } | Command::NodeDown { .. }
+        ) {
+            self.last_used_ms = now;
+        }
         // Every command runs in four phases: timers due by `now` fire; the command acts;
         // ready messages go to consumers with credit; then what is still ready and due (TTL 0)
         // expires and drop-head trims the queue back within its limits.
@@ -529,6 +539,12 @@ impl QueueState {
     }
 
     /// The largest `now_ms` applied so far: the state machine's clock.
+    /// When a consumer or a Get last used the queue (0 = never); the leader deletes a queue with
+    /// `x-expires` once it has no consumers and this is older than the expiry.
+    pub fn last_used_ms(&self) -> u64 {
+        self.last_used_ms
+    }
+
     pub fn clock_ms(&self) -> u64 {
         self.clock_ms
     }

@@ -57,16 +57,45 @@ pub fn spawn_queue_tasks(
         );
     }
     crate::deadletter::spawn_at_least_once_worker(node.clone(), group, shared.clone(), span.clone());
-    // Expiry timer.
+    // Expiry timer (message TTLs, Get leases, and x-expires of the queue as a whole).
     tokio::spawn(
         async move {
             let mut applied = shared.applied.subscribe();
+            // A queue never used since this node became leader counts as used at that moment.
+            let mut leader_since: Option<u64> = None;
             loop {
                 if node.queue_group(group).is_none() {
                     return;
                 }
                 let mut wait = EXPIRY_POLL;
-                if shared.is_leader.load(Ordering::Acquire) {
+                let leading = shared.is_leader.load(Ordering::Acquire);
+                if !leading {
+                    leader_since = None;
+                } else if leader_since.is_none() {
+                    leader_since = Some(now_ms());
+                }
+                if leading {
+                    let (expires_ms, idle_from, consumers, vhost, name) = {
+                        let state = shared.state.lock().unwrap();
+                        let c = state.config();
+                        (c.expires_ms, state.last_used_ms().max(leader_since.unwrap_or(0)), state.counts().consumers, c.vhost.clone(), c.name.clone())
+                    };
+                    if let (Some(expires), 0) = (expires_ms, consumers) {
+                        let now = now_ms();
+                        if now >= idle_from + expires {
+                            // Unused for x-expires: the queue is deleted, its messages are not
+                            // dead-lettered (SEMANTICS.md).
+                            info!(expires_ms = expires, "queue unused for x-expires: deleting it");
+                            match node.propose_meta(qq_core::meta::MetaCommand::DeleteQueue { vhost, name }).await {
+                                Ok(_) => return,
+                                Err(e) => debug!("queue expiry not applied yet: {e}"),
+                            }
+                        } else {
+                            wait = wait.min(Duration::from_millis(idle_from + expires - now));
+                        }
+                    }
+                }
+                if leading {
                     let next = shared.state.lock().unwrap().next_deadline();
                     if let Some(deadline) = next {
                         let now = now_ms();

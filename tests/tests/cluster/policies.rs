@@ -148,3 +148,54 @@ async fn reject_publish_overflow_refuses_with_detail() -> anyhow::Result<()> {
     cluster.stop();
     Ok(())
 }
+
+/// `x-expires`: a queue unused (no consumer, no Get) for its expiry is deleted, and its messages
+/// are not dead-lettered; a queue with a consumer attached does not expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_queue_expires_without_dead_lettering() -> anyhow::Result<()> {
+    let cluster = TestCluster::start(3).await?;
+    let c = cluster.client(1).await?;
+    c.declare_exchange("exp.dlx", "fanout").await?;
+    c.declare_queue("exp.dlq", Default::default()).await?;
+    c.bind("exp.dlq", "exp.dlx", "", Default::default()).await?;
+    let args = |ms: i64| {
+        table([
+            ("x-expires", Value::long(ms)),
+            ("x-dead-letter-exchange", Value::string("exp.dlx")),
+        ])
+    };
+    c.declare_queue("exp.idle", args(1500)).await?;
+    c.declare_queue("exp.busy", args(1500)).await?;
+    publish_n(&c, "exp.idle", "i", 2).await?;
+    let consumer = cluster.client(2).await?.consume("exp.busy", 1).await?;
+
+    info!("--- the unused queue disappears after its expiry");
+    eventually("exp.idle deleted", Duration::from_secs(20), || async {
+        match c.get_queue("exp.idle").await {
+            Err(e) if e.code() == tonic::Code::NotFound => Ok(Some(())),
+            Err(e) => Err(e.into()),
+            Ok(q) => {
+                info!("exp.idle still there: {} messages", q.messages);
+                Ok(None)
+            }
+        }
+    })
+    .await?;
+    let dlq = c.get_queue("exp.dlq").await?;
+    assert_eq!(dlq.messages, 0, "an expiring queue does not dead-letter its messages");
+
+    info!("--- the queue with a consumer is still there, past its expiry (declared before exp.idle expired)");
+    let busy = c.get_queue("exp.busy").await?;
+    assert_eq!(busy.consumers, 1, "{busy:?}");
+    consumer.cancel().await?;
+    eventually("exp.busy deleted once its consumer left", Duration::from_secs(20), || async {
+        match c.get_queue("exp.busy").await {
+            Err(e) if e.code() == tonic::Code::NotFound => Ok(Some(())),
+            Err(e) => Err(e.into()),
+            Ok(_) => Ok(None),
+        }
+    })
+    .await?;
+    cluster.stop();
+    Ok(())
+}
