@@ -450,12 +450,10 @@ impl QueueState {
             Command::DeadLetterSettle { .. } | Command::Purge => self.clock_ms,
         };
         self.clock_ms = now;
-        if matches!(
+        let uses_queue = matches!(
             cmd,
             Command::Checkout { .. } | Command::Get { .. } | Command::ConsumerDown { .. } | Command::NodeDown { .. }
-        ) {
-            self.last_used_ms = now;
-        }
+        );
         // Every command runs in four phases: timers due by `now` fire; the command acts;
         // ready messages go to consumers with credit; then what is still ready and due (TTL 0)
         // expires and drop-head trims the queue back within its limits.
@@ -518,6 +516,10 @@ impl QueueState {
                 Reply::Ok
             }
         };
+        // A refused command changes nothing but time (it acts as an Expire at `now`).
+        if uses_queue && !matches!(reply, Reply::Error { .. }) {
+            self.last_used_ms = now;
+        }
         self.assign(&mut fx);
         // TTL 0 (deadline == now): whatever no consumer took in this apply expires now.
         self.expire_ready(now, &mut fx);
