@@ -11,11 +11,11 @@
 //! - [`policy`]: queue-argument validation and argument/policy precedence.
 //! - [`deadletter`]: the `x-death` history and dead-letter cycle detection.
 
-pub mod types;
-pub mod queue;
-pub mod meta;
-pub mod route;
-pub mod policy;
 pub mod deadletter;
+pub mod meta;
+pub mod policy;
+pub mod queue;
+pub mod route;
+pub mod types;
 
 pub use types::*;

@@ -452,7 +452,10 @@ impl QueueState {
         self.clock_ms = now;
         let uses_queue = matches!(
             cmd,
-            Command::Checkout { .. } | Command::Get { .. } | Command::ConsumerDown { .. } | Command::NodeDown { .. }
+            Command::Checkout { .. }
+                | Command::Get { .. }
+                | Command::ConsumerDown { .. }
+                | Command::NodeDown { .. }
         );
         // Every command runs in four phases: timers due by `now` fire; the command acts;
         // ready messages go to consumers with credit; then what is still ready and due (TTL 0)

@@ -40,27 +40,41 @@ impl BrokerService {
         let (user, password) = match req.metadata().get("authorization") {
             None => ("guest".to_string(), "guest".to_string()),
             Some(v) => {
-                let v = v.to_str().map_err(|_| Status::unauthenticated("authorization: not ASCII"))?;
-                let b64 = v
-                    .strip_prefix("Basic ")
-                    .ok_or_else(|| Status::unauthenticated("authorization: expected 'Basic base64(user:password)'"))?;
+                let v = v
+                    .to_str()
+                    .map_err(|_| Status::unauthenticated("authorization: not ASCII"))?;
+                let b64 = v.strip_prefix("Basic ").ok_or_else(|| {
+                    Status::unauthenticated("authorization: expected 'Basic base64(user:password)'")
+                })?;
                 let raw = base64::engine::general_purpose::STANDARD
                     .decode(b64.trim())
                     .map_err(|_| Status::unauthenticated("authorization: invalid base64"))?;
-                let raw = String::from_utf8(raw).map_err(|_| Status::unauthenticated("authorization: not UTF-8"))?;
-                let (u, p) = raw
-                    .split_once(':')
-                    .ok_or_else(|| Status::unauthenticated("authorization: expected user:password"))?;
+                let raw = String::from_utf8(raw)
+                    .map_err(|_| Status::unauthenticated("authorization: not UTF-8"))?;
+                let (u, p) = raw.split_once(':').ok_or_else(|| {
+                    Status::unauthenticated("authorization: expected user:password")
+                })?;
                 (u.to_string(), p.to_string())
             }
         };
-        self.node.meta.state.read().unwrap().authenticate(&user, &password).map_err(meta_err)?;
+        self.node
+            .meta
+            .state
+            .read()
+            .unwrap()
+            .authenticate(&user, &password)
+            .map_err(meta_err)?;
         Ok(user)
     }
 
     fn check(&self, user: &str, vhost: &str, perm: Perm, resource: &str) -> Result<(), Status> {
         let version = *self.node.meta.applied.borrow();
-        let key = (user.to_string(), vhost.to_string(), perm as u8, resource.to_string());
+        let key = (
+            user.to_string(),
+            vhost.to_string(),
+            perm as u8,
+            resource.to_string(),
+        );
         {
             let mut granted = self.node.granted.lock().unwrap();
             if granted.0 != version || granted.1.len() > 10_000 {
@@ -69,7 +83,13 @@ impl BrokerService {
                 return Ok(());
             }
         }
-        self.node.meta.state.read().unwrap().check_permission(user, vhost, perm, resource).map_err(meta_err)?;
+        self.node
+            .meta
+            .state
+            .read()
+            .unwrap()
+            .check_permission(user, vhost, perm, resource)
+            .map_err(meta_err)?;
         let mut granted = self.node.granted.lock().unwrap();
         // Remember the grant only if the metadata did not move on since the version was read.
         if granted.0 == version && *self.node.meta.applied.borrow() == version {
@@ -82,7 +102,9 @@ impl BrokerService {
         let state = self.node.meta.state.read().unwrap();
         match state.user(user) {
             Some(u) if u.tags.iter().any(|t| t == "administrator") => Ok(()),
-            _ => Err(Status::permission_denied(format!("user '{user}' is not an administrator"))),
+            _ => Err(Status::permission_denied(format!(
+                "user '{user}' is not an administrator"
+            ))),
         }
     }
 
@@ -94,10 +116,9 @@ impl BrokerService {
         if !state.vhost_exists(vhost) {
             return Err(Status::not_found(format!("vhost '{vhost}' not found")));
         }
-        state
-            .queue(vhost, name)
-            .cloned()
-            .ok_or_else(|| Status::not_found(format!("queue '{name}' in vhost '{vhost}' not found")))
+        state.queue(vhost, name).cloned().ok_or_else(|| {
+            Status::not_found(format!("queue '{name}' in vhost '{vhost}' not found"))
+        })
     }
 
     async fn meta(&self, cmd: MetaCommand) -> Result<MetaReply, Status> {
@@ -129,40 +150,90 @@ impl BrokerService {
                     )));
                 }
             }
-            state.route(&vhost, &req.exchange, &keys, &properties.headers).map_err(meta_err)?
+            state
+                .route(&vhost, &req.exchange, &keys, &properties.headers)
+                .map_err(meta_err)?
         };
         let seq = req.seq;
         if targets.is_empty() {
-            let outcome = if req.mandatory { pb::PublishOutcome::Unroutable } else { pb::PublishOutcome::Confirmed };
+            let outcome = if req.mandatory {
+                pb::PublishOutcome::Unroutable
+            } else {
+                pb::PublishOutcome::Confirmed
+            };
             let detail = if req.mandatory {
-                format!("no queue is bound to exchange '{}' for key '{}'", req.exchange, req.routing_key)
+                format!(
+                    "no queue is bound to exchange '{}' for key '{}'",
+                    req.exchange, req.routing_key
+                )
             } else {
                 String::new()
             };
-            return Ok(Prepared::Done(pb::PublishResponse { seq, outcome: outcome as i32, detail }));
+            return Ok(Prepared::Done(pb::PublishResponse {
+                seq,
+                outcome: outcome as i32,
+                detail,
+            }));
         }
-        let visible = qq_core::route::visible_routing_keys(&req.routing_key, &properties.headers).len();
+        let visible =
+            qq_core::route::visible_routing_keys(&req.routing_key, &properties.headers).len();
         let bcc = keys[visible..].to_vec();
         qq_core::route::strip_bcc(&mut properties.headers);
-        let expiration_ms = if properties.expiration.is_empty() { None } else { Some(parse_expiration(&properties.expiration)?) };
-        let message = Message { properties, body, exchange: req.exchange, routing_key: req.routing_key, bcc };
-        let encoded = postcard::to_stdvec(&message).map_err(|e| Status::internal(format!("encode message: {e}")))?;
-        let header = MsgHeader { size_bytes: message.body.len() as u64, expiration_ms };
-        Ok(Prepared::Route { seq, targets: targets.into_iter().map(|q| (q.id, q.name)).collect(), header, encoded })
+        let expiration_ms = if properties.expiration.is_empty() {
+            None
+        } else {
+            Some(parse_expiration(&properties.expiration)?)
+        };
+        let message = Message {
+            properties,
+            body,
+            exchange: req.exchange,
+            routing_key: req.routing_key,
+            bcc,
+        };
+        let encoded = postcard::to_stdvec(&message)
+            .map_err(|e| Status::internal(format!("encode message: {e}")))?;
+        let header = MsgHeader {
+            size_bytes: message.body.len() as u64,
+            expiration_ms,
+        };
+        Ok(Prepared::Route {
+            seq,
+            targets: targets.into_iter().map(|q| (q.id, q.name)).collect(),
+            header,
+            encoded,
+        })
     }
 
     /// The enqueue command for one routed message into one queue (a fresh idempotency key, so
     /// the node's own retries of this proposal never store it twice).
     fn enqueue_request(&self, header: &MsgHeader, encoded: &[u8]) -> QueueRequest {
-        let cmd = Command::Enqueue { now_ms: now_ms(), header: header.clone(), publisher: None, dedup_key: Some(self.node.next_publish_key()) };
-        QueueRequest { cmd, message: Some(encoded.to_vec()) }
+        let cmd = Command::Enqueue {
+            now_ms: now_ms(),
+            header: header.clone(),
+            publisher: None,
+            dedup_key: Some(self.node.next_publish_key()),
+        };
+        QueueRequest {
+            cmd,
+            message: Some(encoded.to_vec()),
+        }
     }
 
     /// Route and enqueue one message; answers once every routed queue committed it.
-    async fn publish_one(&self, user: &str, req: pb::PublishRequest) -> Result<pb::PublishResponse, Status> {
+    async fn publish_one(
+        &self,
+        user: &str,
+        req: pb::PublishRequest,
+    ) -> Result<pb::PublishResponse, Status> {
         let (seq, targets, header, encoded) = match self.prepare_publish(user, req)? {
             Prepared::Done(r) => return Ok(r),
-            Prepared::Route { seq, targets, header, encoded } => (seq, targets, header, encoded),
+            Prepared::Route {
+                seq,
+                targets,
+                header,
+                encoded,
+            } => (seq, targets, header, encoded),
         };
         let results = join_all(targets.iter().map(|(id, name)| {
             let request = self.enqueue_request(&header, &encoded);
@@ -180,7 +251,11 @@ impl BrokerService {
 
     /// Publish a batch read from one stream: validated and routed in order, then one Raft
     /// entry per target queue holding that queue's messages in stream order. Answers in order.
-    async fn publish_batch(&self, user: &str, batch: Vec<pb::PublishRequest>) -> Result<Vec<pb::PublishResponse>, Status> {
+    async fn publish_batch(
+        &self,
+        user: &str,
+        batch: Vec<pb::PublishRequest>,
+    ) -> Result<Vec<pb::PublishResponse>, Status> {
         let mut answers: Vec<Option<pb::PublishResponse>> = Vec::with_capacity(batch.len());
         let mut rejected: Vec<Vec<String>> = Vec::with_capacity(batch.len());
         let mut per_queue: BTreeMap<u64, (String, Vec<(usize, QueueRequest)>)> = BTreeMap::new();
@@ -197,7 +272,12 @@ impl BrokerService {
                     outcome: pb::PublishOutcome::Rejected as i32,
                     detail: format!("{}: {}", qq_code_name(status.code()), status.message()),
                 })),
-                Ok(Prepared::Route { targets, header, encoded, .. }) => {
+                Ok(Prepared::Route {
+                    targets,
+                    header,
+                    encoded,
+                    ..
+                }) => {
                     answers.push(None);
                     for (id, name) in targets {
                         let entry = per_queue.entry(id).or_insert_with(|| (name, Vec::new()));
@@ -208,7 +288,11 @@ impl BrokerService {
         }
         let results = join_all(per_queue.into_iter().map(|(id, (name, items))| async move {
             let (positions, reqs): (Vec<usize>, Vec<QueueRequest>) = items.into_iter().unzip();
-            (name, positions, self.node.propose_queue_batch(id, reqs).await)
+            (
+                name,
+                positions,
+                self.node.propose_queue_batch(id, reqs).await,
+            )
         }))
         .await;
         for (queue, positions, result) in results {
@@ -273,30 +357,51 @@ impl BrokerService {
         if !state.vhost_exists(vhost) {
             return Err(Status::not_found(format!("vhost '{vhost}' not found")));
         }
-        Ok(state.queues().filter(|q| q.vhost == vhost).cloned().collect())
+        Ok(state
+            .queues()
+            .filter(|q| q.vhost == vhost)
+            .cloned()
+            .collect())
     }
 }
 
 /// What `prepare_publish` decided.
 enum Prepared {
     Done(pb::PublishResponse),
-    Route { seq: u64, targets: Vec<(u64, String)>, header: MsgHeader, encoded: Vec<u8> },
+    Route {
+        seq: u64,
+        targets: Vec<(u64, String)>,
+        header: MsgHeader,
+        encoded: Vec<u8>,
+    },
 }
 
 /// `Some(detail)` when the queue refused the message (reject-publish limits).
 fn refusal(queue: &str, reply: &Reply) -> Result<Option<String>, Status> {
     match reply {
         Reply::Enqueued { .. } | Reply::Duplicate => Ok(None),
-        Reply::Rejected { detail } | Reply::RejectedDeadLettered { detail, .. } => Ok(Some(detail.clone())),
-        other => Err(Status::internal(format!("queue '{queue}': unexpected reply {other:?}"))),
+        Reply::Rejected { detail } | Reply::RejectedDeadLettered { detail, .. } => {
+            Ok(Some(detail.clone()))
+        }
+        other => Err(Status::internal(format!(
+            "queue '{queue}': unexpected reply {other:?}"
+        ))),
     }
 }
 
 fn answer(seq: u64, rejected: Vec<String>) -> pb::PublishResponse {
     if rejected.is_empty() {
-        pb::PublishResponse { seq, outcome: pb::PublishOutcome::Confirmed as i32, detail: String::new() }
+        pb::PublishResponse {
+            seq,
+            outcome: pb::PublishOutcome::Confirmed as i32,
+            detail: String::new(),
+        }
     } else {
-        pb::PublishResponse { seq, outcome: pb::PublishOutcome::Rejected as i32, detail: rejected.join("; ") }
+        pb::PublishResponse {
+            seq,
+            outcome: pb::PublishOutcome::Rejected as i32,
+            detail: rejected.join("; "),
+        }
     }
 }
 
@@ -309,7 +414,9 @@ fn settle_outcome(v: i32, field: &str) -> Result<SettleOutcome, Status> {
         Ok(pb::SettleOutcome::Ack) => Ok(SettleOutcome::Ack),
         Ok(pb::SettleOutcome::Requeue) => Ok(SettleOutcome::Requeue),
         Ok(pb::SettleOutcome::Reject) => Ok(SettleOutcome::Reject),
-        _ => Err(Status::invalid_argument(format!("{field}: must be ACK, REQUEUE or REJECT"))),
+        _ => Err(Status::invalid_argument(format!(
+            "{field}: must be ACK, REQUEUE or REJECT"
+        ))),
     }
 }
 
@@ -327,7 +434,10 @@ fn delivery_pb(tag: u64, receipt: String, redelivered: bool, m: &Message) -> pb:
 #[tonic::async_trait]
 impl Broker for BrokerService {
     #[instrument(skip_all, fields(exchange = %request.get_ref().name))]
-    async fn declare_exchange(&self, request: Request<pb::DeclareExchangeRequest>) -> Result<Response<pb::Empty>, Status> {
+    async fn declare_exchange(
+        &self,
+        request: Request<pb::DeclareExchangeRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
         let user = self.user(&request)?;
         let r = request.into_inner();
         let vhost = vhost(&r.vhost);
@@ -337,32 +447,55 @@ impl Broker for BrokerService {
             let state = self.node.meta.state.read().unwrap();
             return match state.exchange(&vhost, &r.name) {
                 Some(_) => Ok(Response::new(pb::Empty {})),
-                None => Err(Status::not_found(format!("exchange '{}' in vhost '{vhost}' not found", r.name))),
+                None => Err(Status::not_found(format!(
+                    "exchange '{}' in vhost '{vhost}' not found",
+                    r.name
+                ))),
             };
         }
         self.meta(MetaCommand::DeclareExchange {
-            vhost, name: r.name, kind: r.r#type, durable: r.durable, auto_delete: r.auto_delete,
-            internal: r.internal, arguments, passive: false,
-        }).await?;
+            vhost,
+            name: r.name,
+            kind: r.r#type,
+            durable: r.durable,
+            auto_delete: r.auto_delete,
+            internal: r.internal,
+            arguments,
+            passive: false,
+        })
+        .await?;
         Ok(Response::new(pb::Empty {}))
     }
 
-    async fn delete_exchange(&self, request: Request<pb::DeleteExchangeRequest>) -> Result<Response<pb::Empty>, Status> {
+    async fn delete_exchange(
+        &self,
+        request: Request<pb::DeleteExchangeRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
         let user = self.user(&request)?;
         let r = request.into_inner();
         let vhost = vhost(&r.vhost);
         self.check(&user, &vhost, Perm::Configure, &r.name)?;
-        self.meta(MetaCommand::DeleteExchange { vhost, name: r.name, if_unused: r.if_unused }).await?;
+        self.meta(MetaCommand::DeleteExchange {
+            vhost,
+            name: r.name,
+            if_unused: r.if_unused,
+        })
+        .await?;
         Ok(Response::new(pb::Empty {}))
     }
 
     #[instrument(skip_all, fields(queue = %request.get_ref().name))]
-    async fn declare_queue(&self, request: Request<pb::DeclareQueueRequest>) -> Result<Response<pb::DeclareQueueResponse>, Status> {
+    async fn declare_queue(
+        &self,
+        request: Request<pb::DeclareQueueRequest>,
+    ) -> Result<Response<pb::DeclareQueueResponse>, Status> {
         let user = self.user(&request)?;
         let r = request.into_inner();
         let vhost = vhost(&r.vhost);
         if r.name.is_empty() {
-            return Err(Status::invalid_argument("name: a queue name is required (quorum queues cannot be server-named)"));
+            return Err(Status::invalid_argument(
+                "name: a queue name is required (quorum queues cannot be server-named)",
+            ));
         }
         self.check(&user, &vhost, Perm::Configure, &r.name)?;
         let arguments = table_from_pb("arguments", &r.arguments)?;
@@ -375,7 +508,16 @@ impl Broker for BrokerService {
         let qm = if r.passive {
             self.queue_meta(&vhost, &r.name)?
         } else {
-            match self.meta(MetaCommand::DeclareQueue { vhost: vhost.clone(), name: r.name.clone(), arguments, passive: false, nodes: self.node.peers.ids() }).await? {
+            match self
+                .meta(MetaCommand::DeclareQueue {
+                    vhost: vhost.clone(),
+                    name: r.name.clone(),
+                    arguments,
+                    passive: false,
+                    nodes: self.node.peers.ids(),
+                })
+                .await?
+            {
                 MetaReply::QueueDeclared { queue, .. } => queue,
                 other => return Err(Status::internal(format!("unexpected reply {other:?}"))),
             }
@@ -389,74 +531,141 @@ impl Broker for BrokerService {
         }))
     }
 
-    async fn delete_queue(&self, request: Request<pb::DeleteQueueRequest>) -> Result<Response<pb::DeleteQueueResponse>, Status> {
+    async fn delete_queue(
+        &self,
+        request: Request<pb::DeleteQueueRequest>,
+    ) -> Result<Response<pb::DeleteQueueResponse>, Status> {
         let user = self.user(&request)?;
         let r = request.into_inner();
         let vhost = vhost(&r.vhost);
         self.check(&user, &vhost, Perm::Configure, &r.name)?;
         let qm = self.queue_meta(&vhost, &r.name)?;
         let data = self.node.queue_info(qm.id).await.ok();
-        let messages = data.as_ref().map(|d| d.counts.ready + d.counts.unacked + d.counts.held).unwrap_or(0);
+        let messages = data
+            .as_ref()
+            .map(|d| d.counts.ready + d.counts.unacked + d.counts.held)
+            .unwrap_or(0);
         if r.if_unused && data.as_ref().map(|d| d.counts.consumers).unwrap_or(0) > 0 {
-            return Err(Status::failed_precondition(format!("queue '{}' in vhost '{vhost}' has consumers (if_unused)", r.name)));
+            return Err(Status::failed_precondition(format!(
+                "queue '{}' in vhost '{vhost}' has consumers (if_unused)",
+                r.name
+            )));
         }
         if r.if_empty && messages > 0 {
-            return Err(Status::failed_precondition(format!("queue '{}' in vhost '{vhost}' has {messages} messages (if_empty)", r.name)));
+            return Err(Status::failed_precondition(format!(
+                "queue '{}' in vhost '{vhost}' has {messages} messages (if_empty)",
+                r.name
+            )));
         }
-        self.meta(MetaCommand::DeleteQueue { vhost, name: r.name }).await?;
-        Ok(Response::new(pb::DeleteQueueResponse { message_count: messages }))
+        self.meta(MetaCommand::DeleteQueue {
+            vhost,
+            name: r.name,
+        })
+        .await?;
+        Ok(Response::new(pb::DeleteQueueResponse {
+            message_count: messages,
+        }))
     }
 
-    async fn purge_queue(&self, request: Request<pb::PurgeQueueRequest>) -> Result<Response<pb::PurgeQueueResponse>, Status> {
+    async fn purge_queue(
+        &self,
+        request: Request<pb::PurgeQueueRequest>,
+    ) -> Result<Response<pb::PurgeQueueResponse>, Status> {
         let user = self.user(&request)?;
         let r = request.into_inner();
         let vhost = vhost(&r.vhost);
         self.check(&user, &vhost, Perm::Read, &r.name)?;
         let qm = self.queue_meta(&vhost, &r.name)?;
-        match self.node.propose_queue(qm.id, QueueRequest { cmd: Command::Purge, message: None }).await? {
-            Reply::Purged { count } => Ok(Response::new(pb::PurgeQueueResponse { message_count: count })),
+        match self
+            .node
+            .propose_queue(
+                qm.id,
+                QueueRequest {
+                    cmd: Command::Purge,
+                    message: None,
+                },
+            )
+            .await?
+        {
+            Reply::Purged { count } => Ok(Response::new(pb::PurgeQueueResponse {
+                message_count: count,
+            })),
             other => Err(Status::internal(format!("unexpected reply {other:?}"))),
         }
     }
 
-    async fn bind_queue(&self, request: Request<pb::BindRequest>) -> Result<Response<pb::Empty>, Status> {
+    async fn bind_queue(
+        &self,
+        request: Request<pb::BindRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
         let user = self.user(&request)?;
         let r = request.into_inner();
         let vhost = vhost(&r.vhost);
         self.check(&user, &vhost, Perm::Write, &r.queue)?;
         self.check(&user, &vhost, Perm::Read, &r.exchange)?;
         let arguments = table_from_pb("arguments", &r.arguments)?;
-        self.meta(MetaCommand::Bind { vhost, queue: r.queue, exchange: r.exchange, routing_key: r.routing_key, arguments }).await?;
+        self.meta(MetaCommand::Bind {
+            vhost,
+            queue: r.queue,
+            exchange: r.exchange,
+            routing_key: r.routing_key,
+            arguments,
+        })
+        .await?;
         Ok(Response::new(pb::Empty {}))
     }
 
-    async fn unbind_queue(&self, request: Request<pb::BindRequest>) -> Result<Response<pb::Empty>, Status> {
+    async fn unbind_queue(
+        &self,
+        request: Request<pb::BindRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
         let user = self.user(&request)?;
         let r = request.into_inner();
         let vhost = vhost(&r.vhost);
         self.check(&user, &vhost, Perm::Write, &r.queue)?;
         self.check(&user, &vhost, Perm::Read, &r.exchange)?;
         let arguments = table_from_pb("arguments", &r.arguments)?;
-        self.meta(MetaCommand::Unbind { vhost, queue: r.queue, exchange: r.exchange, routing_key: r.routing_key, arguments }).await?;
+        self.meta(MetaCommand::Unbind {
+            vhost,
+            queue: r.queue,
+            exchange: r.exchange,
+            routing_key: r.routing_key,
+            arguments,
+        })
+        .await?;
         Ok(Response::new(pb::Empty {}))
     }
 
-    async fn publish(&self, request: Request<pb::PublishRequest>) -> Result<Response<pb::PublishResponse>, Status> {
+    async fn publish(
+        &self,
+        request: Request<pb::PublishRequest>,
+    ) -> Result<Response<pb::PublishResponse>, Status> {
         let user = self.user(&request)?;
-        Ok(Response::new(self.publish_one(&user, request.into_inner()).await?))
+        Ok(Response::new(
+            self.publish_one(&user, request.into_inner()).await?,
+        ))
     }
 
     type PublishStreamStream = BoxStream<pb::PublishResponse>;
 
-    async fn publish_stream(&self, request: Request<Streaming<pb::PublishRequest>>) -> Result<Response<Self::PublishStreamStream>, Status> {
+    async fn publish_stream(
+        &self,
+        request: Request<Streaming<pb::PublishRequest>>,
+    ) -> Result<Response<Self::PublishStreamStream>, Status> {
         use futures::FutureExt;
         let user = self.user(&request)?;
         let mut input = request.into_inner();
         let (tx, rx) = mpsc::channel(4096);
         // One batch in flight at a time keeps the stream's order; a batch is everything that
         // arrived while the previous one was being committed (bounded).
-        let max_batch = self.node.config.max_inflight_publishes.min(crate::queue_sm::MAX_BATCH);
-        let service = BrokerService { node: self.node.clone() };
+        let max_batch = self
+            .node
+            .config
+            .max_inflight_publishes
+            .min(crate::queue_sm::MAX_BATCH);
+        let service = BrokerService {
+            node: self.node.clone(),
+        };
         tokio::spawn(async move {
             loop {
                 let first = match input.next().await {
@@ -496,50 +705,102 @@ impl Broker for BrokerService {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
-    async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
+    async fn get(
+        &self,
+        request: Request<pb::GetRequest>,
+    ) -> Result<Response<pb::GetResponse>, Status> {
         let user = self.user(&request)?;
         let r = request.into_inner();
         let vhost = vhost(&r.vhost);
         self.check(&user, &vhost, Perm::Read, &r.queue)?;
         let qm = self.queue_meta(&vhost, &r.queue)?;
         let lease_ms = if r.lease_ms == 0 { 30_000 } else { r.lease_ms };
-        let cmd = Command::Get { now_ms: now_ms(), lease_ms, auto_ack: r.auto_ack };
-        let out = self.node.propose_queue_full(qm.id, QueueRequest { cmd, message: None }).await?;
+        let cmd = Command::Get {
+            now_ms: now_ms(),
+            lease_ms,
+            auto_ack: r.auto_ack,
+        };
+        let out = self
+            .node
+            .propose_queue_full(qm.id, QueueRequest { cmd, message: None })
+            .await?;
         match out.reply {
-            Reply::Got { delivery, message_count } => {
+            Reply::Got {
+                delivery,
+                message_count,
+            } => {
                 let delivery = match (delivery, out.message) {
                     (Some(d), Some(mut m)) => {
                         if d.delivery_count > 0 {
-                            m.properties.headers.insert("x-delivery-count".into(), qq_core::Value::Long(d.delivery_count as i64));
+                            m.properties.headers.insert(
+                                "x-delivery-count".into(),
+                                qq_core::Value::Long(d.delivery_count as i64),
+                            );
                         }
-                        let receipt = if r.auto_ack { String::new() } else { format!("{}-{}", qm.id, d.id) };
+                        let receipt = if r.auto_ack {
+                            String::new()
+                        } else {
+                            format!("{}-{}", qm.id, d.id)
+                        };
                         Some(delivery_pb(0, receipt, d.redelivered, &m))
                     }
                     _ => None,
                 };
-                Ok(Response::new(pb::GetResponse { delivery, message_count }))
+                Ok(Response::new(pb::GetResponse {
+                    delivery,
+                    message_count,
+                }))
             }
             other => Err(Status::internal(format!("unexpected reply {other:?}"))),
         }
     }
 
-    async fn settle(&self, request: Request<pb::SettleRequest>) -> Result<Response<pb::Empty>, Status> {
+    async fn settle(
+        &self,
+        request: Request<pb::SettleRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
         let user = self.user(&request)?;
         let r = request.into_inner();
         let outcome = settle_outcome(r.outcome, "outcome")?;
         let mut by_group: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
         for receipt in &r.receipts {
-            let parsed = receipt.split_once('-').and_then(|(g, m)| Some((g.parse::<u64>().ok()?, m.parse::<u64>().ok()?)));
-            let (group, id) = parsed.ok_or_else(|| Status::invalid_argument(format!("receipts: '{receipt}' is not a receipt from Get")))?;
+            let parsed = receipt
+                .split_once('-')
+                .and_then(|(g, m)| Some((g.parse::<u64>().ok()?, m.parse::<u64>().ok()?)));
+            let (group, id) = parsed.ok_or_else(|| {
+                Status::invalid_argument(format!("receipts: '{receipt}' is not a receipt from Get"))
+            })?;
             by_group.entry(group).or_default().push(id);
         }
         for (group, ids) in by_group {
-            let qm = self.node.meta.state.read().unwrap().queue_by_id(group).cloned()
-                .ok_or_else(|| Status::not_found(format!("receipts: the queue of receipt group {group} no longer exists")))?;
+            let qm = self
+                .node
+                .meta
+                .state
+                .read()
+                .unwrap()
+                .queue_by_id(group)
+                .cloned()
+                .ok_or_else(|| {
+                    Status::not_found(format!(
+                        "receipts: the queue of receipt group {group} no longer exists"
+                    ))
+                })?;
             self.check(&user, &qm.vhost, Perm::Read, &qm.name)?;
-            let cmd = Command::Settle { now_ms: now_ms(), consumer: GET_CONSUMER, ids, outcome };
-            match self.node.propose_queue(group, QueueRequest { cmd, message: None }).await? {
-                Reply::Error { detail } => return Err(Status::not_found(format!("receipts: {detail}"))),
+            let cmd = Command::Settle {
+                now_ms: now_ms(),
+                consumer: GET_CONSUMER,
+                ids,
+                outcome,
+            };
+            match self
+                .node
+                .propose_queue(group, QueueRequest { cmd, message: None })
+                .await?
+            {
+                Reply::Error { detail } => {
+                    return Err(Status::not_found(format!("receipts: {detail}")));
+                }
                 _ => {}
             }
         }
@@ -548,13 +809,20 @@ impl Broker for BrokerService {
 
     type ConsumeStream = BoxStream<pb::ConsumeResponse>;
 
-    async fn consume(&self, request: Request<Streaming<pb::ConsumeRequest>>) -> Result<Response<Self::ConsumeStream>, Status> {
+    async fn consume(
+        &self,
+        request: Request<Streaming<pb::ConsumeRequest>>,
+    ) -> Result<Response<Self::ConsumeStream>, Status> {
         use pb::consume_request::Request as Req;
         let user = self.user(&request)?;
         let mut input = request.into_inner();
-        let first = input.next().await.ok_or_else(|| Status::invalid_argument("subscribe: the first request must be subscribe"))??;
+        let first = input.next().await.ok_or_else(|| {
+            Status::invalid_argument("subscribe: the first request must be subscribe")
+        })??;
         let Some(Req::Subscribe(sub)) = first.request else {
-            return Err(Status::invalid_argument("subscribe: the first request must be subscribe"));
+            return Err(Status::invalid_argument(
+                "subscribe: the first request must be subscribe",
+            ));
         };
         let vhost = vhost(&sub.vhost);
         self.check(&user, &vhost, Perm::Read, &sub.queue)?;
@@ -565,8 +833,17 @@ impl Broker for BrokerService {
                 sub.prefetch_count, self.node.config.max_prefetch
             )));
         }
-        let consumer_tag = if sub.consumer_tag.is_empty() { format!("ctag-{}", self.node.next_consumer_id()) } else { sub.consumer_tag };
-        let args = SubscribeArgs { group: qm.id, consumer_tag, prefetch: sub.prefetch_count, auto_ack: sub.auto_ack };
+        let consumer_tag = if sub.consumer_tag.is_empty() {
+            format!("ctag-{}", self.node.next_consumer_id())
+        } else {
+            sub.consumer_tag
+        };
+        let args = SubscribeArgs {
+            group: qm.id,
+            consumer_tag,
+            prefetch: sub.prefetch_count,
+            auto_ack: sub.auto_ack,
+        };
 
         // Client requests → session input.
         let (in_tx, in_rx) = mpsc::channel::<SessionIn>(256);
@@ -574,11 +851,20 @@ impl Broker for BrokerService {
             while let Some(Ok(req)) = input.next().await {
                 let msg = match req.request {
                     Some(Req::Settle(s)) => match settle_outcome(s.outcome, "settle.outcome") {
-                        Ok(outcome) => SessionIn::Settle { tags: s.delivery_tags, multiple: s.multiple, outcome },
+                        Ok(outcome) => SessionIn::Settle {
+                            tags: s.delivery_tags,
+                            multiple: s.multiple,
+                            outcome,
+                        },
                         Err(_) => SessionIn::Cancel,
                     },
                     Some(Req::Cancel(_)) => SessionIn::Cancel,
-                    Some(Req::Subscribe(_)) | None => SessionIn::Subscribe(SubscribeArgs { group: 0, consumer_tag: String::new(), prefetch: 0, auto_ack: false }),
+                    Some(Req::Subscribe(_)) | None => SessionIn::Subscribe(SubscribeArgs {
+                        group: 0,
+                        consumer_tag: String::new(),
+                        prefetch: 0,
+                        auto_ack: false,
+                    }),
                 };
                 if in_tx.send(msg).await.is_err() {
                     return;
@@ -587,43 +873,87 @@ impl Broker for BrokerService {
         });
         let (out_tx, mut out_rx) = mpsc::channel::<SessionOut>(256);
         crate::relay::start_session(self.node.clone(), args, in_rx, out_tx).await?;
-        let stream = async_stream_from(move |tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>| async move {
-            use pb::consume_response::Response as R;
-            while let Some(out) = out_rx.recv().await {
-                let item = match out {
-                    SessionOut::Subscribed { consumer_tag } => Ok(pb::ConsumeResponse { response: Some(R::Subscribed(pb::Subscribed { consumer_tag })) }),
-                    SessionOut::Delivery { tag, redelivered, message } => Ok(pb::ConsumeResponse { response: Some(R::Delivery(delivery_pb(tag, String::new(), redelivered, &message))) }),
-                    SessionOut::Cancelled { reason } => Ok(pb::ConsumeResponse { response: Some(R::Cancelled(pb::Cancelled { reason })) }),
-                    SessionOut::Error { code, message } => Err(Status::new(tonic::Code::from_i32(code), message)),
-                };
-                let end = item.is_err();
-                if tx.send(item).await.is_err() || end {
-                    return;
+        let stream = async_stream_from(
+            move |tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>| async move {
+                use pb::consume_response::Response as R;
+                while let Some(out) = out_rx.recv().await {
+                    let item = match out {
+                        SessionOut::Subscribed { consumer_tag } => Ok(pb::ConsumeResponse {
+                            response: Some(R::Subscribed(pb::Subscribed { consumer_tag })),
+                        }),
+                        SessionOut::Delivery {
+                            tag,
+                            redelivered,
+                            message,
+                        } => Ok(pb::ConsumeResponse {
+                            response: Some(R::Delivery(delivery_pb(
+                                tag,
+                                String::new(),
+                                redelivered,
+                                &message,
+                            ))),
+                        }),
+                        SessionOut::Cancelled { reason } => Ok(pb::ConsumeResponse {
+                            response: Some(R::Cancelled(pb::Cancelled { reason })),
+                        }),
+                        SessionOut::Error { code, message } => {
+                            Err(Status::new(tonic::Code::from_i32(code), message))
+                        }
+                    };
+                    let end = item.is_err();
+                    if tx.send(item).await.is_err() || end {
+                        return;
+                    }
                 }
-            }
-        });
+            },
+        );
         Ok(Response::new(stream))
     }
 
-    async fn set_policy(&self, request: Request<pb::SetPolicyRequest>) -> Result<Response<pb::Empty>, Status> {
+    async fn set_policy(
+        &self,
+        request: Request<pb::SetPolicyRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
         let user = self.user(&request)?;
         self.require_admin(&user)?;
         let r = request.into_inner();
         let definition = table_from_pb("definition", &r.definition)?;
-        let apply_to = if r.apply_to.is_empty() { "all".to_string() } else { r.apply_to };
-        self.meta(MetaCommand::SetPolicy { vhost: vhost(&r.vhost), name: r.name, pattern: r.pattern, apply_to, priority: r.priority, definition }).await?;
+        let apply_to = if r.apply_to.is_empty() {
+            "all".to_string()
+        } else {
+            r.apply_to
+        };
+        self.meta(MetaCommand::SetPolicy {
+            vhost: vhost(&r.vhost),
+            name: r.name,
+            pattern: r.pattern,
+            apply_to,
+            priority: r.priority,
+            definition,
+        })
+        .await?;
         Ok(Response::new(pb::Empty {}))
     }
 
-    async fn clear_policy(&self, request: Request<pb::ClearPolicyRequest>) -> Result<Response<pb::Empty>, Status> {
+    async fn clear_policy(
+        &self,
+        request: Request<pb::ClearPolicyRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
         let user = self.user(&request)?;
         self.require_admin(&user)?;
         let r = request.into_inner();
-        self.meta(MetaCommand::ClearPolicy { vhost: vhost(&r.vhost), name: r.name }).await?;
+        self.meta(MetaCommand::ClearPolicy {
+            vhost: vhost(&r.vhost),
+            name: r.name,
+        })
+        .await?;
         Ok(Response::new(pb::Empty {}))
     }
 
-    async fn list_policies(&self, request: Request<pb::ListPoliciesRequest>) -> Result<Response<pb::ListPoliciesResponse>, Status> {
+    async fn list_policies(
+        &self,
+        request: Request<pb::ListPoliciesRequest>,
+    ) -> Result<Response<pb::ListPoliciesResponse>, Status> {
         self.user(&request)?;
         let v = vhost(&request.get_ref().vhost);
         let state = self.node.meta.state.read().unwrap();
@@ -632,20 +962,37 @@ impl Broker for BrokerService {
         }
         let policies = state
             .policies(&v)
-            .map(|p| pb::Policy { vhost: v.clone(), name: p.name.clone(), pattern: p.pattern.clone(), apply_to: p.apply_to.clone(), priority: p.priority, definition: table_to_pb(&p.definition) })
+            .map(|p| pb::Policy {
+                vhost: v.clone(),
+                name: p.name.clone(),
+                pattern: p.pattern.clone(),
+                apply_to: p.apply_to.clone(),
+                priority: p.priority,
+                definition: table_to_pb(&p.definition),
+            })
             .collect();
         Ok(Response::new(pb::ListPoliciesResponse { policies }))
     }
 
-    async fn list_queues(&self, request: Request<pb::ListQueuesRequest>) -> Result<Response<pb::ListQueuesResponse>, Status> {
+    async fn list_queues(
+        &self,
+        request: Request<pb::ListQueuesRequest>,
+    ) -> Result<Response<pb::ListQueuesResponse>, Status> {
         self.user(&request)?;
         let queues = self.vhost_queues(&vhost(&request.get_ref().vhost))?;
         let infos = join_all(queues.iter().map(|q| self.node.queue_info(q.id))).await;
-        let queues = queues.iter().zip(infos).map(|(q, d)| self.queue_info_pb(q, d.ok())).collect();
+        let queues = queues
+            .iter()
+            .zip(infos)
+            .map(|(q, d)| self.queue_info_pb(q, d.ok()))
+            .collect();
         Ok(Response::new(pb::ListQueuesResponse { queues }))
     }
 
-    async fn get_queue(&self, request: Request<pb::GetQueueRequest>) -> Result<Response<pb::QueueInfo>, Status> {
+    async fn get_queue(
+        &self,
+        request: Request<pb::GetQueueRequest>,
+    ) -> Result<Response<pb::QueueInfo>, Status> {
         self.user(&request)?;
         let r = request.into_inner();
         let qm = self.queue_meta(&vhost(&r.vhost), &r.name)?;
@@ -653,7 +1000,10 @@ impl Broker for BrokerService {
         Ok(Response::new(self.queue_info_pb(&qm, Some(data))))
     }
 
-    async fn list_exchanges(&self, request: Request<pb::ListExchangesRequest>) -> Result<Response<pb::ListExchangesResponse>, Status> {
+    async fn list_exchanges(
+        &self,
+        request: Request<pb::ListExchangesRequest>,
+    ) -> Result<Response<pb::ListExchangesResponse>, Status> {
         self.user(&request)?;
         let v = vhost(&request.get_ref().vhost);
         let state = self.node.meta.state.read().unwrap();
@@ -662,12 +1012,23 @@ impl Broker for BrokerService {
         }
         let exchanges = state
             .exchanges(&v)
-            .map(|x| pb::ExchangeInfo { vhost: v.clone(), name: x.name.clone(), r#type: x.kind.as_str().to_string(), durable: x.durable, auto_delete: x.auto_delete, internal: x.internal, arguments: table_to_pb(&x.arguments) })
+            .map(|x| pb::ExchangeInfo {
+                vhost: v.clone(),
+                name: x.name.clone(),
+                r#type: x.kind.as_str().to_string(),
+                durable: x.durable,
+                auto_delete: x.auto_delete,
+                internal: x.internal,
+                arguments: table_to_pb(&x.arguments),
+            })
             .collect();
         Ok(Response::new(pb::ListExchangesResponse { exchanges }))
     }
 
-    async fn list_bindings(&self, request: Request<pb::ListBindingsRequest>) -> Result<Response<pb::ListBindingsResponse>, Status> {
+    async fn list_bindings(
+        &self,
+        request: Request<pb::ListBindingsRequest>,
+    ) -> Result<Response<pb::ListBindingsResponse>, Status> {
         self.user(&request)?;
         let v = vhost(&request.get_ref().vhost);
         let state = self.node.meta.state.read().unwrap();
@@ -676,12 +1037,21 @@ impl Broker for BrokerService {
         }
         let bindings = state
             .bindings(&v)
-            .map(|b| pb::BindingInfo { vhost: v.clone(), exchange: b.source.clone(), queue: b.destination.clone(), routing_key: b.routing_key.clone(), arguments: table_to_pb(&b.arguments) })
+            .map(|b| pb::BindingInfo {
+                vhost: v.clone(),
+                exchange: b.source.clone(),
+                queue: b.destination.clone(),
+                routing_key: b.routing_key.clone(),
+                arguments: table_to_pb(&b.arguments),
+            })
             .collect();
         Ok(Response::new(pb::ListBindingsResponse { bindings }))
     }
 
-    async fn put_user(&self, request: Request<pb::PutUserRequest>) -> Result<Response<pb::Empty>, Status> {
+    async fn put_user(
+        &self,
+        request: Request<pb::PutUserRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
         let user = self.user(&request)?;
         self.require_admin(&user)?;
         let r = request.into_inner();
@@ -691,28 +1061,59 @@ impl Broker for BrokerService {
         if r.password.is_empty() {
             return Err(Status::invalid_argument("password: must not be empty"));
         }
-        let salt = format!("{}-{}-{}", self.node.id, now_ms(), self.node.next_consumer_id()).into_bytes();
+        let salt = format!(
+            "{}-{}-{}",
+            self.node.id,
+            now_ms(),
+            self.node.next_consumer_id()
+        )
+        .into_bytes();
         let password_hash = hash_password(&r.password, &salt);
-        self.meta(MetaCommand::PutUser { name: r.name, password_hash, salt, tags: r.tags }).await?;
+        self.meta(MetaCommand::PutUser {
+            name: r.name,
+            password_hash,
+            salt,
+            tags: r.tags,
+        })
+        .await?;
         Ok(Response::new(pb::Empty {}))
     }
 
-    async fn delete_user(&self, request: Request<pb::DeleteUserRequest>) -> Result<Response<pb::Empty>, Status> {
+    async fn delete_user(
+        &self,
+        request: Request<pb::DeleteUserRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
         let user = self.user(&request)?;
         self.require_admin(&user)?;
-        self.meta(MetaCommand::DeleteUser { name: request.into_inner().name }).await?;
+        self.meta(MetaCommand::DeleteUser {
+            name: request.into_inner().name,
+        })
+        .await?;
         Ok(Response::new(pb::Empty {}))
     }
 
-    async fn set_permissions(&self, request: Request<pb::SetPermissionsRequest>) -> Result<Response<pb::Empty>, Status> {
+    async fn set_permissions(
+        &self,
+        request: Request<pb::SetPermissionsRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
         let user = self.user(&request)?;
         self.require_admin(&user)?;
         let r = request.into_inner();
-        self.meta(MetaCommand::SetPermissions { user: r.user, vhost: vhost(&r.vhost), configure: r.configure, write: r.write, read: r.read }).await?;
+        self.meta(MetaCommand::SetPermissions {
+            user: r.user,
+            vhost: vhost(&r.vhost),
+            configure: r.configure,
+            write: r.write,
+            read: r.read,
+        })
+        .await?;
         Ok(Response::new(pb::Empty {}))
     }
 
-    async fn put_vhost(&self, request: Request<pb::PutVhostRequest>) -> Result<Response<pb::Empty>, Status> {
+    async fn put_vhost(
+        &self,
+        request: Request<pb::PutVhostRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
         let user = self.user(&request)?;
         self.require_admin(&user)?;
         let name = request.into_inner().name;
@@ -723,21 +1124,32 @@ impl Broker for BrokerService {
         Ok(Response::new(pb::Empty {}))
     }
 
-    async fn delete_vhost(&self, request: Request<pb::DeleteVhostRequest>) -> Result<Response<pb::Empty>, Status> {
+    async fn delete_vhost(
+        &self,
+        request: Request<pb::DeleteVhostRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
         let user = self.user(&request)?;
         self.require_admin(&user)?;
-        self.meta(MetaCommand::DeleteVhost { name: request.into_inner().name }).await?;
+        self.meta(MetaCommand::DeleteVhost {
+            name: request.into_inner().name,
+        })
+        .await?;
         Ok(Response::new(pb::Empty {}))
     }
 
-    async fn cluster_status(&self, request: Request<pb::ClusterStatusRequest>) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+    async fn cluster_status(
+        &self,
+        request: Request<pb::ClusterStatusRequest>,
+    ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
         self.user(&request)?;
         let node = &self.node;
         let reach = join_all(node.peers.ids().into_iter().map(|id| async move {
             if id == node.id {
                 return (id, true);
             }
-            let Some(mut client) = node.peers.client(id) else { return (id, false) };
+            let Some(mut client) = node.peers.client(id) else {
+                return (id, false);
+            };
             let mut req = tonic::Request::new(qq_proto::internal::QueueInfoRequest { group: 0 });
             req.set_timeout(std::time::Duration::from_millis(800));
             (id, client.queue_info(req).await.is_ok())
@@ -745,7 +1157,11 @@ impl Broker for BrokerService {
         .await;
         let nodes = reach
             .into_iter()
-            .map(|(id, reachable)| pb::NodeStatus { id, address: node.peers.address(id).unwrap_or_default().to_string(), reachable })
+            .map(|(id, reachable)| pb::NodeStatus {
+                id,
+                address: node.peers.address(id).unwrap_or_default().to_string(),
+                reachable,
+            })
             .collect();
         let metas: Vec<QueueMeta> = node.meta.state.read().unwrap().queues().cloned().collect();
         let queues = metas
@@ -771,14 +1187,33 @@ impl Broker for BrokerService {
         }))
     }
 
-    async fn overview(&self, request: Request<pb::OverviewRequest>) -> Result<Response<pb::OverviewResponse>, Status> {
+    async fn overview(
+        &self,
+        request: Request<pb::OverviewRequest>,
+    ) -> Result<Response<pb::OverviewResponse>, Status> {
         self.user(&request)?;
-        let metas: Vec<QueueMeta> = self.node.meta.state.read().unwrap().queues().cloned().collect();
+        let metas: Vec<QueueMeta> = self
+            .node
+            .meta
+            .state
+            .read()
+            .unwrap()
+            .queues()
+            .cloned()
+            .collect();
         let infos = join_all(metas.iter().map(|q| self.node.queue_info(q.id))).await;
-        let mut o = pb::OverviewResponse { queues: metas.len() as u64, node_id: self.node.id, ..Default::default() };
+        let mut o = pb::OverviewResponse {
+            queues: metas.len() as u64,
+            node_id: self.node.id,
+            ..Default::default()
+        };
         let mut dl: BTreeMap<(&'static str, &'static str), u64> = BTreeMap::new();
         for reason in qq_core::Reason::ALL {
-            for strategy in [Strategy::Disabled, Strategy::AtMostOnce, Strategy::AtLeastOnce] {
+            for strategy in [
+                Strategy::Disabled,
+                Strategy::AtMostOnce,
+                Strategy::AtLeastOnce,
+            ] {
                 dl.insert((reason.as_str(), strategy.as_str()), 0);
             }
         }
@@ -794,7 +1229,11 @@ impl Broker for BrokerService {
         }
         o.messages_dead_lettered_total = dl
             .into_iter()
-            .map(|((reason, strategy), count)| pb::DeadLetterCount { reason: reason.into(), strategy: strategy.into(), count })
+            .map(|((reason, strategy), count)| pb::DeadLetterCount {
+                reason: reason.into(),
+                strategy: strategy.into(),
+                count,
+            })
             .collect();
         Ok(Response::new(o))
     }

@@ -137,7 +137,10 @@ impl Config {
             table.insert("advertise".into(), toml::Value::String(adv.clone()));
         }
         if let Some(dir) = &args.data_dir {
-            table.insert("data_dir".into(), toml::Value::String(dir.display().to_string()));
+            table.insert(
+                "data_dir".into(),
+                toml::Value::String(dir.display().to_string()),
+            );
         }
         if !args.peers.is_empty() {
             let mut peers = Vec::new();
@@ -151,7 +154,10 @@ impl Config {
                     .with_context(|| format!("--peers: '{id}' is not a node id"))?;
                 let mut t = toml::Table::new();
                 t.insert("id".into(), toml::Value::Integer(id));
-                t.insert("address".into(), toml::Value::String(addr.trim().to_string()));
+                t.insert(
+                    "address".into(),
+                    toml::Value::String(addr.trim().to_string()),
+                );
                 peers.push(toml::Value::Table(t));
             }
             table.insert("peers".into(), toml::Value::Array(peers));
@@ -180,11 +186,18 @@ impl Config {
                 bail!("peers: node id {} is listed twice", p.id);
             }
             if p.address.parse::<SocketAddr>().is_err() && !p.address.contains(':') {
-                bail!("peers: address '{}' of node {} is not host:port", p.address, p.id);
+                bail!(
+                    "peers: address '{}' of node {} is not host:port",
+                    p.address,
+                    p.id
+                );
             }
         }
         if !seen.contains_key(&self.node_id) {
-            bail!("peers: this node's id {} is not in the peer list", self.node_id);
+            bail!(
+                "peers: this node's id {} is not in the peer list",
+                self.node_id
+            );
         }
         if self.max_message_bytes == 0 || self.max_message_bytes > 512 * 1024 * 1024 {
             bail!("max_message_bytes: must be between 1 and 536870912");
@@ -199,7 +212,10 @@ impl Config {
             bail!("heartbeat_ms: must be >= 1");
         }
         if self.election_timeout_min_ms <= self.heartbeat_ms {
-            bail!("election_timeout_min_ms: must be greater than heartbeat_ms ({})", self.heartbeat_ms);
+            bail!(
+                "election_timeout_min_ms: must be greater than heartbeat_ms ({})",
+                self.heartbeat_ms
+            );
         }
         if self.election_timeout_max_ms <= self.election_timeout_min_ms {
             bail!("election_timeout_max_ms: must be greater than election_timeout_min_ms");
@@ -212,7 +228,9 @@ impl Config {
 
     /// The address other nodes reach this node at.
     pub fn advertised(&self) -> String {
-        self.advertise.clone().unwrap_or_else(|| self.listen.to_string())
+        self.advertise
+            .clone()
+            .unwrap_or_else(|| self.listen.to_string())
     }
 
     /// Sorted ids of every initial member.

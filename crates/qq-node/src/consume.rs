@@ -28,21 +28,39 @@ pub struct SubscribeArgs {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum SessionIn {
     Subscribe(SubscribeArgs),
-    Settle { tags: Vec<u64>, multiple: bool, outcome: SettleOutcome },
+    Settle {
+        tags: Vec<u64>,
+        multiple: bool,
+        outcome: SettleOutcome,
+    },
     Cancel,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum SessionOut {
-    Subscribed { consumer_tag: String },
-    Delivery { tag: u64, redelivered: bool, message: Message },
-    Cancelled { reason: String },
+    Subscribed {
+        consumer_tag: String,
+    },
+    Delivery {
+        tag: u64,
+        redelivered: bool,
+        message: Message,
+    },
+    Cancelled {
+        reason: String,
+    },
     /// The session ended with this gRPC status code and message.
-    Error { code: i32, message: String },
+    Error {
+        code: i32,
+        message: String,
+    },
 }
 
 fn error(code: Code, message: impl Into<String>) -> SessionOut {
-    SessionOut::Error { code: code as i32, message: message.into() }
+    SessionOut::Error {
+        code: code as i32,
+        message: message.into(),
+    }
 }
 
 /// Run a consumer session on this node, which must lead the queue.
@@ -53,20 +71,48 @@ pub async fn run_session(
     out: mpsc::Sender<SessionOut>,
 ) {
     let group = args.group;
-    let Some(g) = node.queue_group(group).filter(|_| node.is_queue_leader(group)) else {
-        let _ = out.send(error(Code::Unavailable, "this node does not lead the queue any more; retry")).await;
+    let Some(g) = node
+        .queue_group(group)
+        .filter(|_| node.is_queue_leader(group))
+    else {
+        let _ = out
+            .send(error(
+                Code::Unavailable,
+                "this node does not lead the queue any more; retry",
+            ))
+            .await;
         return;
     };
     let consumer: ConsumerId = node.next_consumer_id();
     let (tx, mut events) = mpsc::unbounded_channel();
     g.shared.consumers.lock().unwrap().insert(consumer, tx);
-    let checkout = Command::Checkout { now_ms: now_ms(), consumer, node: node.id, prefetch: args.prefetch };
-    if let Err(status) = node.propose_queue(group, QueueRequest { cmd: checkout, message: None }).await {
+    let checkout = Command::Checkout {
+        now_ms: now_ms(),
+        consumer,
+        node: node.id,
+        prefetch: args.prefetch,
+    };
+    if let Err(status) = node
+        .propose_queue(
+            group,
+            QueueRequest {
+                cmd: checkout,
+                message: None,
+            },
+        )
+        .await
+    {
         g.shared.consumers.lock().unwrap().remove(&consumer);
         let _ = out.send(error(status.code(), status.message())).await;
         return;
     }
-    if out.send(SessionOut::Subscribed { consumer_tag: args.consumer_tag.clone() }).await.is_err() {
+    if out
+        .send(SessionOut::Subscribed {
+            consumer_tag: args.consumer_tag.clone(),
+        })
+        .await
+        .is_err()
+    {
         finish(&node, group, consumer, None).await;
         return;
     }
@@ -82,7 +128,8 @@ pub async fn run_session(
                     if o == outcome {
                         ids.extend(more);
                     } else {
-                        propose_settle(&node, group, consumer, std::mem::take(&mut ids), outcome).await;
+                        propose_settle(&node, group, consumer, std::mem::take(&mut ids), outcome)
+                            .await;
                         ids = more;
                         propose_settle(&node, group, consumer, std::mem::take(&mut ids), o).await;
                         break;
@@ -164,9 +211,23 @@ pub async fn run_session(
     finish(&node, group, consumer, Some((settle_tx, settler))).await;
 }
 
-async fn propose_settle(node: &Node, group: GroupId, consumer: ConsumerId, ids: Vec<MessageId>, outcome: SettleOutcome) {
-    let cmd = Command::Settle { now_ms: now_ms(), consumer, ids, outcome };
-    if let Err(e) = node.propose_queue(group, QueueRequest { cmd, message: None }).await {
+async fn propose_settle(
+    node: &Node,
+    group: GroupId,
+    consumer: ConsumerId,
+    ids: Vec<MessageId>,
+    outcome: SettleOutcome,
+) {
+    let cmd = Command::Settle {
+        now_ms: now_ms(),
+        consumer,
+        ids,
+        outcome,
+    };
+    if let Err(e) = node
+        .propose_queue(group, QueueRequest { cmd, message: None })
+        .await
+    {
         debug!(group, consumer, "settle not applied: {e}");
     }
 }
@@ -176,7 +237,10 @@ async fn finish(
     node: &Arc<Node>,
     group: GroupId,
     consumer: ConsumerId,
-    settler: Option<(mpsc::UnboundedSender<(Vec<MessageId>, SettleOutcome)>, tokio::task::JoinHandle<()>)>,
+    settler: Option<(
+        mpsc::UnboundedSender<(Vec<MessageId>, SettleOutcome)>,
+        tokio::task::JoinHandle<()>,
+    )>,
 ) {
     if let Some((tx, task)) = settler {
         drop(tx);
@@ -185,8 +249,17 @@ async fn finish(
     if let Some(g) = node.queue_group(group) {
         g.shared.consumers.lock().unwrap().remove(&consumer);
     }
-    let cmd = Command::ConsumerDown { now_ms: now_ms(), consumer };
-    if let Err(e) = node.propose_queue(group, QueueRequest { cmd, message: None }).await {
-        debug!(group, consumer, "consumer down not applied (a new leader cleans up): {e}");
+    let cmd = Command::ConsumerDown {
+        now_ms: now_ms(),
+        consumer,
+    };
+    if let Err(e) = node
+        .propose_queue(group, QueueRequest { cmd, message: None })
+        .await
+    {
+        debug!(
+            group,
+            consumer, "consumer down not applied (a new leader cleans up): {e}"
+        );
     }
 }

@@ -11,7 +11,11 @@ use tonic::{Code, Status};
 pub fn value_from_pb(field: &str, v: &pb::Value) -> Result<Value, Status> {
     use pb::value::Kind;
     Ok(match &v.kind {
-        None => return Err(Status::invalid_argument(format!("{field}: value has no type set"))),
+        None => {
+            return Err(Status::invalid_argument(format!(
+                "{field}: value has no type set"
+            )));
+        }
         Some(Kind::StringValue(s)) => Value::String(s.clone()),
         Some(Kind::LongValue(n)) => Value::Long(*n),
         Some(Kind::BoolValue(b)) => Value::Bool(*b),
@@ -44,8 +48,12 @@ pub fn value_to_pb(v: &Value) -> pb::Value {
         Value::Double(d) => Kind::DoubleValue(*d),
         Value::Bytes(b) => Kind::BytesValue(b.clone().into()),
         Value::Timestamp(t) => Kind::TimestampValue(*t),
-        Value::List(l) => Kind::ListValue(pb::ValueList { values: l.iter().map(value_to_pb).collect() }),
-        Value::Table(t) => Kind::TableValue(pb::ValueTable { fields: table_to_pb(t) }),
+        Value::List(l) => Kind::ListValue(pb::ValueList {
+            values: l.iter().map(value_to_pb).collect(),
+        }),
+        Value::Table(t) => Kind::TableValue(pb::ValueTable {
+            fields: table_to_pb(t),
+        }),
     };
     pb::Value { kind: Some(kind) }
 }
@@ -101,7 +109,9 @@ pub fn parse_expiration(s: &str) -> Result<u64, Status> {
         )));
     }
     s.parse::<u64>().map_err(|_| {
-        Status::invalid_argument(format!("message.properties.expiration: '{s}' is out of range"))
+        Status::invalid_argument(format!(
+            "message.properties.expiration: '{s}' is out of range"
+        ))
     })
 }
 
@@ -124,7 +134,10 @@ pub fn properties_to_pb(p: &Properties) -> pb::Properties {
 }
 
 pub fn message_to_pb(m: &Message) -> pb::Message {
-    pb::Message { properties: Some(properties_to_pb(&m.properties)), body: m.body.clone().into() }
+    pb::Message {
+        properties: Some(properties_to_pb(&m.properties)),
+        body: m.body.clone().into(),
+    }
 }
 
 pub fn meta_error_to_status(e: &MetaError) -> Status {
@@ -141,5 +154,9 @@ pub fn meta_error_to_status(e: &MetaError) -> Status {
 
 /// `""` means the default vhost `/`.
 pub fn vhost(v: &str) -> String {
-    if v.is_empty() { "/".to_string() } else { v.to_string() }
+    if v.is_empty() {
+        "/".to_string()
+    } else {
+        v.to_string()
+    }
 }

@@ -59,9 +59,19 @@ fn prepare(
     message: &Message,
 ) -> Result<Copy, TransferError> {
     let Some(dlx) = config.dead_letter_exchange.as_deref() else {
-        return Err(TransferError::NoRoute(format!("queue '{}' has no dead-letter exchange", config.name)));
+        return Err(TransferError::NoRoute(format!(
+            "queue '{}' has no dead-letter exchange",
+            config.name
+        )));
     };
-    let (copy, keys) = dead_letter(message, &config.name, reason, died_at_ms, dlx, config.dead_letter_routing_key.as_deref());
+    let (copy, keys) = dead_letter(
+        message,
+        &config.name,
+        reason,
+        died_at_ms,
+        dlx,
+        config.dead_letter_routing_key.as_deref(),
+    );
     let targets = node
         .meta
         .state
@@ -70,29 +80,51 @@ fn prepare(
         .route(&config.vhost, dlx, &keys, &copy.properties.headers)
         .map_err(|e| TransferError::NoRoute(e.message))?;
     if targets.is_empty() {
-        return Err(TransferError::NoRoute(format!("exchange '{dlx}' routes no queue for keys {keys:?}")));
+        return Err(TransferError::NoRoute(format!(
+            "exchange '{dlx}' routes no queue for keys {keys:?}"
+        )));
     }
     // A cycle without a rejection in it: the copy is dropped for that target.
-    let targets = targets.into_iter().filter(|t| !is_cycle(&copy, &t.name)).map(|t| (t.id, t.name)).collect();
-    let encoded = postcard::to_stdvec(&copy).map_err(|e| TransferError::Unavailable(format!("encode: {e}")))?;
-    let expiration_ms = if copy.properties.expiration.is_empty() { None } else { parse_expiration(&copy.properties.expiration).ok() };
+    let targets = targets
+        .into_iter()
+        .filter(|t| !is_cycle(&copy, &t.name))
+        .map(|t| (t.id, t.name))
+        .collect();
+    let encoded = postcard::to_stdvec(&copy)
+        .map_err(|e| TransferError::Unavailable(format!("encode: {e}")))?;
+    let expiration_ms = if copy.properties.expiration.is_empty() {
+        None
+    } else {
+        parse_expiration(&copy.properties.expiration).ok()
+    };
     let count = deaths(&copy).first().map(|d| d.count).unwrap_or(1);
     let cmd = Command::Enqueue {
         now_ms: now_ms(),
-        header: MsgHeader { size_bytes: copy.body.len() as u64, expiration_ms },
+        header: MsgHeader {
+            size_bytes: copy.body.len() as u64,
+            expiration_ms,
+        },
         publisher: None,
         dedup_key: Some(format!("dl:{group}:{id}:{count}")),
     };
-    Ok(Copy { targets, request: QueueRequest { cmd, message: Some(encoded) } })
+    Ok(Copy {
+        targets,
+        request: QueueRequest {
+            cmd,
+            message: Some(encoded),
+        },
+    })
 }
 
 fn check_reply(target: &str, reply: &Reply) -> Result<(), TransferError> {
     match reply {
         Reply::Enqueued { .. } | Reply::Duplicate => Ok(()),
-        Reply::Rejected { detail } | Reply::RejectedDeadLettered { detail, .. } => {
-            Err(TransferError::Refused(format!("target '{target}': {detail}")))
-        }
-        other => Err(TransferError::Refused(format!("target '{target}': {other:?}"))),
+        Reply::Rejected { detail } | Reply::RejectedDeadLettered { detail, .. } => Err(
+            TransferError::Refused(format!("target '{target}': {detail}")),
+        ),
+        other => Err(TransferError::Refused(format!(
+            "target '{target}': {other:?}"
+        ))),
     }
 }
 
@@ -104,23 +136,33 @@ async fn transfer_ordered(
     config: &QueueConfig,
     letters: Vec<(MessageId, Reason, u64, Message)>,
 ) -> Vec<(MessageId, Result<(), TransferError>)> {
-    let mut outcome: Vec<(MessageId, Result<(), TransferError>)> = Vec::with_capacity(letters.len());
-    let mut per_target: std::collections::BTreeMap<u64, (String, Vec<(usize, QueueRequest)>)> = Default::default();
+    let mut outcome: Vec<(MessageId, Result<(), TransferError>)> =
+        Vec::with_capacity(letters.len());
+    let mut per_target: std::collections::BTreeMap<u64, (String, Vec<(usize, QueueRequest)>)> =
+        Default::default();
     for (i, (id, reason, died_at_ms, message)) in letters.into_iter().enumerate() {
         match prepare(node, group, config, id, reason, died_at_ms, &message) {
             Ok(copy) => {
                 for (tid, name) in copy.targets {
-                    per_target.entry(tid).or_insert_with(|| (name, Vec::new())).1.push((i, copy.request.clone()));
+                    per_target
+                        .entry(tid)
+                        .or_insert_with(|| (name, Vec::new()))
+                        .1
+                        .push((i, copy.request.clone()));
                 }
                 outcome.push((id, Ok(())));
             }
             Err(e) => outcome.push((id, Err(e))),
         }
     }
-    let results = join_all(per_target.into_iter().map(|(tid, (name, items))| async move {
-        let (positions, reqs): (Vec<usize>, Vec<QueueRequest>) = items.into_iter().unzip();
-        (name, positions, node.propose_queue_batch(tid, reqs).await)
-    }))
+    let results = join_all(
+        per_target
+            .into_iter()
+            .map(|(tid, (name, items))| async move {
+                let (positions, reqs): (Vec<usize>, Vec<QueueRequest>) = items.into_iter().unzip();
+                (name, positions, node.propose_queue_batch(tid, reqs).await)
+            }),
+    )
     .await;
     for (target, positions, result) in results {
         match result {
@@ -136,7 +178,10 @@ async fn transfer_ordered(
             Err(status) => {
                 for i in positions {
                     if outcome[i].1.is_ok() {
-                        outcome[i].1 = Err(TransferError::Unavailable(format!("target '{target}': {}", status.message())));
+                        outcome[i].1 = Err(TransferError::Unavailable(format!(
+                            "target '{target}': {}",
+                            status.message()
+                        )));
                     }
                 }
             }
@@ -149,14 +194,22 @@ pub async fn publish_at_most_once(node: &Arc<Node>, job: DeadLetterJob) -> anyho
     let letters = vec![(job.id, job.reason, job.died_at_ms, job.message)];
     for (id, result) in transfer_ordered(node, job.group, &job.config, letters).await {
         if let Err(e) = result {
-            anyhow::bail!("queue '{}': at-most-once dead letter {id} dropped: {e:?}", job.config.name);
+            anyhow::bail!(
+                "queue '{}': at-most-once dead letter {id} dropped: {e:?}",
+                job.config.name
+            );
         }
     }
     Ok(())
 }
 
 /// The at-least-once transfer worker of one queue; active only while this node leads it.
-pub fn spawn_at_least_once_worker(node: Arc<Node>, group: GroupId, shared: Arc<QueueShared>, span: Span) {
+pub fn spawn_at_least_once_worker(
+    node: Arc<Node>,
+    group: GroupId,
+    shared: Arc<QueueShared>,
+    span: Span,
+) {
     tokio::spawn(
         async move {
             let mut applied = shared.applied.subscribe();
@@ -193,7 +246,10 @@ pub fn spawn_at_least_once_worker(node: Arc<Node>, group: GroupId, shared: Arc<Q
                     if !done.is_empty() {
                         let n = done.len();
                         let cmd = Command::DeadLetterSettle { ids: done };
-                        match node.propose_queue(group, QueueRequest { cmd, message: None }).await {
+                        match node
+                            .propose_queue(group, QueueRequest { cmd, message: None })
+                            .await
+                        {
                             Ok(_) => debug!(n, "dead letters confirmed by every target"),
                             Err(e) => debug!("dead-letter settle not applied: {e}"),
                         }

@@ -52,7 +52,12 @@ impl Node {
         let mut hint = self.known_leader(group);
         let mut attempt = 0usize;
         loop {
-            let target = hint.unwrap_or_else(|| members.get(attempt % members.len().max(1)).copied().unwrap_or(self.id));
+            let target = hint.unwrap_or_else(|| {
+                members
+                    .get(attempt % members.len().max(1))
+                    .copied()
+                    .unwrap_or(self.id)
+            });
             if target == self.id {
                 if let Some(info) = self.local_queue_info(group, true) {
                     return Ok(info);
@@ -67,14 +72,20 @@ impl Node {
                         if r.error.is_empty() && r.forward_to == 0 && !r.payload.is_empty() {
                             return decode(&r.payload);
                         }
-                        hint = if r.forward_to != 0 && r.forward_to != target { Some(r.forward_to) } else { None };
+                        hint = if r.forward_to != 0 && r.forward_to != target {
+                            Some(r.forward_to)
+                        } else {
+                            None
+                        };
                     }
                     Err(_) => hint = None,
                 }
             }
             attempt += 1;
             if tokio::time::Instant::now() >= deadline {
-                return Err(Status::unavailable(format!("queue group {group} has no leader right now (safe to retry)")));
+                return Err(Status::unavailable(format!(
+                    "queue group {group} has no leader right now (safe to retry)"
+                )));
             }
             if hint.is_none() {
                 tokio::time::sleep(Duration::from_millis(100)).await;

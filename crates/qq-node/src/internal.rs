@@ -25,10 +25,19 @@ pub struct InternalService {
 fn reply<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> RaftReply {
     match r {
         Ok(v) => match postcard::to_stdvec(&v) {
-            Ok(b) => RaftReply { payload: b.into(), error: String::new() },
-            Err(e) => RaftReply { payload: Default::default(), error: format!("encode: {e}") },
+            Ok(b) => RaftReply {
+                payload: b.into(),
+                error: String::new(),
+            },
+            Err(e) => RaftReply {
+                payload: Default::default(),
+                error: format!("encode: {e}"),
+            },
         },
-        Err(e) => RaftReply { payload: Default::default(), error: e.to_string() },
+        Err(e) => RaftReply {
+            payload: Default::default(),
+            error: e.to_string(),
+        },
     }
 }
 
@@ -47,14 +56,27 @@ impl Internal for InternalService {
         macro_rules! dispatch {
             ($raft:expr) => {
                 match kind {
-                    RaftKind::Append => reply($raft.append_entries(decode::<AppendEntriesRequest<TypeConfig>>(&r.payload)?).await),
-                    RaftKind::Vote => reply($raft.vote(decode::<VoteRequest<TypeConfig>>(&r.payload)?).await),
+                    RaftKind::Append => reply(
+                        $raft
+                            .append_entries(decode::<AppendEntriesRequest<TypeConfig>>(&r.payload)?)
+                            .await,
+                    ),
+                    RaftKind::Vote => reply(
+                        $raft
+                            .vote(decode::<VoteRequest<TypeConfig>>(&r.payload)?)
+                            .await,
+                    ),
                     RaftKind::Snapshot => {
                         let s: SnapshotRequest = decode(&r.payload)?;
-                        let snapshot = openraft::alias::SnapshotOf::<TypeConfig, Vec<u8>> { meta: s.meta, snapshot: s.data };
+                        let snapshot = openraft::alias::SnapshotOf::<TypeConfig, Vec<u8>> {
+                            meta: s.meta,
+                            snapshot: s.data,
+                        };
                         reply($raft.install_full_snapshot(s.vote, snapshot).await)
                     }
-                    RaftKind::Unspecified => return Err(Status::invalid_argument("kind: unspecified")),
+                    RaftKind::Unspecified => {
+                        return Err(Status::invalid_argument("kind: unspecified"))
+                    }
                 }
             };
         }
@@ -63,29 +85,45 @@ impl Internal for InternalService {
         } else {
             match node.queue_group(r.group) {
                 Some(g) => dispatch!(g.raft),
-                None => RaftReply { payload: Default::default(), error: format!("group {} is not running on node {}", r.group, node.id) },
+                None => RaftReply {
+                    payload: Default::default(),
+                    error: format!("group {} is not running on node {}", r.group, node.id),
+                },
             }
         };
         Ok(Response::new(out))
     }
 
-    async fn propose(&self, request: Request<ProposeRequest>) -> Result<Response<ProposeReply>, Status> {
+    async fn propose(
+        &self,
+        request: Request<ProposeRequest>,
+    ) -> Result<Response<ProposeReply>, Status> {
         let r = request.into_inner();
-        Ok(Response::new(self.node.serve_propose(r.group, r.payload.to_vec()).await))
+        Ok(Response::new(
+            self.node.serve_propose(r.group, r.payload.to_vec()).await,
+        ))
     }
 
     type ConsumeStream = BoxStream<ForwardConsumeResponse>;
 
-    async fn consume(&self, request: Request<Streaming<ForwardConsumeRequest>>) -> Result<Response<Self::ConsumeStream>, Status> {
+    async fn consume(
+        &self,
+        request: Request<Streaming<ForwardConsumeRequest>>,
+    ) -> Result<Response<Self::ConsumeStream>, Status> {
         let mut input = request.into_inner();
-        let first = input.next().await.ok_or_else(|| Status::invalid_argument("empty consume stream"))??;
+        let first = input
+            .next()
+            .await
+            .ok_or_else(|| Status::invalid_argument("empty consume stream"))??;
         let SessionIn::Subscribe(args) = decode::<SessionIn>(&first.payload)? else {
             return Err(Status::invalid_argument("first message must subscribe"));
         };
         let (in_tx, in_rx) = mpsc::channel(256);
         tokio::spawn(async move {
             while let Some(Ok(m)) = input.next().await {
-                let Ok(msg) = postcard::from_bytes::<SessionIn>(&m.payload) else { return };
+                let Ok(msg) = postcard::from_bytes::<SessionIn>(&m.payload) else {
+                    return;
+                };
                 if in_tx.send(msg).await.is_err() {
                     return;
                 }
@@ -96,8 +134,16 @@ impl Internal for InternalService {
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
             while let Some(m) = out_rx.recv().await {
-                let Ok(payload) = postcard::to_stdvec(&m) else { return };
-                if tx.send(Ok(ForwardConsumeResponse { payload: payload.into() })).await.is_err() {
+                let Ok(payload) = postcard::to_stdvec(&m) else {
+                    return;
+                };
+                if tx
+                    .send(Ok(ForwardConsumeResponse {
+                        payload: payload.into(),
+                    }))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -105,7 +151,12 @@ impl Internal for InternalService {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
-    async fn queue_info(&self, request: Request<QueueInfoRequest>) -> Result<Response<QueueInfoReply>, Status> {
-        Ok(Response::new(self.node.serve_queue_info(request.into_inner().group)))
+    async fn queue_info(
+        &self,
+        request: Request<QueueInfoRequest>,
+    ) -> Result<Response<QueueInfoReply>, Status> {
+        Ok(Response::new(
+            self.node.serve_queue_info(request.into_inner().group),
+        ))
     }
 }

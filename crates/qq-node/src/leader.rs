@@ -56,7 +56,12 @@ pub fn spawn_queue_tasks(
             .instrument(span.clone()),
         );
     }
-    crate::deadletter::spawn_at_least_once_worker(node.clone(), group, shared.clone(), span.clone());
+    crate::deadletter::spawn_at_least_once_worker(
+        node.clone(),
+        group,
+        shared.clone(),
+        span.clone(),
+    );
     // Expiry timer (message TTLs, Get leases, and x-expires of the queue as a whole).
     tokio::spawn(
         async move {
@@ -78,15 +83,30 @@ pub fn spawn_queue_tasks(
                     let (expires_ms, idle_from, consumers, vhost, name) = {
                         let state = shared.state.lock().unwrap();
                         let c = state.config();
-                        (c.expires_ms, state.last_used_ms().max(leader_since.unwrap_or(0)), state.counts().consumers, c.vhost.clone(), c.name.clone())
+                        (
+                            c.expires_ms,
+                            state.last_used_ms().max(leader_since.unwrap_or(0)),
+                            state.counts().consumers,
+                            c.vhost.clone(),
+                            c.name.clone(),
+                        )
                     };
                     if let (Some(expires), 0) = (expires_ms, consumers) {
                         let now = now_ms();
                         if now >= idle_from + expires {
                             // Unused for x-expires: the queue is deleted, its messages are not
                             // dead-lettered (SEMANTICS.md).
-                            info!(expires_ms = expires, "queue unused for x-expires: deleting it");
-                            match node.propose_meta(qq_core::meta::MetaCommand::DeleteQueue { vhost, name }).await {
+                            info!(
+                                expires_ms = expires,
+                                "queue unused for x-expires: deleting it"
+                            );
+                            match node
+                                .propose_meta(qq_core::meta::MetaCommand::DeleteQueue {
+                                    vhost,
+                                    name,
+                                })
+                                .await
+                            {
                                 Ok(_) => return,
                                 Err(e) => debug!("queue expiry not applied yet: {e}"),
                             }
@@ -101,7 +121,10 @@ pub fn spawn_queue_tasks(
                         let now = now_ms();
                         if deadline <= now {
                             let cmd = Command::Expire { now_ms: now };
-                            if let Err(e) = node.propose_queue(group, QueueRequest { cmd, message: None }).await {
+                            if let Err(e) = node
+                                .propose_queue(group, QueueRequest { cmd, message: None })
+                                .await
+                            {
                                 debug!("expire not applied: {e}");
                             }
                             continue;
@@ -133,8 +156,14 @@ async fn clean_up_old_consumers(node: &Arc<Node>, group: u64, shared: &Arc<Queue
         .filter(|c| !local.contains(c))
         .collect();
     for consumer in stale {
-        let cmd = Command::ConsumerDown { now_ms: now_ms(), consumer };
-        if let Err(e) = node.propose_queue(group, QueueRequest { cmd, message: None }).await {
+        let cmd = Command::ConsumerDown {
+            now_ms: now_ms(),
+            consumer,
+        };
+        if let Err(e) = node
+            .propose_queue(group, QueueRequest { cmd, message: None })
+            .await
+        {
             debug!(consumer, "consumer down not applied: {e}");
         }
     }

@@ -52,7 +52,10 @@ pub struct MetaSm {
 
 impl MetaSm {
     pub fn new(shared: Arc<MetaShared>) -> MetaSm {
-        MetaSm { shared, membership: Default::default() }
+        MetaSm {
+            shared,
+            membership: Default::default(),
+        }
     }
 }
 
@@ -64,8 +67,13 @@ impl RaftStateMachine<TypeConfig> for MetaSm {
     type SnapshotData = Vec<u8>;
     type SnapshotBuilder = MetaSnapshotBuilder;
 
-    async fn applied_state(&mut self) -> Result<(Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>), io::Error> {
-        Ok((*self.shared.last_applied.lock().unwrap(), self.membership.clone()))
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>), io::Error> {
+        Ok((
+            *self.shared.last_applied.lock().unwrap(),
+            self.membership.clone(),
+        ))
     }
 
     async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
@@ -82,7 +90,10 @@ impl RaftStateMachine<TypeConfig> for MetaSm {
                 }
                 EntryPayload::Normal(req) => {
                     let cmd: MetaCommand = postcard::from_bytes(&req.payload).map_err(|e| {
-                        io::Error::other(format!("metadata: decode entry {}: {e}", entry.log_id.index))
+                        io::Error::other(format!(
+                            "metadata: decode entry {}: {e}",
+                            entry.log_id.index
+                        ))
                     })?;
                     let (result, _effects) = self.shared.state.write().unwrap().apply(cmd);
                     // The index travels with the reply so the proposer can wait for replicas to apply it.
@@ -107,19 +118,31 @@ impl RaftStateMachine<TypeConfig> for MetaSm {
         }
     }
 
-    async fn install_snapshot(&mut self, meta: &SnapshotMetaOf<TypeConfig>, snapshot: Vec<u8>) -> Result<(), io::Error> {
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMetaOf<TypeConfig>,
+        snapshot: Vec<u8>,
+    ) -> Result<(), io::Error> {
         let snap: MetaSnapshot = postcard::from_bytes(&snapshot)
             .map_err(|e| io::Error::other(format!("metadata: decode snapshot: {e}")))?;
         *self.shared.state.write().unwrap() = snap.state;
         *self.shared.last_applied.lock().unwrap() = meta.last_log_id;
         self.membership = meta.last_membership.clone();
-        let stored = StoredSnapshot { meta: meta.clone(), data: snapshot };
-        self.shared.store.put_snapshot(META_GROUP, &encode(&stored)?).await?;
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data: snapshot,
+        };
+        self.shared
+            .store
+            .put_snapshot(META_GROUP, &encode(&stored)?)
+            .await?;
         self.shared.applied.send_modify(|n| *n += 1);
         Ok(())
     }
 
-    async fn get_current_snapshot(&mut self) -> Result<Option<SnapshotOf<TypeConfig, Vec<u8>>>, io::Error> {
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<SnapshotOf<TypeConfig, Vec<u8>>>, io::Error> {
         current_snapshot(&self.shared.store, META_GROUP)
     }
 }
@@ -135,10 +158,24 @@ impl RaftSnapshotBuilder<TypeConfig> for MetaSnapshotBuilder {
     type SnapshotData = Vec<u8>;
 
     async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
-        let data = encode(&MetaSnapshot { state: self.state.clone() })?;
-        let meta = SnapshotMetaOf::<TypeConfig> { last_log_id: self.last_applied, last_membership: self.membership.clone() };
-        let stored = StoredSnapshot { meta: meta.clone(), data };
-        self.shared.store.put_snapshot(META_GROUP, &encode(&stored)?).await?;
-        Ok(SnapshotOf::<TypeConfig, Vec<u8>> { meta, snapshot: stored.data })
+        let data = encode(&MetaSnapshot {
+            state: self.state.clone(),
+        })?;
+        let meta = SnapshotMetaOf::<TypeConfig> {
+            last_log_id: self.last_applied,
+            last_membership: self.membership.clone(),
+        };
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        };
+        self.shared
+            .store
+            .put_snapshot(META_GROUP, &encode(&stored)?)
+            .await?;
+        Ok(SnapshotOf::<TypeConfig, Vec<u8>> {
+            meta,
+            snapshot: stored.data,
+        })
     }
 }

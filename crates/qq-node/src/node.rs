@@ -33,7 +33,9 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::config::Config;
 use crate::meta_sm::{MetaShared, MetaSm};
-use crate::queue_sm::{DeadLetterJob, QueueEntry, QueueReplyOut, QueueRequest, QueueShared, QueueSm};
+use crate::queue_sm::{
+    DeadLetterJob, QueueEntry, QueueReplyOut, QueueRequest, QueueShared, QueueSm,
+};
 
 /// How long a proposal keeps retrying (leader elections, forwarding) before UNAVAILABLE.
 /// `ProposeReply.code`: this node does not lead the group (`forward_to` may hint who does).
@@ -45,7 +47,10 @@ const META_PROPAGATION_WAIT: Duration = Duration::from_secs(3);
 const PROPOSE_DEADLINE: Duration = Duration::from_secs(8);
 
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// A running queue group on this node.
@@ -86,7 +91,9 @@ impl Node {
     /// Open storage, start the metadata group (initialising the cluster if this node has the
     /// lowest id and nothing was initialised yet) and return the node. Background loops are
     /// started by [`Node::spawn_background`].
-    pub async fn start(config: Config) -> anyhow::Result<(Arc<Node>, mpsc::UnboundedReceiver<DeadLetterJob>)> {
+    pub async fn start(
+        config: Config,
+    ) -> anyhow::Result<(Arc<Node>, mpsc::UnboundedReceiver<DeadLetterJob>)> {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|e| anyhow::anyhow!("create data_dir {}: {e}", config.data_dir.display()))?;
         let store = Store::open(&config.data_dir.join("db"))?;
@@ -107,15 +114,31 @@ impl Node {
         let meta_raft = Raft::new(
             config.node_id,
             raft_config.clone(),
-            GroupNetwork { group: META_GROUP, peers: peers.clone() },
+            GroupNetwork {
+                group: META_GROUP,
+                peers: peers.clone(),
+            },
             LogStore::new(store.clone(), META_GROUP),
             MetaSm::new(meta.clone()),
         )
         .await?;
-        let lowest = *config.node_ids().first().expect("validated: peers not empty");
+        let lowest = *config
+            .node_ids()
+            .first()
+            .expect("validated: peers not empty");
         if lowest == config.node_id && !meta_raft.is_initialized().await? {
-            let members: BTreeMap<u64, BasicNode> =
-                config.peers.iter().map(|p| (p.id, BasicNode { addr: p.address.clone() })).collect();
+            let members: BTreeMap<u64, BasicNode> = config
+                .peers
+                .iter()
+                .map(|p| {
+                    (
+                        p.id,
+                        BasicNode {
+                            addr: p.address.clone(),
+                        },
+                    )
+                })
+                .collect();
             info!(?members, "initialising the cluster's metadata group");
             meta_raft.initialize(members).await?;
         }
@@ -160,7 +183,11 @@ impl Node {
 
     /// An idempotency key for one publish to one queue: retries reuse it.
     pub fn next_publish_key(&self) -> String {
-        format!("p{}.{}", self.id, self.key_seq.fetch_add(1, Ordering::Relaxed))
+        format!(
+            "p{}.{}",
+            self.id,
+            self.key_seq.fetch_add(1, Ordering::Relaxed)
+        )
     }
 
     pub fn queue_group(&self, group: GroupId) -> Option<QueueGroup> {
@@ -171,7 +198,11 @@ impl Node {
     async fn reconcile(self: &Arc<Self>) {
         let wanted: Vec<QueueMeta> = {
             let state = self.meta.state.read().unwrap();
-            state.queues().filter(|q| q.members.contains(&self.id)).cloned().collect()
+            state
+                .queues()
+                .filter(|q| q.members.contains(&self.id))
+                .cloned()
+                .collect()
         };
         let wanted_ids: std::collections::HashSet<QueueId> = wanted.iter().map(|q| q.id).collect();
         let running: Vec<GroupId> = self.queues.read().unwrap().keys().copied().collect();
@@ -192,8 +223,14 @@ impl Node {
                     // Policy changes reach a queue as UpdateConfig in its own log, proposed by its leader.
                     let current = g.shared.state.lock().unwrap().config().clone();
                     if current != qm.config && g.raft.is_leader() {
-                        let cmd = Command::UpdateConfig { now_ms: now_ms(), config: qm.config.clone() };
-                        if let Err(e) = self.propose_queue(qm.id, QueueRequest { cmd, message: None }).await {
+                        let cmd = Command::UpdateConfig {
+                            now_ms: now_ms(),
+                            config: qm.config.clone(),
+                        };
+                        if let Err(e) = self
+                            .propose_queue(qm.id, QueueRequest { cmd, message: None })
+                            .await
+                        {
                             debug!(group = qm.id, "update config not applied yet: {e}");
                         }
                     }
@@ -207,25 +244,44 @@ impl Node {
 
     async fn start_queue_group(self: &Arc<Self>, qm: QueueMeta) -> anyhow::Result<()> {
         let span = info_span!("queue", node_id = self.id, queue = %qm.name, group = qm.id);
-        let shared = QueueShared::new(qm.id, self.store.clone(), qm.config.clone(), self.dead_letter_tx.clone());
+        let shared = QueueShared::new(
+            qm.id,
+            self.store.clone(),
+            qm.config.clone(),
+            self.dead_letter_tx.clone(),
+        );
         let raft = Raft::new(
             self.id,
             self.raft_config.clone(),
-            GroupNetwork { group: qm.id, peers: self.peers.clone() },
+            GroupNetwork {
+                group: qm.id,
+                peers: self.peers.clone(),
+            },
             LogStore::new(self.store.clone(), qm.id),
             QueueSm::new(shared.clone()),
         )
         .instrument(span.clone())
         .await?;
-        self.queues
-            .write()
-            .unwrap()
-            .insert(qm.id, QueueGroup { raft: raft.clone(), shared: shared.clone(), meta: qm.clone() });
+        self.queues.write().unwrap().insert(
+            qm.id,
+            QueueGroup {
+                raft: raft.clone(),
+                shared: shared.clone(),
+                meta: qm.clone(),
+            },
+        );
         if qm.members.first() == Some(&self.id) && !raft.is_initialized().await? {
             let members: BTreeMap<u64, BasicNode> = qm
                 .members
                 .iter()
-                .map(|id| (*id, BasicNode { addr: self.peers.address(*id).unwrap_or_default().to_string() }))
+                .map(|id| {
+                    (
+                        *id,
+                        BasicNode {
+                            addr: self.peers.address(*id).unwrap_or_default().to_string(),
+                        },
+                    )
+                })
                 .collect();
             span.in_scope(|| info!(?members, "initialising queue group"));
             raft.initialize(members).await?;
@@ -258,7 +314,10 @@ impl Node {
                 None => match self.propose_local(group, payload.clone()).await {
                     Ok(bytes) => return Ok(bytes),
                     Err(LocalError::Forward(h)) => (h, "no leader elected yet".to_string()),
-                    Err(LocalError::NotHere) => (self.member_after(group, None, attempt), "not a member".into()),
+                    Err(LocalError::NotHere) => (
+                        self.member_after(group, None, attempt),
+                        "not a member".into(),
+                    ),
                     Err(LocalError::Unavailable(e)) => (None, e),
                 },
                 Some(t) => match self.propose_remote(t, group, payload.clone()).await {
@@ -271,8 +330,14 @@ impl Node {
             hint = next;
             attempt += 1;
             if tokio::time::Instant::now() >= deadline {
-                let what = if group == META_GROUP { "the metadata".to_string() } else { format!("queue group {group}") };
-                return Err(Status::unavailable(format!("no quorum for {what} right now: {error} (safe to retry)")));
+                let what = if group == META_GROUP {
+                    "the metadata".to_string()
+                } else {
+                    format!("queue group {group}")
+                };
+                return Err(Status::unavailable(format!(
+                    "no quorum for {what} right now: {error} (safe to retry)"
+                )));
             }
             if !moved {
                 tokio::time::sleep(Duration::from_millis((20 * attempt as u64).min(250))).await;
@@ -282,8 +347,16 @@ impl Node {
 
     /// Some member of the group other than `not`, rotating with `attempt`.
     fn member_after(&self, group: GroupId, not: Option<NodeId>, attempt: usize) -> Option<NodeId> {
-        let members: Vec<NodeId> = self.group_members(group).into_iter().filter(|m| Some(*m) != not).collect();
-        if members.is_empty() { None } else { Some(members[attempt % members.len()]) }
+        let members: Vec<NodeId> = self
+            .group_members(group)
+            .into_iter()
+            .filter(|m| Some(*m) != not)
+            .collect();
+        if members.is_empty() {
+            None
+        } else {
+            Some(members[attempt % members.len()])
+        }
     }
 
     /// Members of a group by the metadata (every node for the metadata group).
@@ -291,7 +364,13 @@ impl Node {
         if group == META_GROUP {
             return self.peers.ids();
         }
-        self.meta.state.read().unwrap().queue_by_id(group).map(|q| q.members.clone()).unwrap_or_default()
+        self.meta
+            .state
+            .read()
+            .unwrap()
+            .queue_by_id(group)
+            .map(|q| q.members.clone())
+            .unwrap_or_default()
     }
 
     /// Ok(Ok(reply)) done; Ok(Err(hint)) not the leader there.
@@ -301,15 +380,29 @@ impl Node {
         group: GroupId,
         payload: Vec<u8>,
     ) -> Result<Result<Vec<u8>, Option<NodeId>>, String> {
-        let mut client = self.peers.client(target).ok_or_else(|| format!("unknown node {target}"))?;
-        let mut req = tonic::Request::new(ProposeRequest { group, payload: payload.into() });
+        let mut client = self
+            .peers
+            .client(target)
+            .ok_or_else(|| format!("unknown node {target}"))?;
+        let mut req = tonic::Request::new(ProposeRequest {
+            group,
+            payload: payload.into(),
+        });
         req.set_timeout(Duration::from_secs(5));
-        let reply = client.propose(req).await.map_err(|s| format!("node {target}: {}", s.message()))?.into_inner();
+        let reply = client
+            .propose(req)
+            .await
+            .map_err(|s| format!("node {target}: {}", s.message()))?
+            .into_inner();
         if !reply.error.is_empty() {
             return Err(format!("node {target}: {}", reply.error));
         }
         if reply.code == NOT_LEADER {
-            return Ok(Err(if reply.forward_to == 0 { None } else { Some(reply.forward_to) }));
+            return Ok(Err(if reply.forward_to == 0 {
+                None
+            } else {
+                Some(reply.forward_to)
+            }));
         }
         Ok(Ok(reply.payload.to_vec()))
     }
@@ -319,13 +412,17 @@ impl Node {
         let result = if group == META_GROUP {
             self.meta_raft.client_write(req).await
         } else {
-            let Some(g) = self.queue_group(group) else { return Err(LocalError::NotHere) };
+            let Some(g) = self.queue_group(group) else {
+                return Err(LocalError::NotHere);
+            };
             g.raft.client_write(req).await
         };
         match result {
             Ok(resp) => Ok(resp.data.payload),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
-            | Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => Err(LocalError::Forward(f.leader_id)),
+            | Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => {
+                Err(LocalError::Forward(f.leader_id))
+            }
             Err(e) => Err(LocalError::Unavailable(e.to_string())),
         }
     }
@@ -339,7 +436,9 @@ impl Node {
                 reply.code = NOT_LEADER;
                 reply.forward_to = h.unwrap_or(0);
             }
-            Err(LocalError::NotHere) => reply.error = format!("group {group} is not running on this node"),
+            Err(LocalError::NotHere) => {
+                reply.error = format!("group {group} is not running on this node")
+            }
             Err(LocalError::Unavailable(e)) => reply.error = e,
         }
         reply
@@ -350,21 +449,34 @@ impl Node {
     }
 
     /// Like [`Node::propose_queue`], with the message of a `Get` read on the leader.
-    pub async fn propose_queue_full(&self, group: GroupId, req: QueueRequest) -> Result<QueueReplyOut, Status> {
+    pub async fn propose_queue_full(
+        &self,
+        group: GroupId,
+        req: QueueRequest,
+    ) -> Result<QueueReplyOut, Status> {
         let bytes = self.propose(group, encode(&QueueEntry::One(req))?).await?;
         decode(&bytes)
     }
 
     /// Propose several commands as one entry, applied in order; one reply each.
-    pub async fn propose_queue_batch(&self, group: GroupId, reqs: Vec<QueueRequest>) -> Result<Vec<QueueReplyOut>, Status> {
-        let bytes = self.propose(group, encode(&QueueEntry::Batch(reqs))?).await?;
+    pub async fn propose_queue_batch(
+        &self,
+        group: GroupId,
+        reqs: Vec<QueueRequest>,
+    ) -> Result<Vec<QueueReplyOut>, Status> {
+        let bytes = self
+            .propose(group, encode(&QueueEntry::Batch(reqs))?)
+            .await?;
         decode(&bytes)
     }
 
     /// Propose a metadata command. Returns once the change is applied on this node and on every
     /// reachable node (bounded wait), so a publish on any node right after a declare or bind
     /// routes with it: routing reads each node's local replica.
-    pub async fn propose_meta(&self, cmd: MetaCommand) -> Result<Result<MetaReply, MetaError>, Status> {
+    pub async fn propose_meta(
+        &self,
+        cmd: MetaCommand,
+    ) -> Result<Result<MetaReply, MetaError>, Status> {
         let bytes = self.propose(META_GROUP, encode(&cmd)?).await?;
         let (index, result): (u64, Result<MetaReply, MetaError>) = decode(&bytes)?;
         self.wait_meta_applied_everywhere(index).await;
@@ -373,7 +485,12 @@ impl Node {
 
     /// The metadata index this node has applied.
     pub fn meta_applied(&self) -> u64 {
-        self.meta.last_applied.lock().unwrap().map(|l| l.index).unwrap_or(0)
+        self.meta
+            .last_applied
+            .lock()
+            .unwrap()
+            .map(|l| l.index)
+            .unwrap_or(0)
     }
 
     async fn wait_meta_applied_everywhere(&self, index: u64) {
@@ -383,8 +500,12 @@ impl Node {
                 let applied = if id == self.id {
                     Some(self.meta_applied())
                 } else {
-                    let Some(mut client) = self.peers.client(id) else { break };
-                    let mut req = tonic::Request::new(qq_proto::internal::QueueInfoRequest { group: META_GROUP });
+                    let Some(mut client) = self.peers.client(id) else {
+                        break;
+                    };
+                    let mut req = tonic::Request::new(qq_proto::internal::QueueInfoRequest {
+                        group: META_GROUP,
+                    });
                     req.set_timeout(Duration::from_millis(500));
                     match client.queue_info(req).await {
                         Ok(r) => decode::<u64>(&r.into_inner().payload).ok(),
@@ -406,11 +527,14 @@ impl Node {
         if group == META_GROUP {
             return self.meta_raft.metrics().borrow_watched().current_leader;
         }
-        self.queue_group(group).and_then(|g| g.raft.metrics().borrow_watched().current_leader)
+        self.queue_group(group)
+            .and_then(|g| g.raft.metrics().borrow_watched().current_leader)
     }
 
     pub fn is_queue_leader(&self, group: GroupId) -> bool {
-        self.queue_group(group).map(|g| g.raft.metrics().borrow_watched().state == ServerState::Leader).unwrap_or(false)
+        self.queue_group(group)
+            .map(|g| g.raft.metrics().borrow_watched().state == ServerState::Leader)
+            .unwrap_or(false)
     }
 }
 

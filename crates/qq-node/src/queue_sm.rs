@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
+use openraft::EntryPayload;
 use openraft::alias::{LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMembershipOf};
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
-use openraft::EntryPayload;
 use qq_core::queue::{Command, Delivery, Effect, QueueState, Reply};
 use qq_core::{ConsumerId, Message, MessageId, QueueConfig, Reason, Strategy};
 use qq_raft::store::Store;
@@ -60,7 +60,10 @@ pub struct QueueReplyOut {
 /// Sent to a consumer stream registered on this (leader) node.
 #[derive(Debug)]
 pub enum ConsumerEvent {
-    Deliver { delivery: Delivery, message: Message },
+    Deliver {
+        delivery: Delivery,
+        message: Message,
+    },
     /// The stream must end: leadership lost or queue deleted.
     Cancelled { reason: String, unavailable: bool },
 }
@@ -110,17 +113,27 @@ impl QueueShared {
 
     pub fn read_message(&self, id: MessageId) -> io::Result<Message> {
         let bytes = self.store.get_body(self.group, id)?.ok_or_else(|| {
-            io::Error::other(format!("queue group {}: body of message {id} is missing", self.group))
+            io::Error::other(format!(
+                "queue group {}: body of message {id} is missing",
+                self.group
+            ))
         })?;
-        postcard::from_bytes(&bytes)
-            .map_err(|e| io::Error::other(format!("queue group {}: decode message {id}: {e}", self.group)))
+        postcard::from_bytes(&bytes).map_err(|e| {
+            io::Error::other(format!(
+                "queue group {}: decode message {id}: {e}",
+                self.group
+            ))
+        })
     }
 
     /// Tell every local consumer stream to end.
     pub fn cancel_consumers(&self, reason: &str, unavailable: bool) {
         let mut consumers = self.consumers.lock().unwrap();
         for (_, tx) in consumers.drain() {
-            let _ = tx.send(ConsumerEvent::Cancelled { reason: reason.to_string(), unavailable });
+            let _ = tx.send(ConsumerEvent::Cancelled {
+                reason: reason.to_string(),
+                unavailable,
+            });
         }
     }
 
@@ -129,7 +142,9 @@ impl QueueShared {
         let (reply, effects) = self.state.lock().unwrap().apply(index, req.cmd);
         // A Get's message is read before effects run (auto-ack deletes its body).
         let message = match &reply {
-            Reply::Got { delivery: Some(d), .. } => Some(self.read_message(d.id)?),
+            Reply::Got {
+                delivery: Some(d), ..
+            } => Some(self.read_message(d.id)?),
             _ => None,
         };
         match &reply {
@@ -151,7 +166,12 @@ impl QueueShared {
                     if !leader {
                         continue;
                     }
-                    let tx = self.consumers.lock().unwrap().get(&delivery.consumer).cloned();
+                    let tx = self
+                        .consumers
+                        .lock()
+                        .unwrap()
+                        .get(&delivery.consumer)
+                        .cloned();
                     if let Some(tx) = tx {
                         match self.read_message(delivery.id) {
                             Ok(message) => {
@@ -162,7 +182,12 @@ impl QueueShared {
                     }
                 }
                 Effect::DeleteBody { id } => self.store.delete_bodies(self.group, &[id])?,
-                Effect::DeadLetter { id, reason, strategy, died_at_ms } => match strategy {
+                Effect::DeadLetter {
+                    id,
+                    reason,
+                    strategy,
+                    died_at_ms,
+                } => match strategy {
                     Strategy::AtLeastOnce => {} // held in the state until DeadLetterSettle
                     Strategy::Disabled => self.store.delete_bodies(self.group, &[id])?,
                     Strategy::AtMostOnce => {
@@ -179,7 +204,9 @@ impl QueueShared {
                                         message,
                                     });
                                 }
-                                Err(e) => warn!(group = self.group, "dead letter {id} lost its body: {e}"),
+                                Err(e) => {
+                                    warn!(group = self.group, "dead letter {id} lost its body: {e}")
+                                }
                             }
                         }
                         self.store.delete_bodies(self.group, &[id])?;
@@ -213,7 +240,10 @@ pub struct QueueSm {
 
 impl QueueSm {
     pub fn new(shared: Arc<QueueShared>) -> QueueSm {
-        QueueSm { shared, membership: Default::default() }
+        QueueSm {
+            shared,
+            membership: Default::default(),
+        }
     }
 }
 
@@ -225,8 +255,13 @@ impl RaftStateMachine<TypeConfig> for QueueSm {
     type SnapshotData = Vec<u8>;
     type SnapshotBuilder = QueueSnapshotBuilder;
 
-    async fn applied_state(&mut self) -> Result<(Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>), io::Error> {
-        Ok((*self.shared.last_applied.lock().unwrap(), self.membership.clone()))
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogIdOf<TypeConfig>>, StoredMembershipOf<TypeConfig>), io::Error> {
+        Ok((
+            *self.shared.last_applied.lock().unwrap(),
+            self.membership.clone(),
+        ))
     }
 
     async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
@@ -245,17 +280,27 @@ impl RaftStateMachine<TypeConfig> for QueueSm {
                 }
                 EntryPayload::Normal(req) => {
                     let decoded: QueueEntry = postcard::from_bytes(&req.payload).map_err(|e| {
-                        io::Error::other(format!("queue group {}: decode entry {index}: {e}", shared.group))
+                        io::Error::other(format!(
+                            "queue group {}: decode entry {index}: {e}",
+                            shared.group
+                        ))
                     })?;
                     payload = match decoded {
-                        QueueEntry::One(req) => encode(&shared.apply_one(index << BATCH_SHIFT, req)?)?,
+                        QueueEntry::One(req) => {
+                            encode(&shared.apply_one(index << BATCH_SHIFT, req)?)?
+                        }
                         QueueEntry::Batch(reqs) => {
                             if reqs.len() > MAX_BATCH {
-                                return Err(io::Error::other(format!("entry {index}: batch of {} commands", reqs.len())));
+                                return Err(io::Error::other(format!(
+                                    "entry {index}: batch of {} commands",
+                                    reqs.len()
+                                )));
                             }
                             let mut replies = Vec::with_capacity(reqs.len());
                             for (k, req) in reqs.into_iter().enumerate() {
-                                replies.push(shared.apply_one((index << BATCH_SHIFT) | k as u64, req)?);
+                                replies.push(
+                                    shared.apply_one((index << BATCH_SHIFT) | k as u64, req)?,
+                                );
                             }
                             encode(&replies)?
                         }
@@ -275,7 +320,12 @@ impl RaftStateMachine<TypeConfig> for QueueSm {
         // Capture the view here, in the state-machine worker, so later applies do not change it.
         let state = self.shared.state.lock().unwrap().clone();
         let last_applied = *self.shared.last_applied.lock().unwrap();
-        QueueSnapshotBuilder { shared: self.shared.clone(), membership: self.membership.clone(), state, last_applied }
+        QueueSnapshotBuilder {
+            shared: self.shared.clone(),
+            membership: self.membership.clone(),
+            state,
+            last_applied,
+        }
     }
 
     async fn install_snapshot(
@@ -283,34 +333,62 @@ impl RaftStateMachine<TypeConfig> for QueueSm {
         meta: &SnapshotMetaOf<TypeConfig>,
         snapshot: Vec<u8>,
     ) -> Result<(), io::Error> {
-        let snap: QueueSnapshot = postcard::from_bytes(&snapshot)
-            .map_err(|e| io::Error::other(format!("queue group {}: decode snapshot: {e}", self.shared.group)))?;
+        let snap: QueueSnapshot = postcard::from_bytes(&snapshot).map_err(|e| {
+            io::Error::other(format!(
+                "queue group {}: decode snapshot: {e}",
+                self.shared.group
+            ))
+        })?;
         // Bodies: drop those of messages the snapshot no longer has, write the snapshot's.
         let old_ids = self.shared.state.lock().unwrap().message_ids();
-        let keep: std::collections::BTreeSet<MessageId> = snap.bodies.iter().map(|(id, _)| *id).collect();
-        let stale: Vec<MessageId> = old_ids.into_iter().filter(|id| !keep.contains(id)).collect();
+        let keep: std::collections::BTreeSet<MessageId> =
+            snap.bodies.iter().map(|(id, _)| *id).collect();
+        let stale: Vec<MessageId> = old_ids
+            .into_iter()
+            .filter(|id| !keep.contains(id))
+            .collect();
         self.shared.store.delete_bodies(self.shared.group, &stale)?;
-        let bodies: Vec<(MessageId, &[u8])> = snap.bodies.iter().map(|(id, b)| (*id, b.as_ref())).collect();
+        let bodies: Vec<(MessageId, &[u8])> = snap
+            .bodies
+            .iter()
+            .map(|(id, b)| (*id, b.as_ref()))
+            .collect();
         self.shared.store.put_bodies(self.shared.group, &bodies)?;
         *self.shared.state.lock().unwrap() = snap.state;
         *self.shared.last_applied.lock().unwrap() = meta.last_log_id;
         self.membership = meta.last_membership.clone();
-        let stored = StoredSnapshot { meta: meta.clone(), data: snapshot };
-        self.shared.store.put_snapshot(self.shared.group, &encode(&stored)?).await?;
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data: snapshot,
+        };
+        self.shared
+            .store
+            .put_snapshot(self.shared.group, &encode(&stored)?)
+            .await?;
         self.shared.applied.send_modify(|n| *n += 1);
         Ok(())
     }
 
-    async fn get_current_snapshot(&mut self) -> Result<Option<SnapshotOf<TypeConfig, Vec<u8>>>, io::Error> {
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<SnapshotOf<TypeConfig, Vec<u8>>>, io::Error> {
         current_snapshot(&self.shared.store, self.shared.group)
     }
 }
 
-pub fn current_snapshot(store: &Store, group: GroupId) -> io::Result<Option<SnapshotOf<TypeConfig, Vec<u8>>>> {
-    let Some(bytes) = store.get_snapshot(group)? else { return Ok(None) };
+pub fn current_snapshot(
+    store: &Store,
+    group: GroupId,
+) -> io::Result<Option<SnapshotOf<TypeConfig, Vec<u8>>>> {
+    let Some(bytes) = store.get_snapshot(group)? else {
+        return Ok(None);
+    };
     let stored: StoredSnapshot = postcard::from_bytes(&bytes)
         .map_err(|e| io::Error::other(format!("group {group}: decode stored snapshot: {e}")))?;
-    Ok(Some(SnapshotOf::<TypeConfig, Vec<u8>> { meta: stored.meta, snapshot: stored.data }))
+    Ok(Some(SnapshotOf::<TypeConfig, Vec<u8>> {
+        meta: stored.meta,
+        snapshot: stored.data,
+    }))
 }
 
 pub struct QueueSnapshotBuilder {
@@ -335,9 +413,21 @@ impl RaftSnapshotBuilder<TypeConfig> for QueueSnapshotBuilder {
             }
         }
         let data = encode(&QueueSnapshot { state, bodies })?;
-        let meta = SnapshotMetaOf::<TypeConfig> { last_log_id: last_applied, last_membership: self.membership.clone() };
-        let stored = StoredSnapshot { meta: meta.clone(), data };
-        self.shared.store.put_snapshot(self.shared.group, &encode(&stored)?).await?;
-        Ok(SnapshotOf::<TypeConfig, Vec<u8>> { meta, snapshot: stored.data })
+        let meta = SnapshotMetaOf::<TypeConfig> {
+            last_log_id: last_applied,
+            last_membership: self.membership.clone(),
+        };
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        };
+        self.shared
+            .store
+            .put_snapshot(self.shared.group, &encode(&stored)?)
+            .await?;
+        Ok(SnapshotOf::<TypeConfig, Vec<u8>> {
+            meta,
+            snapshot: stored.data,
+        })
     }
 }

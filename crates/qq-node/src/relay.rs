@@ -32,7 +32,11 @@ pub async fn start_session(
         .client(leader)
         .ok_or_else(|| Status::unavailable(format!("queue leader {leader} is not a known node")))?;
     let (fwd_tx, fwd_rx) = mpsc::channel::<ForwardConsumeRequest>(256);
-    let encode = |m: &SessionIn| postcard::to_stdvec(m).map(|payload| ForwardConsumeRequest { payload: payload.into() });
+    let encode = |m: &SessionIn| {
+        postcard::to_stdvec(m).map(|payload| ForwardConsumeRequest {
+            payload: payload.into(),
+        })
+    };
     fwd_tx
         .send(encode(&SessionIn::Subscribe(args)).map_err(|e| Status::internal(e.to_string()))?)
         .await
@@ -53,12 +57,23 @@ pub async fn start_session(
     tokio::spawn(async move {
         loop {
             let msg = match responses.next().await {
-                Some(Ok(ForwardConsumeResponse { payload })) => match postcard::from_bytes::<SessionOut>(&payload) {
-                    Ok(m) => m,
-                    Err(e) => SessionOut::Error { code: tonic::Code::Internal as i32, message: format!("relay decode: {e}") },
+                Some(Ok(ForwardConsumeResponse { payload })) => {
+                    match postcard::from_bytes::<SessionOut>(&payload) {
+                        Ok(m) => m,
+                        Err(e) => SessionOut::Error {
+                            code: tonic::Code::Internal as i32,
+                            message: format!("relay decode: {e}"),
+                        },
+                    }
+                }
+                Some(Err(s)) => SessionOut::Error {
+                    code: tonic::Code::Unavailable as i32,
+                    message: format!("queue leader {leader}: {}", s.message()),
                 },
-                Some(Err(s)) => SessionOut::Error { code: tonic::Code::Unavailable as i32, message: format!("queue leader {leader}: {}", s.message()) },
-                None => SessionOut::Error { code: tonic::Code::Unavailable as i32, message: format!("queue leader {leader} closed the session; subscribe again") },
+                None => SessionOut::Error {
+                    code: tonic::Code::Unavailable as i32,
+                    message: format!("queue leader {leader} closed the session; subscribe again"),
+                },
             };
             let end = matches!(msg, SessionOut::Error { .. } | SessionOut::Cancelled { .. });
             if out.send(msg).await.is_err() || end {

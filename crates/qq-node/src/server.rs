@@ -15,14 +15,19 @@ use crate::node::Node;
 use crate::queue_sm::DeadLetterJob;
 
 /// Run a node until `shutdown` resolves.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("listen on {}: {e}", config.listen))?;
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     // Decode somewhat larger messages than allowed, so the node itself refuses them with
     // RESOURCE_EXHAUSTED naming the limit (tonic would answer OUT_OF_RANGE).
-    let max_client = (config.max_message_bytes.saturating_mul(4)).saturating_add(1024 * 1024).min(1 << 30);
+    let max_client = (config.max_message_bytes.saturating_mul(4))
+        .saturating_add(1024 * 1024)
+        .min(1 << 30);
     let listen = config.listen;
     // Starting the groups does not wait for peers: Raft RPCs to nodes not yet up are retried.
     let (node, dead_letters) = Node::start(config).await?;
@@ -60,10 +65,11 @@ fn spawn_dead_letter_worker(node: Arc<Node>, mut rx: mpsc::UnboundedReceiver<Dea
             let group = job.group;
             if let Err(e) = crate::deadletter::publish_at_most_once(&node, job).await {
                 if logged.insert(group) {
-                    warn!("dead letter dropped (further drops for this queue are only counted): {e}");
+                    warn!(
+                        "dead letter dropped (further drops for this queue are only counted): {e}"
+                    );
                 }
             }
         }
     });
 }
-

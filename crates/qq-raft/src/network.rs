@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, v2::RaftNetworkV2};
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
 use openraft::{BasicNode, alias::SnapshotOf, alias::VoteOf};
 use qq_proto::internal::{RaftKind, RaftRequest, internal_client::InternalClient};
 use serde::{Serialize, de::DeserializeOwned};
@@ -61,7 +63,9 @@ impl Peers {
                 .keep_alive_timeout(Duration::from_secs(10));
             map.insert(id, (addr, endpoint.connect_lazy()));
         }
-        Ok(Peers { inner: Arc::new(map) })
+        Ok(Peers {
+            inner: Arc::new(map),
+        })
     }
 
     pub fn ids(&self) -> Vec<u64> {
@@ -93,7 +97,11 @@ impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
     type Network = GroupClient;
 
     async fn new_client(&mut self, target: u64, _node: &BasicNode) -> GroupClient {
-        GroupClient { group: self.group, target, peers: self.peers.clone() }
+        GroupClient {
+            group: self.group,
+            target,
+            peers: self.peers.clone(),
+        }
     }
 }
 
@@ -118,17 +126,31 @@ impl GroupClient {
             .ok_or_else(|| unreachable(format!("node {} is not a known peer", self.target)))?;
         let payload = postcard::to_stdvec(req)
             .map_err(|e| RPCError::Network(NetworkError::new(&NetError(format!("encode: {e}")))))?;
-        let mut request = tonic::Request::new(RaftRequest { group: self.group, kind: kind as i32, payload: payload.into() });
+        let mut request = tonic::Request::new(RaftRequest {
+            group: self.group,
+            kind: kind as i32,
+            payload: payload.into(),
+        });
         request.set_timeout(timeout);
         let reply = match client.raft(request).await {
             Ok(r) => r.into_inner(),
-            Err(status) => return Err(unreachable(format!("node {}: {}", self.target, status.message()))),
+            Err(status) => {
+                return Err(unreachable(format!(
+                    "node {}: {}",
+                    self.target,
+                    status.message()
+                )));
+            }
         };
         if !reply.error.is_empty() {
-            return Err(unreachable(format!("node {} group {}: {}", self.target, self.group, reply.error)));
+            return Err(unreachable(format!(
+                "node {} group {}: {}",
+                self.target, self.group, reply.error
+            )));
         }
-        postcard::from_bytes(&reply.payload)
-            .map_err(|e| RPCError::Network(NetworkError::new(&NetError(format!("decode reply: {e}")))))
+        postcard::from_bytes(&reply.payload).map_err(|e| {
+            RPCError::Network(NetworkError::new(&NetError(format!("decode reply: {e}"))))
+        })
     }
 }
 
@@ -140,7 +162,12 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(RaftKind::Append, &rpc, option.hard_ttl().max(MIN_RPC_TIMEOUT)).await
+        self.call(
+            RaftKind::Append,
+            &rpc,
+            option.hard_ttl().max(MIN_RPC_TIMEOUT),
+        )
+        .await
     }
 
     async fn vote(
@@ -148,7 +175,8 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(RaftKind::Vote, &rpc, option.hard_ttl().max(MIN_RPC_TIMEOUT)).await
+        self.call(RaftKind::Vote, &rpc, option.hard_ttl().max(MIN_RPC_TIMEOUT))
+            .await
     }
 
     async fn full_snapshot(
@@ -158,7 +186,11 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
         cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let req = SnapshotRequest { vote, meta: snapshot.meta, data: snapshot.snapshot };
+        let req = SnapshotRequest {
+            vote,
+            meta: snapshot.meta,
+            data: snapshot.snapshot,
+        };
         tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),
             res = self.call(RaftKind::Snapshot, &req, SNAPSHOT_TIMEOUT) => res.map_err(StreamingError::from),

@@ -544,7 +544,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             print_table(&rows);
             if !s.queues.is_empty() {
                 println!();
-                let mut rows = vec![row(["vhost", "queue", "leader", "members", "applied here", "digest here"])];
+                let mut rows = vec![row([
+                    "vhost",
+                    "queue",
+                    "leader",
+                    "members",
+                    "applied here",
+                    "digest here",
+                ])];
                 for q in &s.queues {
                     let vhost = if q.vhost.is_empty() {
                         "/".to_string()
@@ -556,8 +563,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         q.name.clone(),
                         q.leader.to_string(),
                         join_ids(&q.members),
-                        if q.local_member { q.local_last_applied.to_string() } else { "-".into() },
-                        if q.local_member { format!("{:016x}", q.local_state_digest) } else { "-".into() },
+                        if q.local_member {
+                            q.local_last_applied.to_string()
+                        } else {
+                            "-".into()
+                        },
+                        if q.local_member {
+                            format!("{:016x}", q.local_state_digest)
+                        } else {
+                            "-".into()
+                        },
                     ]);
                 }
                 print_table(&rows);

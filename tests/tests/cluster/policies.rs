@@ -182,19 +182,28 @@ async fn unused_queue_expires_without_dead_lettering() -> anyhow::Result<()> {
     })
     .await?;
     let dlq = c.get_queue("exp.dlq").await?;
-    assert_eq!(dlq.messages, 0, "an expiring queue does not dead-letter its messages");
+    assert_eq!(
+        dlq.messages, 0,
+        "an expiring queue does not dead-letter its messages"
+    );
 
-    info!("--- the queue with a consumer is still there, past its expiry (declared before exp.idle expired)");
+    info!(
+        "--- the queue with a consumer is still there, past its expiry (declared before exp.idle expired)"
+    );
     let busy = c.get_queue("exp.busy").await?;
     assert_eq!(busy.consumers, 1, "{busy:?}");
     consumer.cancel().await?;
-    eventually("exp.busy deleted once its consumer left", Duration::from_secs(20), || async {
-        match c.get_queue("exp.busy").await {
-            Err(e) if e.code() == tonic::Code::NotFound => Ok(Some(())),
-            Err(e) => Err(e.into()),
-            Ok(_) => Ok(None),
-        }
-    })
+    eventually(
+        "exp.busy deleted once its consumer left",
+        Duration::from_secs(20),
+        || async {
+            match c.get_queue("exp.busy").await {
+                Err(e) if e.code() == tonic::Code::NotFound => Ok(Some(())),
+                Err(e) => Err(e.into()),
+                Ok(_) => Ok(None),
+            }
+        },
+    )
     .await?;
     cluster.stop();
     Ok(())
