@@ -311,6 +311,40 @@ impl BrokerService {
             .collect())
     }
 
+    /// Bind or unbind: write on the queue, read on the exchange (as RabbitMQ).
+    async fn binding(
+        &self,
+        request: Request<pb::BindRequest>,
+        bind: bool,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let user = self.user(&request)?;
+        let r = request.into_inner();
+        let vhost = vhost(&r.vhost);
+        self.check(&user, &vhost, Perm::Write, &r.queue)?;
+        self.check(&user, &vhost, Perm::Read, &r.exchange)?;
+        let arguments = table_from_pb("arguments", &r.arguments)?;
+        let (queue, exchange, routing_key) = (r.queue, r.exchange, r.routing_key);
+        let cmd = if bind {
+            MetaCommand::Bind {
+                vhost,
+                queue,
+                exchange,
+                routing_key,
+                arguments,
+            }
+        } else {
+            MetaCommand::Unbind {
+                vhost,
+                queue,
+                exchange,
+                routing_key,
+                arguments,
+            }
+        };
+        self.meta(cmd).await?;
+        Ok(Response::new(pb::Empty {}))
+    }
+
     fn queue_info_pb(&self, qm: &QueueMeta, data: Option<QueueInfoData>) -> pb::QueueInfo {
         let c = &qm.config;
         let effective = pb::EffectiveConfig {
@@ -598,42 +632,14 @@ impl Broker for BrokerService {
         &self,
         request: Request<pb::BindRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
-        let user = self.user(&request)?;
-        let r = request.into_inner();
-        let vhost = vhost(&r.vhost);
-        self.check(&user, &vhost, Perm::Write, &r.queue)?;
-        self.check(&user, &vhost, Perm::Read, &r.exchange)?;
-        let arguments = table_from_pb("arguments", &r.arguments)?;
-        self.meta(MetaCommand::Bind {
-            vhost,
-            queue: r.queue,
-            exchange: r.exchange,
-            routing_key: r.routing_key,
-            arguments,
-        })
-        .await?;
-        Ok(Response::new(pb::Empty {}))
+        self.binding(request, true).await
     }
 
     async fn unbind_queue(
         &self,
         request: Request<pb::BindRequest>,
     ) -> Result<Response<pb::Empty>, Status> {
-        let user = self.user(&request)?;
-        let r = request.into_inner();
-        let vhost = vhost(&r.vhost);
-        self.check(&user, &vhost, Perm::Write, &r.queue)?;
-        self.check(&user, &vhost, Perm::Read, &r.exchange)?;
-        let arguments = table_from_pb("arguments", &r.arguments)?;
-        self.meta(MetaCommand::Unbind {
-            vhost,
-            queue: r.queue,
-            exchange: r.exchange,
-            routing_key: r.routing_key,
-            arguments,
-        })
-        .await?;
-        Ok(Response::new(pb::Empty {}))
+        self.binding(request, false).await
     }
 
     async fn publish(
