@@ -249,17 +249,5 @@ async fn finish(
     if let Some(g) = node.queue_group(group) {
         g.shared.consumers.lock().unwrap().remove(&consumer);
     }
-    let cmd = Command::ConsumerDown {
-        now_ms: now_ms(),
-        consumer,
-    };
-    if let Err(e) = node
-        .propose_queue(group, QueueRequest { cmd, message: None })
-        .await
-    {
-        debug!(
-            group,
-            consumer, "consumer down not applied (a new leader cleans up): {e}"
-        );
-    }
+    node.consumer_down(group, consumer).await;
 }

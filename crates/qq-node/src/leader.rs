@@ -156,15 +156,6 @@ async fn clean_up_old_consumers(node: &Arc<Node>, group: u64, shared: &Arc<Queue
         .filter(|c| !local.contains(c))
         .collect();
     for consumer in stale {
-        let cmd = Command::ConsumerDown {
-            now_ms: now_ms(),
-            consumer,
-        };
-        if let Err(e) = node
-            .propose_queue(group, QueueRequest { cmd, message: None })
-            .await
-        {
-            debug!(consumer, "consumer down not applied: {e}");
-        }
+        node.consumer_down(group, consumer).await;
     }
 }

@@ -19,7 +19,7 @@ use qq_raft::{META_GROUP, Response, TypeConfig};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::queue_sm::{StoredSnapshot, current_snapshot};
+use crate::queue_sm::{current_snapshot, encode, save_snapshot};
 
 pub struct MetaShared {
     pub store: Store,
@@ -57,10 +57,6 @@ impl MetaSm {
             membership: Default::default(),
         }
     }
-}
-
-fn encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
-    postcard::to_stdvec(v).map_err(|e| io::Error::other(format!("encode: {e}")))
 }
 
 impl RaftStateMachine<TypeConfig> for MetaSm {
@@ -128,14 +124,7 @@ impl RaftStateMachine<TypeConfig> for MetaSm {
         *self.shared.state.write().unwrap() = snap.state;
         *self.shared.last_applied.lock().unwrap() = meta.last_log_id;
         self.membership = meta.last_membership.clone();
-        let stored = StoredSnapshot {
-            meta: meta.clone(),
-            data: snapshot,
-        };
-        self.shared
-            .store
-            .put_snapshot(META_GROUP, &encode(&stored)?)
-            .await?;
+        save_snapshot(&self.shared.store, META_GROUP, meta.clone(), snapshot).await?;
         self.shared.applied.send_modify(|n| *n += 1);
         Ok(())
     }
@@ -165,17 +154,6 @@ impl RaftSnapshotBuilder<TypeConfig> for MetaSnapshotBuilder {
             last_log_id: self.last_applied,
             last_membership: self.membership.clone(),
         };
-        let stored = StoredSnapshot {
-            meta: meta.clone(),
-            data,
-        };
-        self.shared
-            .store
-            .put_snapshot(META_GROUP, &encode(&stored)?)
-            .await?;
-        Ok(SnapshotOf::<TypeConfig, Vec<u8>> {
-            meta,
-            snapshot: stored.data,
-        })
+        save_snapshot(&self.shared.store, META_GROUP, meta, data).await
     }
 }

@@ -483,6 +483,24 @@ impl Node {
         Ok(result)
     }
 
+    /// Return a consumer's unacked messages to the queue and forget it. A failure is only
+    /// logged: the next leader removes every consumer it does not serve itself.
+    pub async fn consumer_down(&self, group: GroupId, consumer: u64) {
+        let cmd = Command::ConsumerDown {
+            now_ms: now_ms(),
+            consumer,
+        };
+        if let Err(e) = self
+            .propose_queue(group, QueueRequest { cmd, message: None })
+            .await
+        {
+            debug!(
+                group,
+                consumer, "consumer down not applied (a new leader cleans up): {e}"
+            );
+        }
+    }
+
     /// The metadata index this node has applied.
     pub fn meta_applied(&self) -> u64 {
         self.meta

@@ -247,7 +247,7 @@ impl QueueSm {
     }
 }
 
-fn encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
+pub(crate) fn encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
     postcard::to_stdvec(v).map_err(|e| io::Error::other(format!("encode: {e}")))
 }
 
@@ -357,14 +357,13 @@ impl RaftStateMachine<TypeConfig> for QueueSm {
         *self.shared.state.lock().unwrap() = snap.state;
         *self.shared.last_applied.lock().unwrap() = meta.last_log_id;
         self.membership = meta.last_membership.clone();
-        let stored = StoredSnapshot {
-            meta: meta.clone(),
-            data: snapshot,
-        };
-        self.shared
-            .store
-            .put_snapshot(self.shared.group, &encode(&stored)?)
-            .await?;
+        save_snapshot(
+            &self.shared.store,
+            self.shared.group,
+            meta.clone(),
+            snapshot,
+        )
+        .await?;
         self.shared.applied.send_modify(|n| *n += 1);
         Ok(())
     }
@@ -374,6 +373,22 @@ impl RaftStateMachine<TypeConfig> for QueueSm {
     ) -> Result<Option<SnapshotOf<TypeConfig, Vec<u8>>>, io::Error> {
         current_snapshot(&self.shared.store, self.shared.group)
     }
+}
+
+/// Persist `data` as the group's current snapshot (durably, through the fsync thread) and hand
+/// it back in openraft's form. Used when building and when installing a snapshot.
+pub async fn save_snapshot(
+    store: &Store,
+    group: GroupId,
+    meta: SnapshotMetaOf<TypeConfig>,
+    data: Vec<u8>,
+) -> io::Result<SnapshotOf<TypeConfig, Vec<u8>>> {
+    let stored = StoredSnapshot { meta, data };
+    store.put_snapshot(group, &encode(&stored)?).await?;
+    Ok(SnapshotOf::<TypeConfig, Vec<u8>> {
+        meta: stored.meta,
+        snapshot: stored.data,
+    })
 }
 
 pub fn current_snapshot(
@@ -417,17 +432,6 @@ impl RaftSnapshotBuilder<TypeConfig> for QueueSnapshotBuilder {
             last_log_id: last_applied,
             last_membership: self.membership.clone(),
         };
-        let stored = StoredSnapshot {
-            meta: meta.clone(),
-            data,
-        };
-        self.shared
-            .store
-            .put_snapshot(self.shared.group, &encode(&stored)?)
-            .await?;
-        Ok(SnapshotOf::<TypeConfig, Vec<u8>> {
-            meta,
-            snapshot: stored.data,
-        })
+        save_snapshot(&self.shared.store, self.shared.group, meta, data).await
     }
 }
