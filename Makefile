@@ -12,12 +12,13 @@ export QQ_NODE_BIN QQCTL_BIN
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check
+.PHONY: check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check chaos chaos-short
 
 all: build
 
 # System packages the build needs (protoc for the proto crate, libclang for RocksDB's bindgen)
-# and the tests may use (iptables, iproute2). Installs only what is missing.
+# and the tests may use (iptables, iproute2 for the chaos hosts, DejaVu Sans for the charts).
+# Installs only what is missing.
 deps:
 	@missing=""; \
 	command -v protoc >/dev/null 2>&1 || missing="$$missing protobuf-compiler"; \
@@ -25,6 +26,8 @@ deps:
 	command -v clang >/dev/null 2>&1 || missing="$$missing clang"; \
 	command -v iptables >/dev/null 2>&1 || missing="$$missing iptables"; \
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	command -v tc >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing="$$missing fonts-dejavu-core"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		$(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; \
@@ -49,6 +52,25 @@ clean-cluster: cluster-down
 # packages changes feature unification and makes cargo rebuild RocksDB.
 test: deps build check-core-purity
 	$(CARGO) test --workspace
+	$(MAKE) --no-print-directory chaos-short
+
+# Chaos runs (qq-chaos): a three-node cluster in network namespaces, cut, killed and paused
+# while a workload runs; the checker fails the run if a confirmed message is lost, a dead
+# letter is wrong or missing, or the replicas disagree. Needs root (namespaces, iptables).
+# Reports, histories, timelines and node logs go to .qq-chaos/.
+QQ_CHAOS_BIN ?= $(CARGO_TARGET_DIR)/debug/qq-chaos
+CHAOS_SEED ?= 42
+CHAOS_DURATION ?= 150
+
+# About a minute of partitions plus leader kills with a fixed seed: part of `make test`.
+chaos-short: deps build
+	$(SUDO) $(QQ_CHAOS_BIN) --scenario short --node-bin $(QQ_NODE_BIN)
+
+# The full matrix: every nemesis alone for CHAOS_DURATION seconds, then all of them together;
+# prints one table (also .qq-chaos/matrix-seed-$(CHAOS_SEED)/matrix.md). About 40 minutes.
+chaos: deps build
+	$(SUDO) $(QQ_CHAOS_BIN) --matrix --nemesis all --seed $(CHAOS_SEED) \
+		--duration $(CHAOS_DURATION) --node-bin $(QQ_NODE_BIN)
 
 # The queue state machine must stay pure: no async runtime, RPC, Raft or storage in qq-core's
 # dependency tree (STYLE.md "A strict one-way crate graph").

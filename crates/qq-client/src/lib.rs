@@ -60,6 +60,10 @@ use qq_proto::v1::{consume_request, consume_response, value};
 pub const MAX_GRPC_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// How long [`Client::connect`] waits for the TCP connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often an open connection is pinged (HTTP/2 PING), and how long the answer may take
+/// before the connection, and every call on it, fails with `UNAVAILABLE`.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Capacity of the request channel feeding a `Consume` or `PublishStream` call.
 const REQUEST_CHANNEL_CAPACITY: usize = 1024;
 
@@ -228,7 +232,12 @@ impl Client {
             .tcp_nodelay(true)
             // h2 budgets small DATA frames by connection window; keep it large (see qq-raft network).
             .initial_connection_window_size(32 * 1024 * 1024)
-            .initial_stream_window_size(4 * 1024 * 1024))
+            .initial_stream_window_size(4 * 1024 * 1024)
+            // A node that stops answering (paused, cut off) must not hang a consume stream
+            // forever: HTTP/2 pings find it and fail the call, so the caller can go elsewhere.
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true))
     }
 
     fn from_channel(channel: Channel, address: &str) -> Client {

@@ -1,0 +1,690 @@
+//! # qq-chaos: quorumq under network partitions, crashes and pauses
+//!
+//! Starts a three-node cluster in network namespaces (`cluster/netns.sh`), runs a workload of
+//! publishers and consumers on every node through the public gRPC API, lets a seeded nemesis
+//! cut, kill and pause nodes, then heals everything, drains every queue and checks the history:
+//! nothing confirmed lost, nothing unexpected, dead letters where and as the spec says, nothing
+//! held, every replica in the same state. Writes `report.json`, `history.json` and
+//! `timeline.png` into the output directory and exits non-zero when a check fails.
+//!
+//! ```text
+//! sudo qq-chaos --seed 7 --duration 180 --nemesis partition-halves,kill-leader
+//! sudo qq-chaos --scenario short          # the run `make test` does
+//! ```
+
+mod checker;
+mod hosts;
+mod nemesis;
+mod report;
+mod workload;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use qq_client::Client;
+use tokio::task::JoinSet;
+use tokio::time::{sleep, timeout};
+
+use checker::Check;
+use hosts::Hosts;
+use nemesis::Kind;
+use report::{Report, Window};
+use workload::{Control, Recorder, Role};
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Chaos test of a three-node quorumq cluster in network namespaces (needs root)"
+)]
+struct Args {
+    /// Seed of the fault schedule (printed first; the same seed gives the same schedule).
+    /// Default: derived from the clock.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Seconds of workload under faults (healing, draining and checking come after).
+    #[arg(long, default_value_t = 120)]
+    duration: u64,
+    /// Comma-separated faults: partition-halves, isolate-leader, majorities-ring, bridge,
+    /// kill-leader, kill-random, pause, netem; or `all`.
+    #[arg(long, default_value = "all")]
+    nemesis: String,
+    /// A named scenario (sets seed, duration and nemesis): see `--list-scenarios`.
+    #[arg(long)]
+    scenario: Option<String>,
+    /// Print the named scenarios and exit.
+    #[arg(long)]
+    list_scenarios: bool,
+    /// Run every selected nemesis alone (`--duration` each), then all of them together, and
+    /// print one table (also matrix.md and matrix.json in the output directory).
+    #[arg(long)]
+    matrix: bool,
+    /// Total publish rate of the workload, messages per second (over three publishers).
+    #[arg(long, default_value_t = 150.0)]
+    rate: f64,
+    /// Where the report, history, timeline and node logs go.
+    /// Default: .qq-chaos/<scenario or seed> under the current directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The qq-node binary. Default: $QQ_NODE_BIN, else $CARGO_TARGET_DIR/debug/qq-node
+    /// (CARGO_TARGET_DIR defaulting to ~/.cache/quorumq/target).
+    #[arg(long)]
+    node_bin: Option<PathBuf>,
+    /// The namespace script. Default: cluster/netns.sh under the current directory.
+    #[arg(long)]
+    netns_script: Option<PathBuf>,
+}
+
+/// Named scenarios: the short run of `make test`, and every anomaly chaos runs found, kept as a
+/// regression (see README "Chaos testing").
+const SCENARIOS: &[(&str, u64, u64, &str, &str)] = &[(
+    "short",
+    1,
+    60,
+    "partition-halves,kill-leader",
+    "the run of `make test`: partitions plus a leader kill, one minute",
+)];
+
+fn default_node_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("QQ_NODE_BIN") {
+        return p.into();
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/quorumq/target")
+        });
+    target.join("debug/qq-node")
+}
+
+fn is_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+#[tokio::main]
+async fn main() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+    match run(Args::parse()).await {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("qq-chaos: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}
+
+async fn run(mut args: Args) -> anyhow::Result<bool> {
+    if args.list_scenarios {
+        for (name, seed, secs, nemesis, what) in SCENARIOS {
+            println!("{name:<12} seed {seed:<4} {secs:>4} s  {nemesis:<40} {what}");
+        }
+        return Ok(true);
+    }
+    let mut label = None;
+    if let Some(name) = &args.scenario {
+        let Some((_, seed, secs, nemesis, _)) = SCENARIOS.iter().find(|s| s.0 == name) else {
+            bail!("unknown scenario '{name}' (see --list-scenarios)");
+        };
+        args.seed = Some(*seed);
+        args.duration = *secs;
+        args.nemesis = nemesis.to_string();
+        label = Some(name.clone());
+    }
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    });
+    println!("seed: {seed}");
+    let kinds = nemesis::parse_kinds(&args.nemesis).map_err(anyhow::Error::msg)?;
+    if !is_root() {
+        bail!("needs root: network namespaces and iptables (run with sudo)");
+    }
+    if args.rate <= 0.0 {
+        bail!("--rate must be positive");
+    }
+    let node_bin = args.node_bin.clone().unwrap_or_else(default_node_bin);
+    if !node_bin.exists() {
+        bail!("{} not found: run `make build` first", node_bin.display());
+    }
+    let script = args
+        .netns_script
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("cluster/netns.sh"));
+    if !script.exists() {
+        bail!(
+            "{} not found: run from the repository root or pass --netns-script",
+            script.display()
+        );
+    }
+    let base = args.out.clone().unwrap_or_else(|| {
+        let name = label.clone().unwrap_or_else(|| {
+            if args.matrix {
+                format!("matrix-seed-{seed}")
+            } else {
+                format!("seed-{seed}")
+            }
+        });
+        PathBuf::from(".qq-chaos").join(name)
+    });
+    if base.exists() {
+        std::fs::remove_dir_all(&base).with_context(|| format!("clear {}", base.display()))?;
+    }
+    let setup = Setup {
+        seed,
+        script,
+        node_bin,
+        rate: args.rate,
+        duration: args.duration,
+    };
+    if !args.matrix {
+        let report = run_one(&setup, &kinds, &base).await?;
+        return Ok(report.verdict.ok());
+    }
+    // The matrix: every selected nemesis alone, then all of them together.
+    let mut runs: Vec<(String, Vec<Kind>)> = kinds
+        .iter()
+        .map(|k| (k.name().to_string(), vec![*k]))
+        .collect();
+    if kinds.len() > 1 {
+        runs.push(("combined".into(), kinds.clone()));
+    }
+    let mut rows = Vec::new();
+    for (name, set) in runs {
+        println!("\n######## matrix: {name} ########");
+        let report = run_one(&setup, &set, &base.join(&name)).await?;
+        rows.push((name, report));
+    }
+    let table = report::matrix_table(&rows);
+    std::fs::write(base.join("matrix.md"), &table)?;
+    let json: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|(name, r)| serde_json::json!({ "run": name, "report": r }))
+        .collect();
+    std::fs::write(base.join("matrix.json"), serde_json::to_vec_pretty(&json)?)?;
+    println!("\n{table}");
+    println!("matrix: {}", base.join("matrix.md").display());
+    Ok(rows.iter().all(|(_, r)| r.verdict.ok()))
+}
+
+/// What every run of one invocation shares.
+struct Setup {
+    seed: u64,
+    script: PathBuf,
+    node_bin: PathBuf,
+    rate: f64,
+    duration: u64,
+}
+
+/// One run: fresh namespaces and nodes, the workload under `kinds`, the check. Output in `out`.
+async fn run_one(setup: &Setup, kinds: &[Kind], out: &std::path::Path) -> anyhow::Result<Report> {
+    std::fs::create_dir_all(out)?;
+    let mut hosts = Hosts::create(&setup.script, &setup.node_bin, &out.join("run"), 3)?;
+    let mut notes = Vec::new();
+    let mut kinds = kinds.to_vec();
+    if kinds.contains(&Kind::Netem) && !hosts.netem_available() {
+        let note =
+            "tc netem is not available in this kernel: the netem fault is skipped".to_string();
+        println!("note: {note}");
+        notes.push(note);
+        kinds.retain(|k| *k != Kind::Netem);
+    }
+    let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+    println!(
+        "nemeses: {}   workload: {} s   output: {}",
+        names.join(","),
+        setup.duration,
+        out.display()
+    );
+    let result = chaos(&mut hosts, setup, &kinds, notes, out).await;
+    if result.as_ref().map_or(true, |r| !r.verdict.ok()) {
+        for id in hosts.ids().to_vec() {
+            eprintln!("===== node {id} log tail\n{}", hosts.log_tail(id, 30));
+        }
+    }
+    hosts.destroy();
+    result
+}
+
+async fn chaos(
+    hosts: &mut Hosts,
+    setup: &Setup,
+    kinds: &[Kind],
+    notes: Vec<String>,
+    out: &std::path::Path,
+) -> anyhow::Result<Report> {
+    let seed = setup.seed;
+    let addresses: Vec<String> = hosts.ids().iter().map(|id| hosts::address(*id)).collect();
+    for id in hosts.ids().to_vec() {
+        hosts.start(id)?;
+    }
+    let clients = workload::clients(&addresses)?;
+    wait_formed(&clients, Duration::from_secs(60)).await?;
+    retry("declare the topology", || workload::declare(&clients[0])).await?;
+    let mut leaders_at_start = BTreeMap::new();
+    for q in workload::QUEUES {
+        let info = retry("queue info", || clients[0].get_queue(q)).await?;
+        leaders_at_start.insert(q.to_string(), info.leader);
+    }
+    println!("cluster formed; leaders: {leaders_at_start:?}");
+
+    // ---- workload + nemesis ----------------------------------------------------------------
+    let rec = Arc::new(Recorder::new());
+    let control = Arc::new(Control::default());
+    let mut publishers = JoinSet::new();
+    for p in 0..clients.len() {
+        publishers.spawn(workload::publisher(
+            p,
+            setup.rate / clients.len() as f64,
+            16,
+            clients.clone(),
+            rec.clone(),
+            control.clone(),
+        ));
+    }
+    let mut consumers = JoinSet::new();
+    for c in 0..clients.len() {
+        consumers.spawn(workload::consumer(
+            c,
+            workload::WORK,
+            Role::Work,
+            clients.clone(),
+            rec.clone(),
+            control.clone(),
+        ));
+    }
+    consumers.spawn(workload::consumer(
+        1,
+        workload::LIMIT,
+        Role::AlwaysRequeue,
+        clients.clone(),
+        rec.clone(),
+        control.clone(),
+    ));
+
+    let run = Duration::from_secs(setup.duration);
+    let plan = nemesis::schedule(
+        seed,
+        kinds,
+        run,
+        hosts.ids().len() as u64,
+        workload::QUEUES.len(),
+    );
+    let mut windows: Vec<Window> = Vec::new();
+    let mut crashes: Vec<String> = Vec::new();
+    let mut next_progress = Duration::from_secs(5);
+    let mut step = plan.iter().peekable();
+    let mut active: Option<(nemesis::Applied, Duration, u64)> = None;
+    while rec.elapsed() < run {
+        if let Some((id, status)) = hosts.find_crashed() {
+            let msg = format!(
+                "node {id} exited by itself ({status}) at {:?}",
+                rec.elapsed()
+            );
+            println!("!! {msg}");
+            crashes.push(msg);
+            hosts.start(id)?;
+        }
+        let now = rec.elapsed();
+        if let Some((applied, until, start_ms)) = &active
+            && now >= *until
+        {
+            nemesis::heal(hosts, applied)?;
+            println!(
+                "[{:>5.1}s] healed {} {}",
+                now.as_secs_f64(),
+                applied.kind,
+                applied.target
+            );
+            windows.push(Window {
+                kind: applied.kind,
+                target: applied.target.clone(),
+                start_ms: *start_ms,
+                end_ms: rec.now_ms(),
+            });
+            active = None;
+        }
+        if active.is_none()
+            && let Some(fault) = step.next_if(|f| now >= f.at)
+        {
+            let queue = workload::QUEUES[fault.queue_pick];
+            let leader = current_leader(&clients, queue).await;
+            let start_ms = rec.now_ms();
+            let applied = nemesis::apply(hosts, fault, leader)?;
+            println!(
+                "[{:>5.1}s] {} {} (queue {queue} leader {leader:?}) for {:.1} s",
+                now.as_secs_f64(),
+                applied.kind,
+                applied.target,
+                fault.length.as_secs_f64()
+            );
+            active = Some((applied, now + fault.length, start_ms));
+        }
+        if now >= next_progress {
+            println!(
+                "[{:>5.1}s] confirmed {}",
+                now.as_secs_f64(),
+                rec.confirmed_count()
+            );
+            next_progress += Duration::from_secs(5);
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    if let Some((applied, _, start_ms)) = active.take() {
+        nemesis::heal(hosts, &applied)?;
+        windows.push(Window {
+            kind: applied.kind,
+            target: applied.target.clone(),
+            start_ms,
+            end_ms: rec.now_ms(),
+        });
+    }
+
+    // ---- heal, finish, drain ------------------------------------------------------------------
+    control.stop_publishing.store(true, Ordering::Relaxed);
+    let publish_end_ms = rec.now_ms();
+    hosts.heal_all()?;
+    println!(
+        "[{:>5.1}s] healed everything; finishing publishes",
+        rec.elapsed().as_secs_f64()
+    );
+    let mut checks = Vec::new();
+    let healthy = wait_healthy(&clients, Duration::from_secs(60)).await;
+    checks.push(Check::new(
+        "cluster healthy after healing",
+        healthy.is_ok(),
+        healthy
+            .as_ref()
+            .err()
+            .map_or("every node answers, every queue has a leader".into(), |e| {
+                e.to_string()
+            }),
+    ));
+    let give_up_at = Instant::now() + Duration::from_secs(30);
+    while !publishers.is_empty() {
+        if Instant::now() >= give_up_at {
+            control.give_up.store(true, Ordering::Relaxed);
+        }
+        let _ = timeout(Duration::from_millis(500), publishers.join_next()).await;
+    }
+    println!(
+        "[{:>5.1}s] publishers done; waiting for the source queues to drain",
+        rec.elapsed().as_secs_f64()
+    );
+    let drained = wait_drained(&clients, Duration::from_secs(120)).await;
+    checks.push(Check::new(
+        "source queues drained, no dead letter held",
+        drained.is_ok(),
+        match &drained {
+            Ok(()) => "chaos.work, chaos.ttl and chaos.limit empty; 0 dead letters held".into(),
+            Err(e) => e.to_string(),
+        },
+    ));
+    control.stop_consuming.store(true, Ordering::Relaxed);
+    while consumers.join_next().await.is_some() {}
+    for q in workload::SOURCES {
+        drain(&clients, q, Role::DrainLeftovers, &rec).await?;
+    }
+    drain(&clients, workload::DLQ, Role::DrainDeadLetters, &rec).await?;
+    let end_ms = rec.now_ms();
+    println!(
+        "[{:>5.1}s] drained; checking replicas",
+        rec.elapsed().as_secs_f64()
+    );
+    checks.push(replica_agreement(&clients, Duration::from_secs(30)).await);
+    while let Some((id, status)) = hosts.find_crashed() {
+        crashes.push(format!("node {id} exited by itself ({status})"));
+    }
+    checks.push(Check::new(
+        "no node crashed by itself",
+        crashes.is_empty(),
+        if crashes.is_empty() {
+            "none".into()
+        } else {
+            crashes.join("; ")
+        },
+    ));
+
+    // ---- check and report ---------------------------------------------------------------------
+    let history = rec.take();
+    let mut verdict = checker::check(&history);
+    verdict.checks.extend(checks);
+    let report = Report {
+        seed,
+        nemeses: kinds.to_vec(),
+        workload_s: publish_end_ms as f64 / 1000.0,
+        notes,
+        leaders_at_start,
+        faults: report::fault_reports(&history, &windows, publish_end_ms),
+        throughput: report::throughput(&history, &windows, publish_end_ms),
+        latency: report::latency(&history),
+        publish_errors: history.publish_errors.clone(),
+        consumer_interruptions: history.consumer_interruptions.clone(),
+        verdict,
+    };
+    std::fs::write(out.join("report.json"), serde_json::to_vec_pretty(&report)?)?;
+    std::fs::write(out.join("history.json"), serde_json::to_vec(&history)?)?;
+    let png = out.join("timeline.png");
+    if let Err(e) = report::plot(
+        &history,
+        &windows,
+        end_ms.min(publish_end_ms + 15_000),
+        &png,
+    ) {
+        println!("timeline not drawn: {e:#}");
+    }
+    print!("{}", report::summary(&report));
+    println!(
+        "report: {}  timeline: {}",
+        out.join("report.json").display(),
+        png.display()
+    );
+    Ok(report)
+}
+
+/// Retries `f` on errors for up to 30 s (the cluster may still be settling).
+async fn retry<T, F, Fut>(what: &str, mut f: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = qq_client::Result<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match timeout(Duration::from_secs(5), f()).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) if Instant::now() >= deadline => bail!("{what}: {e}"),
+            Err(_) if Instant::now() >= deadline => bail!("{what}: timed out"),
+            _ => sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
+async fn wait_formed(clients: &[Client], limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut formed = true;
+        for c in clients {
+            match timeout(Duration::from_secs(2), c.cluster_status()).await {
+                Ok(Ok(s)) if s.metadata_leader != 0 => {}
+                _ => formed = false,
+            }
+        }
+        if formed {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("the cluster did not form within {limit:?}");
+        }
+        sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The leader of `queue` as some node sees it now (None when no node answers in time).
+async fn current_leader(clients: &[Client], queue: &str) -> Option<u64> {
+    for c in clients {
+        if let Ok(Ok(info)) = timeout(Duration::from_secs(2), c.get_queue(queue)).await
+            && info.leader != 0
+        {
+            return Some(info.leader);
+        }
+    }
+    None
+}
+
+/// Every node answers and, through every node, every queue has a leader.
+async fn wait_healthy(clients: &[Client], limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut problem = None;
+        'nodes: for c in clients {
+            for q in workload::QUEUES {
+                match timeout(Duration::from_secs(2), c.get_queue(q)).await {
+                    Ok(Ok(info)) if info.leader != 0 => {}
+                    Ok(Ok(_)) => problem = Some(format!("{q}: no leader (via {})", c.address())),
+                    Ok(Err(e)) => problem = Some(format!("{q} via {}: {e}", c.address())),
+                    Err(_) => problem = Some(format!("{q} via {}: timed out", c.address())),
+                }
+                if problem.is_some() {
+                    break 'nodes;
+                }
+            }
+        }
+        match problem {
+            None => return Ok(()),
+            Some(p) if Instant::now() >= deadline => bail!("not healthy after {limit:?}: {p}"),
+            Some(_) => sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
+/// Waits until the three source queues are empty and hold no dead letters (consumers are still
+/// running: acked and rejected messages leave, TTL messages expire, over-limit ones die).
+async fn wait_drained(clients: &[Client], limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let c = &clients[attempt % clients.len()];
+        let mut left = Vec::new();
+        for q in workload::SOURCES {
+            match timeout(Duration::from_secs(3), c.get_queue(q)).await {
+                Ok(Ok(i)) if i.messages == 0 && i.messages_dead_letter_held == 0 => {}
+                Ok(Ok(i)) => left.push(format!(
+                    "{q}: {} messages ({} dead letters held)",
+                    i.messages, i.messages_dead_letter_held
+                )),
+                Ok(Err(e)) => left.push(format!("{q}: {e}")),
+                Err(_) => left.push(format!("{q}: timed out")),
+            }
+        }
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("after {limit:?}: {}", left.join("; "));
+        }
+        sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Consumes `queue` until it is empty, recording each message as `role` says.
+async fn drain(
+    clients: &Arc<Vec<Client>>,
+    queue: &'static str,
+    role: Role,
+    rec: &Arc<Recorder>,
+) -> anyhow::Result<()> {
+    let control = Arc::new(Control::default());
+    let task = tokio::spawn(workload::consumer(
+        0,
+        queue,
+        role,
+        clients.clone(),
+        rec.clone(),
+        control.clone(),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        // Dead letters still held are not consumable; the drained check reports them.
+        let info = retry("queue info", || clients[0].get_queue(queue)).await?;
+        let consumable = info.messages_ready + info.messages_unacked;
+        if consumable == 0 {
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!("{queue} still has {consumable} messages after 120 s of draining");
+        }
+        sleep(Duration::from_millis(300)).await;
+    }
+    control.stop_consuming.store(true, Ordering::Relaxed);
+    // The consumer notices within its idle timeout; its last acks are already sent.
+    task.await?;
+    Ok(())
+}
+
+/// After healing, every member of every queue's Raft group reaches the same applied index and
+/// state digest (`ClusterStatus` reports each node's own replica).
+async fn replica_agreement(clients: &[Client], limit: Duration) -> Check {
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut seen: BTreeMap<String, (usize, HashMap<u64, (u64, u64)>)> = BTreeMap::new();
+        let mut problem = None;
+        for c in clients {
+            match timeout(Duration::from_secs(3), c.cluster_status()).await {
+                Ok(Ok(s)) => {
+                    for q in s.queues {
+                        let entry = seen.entry(q.name.clone()).or_default();
+                        entry.0 = q.members.len();
+                        if q.local_member {
+                            entry
+                                .1
+                                .insert(s.node_id, (q.local_last_applied, q.local_state_digest));
+                        }
+                    }
+                }
+                _ => problem = Some(format!("{} did not answer", c.address())),
+            }
+        }
+        if problem.is_none() {
+            for (q, (members, replicas)) in &seen {
+                let distinct: std::collections::BTreeSet<&(u64, u64)> = replicas.values().collect();
+                if replicas.len() != *members || distinct.len() != 1 {
+                    problem = Some(format!("{q}: {replicas:?} (members {members})"));
+                    break;
+                }
+            }
+        }
+        match problem {
+            None => {
+                let detail: Vec<String> = seen
+                    .iter()
+                    .map(|(q, (_, r))| {
+                        let (applied, digest) = r.values().next().copied().unwrap_or_default();
+                        format!(
+                            "{q}: {} replicas at {applied} digest {digest:016x}",
+                            r.len()
+                        )
+                    })
+                    .collect();
+                return Check::new("replicas agree", true, detail.join("; "));
+            }
+            Some(p) if Instant::now() >= deadline => {
+                return Check::new("replicas agree", false, format!("after {limit:?}: {p}"));
+            }
+            Some(_) => sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
