@@ -249,7 +249,11 @@ async fn run_one(setup: &Setup, kinds: &[Kind], out: &std::path::Path) -> anyhow
         setup.duration,
         out.display()
     );
-    let result = chaos(&mut hosts, setup, &kinds, notes, out).await;
+    // Interrupted (Ctrl-C, SIGTERM): the run is dropped and the hosts are still torn down.
+    let result = tokio::select! {
+        r = chaos(&mut hosts, setup, &kinds, notes, out) => r,
+        signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}")),
+    };
     if result.as_ref().map_or(true, |r| !r.verdict.ok()) {
         for id in hosts.ids().to_vec() {
             eprintln!("===== node {id} log tail\n{}", hosts.log_tail(id, 30));
@@ -328,6 +332,7 @@ async fn chaos(
     let mut next_progress = Duration::from_secs(5);
     let mut step = plan.iter().peekable();
     let mut active: Option<(nemesis::Applied, Duration, u64)> = None;
+    let mut heal_watches: JoinSet<Vec<String>> = JoinSet::new();
     while rec.elapsed() < run {
         if let Some((id, status)) = hosts.find_crashed() {
             let msg = format!(
@@ -342,7 +347,23 @@ async fn chaos(
         if let Some((applied, until, start_ms)) = &active
             && now >= *until
         {
+            // A cut that heals must not depose the leaders the majority kept (Pre-Vote): note
+            // every queue's leader and term now, and look again a few election timeouts later.
+            let before = if applied.kind.cuts_network() {
+                Some(leader_terms(&clients).await)
+            } else {
+                None
+            };
             nemesis::heal(hosts, applied)?;
+            if let Some(before) = before {
+                let clients = clients.clone();
+                let fault = format!("{} {}", applied.kind, applied.target);
+                heal_watches.spawn(async move {
+                    sleep(HEAL_OBSERVATION).await;
+                    let after = leader_terms(&clients).await;
+                    disturbed(&fault, &before, &after)
+                });
+            }
             println!(
                 "[{:>5.1}s] healed {} {}",
                 now.as_secs_f64(),
@@ -445,6 +466,23 @@ async fn chaos(
         rec.elapsed().as_secs_f64()
     );
     checks.push(replica_agreement(&clients, Duration::from_secs(30)).await);
+    let mut watched = 0;
+    let mut disturbances = Vec::new();
+    while let Some(found) = heal_watches.join_next().await {
+        watched += 1;
+        disturbances.extend(found?);
+    }
+    checks.push(Check::new(
+        "healing a cut leaves the majority's leaders in place",
+        disturbances.is_empty(),
+        if !disturbances.is_empty() {
+            disturbances.join("; ")
+        } else if watched == 0 {
+            "no partition healed in this run".into()
+        } else {
+            format!("{watched} heals: every queue kept its leader and term")
+        },
+    ));
     while let Some((id, status)) = hosts.find_crashed() {
         crashes.push(format!("node {id} exited by itself ({status})"));
     }
@@ -495,6 +533,17 @@ async fn chaos(
     Ok(report)
 }
 
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}
+
 /// Retries `f` on errors for up to 30 s (the cluster may still be settling).
 async fn retry<T, F, Fut>(what: &str, mut f: F) -> anyhow::Result<T>
 where
@@ -542,6 +591,45 @@ async fn current_leader(clients: &[Client], queue: &str) -> Option<u64> {
         }
     }
     None
+}
+
+/// How long after a heal a leader change counts as caused by the heal (several election
+/// timeouts of the test nodes: 800-1600 ms).
+const HEAL_OBSERVATION: Duration = Duration::from_secs(5);
+
+/// Every queue's leader and Raft term, as the answer with the highest term says (a node cut
+/// off from the majority may still name an old leader).
+async fn leader_terms(clients: &[Client]) -> BTreeMap<String, (u64, u64)> {
+    let mut seen: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for q in workload::QUEUES {
+        for c in clients {
+            if let Ok(Ok(info)) = timeout(Duration::from_secs(1), c.get_queue(q)).await
+                && info.leader != 0
+                && seen.get(q).is_none_or(|(_, term)| info.raft_term > *term)
+            {
+                seen.insert(q.to_string(), (info.leader, info.raft_term));
+            }
+        }
+    }
+    seen
+}
+
+/// The queues whose leader or term changed between `before` and `after` a heal.
+fn disturbed(
+    fault: &str,
+    before: &BTreeMap<String, (u64, u64)>,
+    after: &BTreeMap<String, (u64, u64)>,
+) -> Vec<String> {
+    before
+        .iter()
+        .filter(|(q, was)| after.get(*q) != Some(*was))
+        .map(|(q, (leader, term))| {
+            let now = after.get(q).map_or("no leader".to_string(), |(l, t)| {
+                format!("leader {l} term {t}")
+            });
+            format!("{q}: leader {leader} term {term} -> {now} after healing {fault}")
+        })
+        .collect()
 }
 
 /// Every node answers and, through every node, every queue has a leader.

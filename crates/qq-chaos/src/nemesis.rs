@@ -49,6 +49,15 @@ pub const ALL: [Kind; 8] = [
 ];
 
 impl Kind {
+    /// Faults that cut links and leave a majority connected: when they heal, the leaders that
+    /// majority has must stay (the runner checks it).
+    pub fn cuts_network(self) -> bool {
+        matches!(
+            self,
+            Kind::PartitionHalves | Kind::IsolateLeader | Kind::Bridge
+        )
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Kind::PartitionHalves => "partition-halves",

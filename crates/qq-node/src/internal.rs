@@ -66,6 +66,11 @@ impl Internal for InternalService {
                             .vote(decode::<VoteRequest<TypeConfig>>(&r.payload)?)
                             .await,
                     ),
+                    RaftKind::PreVote => reply(
+                        $raft
+                            .pre_vote(decode::<VoteRequest<TypeConfig>>(&r.payload)?)
+                            .await,
+                    ),
                     RaftKind::Snapshot => {
                         let s: SnapshotRequest = decode(&r.payload)?;
                         let snapshot = openraft::alias::SnapshotOf::<TypeConfig, Vec<u8>> {

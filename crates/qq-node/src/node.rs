@@ -106,6 +106,9 @@ impl Node {
                 election_timeout_max: config.election_timeout_max_ms,
                 snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_after_entries),
                 max_in_snapshot_log_to_keep: 1000,
+                // A node back from a partition must not depose healthy leaders (found by
+                // qq-chaos: every group stalled for seconds after each heal without it).
+                enable_pre_vote: Some(true),
                 ..Default::default()
             }
             .validate()?,

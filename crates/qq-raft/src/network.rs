@@ -179,6 +179,22 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
             .await
     }
 
+    /// Pre-Vote: a node that lost its leader asks first whether a majority would vote for it,
+    /// and only then raises its term. A node cut off from the others can therefore not inflate
+    /// its term and, when the network heals, does not depose the leader the majority kept.
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(
+            RaftKind::PreVote,
+            &rpc,
+            option.hard_ttl().max(MIN_RPC_TIMEOUT),
+        )
+        .await
+    }
+
     async fn full_snapshot(
         &mut self,
         vote: VoteOf<TypeConfig>,
