@@ -12,7 +12,7 @@ export QQ_NODE_BIN QQCTL_BIN
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check chaos chaos-short
+.PHONY: check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short
 
 all: build
 
@@ -88,3 +88,25 @@ fmt:
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
+
+# Side-by-side benchmark against RabbitMQ quorum queues (crates/qq-bench, bench/). Release
+# build of every binary (never a single package: see above), then three quorumq nodes and three
+# RabbitMQ nodes on loopback, every scenario against both; prints the table and writes
+# bench/results/{results.json,results.md,latency.png}. BENCH_ARGS passes flags, e.g.
+# `make bench BENCH_ARGS=--quick` (a smoke run) or `BENCH_ARGS='--scenarios 1,2'`.
+BENCH_ARGS ?=
+bench: deps bench-deps
+	$(CARGO) build --workspace --release --bins
+	$(CARGO_TARGET_DIR)/release/qq-bench $(BENCH_ARGS)
+
+# What the benchmark needs besides the build: RabbitMQ (Debian's rabbitmq-server, kept from
+# starting its default node), perf for the profile, DejaVu Sans for the plot.
+bench-deps:
+	bench/rabbitmq.sh install
+	@missing=""; \
+	command -v perf >/dev/null 2>&1 || missing="$$missing linux-perf"; \
+	[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing="$$missing fonts-dejavu-core"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		$(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; \
+	fi

@@ -1,0 +1,349 @@
+//! The two three-node clusters under test, as processes on this machine.
+//!
+//! quorumq: three `qq-node` processes started here, one generated config each, on
+//! 127.0.0.1:7301-7303 with their data under `<run dir>/quorumq/nodeN`. RabbitMQ: three
+//! `beam.smp` nodes managed by `bench/rabbitmq.sh` (AMQP on 127.0.0.1:5681-5683, data under
+//! `<run dir>/rabbitmq`). Both start from empty data directories on every run.
+//!
+//! Scenarios need four things from a cluster: the OS pid of each node (for resident memory and
+//! for `kill -9`), killing a node, starting it again, and waiting until it serves. Everything
+//! else goes through the client [`crate::driver`].
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::System;
+use crate::driver::Conn;
+
+pub const NODES: usize = 3;
+const QQ_BASE_PORT: u16 = 7300;
+const RABBIT_BASE_PORT: u16 = 5680;
+
+/// gRPC address of quorumq node `node` (0-based).
+pub fn qq_address(node: usize) -> String {
+    format!("127.0.0.1:{}", QQ_BASE_PORT + 1 + node as u16)
+}
+
+/// AMQP port of RabbitMQ node `node` (0-based).
+pub fn rabbit_port(node: usize) -> u16 {
+    RABBIT_BASE_PORT + 1 + node as u16
+}
+
+/// Resident memory of a process in KiB (`VmRSS` of `/proc/PID/status`).
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+fn alive(pid: u32) -> bool {
+    // A killed child stays a zombie until reaped; a zombie has no VmRSS.
+    rss_kib(pid).is_some()
+}
+
+fn kill9(pid: u32) -> Result<()> {
+    let status = Command::new("kill")
+        .arg("-9")
+        .arg(pid.to_string())
+        .status()?;
+    if !status.success() {
+        bail!("kill -9 {pid} failed");
+    }
+    Ok(())
+}
+
+/// One of the two clusters.
+pub enum Cluster {
+    Qq(QqCluster),
+    Rabbit(RabbitCluster),
+}
+
+impl Cluster {
+    pub fn system(&self) -> System {
+        match self {
+            Cluster::Qq(_) => System::Quorumq,
+            Cluster::Rabbit(_) => System::Rabbitmq,
+        }
+    }
+
+    /// OS pid of node `node`, if it runs.
+    pub fn pid(&self, node: usize) -> Option<u32> {
+        match self {
+            Cluster::Qq(c) => c.pid(node),
+            Cluster::Rabbit(c) => c.pid(node),
+        }
+    }
+
+    /// Resident memory of every node in KiB (`None` for a node that does not run).
+    pub fn rss_kib(&self) -> Vec<Option<u64>> {
+        (0..NODES).map(|n| self.pid(n).and_then(rss_kib)).collect()
+    }
+
+    /// `kill -9` node `node` and wait until the process is gone.
+    pub fn kill9(&mut self, node: usize) -> Result<()> {
+        let pid = self
+            .pid(node)
+            .with_context(|| format!("node {} is not running", node + 1))?;
+        kill9(pid)?;
+        if let Cluster::Qq(c) = self {
+            c.reap(node);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// Starts node `node` again (returns once the process is spawned, not when it serves).
+    pub fn start_node(&mut self, node: usize) -> Result<()> {
+        match self {
+            Cluster::Qq(c) => c.start_node(node),
+            Cluster::Rabbit(c) => c.start_node(node),
+        }
+    }
+
+    /// The node (0-based) leading `queue`.
+    pub async fn leader(&self, queue: &str) -> Result<usize> {
+        match self {
+            Cluster::Qq(_) => {
+                for node in 0..NODES {
+                    if let Ok(Conn::Qq(c)) = Conn::connect(System::Quorumq, node).await
+                        && let Ok(info) = c.get_queue(queue).await
+                        && info.leader >= 1
+                    {
+                        return Ok(info.leader as usize - 1);
+                    }
+                }
+                bail!("no quorumq node knows the leader of {queue}")
+            }
+            Cluster::Rabbit(c) => c.leader(queue),
+        }
+    }
+
+    /// Waits until every node runs and answers (starting any node that is down).
+    pub async fn ensure_up(&mut self, timeout: Duration) -> Result<()> {
+        for node in 0..NODES {
+            if self.pid(node).is_none() {
+                eprintln!("{}: node {} is down, starting it", self.system(), node + 1);
+                self.start_node(node)?;
+            }
+        }
+        for node in 0..NODES {
+            self.wait_serving(node, timeout).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until node `node` accepts a client connection and answers a request.
+    pub async fn wait_serving(&self, node: usize, timeout: Duration) -> Result<Duration> {
+        let start = Instant::now();
+        loop {
+            if self.answers(node).await {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "{} node {} does not answer after {:?}",
+                    self.system(),
+                    node + 1,
+                    timeout
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn answers(&self, node: usize) -> bool {
+        let Ok(conn) = Conn::connect(self.system(), node).await else {
+            return false;
+        };
+        match &conn {
+            Conn::Qq(c) => match c.cluster_status().await {
+                Ok(s) => s.metadata_leader != 0,
+                Err(_) => false,
+            },
+            Conn::Rabbit(c) => {
+                let ok = c.create_channel().await.is_ok();
+                let _ = c.close(200, "probe".into()).await;
+                ok
+            }
+        }
+    }
+
+    /// Stops every node (by pid).
+    pub fn shutdown(&mut self) {
+        match self {
+            Cluster::Qq(c) => c.shutdown(),
+            Cluster::Rabbit(c) => c.shutdown(),
+        }
+    }
+}
+
+/// Three `qq-node` processes started by this benchmark.
+pub struct QqCluster {
+    bin: PathBuf,
+    dir: PathBuf,
+    children: Vec<Option<Child>>,
+}
+
+impl QqCluster {
+    /// Writes the three configs into `<run_dir>/quorumq` (data wiped) and starts the nodes.
+    pub fn start(bin: &Path, run_dir: &Path) -> Result<QqCluster> {
+        if !bin.exists() {
+            bail!(
+                "{} not found: build with `cargo build --workspace --release --bins`",
+                bin.display()
+            );
+        }
+        let dir = run_dir.join("quorumq");
+        if dir.exists() {
+            fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
+        }
+        fs::create_dir_all(&dir)?;
+        let peers: Vec<String> = (0..NODES)
+            .map(|n| format!("    {{ id = {}, address = \"{}\" }},", n + 1, qq_address(n)))
+            .collect();
+        for n in 0..NODES {
+            // Every field at its default (cluster/node1.toml) except addresses and paths.
+            let config = format!(
+                "node_id = {id}\nlisten = \"{addr}\"\npeers = [\n{peers}\n]\ndata_dir = \"{data}\"\n",
+                id = n + 1,
+                addr = qq_address(n),
+                peers = peers.join("\n"),
+                data = dir.join(format!("node{}", n + 1)).display(),
+            );
+            fs::write(dir.join(format!("node{}.toml", n + 1)), config)?;
+        }
+        let mut cluster = QqCluster {
+            bin: bin.to_path_buf(),
+            dir,
+            children: (0..NODES).map(|_| None).collect(),
+        };
+        for n in 0..NODES {
+            cluster.start_node(n)?;
+        }
+        Ok(cluster)
+    }
+
+    fn start_node(&mut self, node: usize) -> Result<()> {
+        let log_path = self.dir.join(format!("node{}.log", node + 1));
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("open {}", log_path.display()))?;
+        let child = Command::new(&self.bin)
+            .arg("--config")
+            .arg(self.dir.join(format!("node{}.toml", node + 1)))
+            .env(
+                "RUST_LOG",
+                std::env::var("QQ_BENCH_NODE_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("start {}", self.bin.display()))?;
+        self.children[node] = Some(child);
+        Ok(())
+    }
+
+    fn pid(&self, node: usize) -> Option<u32> {
+        let child = self.children.get(node)?.as_ref()?;
+        let pid = child.id();
+        alive(pid).then_some(pid)
+    }
+
+    fn reap(&mut self, node: usize) {
+        if let Some(mut child) = self.children[node].take() {
+            let _ = child.wait();
+        }
+    }
+
+    fn shutdown(&mut self) {
+        for node in 0..NODES {
+            if let Some(child) = self.children[node].as_mut() {
+                let _ = child.kill();
+            }
+            self.reap(node);
+        }
+    }
+}
+
+impl Drop for QqCluster {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Three RabbitMQ nodes driven through `bench/rabbitmq.sh`.
+pub struct RabbitCluster {
+    script: PathBuf,
+    run_dir: PathBuf,
+}
+
+impl RabbitCluster {
+    /// Stops a previous benchmark cluster, wipes its data, starts and clusters three nodes.
+    pub fn start(script: &Path, run_dir: &Path) -> Result<RabbitCluster> {
+        let cluster = RabbitCluster {
+            script: script.to_path_buf(),
+            run_dir: run_dir.to_path_buf(),
+        };
+        cluster.script(&["down"])?;
+        let dir = run_dir.join("rabbitmq");
+        if dir.exists() {
+            fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
+        }
+        cluster.script(&["up"])?;
+        Ok(cluster)
+    }
+
+    fn script(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new(&self.script)
+            .args(args)
+            .env("QQ_BENCH_RUN_DIR", &self.run_dir)
+            .stderr(Stdio::inherit())
+            .output()
+            .with_context(|| format!("run {}", self.script.display()))?;
+        if !out.status.success() {
+            bail!("{} {} failed", self.script.display(), args.join(" "));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    fn pid(&self, node: usize) -> Option<u32> {
+        let file = self
+            .run_dir
+            .join("rabbitmq")
+            .join(format!("node{}", node + 1))
+            .join("mnesia")
+            .join(format!("bench{}@localhost.pid", node + 1));
+        let pid: u32 = fs::read_to_string(file).ok()?.trim().parse().ok()?;
+        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        (comm.trim() == "beam.smp" && alive(pid)).then_some(pid)
+    }
+
+    fn start_node(&mut self, node: usize) -> Result<()> {
+        self.script(&["start-node", &(node + 1).to_string()])?;
+        Ok(())
+    }
+
+    fn leader(&self, queue: &str) -> Result<usize> {
+        let n: usize = self
+            .script(&["leader", queue])?
+            .parse()
+            .context("leader number")?;
+        Ok(n - 1)
+    }
+
+    fn shutdown(&mut self) {
+        let _ = self.script(&["down"]);
+    }
+}

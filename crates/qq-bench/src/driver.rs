@@ -1,0 +1,383 @@
+//! One client interface over both brokers: a connection to one node, a pipelined publisher with
+//! confirms, and a consumer with manual acknowledgement.
+//!
+//! The scenarios are written once against these types, so both brokers see exactly the same
+//! load: the same message bodies, the same confirm window, the same prefetch, one settle per
+//! message. quorumq is driven over gRPC with `qq-client` (`PublishStream`, `Consume`);
+//! RabbitMQ over AMQP 0-9-1 with lapin (publisher confirms on a channel, `basic.consume` with a
+//! per-consumer `basic.qos`). Queues are quorum queues with three replicas on both sides.
+//!
+//! Deliberately left out: reconnection. A publisher or consumer whose stream or channel breaks
+//! returns the error, and the scenario that expects breakage (failover) opens a new one.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result, anyhow, bail};
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use qq_client::{Value, ValueExt};
+
+use crate::System;
+
+/// How a queue is declared: a plain three-replica quorum queue, or one that dead-letters
+/// at-least-once into `target` through the default exchange (which needs `reject-publish`).
+#[derive(Debug, Clone, Default)]
+pub struct QueueSpec {
+    pub dead_letter_target: Option<String>,
+}
+
+/// A connection to one node of one broker.
+#[derive(Clone)]
+pub enum Conn {
+    Qq(qq_client::Client),
+    Rabbit(std::sync::Arc<lapin::Connection>),
+}
+
+impl Conn {
+    /// Connects to node `node` (0-based) of `system` on the benchmark's loopback ports.
+    pub async fn connect(system: System, node: usize) -> Result<Conn> {
+        match system {
+            System::Quorumq => {
+                let addr = crate::cluster::qq_address(node);
+                let client = qq_client::Client::connect(&addr)
+                    .await
+                    .with_context(|| format!("connect to quorumq node {}", node + 1))?;
+                Ok(Conn::Qq(client))
+            }
+            System::Rabbitmq => {
+                let uri = format!(
+                    "amqp://guest:guest@127.0.0.1:{}/%2f",
+                    crate::cluster::rabbit_port(node)
+                );
+                let conn = lapin::Connection::connect(&uri, lapin::ConnectionProperties::default())
+                    .await
+                    .with_context(|| format!("connect to RabbitMQ node {}", node + 1))?;
+                Ok(Conn::Rabbit(std::sync::Arc::new(conn)))
+            }
+        }
+    }
+
+    /// Declares a durable quorum queue with three replicas.
+    pub async fn declare_queue(&self, name: &str, spec: &QueueSpec) -> Result<()> {
+        match self {
+            Conn::Qq(c) => {
+                let mut args = HashMap::new();
+                args.insert("x-quorum-initial-group-size".into(), Value::long(3));
+                if let Some(target) = &spec.dead_letter_target {
+                    args.insert("x-dead-letter-exchange".into(), Value::string(""));
+                    args.insert("x-dead-letter-routing-key".into(), Value::string(target));
+                    args.insert(
+                        "x-dead-letter-strategy".into(),
+                        Value::string("at-least-once"),
+                    );
+                    args.insert("x-overflow".into(), Value::string("reject-publish"));
+                }
+                c.declare_queue(name, args)
+                    .await
+                    .with_context(|| format!("declare {name}"))?;
+            }
+            Conn::Rabbit(conn) => {
+                let mut args = FieldTable::default();
+                args.insert(
+                    "x-queue-type".into(),
+                    AMQPValue::LongString("quorum".into()),
+                );
+                args.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(3));
+                // The leader goes to the node the declaring connection is on, as quorumq's
+                // scenarios expect when they pick a node.
+                args.insert(
+                    "x-queue-leader-locator".into(),
+                    AMQPValue::LongString("client-local".into()),
+                );
+                if let Some(target) = &spec.dead_letter_target {
+                    args.insert(
+                        "x-dead-letter-exchange".into(),
+                        AMQPValue::LongString("".into()),
+                    );
+                    args.insert(
+                        "x-dead-letter-routing-key".into(),
+                        AMQPValue::LongString(target.as_str().into()),
+                    );
+                    args.insert(
+                        "x-dead-letter-strategy".into(),
+                        AMQPValue::LongString("at-least-once".into()),
+                    );
+                    args.insert(
+                        "x-overflow".into(),
+                        AMQPValue::LongString("reject-publish".into()),
+                    );
+                }
+                let ch = conn.create_channel().await?;
+                ch.queue_declare(
+                    name.into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    args,
+                )
+                .await
+                .with_context(|| format!("declare {name}"))?;
+                let _ = ch.close(200, "declared".into()).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes a queue (missing is fine).
+    pub async fn delete_queue(&self, name: &str) -> Result<()> {
+        match self {
+            Conn::Qq(c) => match c.delete_queue(name, false, false).await {
+                Ok(_) => Ok(()),
+                Err(e) if e.code() == tonic::Code::NotFound => Ok(()),
+                Err(e) => Err(anyhow!("delete {name}: {e}")),
+            },
+            Conn::Rabbit(conn) => {
+                let ch = conn.create_channel().await?;
+                ch.queue_delete(name.into(), QueueDeleteOptions::default())
+                    .await
+                    .with_context(|| format!("delete {name}"))?;
+                let _ = ch.close(200, "deleted".into()).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// Messages in the queue (ready and unacknowledged for quorumq, ready for RabbitMQ, which
+    /// is all of them when nobody consumes).
+    pub async fn message_count(&self, name: &str) -> Result<u64> {
+        match self {
+            Conn::Qq(c) => Ok(c.get_queue(name).await?.messages),
+            Conn::Rabbit(conn) => {
+                let ch = conn.create_channel().await?;
+                let q = ch
+                    .queue_declare(
+                        name.into(),
+                        QueueDeclareOptions {
+                            passive: true,
+                            ..Default::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await
+                    .with_context(|| format!("passive declare {name}"))?;
+                let _ = ch.close(200, "counted".into()).await;
+                Ok(u64::from(q.message_count()))
+            }
+        }
+    }
+
+    /// A publisher to `queue` through the default exchange with at most `window` unconfirmed.
+    pub async fn publisher(&self, queue: &str, window: usize) -> Result<Pub> {
+        match self {
+            Conn::Qq(c) => Ok(Pub::Qq {
+                publisher: c.publisher(window).await?,
+                queue: queue.to_string(),
+            }),
+            Conn::Rabbit(conn) => {
+                let channel = conn.create_channel().await?;
+                channel
+                    .confirm_select(ConfirmSelectOptions::default())
+                    .await?;
+                Ok(Pub::Rabbit {
+                    channel,
+                    queue: queue.to_string(),
+                    pending: FuturesUnordered::new(),
+                    next_seq: 1,
+                })
+            }
+        }
+    }
+
+    /// A consumer on `queue` with manual acknowledgement and `prefetch` unacknowledged at most.
+    pub async fn consumer(&self, queue: &str, prefetch: u16) -> Result<Cons> {
+        match self {
+            Conn::Qq(c) => Ok(Cons::Qq(c.consume(queue, u32::from(prefetch)).await?)),
+            Conn::Rabbit(conn) => {
+                let channel = conn.create_channel().await?;
+                channel
+                    .basic_qos(prefetch, BasicQosOptions { global: false })
+                    .await?;
+                let consumer = channel
+                    .basic_consume(
+                        queue.into(),
+                        "".into(),
+                        BasicConsumeOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .with_context(|| format!("consume {queue}"))?;
+                Ok(Cons::Rabbit { consumer, channel })
+            }
+        }
+    }
+
+    /// Publishes one message and waits for its confirm (used to probe that a node serves).
+    pub async fn publish_one(&self, queue: &str, body: Bytes) -> Result<()> {
+        let mut p = self.publisher(queue, 1).await?;
+        p.send(body).await?;
+        match p.next_confirm().await? {
+            Some((_, true)) => Ok(()),
+            Some((_, false)) => bail!("publish to {queue} was not confirmed"),
+            None => bail!("no confirm for the publish to {queue}"),
+        }
+    }
+}
+
+type RabbitConfirm = BoxFuture<'static, (u64, lapin::Result<lapin::Confirmation>)>;
+
+/// A pipelined publisher. The caller keeps the window: it sends while fewer than its window are
+/// in flight and collects confirms with [`Pub::next_confirm`].
+pub enum Pub {
+    Qq {
+        publisher: qq_client::Publisher,
+        queue: String,
+    },
+    Rabbit {
+        channel: lapin::Channel,
+        queue: String,
+        pending: FuturesUnordered<RabbitConfirm>,
+        next_seq: u64,
+    },
+}
+
+impl Pub {
+    /// Sends one message; returns its sequence number (1, 2, …).
+    pub async fn send(&mut self, body: Bytes) -> Result<u64> {
+        match self {
+            Pub::Qq { publisher, queue } => {
+                Ok(publisher.send("", queue, qq_client::message(body)).await?)
+            }
+            Pub::Rabbit {
+                channel,
+                queue,
+                pending,
+                next_seq,
+            } => {
+                let seq = *next_seq;
+                *next_seq += 1;
+                let confirm = channel
+                    .basic_publish(
+                        "".into(),
+                        queue.as_str().into(),
+                        BasicPublishOptions::default(),
+                        &body,
+                        lapin::BasicProperties::default().with_delivery_mode(2),
+                    )
+                    .await?;
+                pending.push(Box::pin(async move { (seq, confirm.await) }));
+                Ok(seq)
+            }
+        }
+    }
+
+    /// The next confirm as `(seq, confirmed)`; `confirmed` is false for a negative confirm
+    /// (rejected). `None` when nothing is in flight. Cancel-safe.
+    pub async fn next_confirm(&mut self) -> Result<Option<(u64, bool)>> {
+        match self {
+            Pub::Qq { publisher, .. } => Ok(publisher
+                .next_confirm()
+                .await?
+                .map(|c| (c.seq, c.is_confirmed()))),
+            Pub::Rabbit { pending, .. } => match pending.next().await {
+                None => Ok(None),
+                Some((seq, Ok(confirmation))) => Ok(Some((seq, confirmation.is_ack()))),
+                Some((_, Err(e))) => Err(anyhow!("publisher confirm: {e}")),
+            },
+        }
+    }
+
+    /// Sent and not yet confirmed.
+    pub fn in_flight(&self) -> usize {
+        match self {
+            Pub::Qq { publisher, .. } => publisher.in_flight(),
+            Pub::Rabbit { pending, .. } => pending.len(),
+        }
+    }
+}
+
+/// One delivered message, to be settled with [`Cons::ack`] or [`Cons::reject`].
+pub struct Msg {
+    pub body: Bytes,
+    tag: u64,
+    acker: Option<lapin::Acker>,
+}
+
+/// A consumer with manual acknowledgement.
+pub enum Cons {
+    Qq(qq_client::Consumer),
+    Rabbit {
+        consumer: lapin::Consumer,
+        channel: lapin::Channel,
+    },
+}
+
+impl Cons {
+    /// The next delivery; `None` when the subscription ended. Cancel-safe.
+    pub async fn next(&mut self) -> Result<Option<Msg>> {
+        match self {
+            Cons::Qq(c) => match c.next().await {
+                None => Ok(None),
+                Some(Err(e)) => Err(e.into()),
+                Some(Ok(d)) => Ok(Some(Msg {
+                    body: qq_client::delivery_body(&d),
+                    tag: d.delivery_tag,
+                    acker: None,
+                })),
+            },
+            Cons::Rabbit { consumer, .. } => match consumer.next().await {
+                None => Ok(None),
+                Some(Err(e)) => Err(e.into()),
+                Some(Ok(d)) => Ok(Some(Msg {
+                    body: Bytes::from(d.data),
+                    tag: d.delivery_tag,
+                    acker: Some(d.acker),
+                })),
+            },
+        }
+    }
+
+    /// Acknowledges one message.
+    pub async fn ack(&self, msg: &Msg) -> Result<()> {
+        match (self, &msg.acker) {
+            (Cons::Qq(c), _) => Ok(c.ack(msg.tag, false).await?),
+            (Cons::Rabbit { .. }, Some(acker)) => {
+                acker.ack(BasicAckOptions::default()).await?;
+                Ok(())
+            }
+            (Cons::Rabbit { .. }, None) => bail!("a RabbitMQ delivery without an acker"),
+        }
+    }
+
+    /// Rejects one message without requeueing it (it is dead-lettered).
+    pub async fn reject(&self, msg: &Msg) -> Result<()> {
+        match (self, &msg.acker) {
+            (Cons::Qq(c), _) => Ok(c.nack(msg.tag, false, false).await?),
+            (Cons::Rabbit { .. }, Some(acker)) => {
+                acker.reject(BasicRejectOptions { requeue: false }).await?;
+                Ok(())
+            }
+            (Cons::Rabbit { .. }, None) => bail!("a RabbitMQ delivery without an acker"),
+        }
+    }
+
+    /// Ends the subscription; unsettled deliveries go back to the queue.
+    pub async fn close(self) {
+        match self {
+            Cons::Qq(mut c) => {
+                let _ = c.cancel().await;
+                c.close();
+            }
+            Cons::Rabbit { channel, .. } => {
+                let _ = channel.close(200, "done".into()).await;
+            }
+        }
+    }
+}

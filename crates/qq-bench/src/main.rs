@@ -1,0 +1,324 @@
+//! # qq-bench: quorumq and RabbitMQ quorum queues, side by side
+//!
+//! `make bench` builds the release binaries and runs this. It starts two three-node clusters
+//! on this machine — quorumq (`qq-node` on 127.0.0.1:7301-7303, spoken to over gRPC with
+//! `qq-client`) and RabbitMQ (Debian's rabbitmq-server, `bench/rabbitmq.sh`, AMQP 0-9-1 on
+//! 127.0.0.1:5681-5683 with lapin) — and runs the seven scenarios of issue 5 against both,
+//! alternating which system goes first. It prints one table (each figure for both systems and
+//! their ratio, with the issue's targets), and writes a JSON record, a Markdown summary and a
+//! PNG of latency percentiles to `bench/results/`.
+//!
+//! Same durability on both sides: quorum queues with three replicas, publisher confirms that
+//! arrive only once a majority has fsynced (quorumq's group-commit fsync; RabbitMQ's Ra WAL),
+//! manual consumer acknowledgements, persistent messages.
+//!
+//! Layout: [`cluster`] starts, kills and measures the server processes; [`driver`] is one
+//! client interface over both brokers; [`load`] holds the publisher and consumer loops;
+//! [`scenarios`] the seven scenarios; [`profile`] samples the quorumq leader with perf;
+//! [`report`] the table, files and plot.
+//!
+//! Deliberately left out: anything that would favour one side. Both clients run in this one
+//! process on the same two cores as the six servers; clients connect to the node that leads
+//! their queue (except in failover, which publishes through a surviving node on purpose).
+
+mod cluster;
+mod driver;
+mod load;
+mod profile;
+mod report;
+mod scenarios;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use serde::Serialize;
+
+use crate::cluster::{Cluster, QqCluster, RabbitCluster};
+use crate::scenarios::{Outcome, Settings};
+
+/// The two systems under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum System {
+    Quorumq,
+    Rabbitmq,
+}
+
+impl std::fmt::Display for System {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            System::Quorumq => "quorumq",
+            System::Rabbitmq => "RabbitMQ",
+        })
+    }
+}
+
+/// Benchmarks quorumq against RabbitMQ quorum queues (issue 5's seven scenarios).
+#[derive(Parser, Debug)]
+#[command(name = "qq-bench")]
+struct Args {
+    /// Short durations and a 20 000-message backlog: a smoke run of a few minutes.
+    #[arg(long)]
+    quick: bool,
+    /// Scenarios to run, e.g. `1,2` (1 throughput, 2 latency, 3 many queues, 4 dead-letter
+    /// rate, 5 failover, 6 backlog memory, 7 restart recovery).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7")]
+    scenarios: Vec<u8>,
+    /// Run only one side: `quorumq` or `rabbitmq`.
+    #[arg(long)]
+    only: Option<String>,
+    /// qq-node binary (default: $CARGO_TARGET_DIR/release/qq-node).
+    #[arg(long)]
+    qq_node_bin: Option<PathBuf>,
+    /// Script that manages the RabbitMQ nodes.
+    #[arg(long, default_value = "bench/rabbitmq.sh")]
+    rabbit_script: PathBuf,
+    /// Data and logs of both clusters (wiped at start).
+    #[arg(long, default_value = "/tmp/qq-bench-run")]
+    run_dir: PathBuf,
+    /// Where results.json, results.md and latency.png go.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Messages in the backlog of scenarios 6 and 7.
+    #[arg(long)]
+    backlog: Option<u64>,
+    /// Seconds of measurement in scenario 1.
+    #[arg(long)]
+    throughput_secs: Option<f64>,
+    /// Fixed rate of scenario 2 (default: half the lower scenario 1 rate).
+    #[arg(long)]
+    latency_rate: Option<f64>,
+    /// Skip the perf profile of the quorumq leader at the end.
+    #[arg(long)]
+    no_profile: bool,
+    /// Leave both clusters running at the end.
+    #[arg(long)]
+    keep: bool,
+}
+
+fn now_utc() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let mut settings = if args.quick {
+        Settings::quick()
+    } else {
+        Settings::full()
+    };
+    if let Some(n) = args.backlog {
+        settings.backlog_messages = n;
+    }
+    if let Some(s) = args.throughput_secs {
+        settings.throughput_s = s;
+    }
+    settings.latency_rate = args.latency_rate;
+    let mut wanted: Vec<u8> = args
+        .scenarios
+        .iter()
+        .copied()
+        .filter(|n| (1..=7).contains(n))
+        .collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    let systems: Vec<System> = match args.only.as_deref().map(str::to_ascii_lowercase) {
+        None => vec![System::Quorumq, System::Rabbitmq],
+        Some(s) if s.starts_with("q") => vec![System::Quorumq],
+        Some(_) => vec![System::Rabbitmq],
+    };
+    let started = now_utc();
+    let bin = args.qq_node_bin.clone().unwrap_or_else(|| {
+        let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| {
+            format!(
+                "{}/.cache/quorumq/target",
+                std::env::var("HOME").unwrap_or_default()
+            )
+        });
+        PathBuf::from(target).join("release/qq-node")
+    });
+    std::fs::create_dir_all(&args.run_dir)?;
+
+    let mut clusters: Vec<Cluster> = Vec::new();
+    for system in &systems {
+        let t = Instant::now();
+        eprintln!("starting the {system} cluster...");
+        let mut c = match system {
+            System::Quorumq => Cluster::Qq(QqCluster::start(&bin, &args.run_dir)?),
+            System::Rabbitmq => {
+                Cluster::Rabbit(RabbitCluster::start(&args.rabbit_script, &args.run_dir)?)
+            }
+        };
+        c.ensure_up(Duration::from_secs(120)).await?;
+        eprintln!("{system} cluster up in {:.1} s", t.elapsed().as_secs_f64());
+        clusters.push(c);
+    }
+
+    let run = run_all(&mut clusters, &settings, &wanted);
+    let (outcomes, errors) = tokio::select! {
+        r = run => r,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("interrupted: stopping the clusters");
+            for c in &mut clusters { c.shutdown(); }
+            std::process::exit(130);
+        }
+    };
+
+    let profile = if !args.no_profile
+        && let Some(qq) = clusters.iter_mut().find(|c| c.system() == System::Quorumq)
+    {
+        match profile::profile_leader(qq, &settings).await {
+            Ok(p) => Some(p),
+            Err(e) => Some(format!("profile not taken: {e:#}")),
+        }
+    } else {
+        None
+    };
+
+    let rows = report::rows(&outcomes);
+    let report = report::Report {
+        started,
+        settings: settings.clone(),
+        scenarios: wanted.clone(),
+        rows,
+        outcomes,
+        errors,
+        profile,
+    };
+    println!();
+    println!("{}", report::text_table(&report.rows));
+    for v in report::verdicts(&report.rows) {
+        println!("{v}");
+    }
+    for e in &report.errors {
+        println!("error: {e}");
+    }
+    for (system, outcomes) in &report.outcomes {
+        for (n, o) in outcomes {
+            for note in &o.notes {
+                println!("note: {system}, scenario {n}: {note}");
+            }
+        }
+    }
+    if let Some(p) = &report.profile {
+        println!("\nprofile of the quorumq leader under scenario 1 load (perf, top symbols):\n{p}");
+    }
+    std::fs::create_dir_all(&args.out)?;
+    let json = args.out.join("results.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("write {}", json.display()))?;
+    let md = args.out.join("results.md");
+    std::fs::write(&md, report::markdown(&report))
+        .with_context(|| format!("write {}", md.display()))?;
+    let png = args.out.join("latency.png");
+    if let Err(e) = report::plot(&report, &png) {
+        eprintln!("plot not written: {e:#}");
+    }
+    println!(
+        "\nwritten: {}, {}, {}",
+        json.display(),
+        md.display(),
+        png.display()
+    );
+    if args.keep {
+        // Leave the servers running: forget the handles without stopping them.
+        for c in clusters {
+            std::mem::forget(c);
+        }
+        eprintln!("clusters left running (--keep)");
+    } else {
+        for c in &mut clusters {
+            c.shutdown();
+        }
+    }
+    Ok(())
+}
+
+type Outcomes = BTreeMap<String, BTreeMap<u8, Outcome>>;
+
+/// Runs every wanted scenario on every cluster, alternating which system goes first.
+async fn run_all(
+    clusters: &mut [Cluster],
+    settings: &Settings,
+    wanted: &[u8],
+) -> (Outcomes, Vec<String>) {
+    let mut outcomes: Outcomes = BTreeMap::new();
+    let mut errors = Vec::new();
+    let mut backlog_done = false;
+    for (i, &n) in wanted.iter().enumerate() {
+        if (n == 6 || n == 7) && backlog_done {
+            continue;
+        }
+        let mut order: Vec<usize> = (0..clusters.len()).collect();
+        if i % 2 == 1 {
+            order.reverse();
+        }
+        let latency_rate = settings.latency_rate.unwrap_or_else(|| {
+            let rates: Vec<f64> = outcomes
+                .values()
+                .filter_map(|o| o.get(&1).and_then(|o| o.value("delivered+acked")))
+                .collect();
+            if rates.is_empty() {
+                5000.0
+            } else {
+                rates.iter().copied().fold(f64::MAX, f64::min) / 2.0
+            }
+        });
+        for idx in order {
+            let cl = &mut clusters[idx];
+            let system = cl.system();
+            eprintln!(
+                "--- scenario {n} ({}) on {system}",
+                report::scenario_name(n)
+            );
+            if let Err(e) = cl.ensure_up(Duration::from_secs(180)).await {
+                errors.push(format!("{system}, scenario {n}: cluster not up: {e:#}"));
+                continue;
+            }
+            let t = Instant::now();
+            let result = match n {
+                1 => scenarios::throughput(cl, settings).await,
+                2 => scenarios::latency(cl, settings, latency_rate).await,
+                3 => scenarios::many_queues(cl, settings).await,
+                4 => scenarios::dead_letter(cl, settings).await,
+                5 => scenarios::failover(cl, settings).await,
+                _ => {
+                    scenarios::backlog(cl, settings, wanted.contains(&6), wanted.contains(&7)).await
+                }
+            };
+            match result {
+                Ok(o) => {
+                    for f in &o.figures {
+                        eprintln!(
+                            "  {system} {} {}: {} {}",
+                            f.scenario,
+                            f.name,
+                            f.value.map_or("n/a".into(), |v| format!("{v:.2}")),
+                            f.unit
+                        );
+                    }
+                    for note in &o.notes {
+                        eprintln!("  note: {note}");
+                    }
+                    outcomes.entry(system.to_string()).or_default().insert(n, o);
+                }
+                Err(e) => {
+                    eprintln!("  {system} scenario {n} failed: {e:#}");
+                    errors.push(format!("{system}, scenario {n}: {e:#}"));
+                }
+            }
+            eprintln!("  ({:.0} s)", t.elapsed().as_secs_f64());
+        }
+        if n == 6 || n == 7 {
+            backlog_done = true;
+        }
+    }
+    (outcomes, errors)
+}

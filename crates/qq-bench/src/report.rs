@@ -1,0 +1,517 @@
+//! Turning two sets of scenario outcomes into the side-by-side table (terminal and Markdown),
+//! the JSON record, the latency plot, and the target verdicts of issue 5.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::System;
+use crate::scenarios::{Better, Latency, Outcome, PLOT_PERCENTILES};
+
+pub const SCENARIO_NAMES: [&str; 7] = [
+    "throughput, 1 queue",
+    "latency at fixed rate",
+    "many queues",
+    "dead-letter rate",
+    "failover",
+    "backlog memory",
+    "restart recovery",
+];
+
+pub fn scenario_name(n: u8) -> &'static str {
+    SCENARIO_NAMES
+        .get(usize::from(n).wrapping_sub(1))
+        .copied()
+        .unwrap_or("?")
+}
+
+/// One row of the table: a figure on both systems.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub scenario: u8,
+    pub name: String,
+    pub unit: &'static str,
+    pub better: Better,
+    pub quorumq: Option<f64>,
+    pub rabbitmq: Option<f64>,
+    /// quorumq / RabbitMQ.
+    pub ratio: Option<f64>,
+    pub target: Option<Target>,
+}
+
+/// A target of issue 5 attached to a row, and whether this run met it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    pub text: &'static str,
+    pub met: Option<bool>,
+}
+
+/// Everything a run produced, as written to the JSON file.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub started: String,
+    pub settings: crate::scenarios::Settings,
+    pub scenarios: Vec<u8>,
+    pub rows: Vec<Row>,
+    pub outcomes: BTreeMap<String, BTreeMap<u8, Outcome>>,
+    pub errors: Vec<String>,
+    pub profile: Option<String>,
+}
+
+fn target_for(scenario: u8, name: &str) -> Option<&'static str> {
+    match (scenario, name) {
+        (1, "delivered+acked") | (3, "delivered+acked") | (4, "dead letters arriving") => {
+            Some(">= 2x RabbitMQ")
+        }
+        (2, "confirm p99") | (2, "deliver p99") => Some("<= 0.5x RabbitMQ"),
+        (5, "kill -9 leader → confirms again") => Some("< 2 s"),
+        (5, "confirmed messages lost") => Some("0"),
+        (6, "max node RSS with backlog") => Some("< RabbitMQ"),
+        _ => None,
+    }
+}
+
+fn verdict(text: &str, qq: Option<f64>, rabbit: Option<f64>) -> Option<bool> {
+    let ratio = match (qq, rabbit) {
+        (Some(q), Some(r)) if r > 0.0 => Some(q / r),
+        _ => None,
+    };
+    match text {
+        ">= 2x RabbitMQ" => ratio.map(|x| x >= 2.0),
+        "<= 0.5x RabbitMQ" => ratio.map(|x| x <= 0.5),
+        "< 2 s" => qq.map(|q| q < 2.0),
+        "0" => qq.map(|q| q == 0.0),
+        "< RabbitMQ" => ratio.map(|x| x < 1.0),
+        _ => None,
+    }
+}
+
+/// Pairs the figures of both systems, in scenario order and in the order they were measured.
+pub fn rows(outcomes: &BTreeMap<String, BTreeMap<u8, Outcome>>) -> Vec<Row> {
+    let mut rows: Vec<Row> = Vec::new();
+    let empty = BTreeMap::new();
+    let qq = outcomes.get(&System::Quorumq.to_string()).unwrap_or(&empty);
+    let rabbit = outcomes
+        .get(&System::Rabbitmq.to_string())
+        .unwrap_or(&empty);
+    for side in [qq, rabbit] {
+        for outcome in side.values() {
+            for f in &outcome.figures {
+                if rows
+                    .iter()
+                    .any(|r| r.scenario == f.scenario && r.name == f.name)
+                {
+                    continue;
+                }
+                rows.push(Row {
+                    scenario: f.scenario,
+                    name: f.name.clone(),
+                    unit: f.unit,
+                    better: f.better,
+                    quorumq: None,
+                    rabbitmq: None,
+                    ratio: None,
+                    target: None,
+                });
+            }
+        }
+    }
+    rows.sort_by_key(|r| r.scenario);
+    let find = |side: &BTreeMap<u8, Outcome>, scenario: u8, name: &str| {
+        side.values()
+            .flat_map(|o| &o.figures)
+            .find(|f| f.scenario == scenario && f.name == name)
+            .and_then(|f| f.value)
+    };
+    for r in &mut rows {
+        r.quorumq = find(qq, r.scenario, &r.name);
+        r.rabbitmq = find(rabbit, r.scenario, &r.name);
+        r.ratio = match (r.quorumq, r.rabbitmq) {
+            (Some(q), Some(b)) if b > 0.0 => Some(q / b),
+            _ => None,
+        };
+        r.target = target_for(r.scenario, &r.name).map(|text| Target {
+            text,
+            met: verdict(text, r.quorumq, r.rabbitmq),
+        });
+    }
+    rows
+}
+
+fn fmt_value(v: Option<f64>, unit: &str) -> String {
+    match v {
+        None => "n/a".into(),
+        Some(v) if unit == "msg/s" || unit == "msgs" || unit == "MiB" => format!("{v:.0}"),
+        Some(v) if v >= 100.0 => format!("{v:.0}"),
+        Some(v) if v >= 10.0 => format!("{v:.1}"),
+        Some(v) => format!("{v:.2}"),
+    }
+}
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or("-".into(), |r| format!("{r:.2}x"))
+}
+
+fn fmt_target(t: &Option<Target>) -> String {
+    match t {
+        None => String::new(),
+        Some(t) => format!(
+            "{} {}",
+            t.text,
+            match t.met {
+                Some(true) => "met",
+                Some(false) => "MISSED",
+                None => "(not measured)",
+            }
+        ),
+    }
+}
+
+/// The table for the terminal.
+pub fn text_table(rows: &[Row]) -> String {
+    let header = [
+        "scenario",
+        "figure",
+        "quorumq",
+        "RabbitMQ",
+        "qq/rabbit",
+        "target",
+    ];
+    let body: Vec<[String; 6]> = rows
+        .iter()
+        .map(|r| {
+            [
+                format!("{} {}", r.scenario, scenario_name(r.scenario)),
+                format!("{} ({})", r.name, r.unit),
+                fmt_value(r.quorumq, r.unit),
+                fmt_value(r.rabbitmq, r.unit),
+                fmt_ratio(r.ratio),
+                fmt_target(&r.target),
+            ]
+        })
+        .collect();
+    let mut width = header.map(|h| h.chars().count());
+    for row in &body {
+        for (w, cell) in width.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[String]| -> String {
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.iter().zip(width).enumerate() {
+            let pad = w.saturating_sub(cell.chars().count());
+            if (2..=4).contains(&i) {
+                let _ = write!(s, "{}{}  ", " ".repeat(pad), cell);
+            } else {
+                let _ = write!(s, "{}{}  ", cell, " ".repeat(pad));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let mut out = String::new();
+    let head: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    out.push_str(&line(&head));
+    out.push('\n');
+    let total: usize = width.iter().sum::<usize>() + 2 * (width.len() - 1);
+    out.push_str(&"-".repeat(total));
+    out.push('\n');
+    let mut last = 0;
+    for (r, cells) in rows.iter().zip(&body) {
+        let mut cells = cells.clone();
+        if r.scenario == last {
+            cells[0] = String::new();
+        }
+        last = r.scenario;
+        out.push_str(&line(&cells));
+        out.push('\n');
+    }
+    out
+}
+
+/// The verdict lines: each target met or missed.
+pub fn verdicts(rows: &[Row]) -> Vec<String> {
+    rows.iter()
+        .filter_map(|r| {
+            let t = r.target.as_ref()?;
+            Some(format!(
+                "{}: scenario {} {} ({}), target {}: quorumq {} {}, RabbitMQ {} {}",
+                match t.met {
+                    Some(true) => "MET   ",
+                    Some(false) => "MISSED",
+                    None => "N/A   ",
+                },
+                r.scenario,
+                r.name,
+                r.unit,
+                t.text,
+                fmt_value(r.quorumq, r.unit),
+                r.unit,
+                fmt_value(r.rabbitmq, r.unit),
+                r.unit,
+            ))
+        })
+        .collect()
+}
+
+/// The Markdown summary.
+pub fn markdown(report: &Report) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "# quorumq vs RabbitMQ quorum queues\n");
+    let _ = writeln!(
+        md,
+        "Run started {} on this machine ({} cores); both three-node clusters on one host, \
+         1 KiB messages, quorum queues with three replicas, publisher confirms after a \
+         majority fsync, manual acks. Scenarios: {:?}.\n",
+        report.started,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        report.scenarios
+    );
+    let _ = writeln!(
+        md,
+        "| scenario | figure | quorumq | RabbitMQ | qq/rabbit | target |\n|---|---|---:|---:|---:|---|"
+    );
+    for r in &report.rows {
+        let _ = writeln!(
+            md,
+            "| {} {} | {} ({}) | {} | {} | {} | {} |",
+            r.scenario,
+            scenario_name(r.scenario),
+            r.name,
+            r.unit,
+            fmt_value(r.quorumq, r.unit),
+            fmt_value(r.rabbitmq, r.unit),
+            fmt_ratio(r.ratio),
+            fmt_target(&r.target)
+        );
+    }
+    let _ = writeln!(md, "\n## Targets\n");
+    for v in verdicts(&report.rows) {
+        let _ = writeln!(md, "- {v}");
+    }
+    let _ = writeln!(md, "\n## Latency percentiles (ms)\n");
+    let _ = writeln!(
+        md,
+        "| scenario | system | kind | samples | {} |\n|---|---|---|---:|{}",
+        PLOT_PERCENTILES
+            .iter()
+            .map(|p| pct_label(*p))
+            .collect::<Vec<_>>()
+            .join(" | "),
+        "---:|".repeat(PLOT_PERCENTILES.len())
+    );
+    for (system, outcomes) in &report.outcomes {
+        for o in outcomes.values() {
+            for l in &o.latencies {
+                let cells: Vec<String> = PLOT_PERCENTILES
+                    .iter()
+                    .map(|p| l.at(*p).map_or("-".into(), |v| format!("{v:.2}")))
+                    .collect();
+                let _ = writeln!(
+                    md,
+                    "| {} | {system} | {} | {} | {} |",
+                    l.scenario,
+                    l.kind,
+                    l.samples,
+                    cells.join(" | ")
+                );
+            }
+        }
+    }
+    let _ = writeln!(md, "\n## Notes from the run\n");
+    for (system, outcomes) in &report.outcomes {
+        for (n, o) in outcomes {
+            for note in &o.notes {
+                let _ = writeln!(md, "- {system}, scenario {n}: {note}");
+            }
+        }
+    }
+    for e in &report.errors {
+        let _ = writeln!(md, "- error: {e}");
+    }
+    if let Some(p) = &report.profile {
+        let _ = writeln!(
+            md,
+            "\n## Profile of the quorumq leader (perf, scenario 1 load)\n\n```\n{p}\n```"
+        );
+    }
+    md
+}
+
+fn pct_label(p: f64) -> String {
+    if p >= 100.0 {
+        "max".into()
+    } else {
+        format!("p{p}")
+    }
+}
+
+/// One panel per scenario with latencies: x = percentile, y = milliseconds (log scale), a line
+/// per system and kind.
+pub fn plot(report: &Report, path: &Path) -> Result<()> {
+    let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+        .context("read /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf (fonts-dejavu-core)")?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
+        .map_err(|_| anyhow::anyhow!("register DejaVu Sans"))?;
+    let mut panels: BTreeMap<u8, Vec<(String, &Latency)>> = BTreeMap::new();
+    for (system, outcomes) in &report.outcomes {
+        for o in outcomes.values() {
+            for l in &o.latencies {
+                if !l.percentiles.is_empty() {
+                    panels
+                        .entry(l.scenario)
+                        .or_default()
+                        .push((format!("{system} {}", l.kind), l));
+                }
+            }
+        }
+    }
+    let n = panels.len().max(1);
+    let root = BitMapBackend::new(path, (560 * n as u32, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let areas = root.split_evenly((1, n));
+    for (area, (scenario, series)) in areas.iter().zip(&panels) {
+        let max = series
+            .iter()
+            .flat_map(|(_, l)| l.percentiles.iter().map(|(_, v)| *v))
+            .fold(1.0f64, f64::max);
+        let min = series
+            .iter()
+            .flat_map(|(_, l)| l.percentiles.iter().map(|(_, v)| *v))
+            .fold(f64::MAX, f64::min)
+            .clamp(0.01, 1.0);
+        let mut chart = ChartBuilder::on(area)
+            .caption(
+                format!("{scenario} {}", scenario_name(*scenario)),
+                ("sans-serif", 20),
+            )
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(56)
+            .build_cartesian_2d(
+                -0.2f64..(PLOT_PERCENTILES.len() as f64 - 0.8),
+                (min * 0.8..max * 1.5).log_scale(),
+            )
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        chart
+            .configure_mesh()
+            .x_labels(PLOT_PERCENTILES.len())
+            .x_label_formatter(&|x| {
+                let i = x.round() as usize;
+                if (x - x.round()).abs() < 0.01 && i < PLOT_PERCENTILES.len() {
+                    pct_label(PLOT_PERCENTILES[i])
+                } else {
+                    String::new()
+                }
+            })
+            .y_desc("latency (ms)")
+            .label_style(("sans-serif", 14))
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        for (name, lat) in series {
+            let color = match (name.starts_with("quorumq"), lat.kind.contains("confirm")) {
+                (true, true) => RGBColor(31, 119, 180),
+                (true, false) => RGBColor(44, 160, 44),
+                (false, true) => RGBColor(255, 127, 14),
+                (false, false) => RGBColor(214, 39, 40),
+            };
+            let points: Vec<(f64, f64)> = lat
+                .percentiles
+                .iter()
+                .filter_map(|(p, v)| {
+                    PLOT_PERCENTILES
+                        .iter()
+                        .position(|q| (q - p).abs() < 1e-9)
+                        .map(|i| (i as f64, v.max(min)))
+                })
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .label(name.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(
+                    points
+                        .into_iter()
+                        .map(|p| Circle::new(p, 3, color.filled())),
+                )
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 13))
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenarios::Figure;
+
+    fn outcome(figures: &[(u8, &str, f64)]) -> Outcome {
+        Outcome {
+            figures: figures
+                .iter()
+                .map(|(s, n, v)| Figure {
+                    scenario: *s,
+                    name: n.to_string(),
+                    unit: "msg/s",
+                    better: Better::Higher,
+                    value: Some(*v),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rows_pair_both_systems_and_judge_targets() {
+        let mut outcomes = BTreeMap::new();
+        outcomes.insert(
+            System::Quorumq.to_string(),
+            BTreeMap::from([(1, outcome(&[(1, "delivered+acked", 3000.0)]))]),
+        );
+        outcomes.insert(
+            System::Rabbitmq.to_string(),
+            BTreeMap::from([(
+                1,
+                outcome(&[(1, "delivered+acked", 1000.0), (1, "only rabbit", 5.0)]),
+            )]),
+        );
+        let rows = rows(&outcomes);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].ratio, Some(3.0));
+        assert_eq!(rows[0].target.as_ref().unwrap().met, Some(true));
+        assert_eq!(rows[1].quorumq, None);
+        assert!(rows[1].target.is_none());
+        let table = text_table(&rows);
+        assert!(table.contains("3.00x"), "{table}");
+        assert!(table.contains(">= 2x RabbitMQ met"), "{table}");
+    }
+
+    #[test]
+    fn verdicts_follow_the_issue() {
+        assert_eq!(verdict("< 2 s", Some(1.5), None), Some(true));
+        assert_eq!(verdict("< 2 s", Some(2.5), Some(1.0)), Some(false));
+        assert_eq!(verdict("0", Some(0.0), Some(3.0)), Some(true));
+        assert_eq!(
+            verdict("<= 0.5x RabbitMQ", Some(4.0), Some(10.0)),
+            Some(true)
+        );
+        assert_eq!(verdict("< RabbitMQ", Some(400.0), None), None);
+    }
+}
