@@ -600,15 +600,21 @@ const HEAL_OBSERVATION: Duration = Duration::from_secs(5);
 /// Every queue's leader and Raft term, as the answer with the highest term says (a node cut
 /// off from the majority may still name an old leader).
 async fn leader_terms(clients: &[Client]) -> BTreeMap<String, (u64, u64)> {
-    let mut seen: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    // All questions at once: a node cut off from the others answers only by timing out.
+    let mut asks = JoinSet::new();
     for q in workload::QUEUES {
         for c in clients {
-            if let Ok(Ok(info)) = timeout(Duration::from_secs(1), c.get_queue(q)).await
-                && info.leader != 0
-                && seen.get(q).is_none_or(|(_, term)| info.raft_term > *term)
-            {
-                seen.insert(q.to_string(), (info.leader, info.raft_term));
-            }
+            let c = c.clone();
+            asks.spawn(async move { (q, timeout(Duration::from_secs(1), c.get_queue(q)).await) });
+        }
+    }
+    let mut seen: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    while let Some(Ok((q, answer))) = asks.join_next().await {
+        if let Ok(Ok(info)) = answer
+            && info.leader != 0
+            && seen.get(q).is_none_or(|(_, term)| info.raft_term > *term)
+        {
+            seen.insert(q.to_string(), (info.leader, info.raft_term));
         }
     }
     seen

@@ -39,10 +39,24 @@ const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
 #[error("{0}")]
 pub struct NetError(pub String);
 
-/// Lazily connected channels to every peer node, shared by all groups and by forwarding.
+/// Lazily connected channels to every peer node: one connection for Raft (replication, votes,
+/// snapshots of every group) and one for the work nodes forward to each other (proposals,
+/// relayed consumers, queue info).
+///
+/// Two connections, because HTTP/2 caps the streams open on one connection (the server's
+/// SETTINGS_MAX_CONCURRENT_STREAMS): on a shared connection, forwarded proposals that wait for
+/// a commit could fill it and queue the very replication requests their commit waits for.
+/// qq-chaos found this as a distributed stall after a partition: nodes A and B each forwarded
+/// proposals to the other's groups until neither could replicate to the other.
 #[derive(Clone)]
 pub struct Peers {
-    inner: Arc<BTreeMap<u64, (String, Channel)>>,
+    inner: Arc<BTreeMap<u64, PeerChannels>>,
+}
+
+struct PeerChannels {
+    address: String,
+    raft: Channel,
+    work: Channel,
 }
 
 impl Peers {
@@ -61,7 +75,14 @@ impl Peers {
                 .initial_stream_window_size(HTTP2_STREAM_WINDOW)
                 .http2_keep_alive_interval(Duration::from_secs(5))
                 .keep_alive_timeout(Duration::from_secs(10));
-            map.insert(id, (addr, endpoint.connect_lazy()));
+            map.insert(
+                id,
+                PeerChannels {
+                    raft: endpoint.connect_lazy(),
+                    work: endpoint.connect_lazy(),
+                    address: addr,
+                },
+            );
         }
         Ok(Peers {
             inner: Arc::new(map),
@@ -73,17 +94,24 @@ impl Peers {
     }
 
     pub fn address(&self, id: u64) -> Option<&str> {
-        self.inner.get(&id).map(|(a, _)| a.as_str())
+        self.inner.get(&id).map(|p| p.address.as_str())
     }
 
-    /// A client of the internal service on `id`.
+    /// A client of the internal service on `id`, for forwarded work.
     pub fn client(&self, id: u64) -> Option<InternalClient<Channel>> {
-        self.inner.get(&id).map(|(_, ch)| {
-            InternalClient::new(ch.clone())
-                .max_decoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
-        })
+        self.inner.get(&id).map(|p| internal_client(&p.work))
     }
+
+    /// A client of the internal service on `id`, on the connection reserved for Raft.
+    fn raft_client(&self, id: u64) -> Option<InternalClient<Channel>> {
+        self.inner.get(&id).map(|p| internal_client(&p.raft))
+    }
+}
+
+fn internal_client(channel: &Channel) -> InternalClient<Channel> {
+    InternalClient::new(channel.clone())
+        .max_decoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
 }
 
 /// Network factory of one group.
@@ -122,7 +150,7 @@ impl GroupClient {
         let unreachable = |msg: String| RPCError::Unreachable(Unreachable::new(&NetError(msg)));
         let mut client = self
             .peers
-            .client(self.target)
+            .raft_client(self.target)
             .ok_or_else(|| unreachable(format!("node {} is not a known peer", self.target)))?;
         let payload = postcard::to_stdvec(req)
             .map_err(|e| RPCError::Network(NetworkError::new(&NetError(format!("encode: {e}")))))?;
@@ -225,4 +253,119 @@ pub struct SnapshotRequest {
     pub meta: openraft::alias::SnapshotMetaOf<TypeConfig>,
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+
+    use futures::Stream;
+    use qq_proto::internal::internal_server::{Internal, InternalServer};
+    use qq_proto::internal::{
+        ForwardConsumeRequest, ForwardConsumeResponse, ProposeReply, ProposeRequest,
+        QueueInfoReply, QueueInfoRequest, RaftReply,
+    };
+    use tokio::sync::{Notify, mpsc};
+    use tonic::{Request, Response, Status, Streaming};
+
+    use super::*;
+
+    /// A peer that grants every vote at once and holds every proposal until the test ends.
+    struct HoldingPeer {
+        proposal_arrived: mpsc::UnboundedSender<()>,
+        release: Arc<Notify>,
+    }
+
+    #[tonic::async_trait]
+    impl Internal for HoldingPeer {
+        async fn raft(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+            let req: VoteRequest<TypeConfig> = postcard::from_bytes(&request.into_inner().payload)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let resp = VoteResponse::<TypeConfig>::new(req.vote, None, true);
+            Ok(Response::new(RaftReply {
+                payload: postcard::to_stdvec(&resp).unwrap().into(),
+                error: String::new(),
+            }))
+        }
+
+        async fn propose(
+            &self,
+            _request: Request<ProposeRequest>,
+        ) -> Result<Response<ProposeReply>, Status> {
+            let _ = self.proposal_arrived.send(());
+            self.release.notified().await;
+            Err(Status::cancelled("test over"))
+        }
+
+        type ConsumeStream =
+            Pin<Box<dyn Stream<Item = Result<ForwardConsumeResponse, Status>> + Send>>;
+
+        async fn consume(
+            &self,
+            _request: Request<Streaming<ForwardConsumeRequest>>,
+        ) -> Result<Response<Self::ConsumeStream>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
+
+        async fn queue_info(
+            &self,
+            _request: Request<QueueInfoRequest>,
+        ) -> Result<Response<QueueInfoReply>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
+    }
+
+    /// Regression (found by qq-chaos): forwarded proposals waiting for a commit must never keep
+    /// Raft requests from reaching a peer. The peer allows one open stream per connection and
+    /// holds a forwarded proposal on it; a vote to the same peer must still get through.
+    #[tokio::test]
+    async fn raft_requests_are_not_queued_behind_forwarded_work() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let (arrived_tx, mut arrived) = mpsc::unbounded_channel();
+        let release = Arc::new(Notify::new());
+        let peer = HoldingPeer {
+            proposal_arrived: arrived_tx,
+            release: release.clone(),
+        };
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .max_concurrent_streams(1)
+                .add_service(InternalServer::new(peer))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let peers = Peers::new([(1, address)]).unwrap();
+
+        let mut work = peers.client(1).unwrap();
+        let held = tokio::spawn(async move {
+            work.propose(ProposeRequest {
+                group: 7,
+                payload: Default::default(),
+            })
+            .await
+        });
+        arrived.recv().await.expect("the proposal reaches the peer");
+
+        let mut raft = GroupNetwork {
+            group: 7,
+            peers: peers.clone(),
+        }
+        .new_client(1, &BasicNode::default())
+        .await;
+        let vote = VoteOf::<TypeConfig>::new(3, 2);
+        let granted = tokio::time::timeout(
+            Duration::from_secs(20),
+            raft.vote(
+                VoteRequest::new(vote, None),
+                RPCOption::new(Duration::from_secs(2)),
+            ),
+        )
+        .await
+        .expect("the vote must not wait for the held proposal")
+        .expect("the vote is answered");
+        assert!(granted.vote_granted);
+
+        release.notify_waiters();
+        let _ = held.await;
+    }
 }
