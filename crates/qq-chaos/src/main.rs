@@ -81,13 +81,25 @@ struct Args {
 
 /// Named scenarios: the short run of `make test`, and every anomaly chaos runs found, kept as a
 /// regression (see README "Chaos testing").
-const SCENARIOS: &[(&str, u64, u64, &str, &str)] = &[(
-    "short",
-    1,
-    60,
-    "partition-halves,kill-leader",
-    "the run of `make test`: partitions plus a leader kill, one minute",
-)];
+const SCENARIOS: &[(&str, u64, u64, &str, &str)] = &[
+    (
+        "short",
+        1,
+        60,
+        "partition-halves,kill-leader",
+        "the run of `make test`: partitions plus a leader kill, one minute",
+    ),
+    (
+        "partition-heal",
+        42,
+        60,
+        "partition-halves",
+        "found: a node back from a partition deposed every leader (fixed by Pre-Vote; the \
+         heal check fails without it), and forwarded proposals starved replication between \
+         the majority's nodes (a queue confirmed nothing for 14 s; fixed by a separate Raft \
+         connection, unit test in qq-raft)",
+    ),
+];
 
 fn default_node_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("QQ_NODE_BIN") {
@@ -128,7 +140,7 @@ async fn main() {
 async fn run(mut args: Args) -> anyhow::Result<bool> {
     if args.list_scenarios {
         for (name, seed, secs, nemesis, what) in SCENARIOS {
-            println!("{name:<12} seed {seed:<4} {secs:>4} s  {nemesis:<40} {what}");
+            println!("{name:<15} seed {seed:<3} {secs:>4} s  {nemesis:<30} {what}");
         }
         return Ok(true);
     }
