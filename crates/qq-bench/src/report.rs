@@ -409,6 +409,13 @@ pub fn plot(report: &Report, path: &Path) -> Result<()> {
                 }
             })
             .y_desc("latency (ms)")
+            .y_label_formatter(&|v| {
+                if *v >= 1.0 {
+                    format!("{v:.0}")
+                } else {
+                    format!("{v}")
+                }
+            })
             .label_style(("sans-serif", 14))
             .draw()
             .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -446,7 +453,7 @@ pub fn plot(report: &Report, path: &Path) -> Result<()> {
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(SeriesLabelPosition::LowerRight)
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .label_font(("sans-serif", 13))

@@ -243,10 +243,20 @@ async fn run_flows(system: System, label: String, f: Flows) -> Result<FlowResult
     let conns = Conns::open(system).await?;
     let counters = Arc::new(Counters::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let record_from_ns = now_ns() + secs(f.warmup_s).as_nanos() as u64;
-    let mut consumers = Vec::new();
+    // Open every subscription and publisher first, so that the warm-up (and the rate) starts
+    // with all of them running: opening a hundred takes a while.
+    let mut subscriptions = Vec::new();
     for (q, node) in &f.queues {
-        let c = conns.consume[*node].consumer(q, f.prefetch).await?;
+        subscriptions.push(conns.consume[*node].consumer(q, f.prefetch).await?);
+    }
+    let mut pubs = Vec::new();
+    for (q, node) in &f.queues {
+        pubs.push(conns.publish[*node].publisher(q, f.window).await?);
+    }
+    let record_from_ns = now_ns() + secs(f.warmup_s).as_nanos() as u64;
+    let progress = Progress::start(label, counters.clone());
+    let mut consumers = Vec::new();
+    for c in subscriptions {
         let plan = ConsPlan {
             reject: f.reject,
             stop: stop.clone(),
@@ -258,8 +268,7 @@ async fn run_flows(system: System, label: String, f: Flows) -> Result<FlowResult
         consumers.push(tokio::spawn(consume_loop(c, plan, counters.clone())));
     }
     let mut publishers = Vec::new();
-    for (i, (q, node)) in f.queues.iter().enumerate() {
-        let p = conns.publish[*node].publisher(q, f.window).await?;
+    for (i, p) in pubs.into_iter().enumerate() {
         let plan = PubPlan {
             window: f.window,
             rate: f.rate,
@@ -271,7 +280,6 @@ async fn run_flows(system: System, label: String, f: Flows) -> Result<FlowResult
         };
         publishers.push(tokio::spawn(publish_loop(p, plan, counters.clone())));
     }
-    let progress = Progress::start(label, counters.clone());
     tokio::time::sleep(secs(f.warmup_s)).await;
     let (c0, d0, t0) = (counters.confirmed(), counters.delivered(), Instant::now());
     tokio::time::sleep(secs(f.measure_s)).await;
