@@ -49,15 +49,6 @@ pub const ALL: [Kind; 8] = [
 ];
 
 impl Kind {
-    /// Faults that cut links and leave a majority connected: when they heal, the leaders that
-    /// majority has must stay (the runner checks it).
-    pub fn cuts_network(self) -> bool {
-        matches!(
-            self,
-            Kind::PartitionHalves | Kind::IsolateLeader | Kind::Bridge
-        )
-    }
-
     pub fn name(self) -> &'static str {
         match self {
             Kind::PartitionHalves => "partition-halves",
@@ -167,6 +158,8 @@ pub struct Applied {
     pub target: String,
     pub killed: Option<u64>,
     pub paused: Option<u64>,
+    /// The node cut off alone from the other two (partition-halves, isolate-leader).
+    pub alone: Option<u64>,
 }
 
 /// Applies `fault` now. `leader` is the current leader of the queue the fault chose (if known).
@@ -180,6 +173,7 @@ pub fn apply(hosts: &mut Hosts, fault: &Planned, leader: Option<u64>) -> anyhow:
         target: String::new(),
         killed: None,
         paused: None,
+        alone: None,
     };
     match fault.kind {
         Kind::PartitionHalves | Kind::IsolateLeader => {
@@ -191,6 +185,7 @@ pub fn apply(hosts: &mut Hosts, fault: &Planned, leader: Option<u64>) -> anyhow:
             for other in others(alone) {
                 hosts.cut(alone, other)?;
             }
+            applied.alone = Some(alone);
             let rest: Vec<String> = others(alone).map(|i| i.to_string()).collect();
             applied.target = format!("{alone} | {}", rest.join(","));
         }

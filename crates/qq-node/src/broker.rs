@@ -1182,6 +1182,7 @@ impl Broker for BrokerService {
                     local_member: local.is_some(),
                     local_last_applied: local.as_ref().map(|l| l.last_applied).unwrap_or(0),
                     local_state_digest: local.as_ref().map(|l| l.digest).unwrap_or(0),
+                    local_term: local.as_ref().map(|l| l.term).unwrap_or(0),
                 }
             })
             .collect();
