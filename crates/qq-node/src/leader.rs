@@ -19,6 +19,13 @@ use crate::queue_sm::{QueueRequest, QueueShared, QueueSm};
 /// Longest sleep of the expiry timer between checks.
 const EXPIRY_POLL: Duration = Duration::from_millis(500);
 
+/// How often a leader looks for consumers in the queue state that no session of its own serves.
+/// Becoming leader is not enough: a `Checkout` proposed just before a leader change can commit
+/// and apply after the new leader's first clean-up (its session already gone), and its
+/// `ConsumerDown` can fail during the election; such a consumer would hold its unacked
+/// messages forever (found by qq-chaos: 20 messages, one prefetch, stuck in a queue).
+const CONSUMER_RECONCILE: Duration = Duration::from_secs(3);
+
 pub fn spawn_queue_tasks(
     node: Arc<Node>,
     group: u64,
@@ -35,6 +42,8 @@ pub fn spawn_queue_tasks(
             async move {
                 let mut metrics = raft.metrics();
                 let mut was_leader = false;
+                let mut reconcile = tokio::time::interval(CONSUMER_RECONCILE);
+                reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     let is_leader = metrics.borrow_watched().state == ServerState::Leader;
                     if is_leader != was_leader {
@@ -48,8 +57,13 @@ pub fn spawn_queue_tasks(
                             shared.cancel_consumers("queue leader changed; subscribe again", true);
                         }
                     }
-                    if metrics.changed().await.is_err() {
-                        return;
+                    tokio::select! {
+                        changed = metrics.changed() => if changed.is_err() { return },
+                        _ = reconcile.tick() => {
+                            if was_leader {
+                                clean_up_old_consumers(&node, group, &shared).await;
+                            }
+                        }
                     }
                 }
             }
@@ -142,8 +156,11 @@ pub fn spawn_queue_tasks(
     );
 }
 
-/// A new leader owns no consumer streams: every consumer in the state belongs to a stream that
-/// ended with the old leader, so its unacked messages go back to the queue.
+/// The leader serves every consumer stream of its queue (followers relay to it), and a session
+/// registers locally before its `Checkout` is proposed: a consumer in the state that no local
+/// session serves belongs to a stream that ended (with an old leader, or whose clean-up failed),
+/// so its unacked messages go back to the queue. `ConsumerDown` of a consumer already gone is a
+/// no-op, so racing a session's own clean-up is harmless.
 async fn clean_up_old_consumers(node: &Arc<Node>, group: u64, shared: &Arc<QueueShared>) {
     let local: HashSet<u64> = shared.consumers.lock().unwrap().keys().copied().collect();
     let stale: Vec<u64> = shared
