@@ -84,6 +84,8 @@ pub async fn profile_leader(cl: &mut Cluster, s: &Settings) -> Result<String> {
                 .is_some_and(|c| c.is_ascii_digit())
         })
         .take(TOP_SYMBOLS)
+        // perf pads each line to the width it assumes for the terminal.
+        .map(|l| l.trim_end_matches([' ', '-']))
         .collect();
     if top.is_empty() {
         bail!("perf report printed no samples");
