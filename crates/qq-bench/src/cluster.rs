@@ -195,7 +195,8 @@ pub struct QqCluster {
 
 impl QqCluster {
     /// Writes the three configs into `<run_dir>/quorumq` (data wiped) and starts the nodes.
-    pub fn start(bin: &Path, run_dir: &Path) -> Result<QqCluster> {
+    /// `extra` are TOML lines (`key = value`) appended to every node's config.
+    pub fn start(bin: &Path, run_dir: &Path, extra: &[String]) -> Result<QqCluster> {
         if !bin.exists() {
             bail!(
                 "{} not found: build with `cargo build --workspace --release --bins`",
@@ -211,14 +212,19 @@ impl QqCluster {
             .map(|n| format!("    {{ id = {}, address = \"{}\" }},", n + 1, qq_address(n)))
             .collect();
         for n in 0..NODES {
-            // Every field at its default (cluster/node1.toml) except addresses and paths.
-            let config = format!(
+            // Every field at its default (cluster/node1.toml) except addresses, paths and what
+            // --qq-set names.
+            let mut config = format!(
                 "node_id = {id}\nlisten = \"{addr}\"\npeers = [\n{peers}\n]\ndata_dir = \"{data}\"\n",
                 id = n + 1,
                 addr = qq_address(n),
                 peers = peers.join("\n"),
                 data = dir.join(format!("node{}", n + 1)).display(),
             );
+            for line in extra {
+                config.push_str(line);
+                config.push('\n');
+            }
             fs::write(dir.join(format!("node{}.toml", n + 1)), config)?;
         }
         let mut cluster = QqCluster {

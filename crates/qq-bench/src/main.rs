@@ -93,6 +93,10 @@ struct Args {
     /// Skip the perf profile of the quorumq leader at the end.
     #[arg(long)]
     no_profile: bool,
+    /// A line for every quorumq node's config, e.g. `--qq-set election_timeout_min_ms=400`
+    /// (repeatable; the table's numbers use the defaults of cluster/node1.toml).
+    #[arg(long = "qq-set", value_name = "KEY=VALUE")]
+    qq_set: Vec<String>,
     /// Leave both clusters running at the end.
     #[arg(long)]
     keep: bool,
@@ -151,7 +155,17 @@ async fn main() -> Result<()> {
         let t = Instant::now();
         eprintln!("starting the {system} cluster...");
         let mut c = match system {
-            System::Quorumq => Cluster::Qq(QqCluster::start(&bin, &args.run_dir)?),
+            System::Quorumq => {
+                let extra: Vec<String> = args
+                    .qq_set
+                    .iter()
+                    .map(|kv| match kv.split_once('=') {
+                        Some((k, v)) => format!("{} = {}", k.trim(), v.trim()),
+                        None => kv.clone(),
+                    })
+                    .collect();
+                Cluster::Qq(QqCluster::start(&bin, &args.run_dir, &extra)?)
+            }
             System::Rabbitmq => {
                 Cluster::Rabbit(RabbitCluster::start(&args.rabbit_script, &args.run_dir)?)
             }
