@@ -962,14 +962,15 @@ pub async fn backlog(
             ));
         }
     }
-    // Drain through the node that leads the queue now.
-    let drain_node = cl.leader(&q).await.unwrap_or(leader);
-    let conn = Conn::connect(system, drain_node).await?;
-    let total = conn.message_count(&q).await?;
+    // Drain through the node that leads the queue (found again whenever a subscription ends).
+    let total = Conn::connect(system, leader)
+        .await?
+        .message_count(&q)
+        .await?;
     let counters = Arc::new(Counters::default());
     let progress = Progress::start(format!("6 drain {total} {system}"), counters.clone());
     let start = Instant::now();
-    let drained = drain(&conn, &q, s.prefetch, total, counters).await?;
+    let drained = drain(cl, &q, s.prefetch, total, counters).await?;
     progress.finish().await;
     if let Some(last) = drained.last_at {
         let t = (last - start).as_secs_f64();
@@ -999,9 +1000,11 @@ pub async fn backlog(
     Ok(out)
 }
 
-/// Consumes `total` messages (resubscribing when a subscription ends), acking each.
+/// Consumes `total` messages, acking each. A subscription that ends (a leader change ends
+/// quorumq's consume streams) is opened again on the node that leads the queue then; the drain
+/// gives up after twenty failed subscriptions in a row, two idle periods or 15 minutes.
 async fn drain(
-    conn: &Conn,
+    cl: &Cluster,
     queue: &str,
     prefetch: u16,
     total: u64,
@@ -1009,8 +1012,22 @@ async fn drain(
 ) -> Result<ConsOutcome> {
     let mut all = ConsOutcome::default();
     let deadline = Instant::now() + Duration::from_secs(900);
-    while all.received < total && Instant::now() < deadline {
-        let c = consumer_with_retry(conn, queue, prefetch).await?;
+    let (mut failures, mut idle) = (0, 0);
+    while all.received < total && Instant::now() < deadline && failures < 20 && idle < 2 {
+        let node = cl.leader(queue).await.unwrap_or(0);
+        let subscribed = async {
+            let conn = Conn::connect(cl.system(), node).await?;
+            consumer_with_retry(&conn, queue, prefetch).await
+        };
+        let c = match subscribed.await {
+            Ok(c) => c,
+            Err(e) => {
+                failures += 1;
+                all.ended = Some(format!("{e:#}"));
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                continue;
+            }
+        };
         let o = consume_loop(
             c,
             ConsPlan {
@@ -1026,9 +1043,16 @@ async fn drain(
         .await?;
         all.received += o.received;
         all.last_at = o.last_at.or(all.last_at);
-        all.ended = o.ended.clone();
-        if o.received == 0 {
-            break;
+        if o.ended.is_some() {
+            all.ended = o.ended;
+            if o.received == 0 {
+                failures += 1;
+            } else {
+                failures = 0;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        } else if o.received == 0 {
+            idle += 1;
         }
     }
     Ok(all)
