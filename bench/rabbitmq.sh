@@ -161,22 +161,25 @@ leader() {
 }
 
 down() {
-    local n p
+    local n p pids=()
     for n in 1 2 3; do
         p=$(pid "$n" || true)
-        if [[ -n $p ]]; then
-            kill "$p" 2>/dev/null || true
-        fi
+        [[ -n $p ]] && pids+=("$p")
     done
-    for n in 1 2 3; do
-        p=$(pid "$n" || true)
-        for _ in $(seq 1 60); do
-            [[ -z $p || ! -d /proc/$p ]] && break
-            sleep 0.5
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    # Wait for the processes themselves: a stopping node removes its pid file early.
+    for p in "${pids[@]}"; do
+        for _ in $(seq 1 120); do
+            [[ -d /proc/$p ]] || break
+            sleep 0.25
         done
     done
     # The epmd on our own port was started by our first node; it has nothing left to serve.
-    epmd -port "$ERL_EPMD_PORT" -kill >/dev/null 2>&1 || true
+    # It refuses to stop while a node is still registered, so give the nodes a moment.
+    for _ in $(seq 1 20); do
+        epmd -port "$ERL_EPMD_PORT" -kill >/dev/null 2>&1 && break
+        sleep 0.25
+    done
 }
 
 cmd=${1:-}
