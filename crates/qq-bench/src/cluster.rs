@@ -94,8 +94,16 @@ impl Cluster {
         if let Cluster::Qq(c) = self {
             c.reap(node);
         }
+        // A RabbitMQ node is not our child (no wait()): poll /proc until it is gone, and say so
+        // if it never goes instead of timing a failover from a node still running.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while alive(pid) && Instant::now() < deadline {
+        while alive(pid) {
+            if Instant::now() >= deadline {
+                bail!(
+                    "node {} (pid {pid}) still alive 10 s after kill -9",
+                    node + 1
+                );
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(())
