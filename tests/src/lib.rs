@@ -123,6 +123,14 @@ struct Node {
     child: Option<Child>,
 }
 
+/// Raft timing written into every node's config (see cluster/node1.toml).
+#[derive(Debug, Clone, Copy)]
+pub struct RaftTiming {
+    pub heartbeat_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+}
+
 /// N `qq-node` processes on loopback, killed on drop. End a passing test with
 /// [`TestCluster::stop`]; otherwise the files are kept for the post-mortem.
 pub struct TestCluster {
@@ -138,6 +146,27 @@ pub struct TestCluster {
 impl TestCluster {
     /// Starts `n` nodes (ids 1..=n) and waits until every one reports a metadata leader.
     pub async fn start(n: usize) -> anyhow::Result<TestCluster> {
+        Self::start_with_raft_timing(
+            n,
+            RaftTiming {
+                heartbeat_ms: HEARTBEAT_MS,
+                election_timeout_min_ms: ELECTION_TIMEOUT_MIN_MS,
+                election_timeout_max_ms: ELECTION_TIMEOUT_MAX_MS,
+            },
+        )
+        .await
+    }
+
+    /// Like [`TestCluster::start`], with other Raft timeouts in every node's config.
+    pub async fn start_with_raft_timing(
+        n: usize,
+        timing: RaftTiming,
+    ) -> anyhow::Result<TestCluster> {
+        let RaftTiming {
+            heartbeat_ms,
+            election_timeout_min_ms,
+            election_timeout_max_ms,
+        } = timing;
         init_tracing();
         assert!(n >= 1, "a cluster needs a node");
         // A test that failed while holding the lock poisons it; its cluster is gone all the same.
@@ -163,9 +192,9 @@ impl TestCluster {
             let config = dir.path().join(format!("node{id}.toml"));
             let text = format!(
                 "node_id = {id}\nlisten = \"{address}\"\npeers = [\n{}\n]\ndata_dir = \"{}\"\n\
-                 max_message_bytes = {TEST_MAX_MESSAGE_BYTES}\nheartbeat_ms = {HEARTBEAT_MS}\n\
-                 election_timeout_min_ms = {ELECTION_TIMEOUT_MIN_MS}\n\
-                 election_timeout_max_ms = {ELECTION_TIMEOUT_MAX_MS}\n",
+                 max_message_bytes = {TEST_MAX_MESSAGE_BYTES}\nheartbeat_ms = {heartbeat_ms}\n\
+                 election_timeout_min_ms = {election_timeout_min_ms}\n\
+                 election_timeout_max_ms = {election_timeout_max_ms}\n",
                 peers.join("\n"),
                 data_dir.display()
             );

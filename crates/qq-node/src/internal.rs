@@ -20,6 +20,9 @@ use crate::node::Node;
 
 pub struct InternalService {
     pub node: Arc<Node>,
+    /// Turns true when the server starts its graceful shutdown: open `Watch` streams end then,
+    /// so they do not hold the shutdown up.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 fn reply<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> RaftReply {
@@ -110,6 +113,27 @@ impl Internal for InternalService {
     }
 
     type ConsumeStream = BoxStream<ForwardConsumeResponse>;
+    type WatchStream = BoxStream<WatchEvent>;
+
+    async fn watch(
+        &self,
+        _request: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let (tx, rx) = mpsc::channel(1);
+        let _ = tx
+            .send(Ok(WatchEvent {
+                node_id: self.node.id,
+            }))
+            .await;
+        let mut stopping = self.stopping.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tx.closed() => {}
+                _ = stopping.wait_for(|s| *s) => {}
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
 
     async fn consume(
         &self,

@@ -36,16 +36,24 @@ pub async fn run(
     let broker = BrokerServer::new(BrokerService { node: node.clone() })
         .max_decoding_message_size(max_client)
         .max_encoding_message_size(max_client);
-    let internal = InternalServer::new(InternalService { node: node.clone() })
-        .max_decoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_INTERNAL_MESSAGE_BYTES);
+    let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
+    crate::liveness::spawn_peer_watches(node.clone());
+    let internal = InternalServer::new(InternalService {
+        node: node.clone(),
+        stopping,
+    })
+    .max_decoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_INTERNAL_MESSAGE_BYTES);
     info!(node_id = node.id, %listen, "node serving");
     tonic::transport::Server::builder()
         .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
         .initial_stream_window_size(HTTP2_STREAM_WINDOW)
         .add_service(broker)
         .add_service(internal)
-        .serve_with_incoming_shutdown(incoming, shutdown)
+        .serve_with_incoming_shutdown(incoming, async move {
+            shutdown.await;
+            let _ = stopping_tx.send(true);
+        })
         .await?;
     info!("shutting down");
     let _ = node.meta_raft.shutdown().await;

@@ -102,6 +102,12 @@ impl Peers {
         self.inner.get(&id).map(|p| internal_client(&p.work))
     }
 
+    /// A client of the internal service on `id`, on the Raft connection, for the liveness
+    /// watch: it breaks when that connection does.
+    pub fn watch_client(&self, id: u64) -> Option<InternalClient<Channel>> {
+        self.raft_client(id)
+    }
+
     /// A client of the internal service on `id`, on the connection reserved for Raft.
     fn raft_client(&self, id: u64) -> Option<InternalClient<Channel>> {
         self.inner.get(&id).map(|p| internal_client(&p.raft))
@@ -263,7 +269,7 @@ mod tests {
     use qq_proto::internal::internal_server::{Internal, InternalServer};
     use qq_proto::internal::{
         ForwardConsumeRequest, ForwardConsumeResponse, ProposeReply, ProposeRequest,
-        QueueInfoReply, QueueInfoRequest, RaftReply,
+        QueueInfoReply, QueueInfoRequest, RaftReply, WatchEvent, WatchRequest,
     };
     use tokio::sync::{Notify, mpsc};
     use tonic::{Request, Response, Status, Streaming};
@@ -311,6 +317,15 @@ mod tests {
             &self,
             _request: Request<QueueInfoRequest>,
         ) -> Result<Response<QueueInfoReply>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
+
+        type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
+
+        async fn watch(
+            &self,
+            _request: Request<WatchRequest>,
+        ) -> Result<Response<Self::WatchStream>, Status> {
             Err(Status::unimplemented("not in this test"))
         }
     }

@@ -255,3 +255,65 @@ async fn confirmed_messages_survive_leader_crash_and_the_node_catches_up() -> an
     cluster.stop();
     Ok(())
 }
+
+/// Story: a leader killed with SIGKILL is replaced without waiting out the election timeout.
+///
+/// The nodes run with election timeouts of 20-40 s, so Raft's timers alone could not elect a
+/// new leader within the 10 s this test allows: only the liveness handover can (a survivor sees
+/// the dead node's port refuse connections and starts the election at once; see
+/// `qq_node::liveness`). The metadata group and the queue group must both move, and a message
+/// confirmed before the crash is still there with the one published after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_without_the_election_timeout() -> anyhow::Result<()> {
+    const Q: &str = "handover.q";
+    const ALLOWED: Duration = Duration::from_secs(10);
+    let mut cluster = TestCluster::start_with_raft_timing(
+        3,
+        qq_tests::RaftTiming {
+            heartbeat_ms: 500,
+            election_timeout_min_ms: 20_000,
+            election_timeout_max_ms: 40_000,
+        },
+    )
+    .await?;
+    let any = cluster.client(1).await?;
+    any.declare_queue(Q, Default::default()).await?;
+    let leader = cluster.leader_of(Q).await?;
+    let meta_leader = any.cluster_status().await?.metadata_leader;
+    let survivor = cluster.others(leader)[0];
+    let client = cluster.client(survivor).await?;
+    let before = client.publish("", Q, qq_client::message("before")).await?;
+    ensure!(
+        before.is_confirmed(),
+        "publish before the crash: {before:?}"
+    );
+
+    info!(leader, meta_leader, "--- kill -9 the queue leader");
+    cluster.kill9(leader);
+    let started = tokio::time::Instant::now();
+    let new_leader = loop {
+        // UNAVAILABLE ("no leader right now") counts as not yet.
+        let queue_leader = client.get_queue(Q).await.map(|q| q.leader).unwrap_or(0);
+        let meta = client.cluster_status().await?.metadata_leader;
+        if queue_leader != 0 && queue_leader != leader && meta != 0 && meta != leader {
+            break queue_leader;
+        }
+        ensure!(
+            started.elapsed() < ALLOWED,
+            "no new leader {ALLOWED:?} after the kill (election timeout 20 s): queue leader \
+             {queue_leader}, metadata leader {meta}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    info!(new_leader, after = ?started.elapsed(), "queue and metadata handed over");
+    let after = client.publish("", Q, qq_client::message("after")).await?;
+    ensure!(after.is_confirmed(), "publish after the crash: {after:?}");
+    ensure!(
+        started.elapsed() < ALLOWED,
+        "the publish after the crash took until {:?}",
+        started.elapsed()
+    );
+    super::drain_set(&client, Q, &["before", "after"]).await?;
+    cluster.stop();
+    Ok(())
+}
