@@ -123,12 +123,25 @@ struct Node {
     child: Option<Child>,
 }
 
-/// Raft timing written into every node's config (see cluster/node1.toml).
+/// Raft settings written into every node's config (see cluster/node1.toml).
 #[derive(Debug, Clone, Copy)]
-pub struct RaftTiming {
+pub struct RaftSettings {
     pub heartbeat_ms: u64,
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
+    pub snapshot_after_entries: u64,
+}
+
+impl Default for RaftSettings {
+    /// What [`TestCluster::start`] uses: short timeouts, the default snapshot interval.
+    fn default() -> Self {
+        RaftSettings {
+            heartbeat_ms: HEARTBEAT_MS,
+            election_timeout_min_ms: ELECTION_TIMEOUT_MIN_MS,
+            election_timeout_max_ms: ELECTION_TIMEOUT_MAX_MS,
+            snapshot_after_entries: 20_000,
+        }
+    }
 }
 
 /// N `qq-node` processes on loopback, killed on drop. End a passing test with
@@ -146,27 +159,17 @@ pub struct TestCluster {
 impl TestCluster {
     /// Starts `n` nodes (ids 1..=n) and waits until every one reports a metadata leader.
     pub async fn start(n: usize) -> anyhow::Result<TestCluster> {
-        Self::start_with_raft_timing(
-            n,
-            RaftTiming {
-                heartbeat_ms: HEARTBEAT_MS,
-                election_timeout_min_ms: ELECTION_TIMEOUT_MIN_MS,
-                election_timeout_max_ms: ELECTION_TIMEOUT_MAX_MS,
-            },
-        )
-        .await
+        Self::start_with(n, RaftSettings::default()).await
     }
 
-    /// Like [`TestCluster::start`], with other Raft timeouts in every node's config.
-    pub async fn start_with_raft_timing(
-        n: usize,
-        timing: RaftTiming,
-    ) -> anyhow::Result<TestCluster> {
-        let RaftTiming {
+    /// Like [`TestCluster::start`], with other Raft settings in every node's config.
+    pub async fn start_with(n: usize, settings: RaftSettings) -> anyhow::Result<TestCluster> {
+        let RaftSettings {
             heartbeat_ms,
             election_timeout_min_ms,
             election_timeout_max_ms,
-        } = timing;
+            snapshot_after_entries,
+        } = settings;
         init_tracing();
         assert!(n >= 1, "a cluster needs a node");
         // A test that failed while holding the lock poisons it; its cluster is gone all the same.
@@ -194,7 +197,8 @@ impl TestCluster {
                 "node_id = {id}\nlisten = \"{address}\"\npeers = [\n{}\n]\ndata_dir = \"{}\"\n\
                  max_message_bytes = {TEST_MAX_MESSAGE_BYTES}\nheartbeat_ms = {heartbeat_ms}\n\
                  election_timeout_min_ms = {election_timeout_min_ms}\n\
-                 election_timeout_max_ms = {election_timeout_max_ms}\n",
+                 election_timeout_max_ms = {election_timeout_max_ms}\n\
+                 snapshot_after_entries = {snapshot_after_entries}\n",
                 peers.join("\n"),
                 data_dir.display()
             );

@@ -27,9 +27,23 @@ pub async fn drain_exactly(
     queue: &str,
     expected: usize,
 ) -> anyhow::Result<Vec<String>> {
+    let bodies = take(client, queue, expected).await?;
+    let r = client.get(queue, true, 0).await?;
+    if let Some(d) = r.delivery {
+        bail!(
+            "{queue}: expected {expected} messages, got another: {:?} (after {bodies:?})",
+            body(&d)
+        );
+    }
+    Ok(bodies)
+}
+
+/// Takes (auto-ack `Get`) `count` messages from `queue`, polling while fewer have arrived.
+/// Returns the bodies in the order received.
+pub async fn take(client: &Client, queue: &str, count: usize) -> anyhow::Result<Vec<String>> {
     let mut bodies = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while bodies.len() < expected {
+    while bodies.len() < count {
         let r = client
             .get(queue, true, 0)
             .await
@@ -40,17 +54,10 @@ pub async fn drain_exactly(
                 tokio::time::sleep(Duration::from_millis(50)).await
             }
             None => bail!(
-                "{queue}: got {} of {expected} messages: {bodies:?}",
+                "{queue}: got {} of {count} messages: {bodies:?}",
                 bodies.len()
             ),
         }
-    }
-    let r = client.get(queue, true, 0).await?;
-    if let Some(d) = r.delivery {
-        bail!(
-            "{queue}: expected {expected} messages, got another: {:?} (after {bodies:?})",
-            body(&d)
-        );
     }
     Ok(bodies)
 }
