@@ -90,6 +90,16 @@ pub struct QueueShared {
     /// Bumped after every applied batch (timers and waiters watch it).
     pub applied: watch::Sender<u64>,
     pub dead_letters: mpsc::UnboundedSender<DeadLetterJob>,
+    /// Body writes of the entry being applied: one RocksDB write per entry, not per message.
+    pending: Mutex<PendingBodies>,
+}
+
+/// Body writes collected while an entry is applied, written when it is done
+/// ([`QueueShared::flush_bodies`]). Reads look here first.
+#[derive(Default)]
+struct PendingBodies {
+    puts: HashMap<MessageId, Vec<u8>>,
+    deletes: Vec<MessageId>,
 }
 
 impl QueueShared {
@@ -108,11 +118,44 @@ impl QueueShared {
             is_leader: AtomicBool::new(false),
             applied: watch::channel(0).0,
             dead_letters,
+            pending: Mutex::new(PendingBodies::default()),
         })
     }
 
+    fn put_body(&self, id: MessageId, body: Vec<u8>) {
+        self.pending.lock().unwrap().puts.insert(id, body);
+    }
+
+    fn delete_body(&self, id: MessageId) {
+        let mut pending = self.pending.lock().unwrap();
+        // Ids are never reused: a body put by this entry is not on disk yet.
+        if pending.puts.remove(&id).is_none() {
+            pending.deletes.push(id);
+        }
+    }
+
+    /// Write the bodies put and deleted by the entry just applied.
+    fn flush_bodies(&self) -> io::Result<()> {
+        let PendingBodies { puts, deletes } = std::mem::take(&mut *self.pending.lock().unwrap());
+        if !puts.is_empty() {
+            let mut bodies: Vec<(u64, &[u8])> =
+                puts.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+            bodies.sort_unstable_by_key(|(id, _)| *id);
+            self.store.put_bodies(self.group, &bodies)?;
+        }
+        if !deletes.is_empty() {
+            self.store.delete_bodies(self.group, &deletes)?;
+        }
+        Ok(())
+    }
+
     pub fn read_message(&self, id: MessageId) -> io::Result<Message> {
-        let bytes = self.store.get_body(self.group, id)?.ok_or_else(|| {
+        let pending = self.pending.lock().unwrap().puts.get(&id).cloned();
+        let bytes = match pending {
+            Some(b) => Some(b),
+            None => self.store.get_body(self.group, id)?,
+        };
+        let bytes = bytes.ok_or_else(|| {
             io::Error::other(format!(
                 "queue group {}: body of message {id} is missing",
                 self.group
@@ -139,7 +182,8 @@ impl QueueShared {
 
     /// Apply one command at sub-index `index` (raft index << 16 | position in the entry).
     fn apply_one(&self, index: u64, req: QueueRequest) -> io::Result<QueueReplyOut> {
-        let (reply, effects) = self.state.lock().unwrap().apply(index, req.cmd);
+        let QueueRequest { cmd, message: body } = req;
+        let (reply, effects) = self.state.lock().unwrap().apply(index, cmd);
         // A Get's message is read before effects run (auto-ack deletes its body).
         let message = match &reply {
             Reply::Got {
@@ -149,8 +193,7 @@ impl QueueShared {
         };
         match &reply {
             Reply::Enqueued { id } | Reply::RejectedDeadLettered { id, .. } => {
-                let body = req.message.as_deref().unwrap_or_default();
-                self.store.put_bodies(self.group, &[(*id, body)])?;
+                self.put_body(*id, body.unwrap_or_default());
             }
             _ => {}
         }
@@ -181,7 +224,7 @@ impl QueueShared {
                         }
                     }
                 }
-                Effect::DeleteBody { id } => self.store.delete_bodies(self.group, &[id])?,
+                Effect::DeleteBody { id } => self.delete_body(id),
                 Effect::DeadLetter {
                     id,
                     reason,
@@ -189,7 +232,7 @@ impl QueueShared {
                     died_at_ms,
                 } => match strategy {
                     Strategy::AtLeastOnce => {} // held in the state until DeadLetterSettle
-                    Strategy::Disabled => self.store.delete_bodies(self.group, &[id])?,
+                    Strategy::Disabled => self.delete_body(id),
                     Strategy::AtMostOnce => {
                         if leader {
                             match self.read_message(id) {
@@ -209,7 +252,7 @@ impl QueueShared {
                                 }
                             }
                         }
-                        self.store.delete_bodies(self.group, &[id])?;
+                        self.delete_body(id);
                     }
                 },
             }
@@ -305,6 +348,7 @@ impl RaftStateMachine<TypeConfig> for QueueSm {
                             encode(&replies)?
                         }
                     };
+                    shared.flush_bodies()?;
                 }
             }
             *shared.last_applied.lock().unwrap() = Some(entry.log_id);
