@@ -33,7 +33,12 @@
 //!
 //! Correctness rests on the WAL being ordered: a request is sent to the thread only after its
 //! write returned, so the `flush_wal(true)` that follows covers it (and every earlier write of
-//! any group, including un-synced truncations, purges and message bodies).
+//! any group, including un-synced truncations, purges and body deletions). The WAL is written
+//! with `manual_wal_flush`: writes collect in RocksDB's WAL buffer and that same
+//! `flush_wal(true)` writes and syncs them, one write(2) per group commit.
+//!
+//! Message bodies are the exception: [`Store::put_bodies`] skips the WAL, because every body is
+//! derived from the Raft log (see there).
 //!
 //! Blocking calls stay off the tokio workers: the fsync runs on the dedicated thread, and async
 //! callers wait on a oneshot channel ([`Store::sync`], [`Store::put_snapshot`]).
