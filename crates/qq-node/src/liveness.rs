@@ -15,8 +15,11 @@
 //! the successor (the lowest-id member not known to be down, the same choice on every
 //! survivor) campaigns at once with votes that ignore the lease. A partition (timeouts, no
 //! refusal) or a paused process (the kernel still accepts) never triggers it; then the election
-//! timeout applies as before. Raft's safety does not depend on any of this: a wrong call costs
-//! at most an unnecessary election.
+//! timeout applies as before. A node also acts only for groups where it can open a connection,
+//! right then, to enough other members to make a majority with itself: a node cut off by a
+//! firewall that *rejects* (which also looks like a refused connection) finds every peer
+//! refusing, and must not campaign past Pre-Vote and come back with a raised term. Raft's safety does not depend on any
+//! of this: a wrong call costs at most an unnecessary election.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -30,7 +33,7 @@ use openraft::{Raft, ServerState};
 use qq_core::NodeId;
 use qq_proto::internal::WatchRequest;
 use qq_raft::{META_GROUP, TypeConfig};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::node::Node;
 
@@ -39,7 +42,8 @@ const RETRY: Duration = Duration::from_millis(100);
 /// How long the probe waits for a TCP connection before calling the peer merely unreachable.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// Start one watch per peer.
+/// Start one watch per peer. They share the set of peers whose port refused a connection since
+/// their watch last broke.
 pub fn spawn_peer_watches(node: Arc<Node>) {
     let down: Arc<Mutex<BTreeSet<NodeId>>> = Arc::default();
     for peer in node.peers.ids() {
@@ -64,11 +68,11 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, down: Arc<Mutex<BTreeSet<Node
             let mut events = response.into_inner();
             while let Some(Ok(_)) = events.next().await {}
         }
-        if refuses_connections(&address).await {
+        if probe(&address).await == Probe::Refused {
             if down.lock().unwrap().insert(peer) {
                 warn!(
                     peer,
-                    "peer refuses connections (its process is gone): the groups it led hand over now"
+                    "peer refuses connections (its process is gone, or a firewall rejects): groups it led hand over where this node reaches a majority"
                 );
             }
             let down_now = down.lock().unwrap().clone();
@@ -78,21 +82,89 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, down: Arc<Mutex<BTreeSet<Node
     }
 }
 
-/// True when a TCP connection to `address` is actively refused (nothing listens there).
-async fn refuses_connections(address: &str) -> bool {
+#[derive(Debug, PartialEq, Eq)]
+enum Probe {
+    /// A TCP connection was established.
+    Accepted,
+    /// Actively refused: nothing listens there (or a firewall rejects).
+    Refused,
+    /// Any other failure, or no answer within [`PROBE_TIMEOUT`].
+    NoAnswer,
+}
+
+/// Try a fresh TCP connection to `address`.
+async fn probe(address: &str) -> Probe {
     match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(address)).await {
-        Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionRefused,
-        Ok(Ok(_)) | Err(_) => false,
+        Ok(Ok(_)) => Probe::Accepted,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Probe::Refused,
+        Ok(Err(_)) | Err(_) => Probe::NoAnswer,
     }
 }
 
-/// For every group this node follows `dead`, start the handover to the successor.
+/// For every group this node follows `dead` in, start the handover to the successor, where this
+/// node reaches a majority of the group right now.
 async fn hand_over_from(node: &Node, dead: NodeId, down: &BTreeSet<NodeId>) {
-    hand_over(&node.meta_raft, META_GROUP, &node.peers.ids(), dead, down).await;
-    let groups: Vec<_> = node.queues.read().unwrap().values().cloned().collect();
-    for g in groups {
-        hand_over(&g.raft, g.meta.id, &g.meta.members, dead, down).await;
+    let me = node.id;
+    let all = node.peers.ids();
+    let meta_follows = follows(&node.meta_raft, dead);
+    let groups: Vec<_> = node
+        .queues
+        .read()
+        .unwrap()
+        .values()
+        .filter(|g| follows(&g.raft, dead))
+        .cloned()
+        .collect();
+    if !meta_follows && groups.is_empty() {
+        return;
     }
+    let others: Vec<NodeId> = all
+        .iter()
+        .copied()
+        .filter(|p| *p != me && *p != dead)
+        .collect();
+    let answers = futures::future::join_all(others.iter().map(|p| async move {
+        let address = node.peers.address(*p).unwrap_or_default();
+        (*p, probe(address).await)
+    }))
+    .await;
+    let reachable: BTreeSet<NodeId> = answers
+        .into_iter()
+        .filter(|(_, a)| *a == Probe::Accepted)
+        .map(|(p, _)| p)
+        .collect();
+    if meta_follows && reaches_majority(&all, me, &reachable) {
+        hand_over(&node.meta_raft, META_GROUP, &all, dead, down).await;
+    }
+    for g in groups {
+        if reaches_majority(&g.meta.members, me, &reachable) {
+            hand_over(&g.raft, g.meta.id, &g.meta.members, dead, down).await;
+        } else {
+            debug!(
+                group = g.meta.id,
+                dead, "no handover: this node does not reach a majority of the group right now"
+            );
+        }
+    }
+}
+
+/// Whether this node follows `leader` in the group.
+fn follows<SM>(raft: &Raft<TypeConfig, SM>, leader: NodeId) -> bool
+where
+    SM: RaftStateMachine<TypeConfig>,
+{
+    let m = raft.metrics();
+    let m = m.borrow_watched();
+    m.current_leader == Some(leader) && m.state == ServerState::Follower
+}
+
+/// Whether `me` and the members it reaches are a majority of `members`.
+pub fn reaches_majority(members: &[NodeId], me: NodeId, reachable: &BTreeSet<NodeId>) -> bool {
+    let n = members
+        .iter()
+        .filter(|m| **m == me || reachable.contains(m))
+        .count();
+    n * 2 > members.len()
 }
 
 /// The member that campaigns when `dead` led: the lowest id not known to be down. Every
@@ -150,12 +222,26 @@ mod tests {
         assert_eq!(successor(&[1], 1, &none), None);
     }
 
+    #[test]
+    fn only_a_node_that_reaches_a_majority_hands_over() {
+        let connected: BTreeSet<NodeId> = [2].into();
+        // Node 1 led; node 2 still reaches node 3: 2 of 3.
+        assert!(reaches_majority(&[1, 2, 3], 3, &connected));
+        // Node 3 reaches nobody (a rejecting firewall makes every peer look dead).
+        assert!(!reaches_majority(&[1, 2, 3], 3, &BTreeSet::new()));
+        // Five members: itself and one peer are not enough, two peers are.
+        assert!(!reaches_majority(&[1, 2, 3, 4, 5], 5, &connected));
+        assert!(reaches_majority(&[1, 2, 3, 4, 5], 5, &[2, 4].into()));
+        // Connections to nodes outside the group do not count.
+        assert!(!reaches_majority(&[1, 3, 5], 5, &[2, 4].into()));
+    }
+
     #[tokio::test]
-    async fn a_closed_port_refuses_and_an_open_one_does_not() {
+    async fn a_closed_port_refuses_and_an_open_one_accepts() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let open = listener.local_addr().unwrap().to_string();
-        assert!(!refuses_connections(&open).await);
+        assert_eq!(probe(&open).await, Probe::Accepted);
         drop(listener);
-        assert!(refuses_connections(&open).await);
+        assert_eq!(probe(&open).await, Probe::Refused);
     }
 }
