@@ -53,7 +53,8 @@ pub struct Config {
     /// Raft heartbeat interval in ms (every group).
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
-    /// Raft election timeout range in ms; failover takes about this long.
+    /// Raft election timeout range in ms: failover takes about this long when a leader is cut
+    /// off or frozen (a dead process is replaced at once, see [`crate::liveness`]).
     #[serde(default = "default_election_min_ms")]
     pub election_timeout_min_ms: u64,
     #[serde(default = "default_election_max_ms")]
