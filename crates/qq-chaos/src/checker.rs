@@ -58,6 +58,16 @@ impl Check {
             detail: detail.into(),
         }
     }
+
+    /// Passes when there are no `findings` (with `when_clear` as the detail); otherwise fails
+    /// and lists them.
+    pub fn all_clear(name: &str, findings: Vec<String>, when_clear: impl Into<String>) -> Check {
+        if findings.is_empty() {
+            Check::new(name, true, when_clear)
+        } else {
+            Check::new(name, false, findings.join("; "))
+        }
+    }
 }
 
 /// Up to this many example ids are kept per finding.

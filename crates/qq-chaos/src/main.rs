@@ -100,8 +100,8 @@ const SCENARIOS: &[(&str, u64, u64, &str, &str)] = &[
         60,
         "partition-halves",
         "found: a node back from a partition deposed every leader (fixed by Pre-Vote; the \
-         term check fails without it: cut-off node at term 7-11, the others at 1-2), and forwarded proposals starved replication between \
-         the majority's nodes (a queue confirmed nothing for 14 s; fixed by a separate Raft \
+         term check fails without it: cut-off node at term 7-11, the others at 1-2), and \
+         forwarded proposals starved replication between the majority's nodes (a queue confirmed nothing for 14 s; fixed by a separate Raft \
          connection, unit test in qq-raft)",
     ),
 ];
@@ -474,14 +474,10 @@ async fn chaos(
     if let Err(e) = drain(&clients, workload::DLQ, Role::DrainDeadLetters, &rec).await {
         stuck.push(e.to_string());
     }
-    checks.push(Check::new(
+    checks.push(Check::all_clear(
         "every queue drains to empty",
-        stuck.is_empty(),
-        if stuck.is_empty() {
-            "yes".into()
-        } else {
-            stuck.join("; ")
-        },
+        stuck,
+        "yes",
     ));
     let end_ms = rec.now_ms();
     println!(
@@ -491,12 +487,10 @@ async fn chaos(
     checks.push(replica_agreement(&clients, Duration::from_secs(30)).await);
     let checked = term_checks.iter().flatten().count();
     let inflated: Vec<String> = term_checks.into_iter().flatten().flatten().collect();
-    checks.push(Check::new(
+    checks.push(Check::all_clear(
         "a node cut off from the majority does not raise its term",
-        inflated.is_empty(),
-        if !inflated.is_empty() {
-            inflated.join("; ")
-        } else if checked == 0 {
+        inflated,
+        if checked == 0 {
             "no node was cut off alone in this run (or no answer at a heal)".into()
         } else {
             format!("{checked} heals: the cut-off node's term never passed the majority's")
@@ -505,14 +499,10 @@ async fn chaos(
     while let Some((id, status)) = hosts.find_crashed() {
         crashes.push(format!("node {id} exited by itself ({status})"));
     }
-    checks.push(Check::new(
+    checks.push(Check::all_clear(
         "no node crashed by itself",
-        crashes.is_empty(),
-        if crashes.is_empty() {
-            "none".into()
-        } else {
-            crashes.join("; ")
-        },
+        crashes,
+        "none",
     ));
 
     // ---- check and report ---------------------------------------------------------------------

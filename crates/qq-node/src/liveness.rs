@@ -12,20 +12,24 @@
 //! process has exited, or is shutting down and no longer accepts) is the peer declared down,
 //! and for every group whose leader it was this node delivers to its own Raft the transfer
 //! request a leader sends when it steps down: the follower drops the dead leader's lease, and
-//! the successor (the lowest-id member not known to be down, the same choice on every
-//! survivor) campaigns at once with votes that ignore the lease. A partition (timeouts, no
+//! the successor campaigns at once with votes that ignore the lease. A partition (timeouts, no
 //! refusal) or a paused process (the kernel still accepts) never triggers it; then the election
-//! timeout applies as before. A node also acts only for groups where it can open a connection,
-//! right then, to enough other members to make a majority with itself: a node cut off by a
-//! firewall that *rejects* (which also looks like a refused connection) finds every peer
-//! refusing, and must not campaign past Pre-Vote and come back with a raised term. Raft's safety does not depend on any
-//! of this: a wrong call costs at most an unnecessary election.
+//! timeout applies as before.
+//!
+//! Right then, the node opens a fresh connection to every other member. It acts only for groups
+//! where it and the members that accepted are a majority: a node cut off by a firewall that
+//! *rejects* (which also looks like a refused connection) finds every peer refusing, and must
+//! not campaign past Pre-Vote and come back with a raised term. The successor is the lowest id
+//! among the node and the members that accepted, so the survivors of a crash, which reach each
+//! other, pick the same one and do not split the vote. Raft's safety does not depend on any of
+//! this: a wrong call costs at most an unnecessary election.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use openraft::alias::VoteOf;
 use openraft::async_runtime::WatchReceiver;
 use openraft::raft::TransferLeaderRequest;
 use openraft::storage::RaftStateMachine;
@@ -42,41 +46,41 @@ const RETRY: Duration = Duration::from_millis(100);
 /// How long the probe waits for a TCP connection before calling the peer merely unreachable.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// Start one watch per peer. They share the set of peers whose port refused a connection since
-/// their watch last broke.
+/// Start one watch per peer.
 pub fn spawn_peer_watches(node: Arc<Node>) {
-    let down: Arc<Mutex<BTreeSet<NodeId>>> = Arc::default();
     for peer in node.peers.ids() {
         if peer != node.id {
-            tokio::spawn(watch_peer(node.clone(), peer, down.clone()));
+            tokio::spawn(watch_peer(node.clone(), peer));
         }
     }
 }
 
-async fn watch_peer(node: Arc<Node>, peer: NodeId, down: Arc<Mutex<BTreeSet<NodeId>>>) {
+async fn watch_peer(node: Arc<Node>, peer: NodeId) {
     let Some(address) = node.peers.address(peer).map(str::to_string) else {
         return;
     };
     let Some(mut client) = node.peers.watch_client(peer) else {
         return;
     };
+    // Whether the peer refused a connection since its watch last broke (for the log only).
+    let mut down = false;
     loop {
         if let Ok(response) = client.watch(WatchRequest { from: node.id }).await {
-            if down.lock().unwrap().remove(&peer) {
+            if std::mem::take(&mut down) {
                 info!(peer, "peer is serving again");
             }
             let mut events = response.into_inner();
             while let Some(Ok(_)) = events.next().await {}
         }
         if probe(&address).await == Probe::Refused {
-            if down.lock().unwrap().insert(peer) {
+            if !std::mem::replace(&mut down, true) {
                 warn!(
                     peer,
-                    "peer refuses connections (its process is gone, or a firewall rejects): groups it led hand over where this node reaches a majority"
+                    "peer refuses connections (its process is gone, or a firewall rejects): \
+                     groups it led hand over where this node reaches a majority"
                 );
             }
-            let down_now = down.lock().unwrap().clone();
-            hand_over_from(&node, peer, &down_now).await;
+            hand_over_from(&node, peer).await;
         }
         tokio::time::sleep(RETRY).await;
     }
@@ -101,31 +105,25 @@ async fn probe(address: &str) -> Probe {
     }
 }
 
-/// For every group this node follows `dead` in, start the handover to the successor, where this
-/// node reaches a majority of the group right now.
-async fn hand_over_from(node: &Node, dead: NodeId, down: &BTreeSet<NodeId>) {
+/// For every group in which this node follows `dead`, start the handover.
+async fn hand_over_from(node: &Node, dead: NodeId) {
     let me = node.id;
     let all = node.peers.ids();
-    let meta_follows = follows(&node.meta_raft, dead);
+    let meta_vote = followed_vote(&node.meta_raft, dead);
     let groups: Vec<_> = node
         .queues
         .read()
         .unwrap()
         .values()
-        .filter(|g| follows(&g.raft, dead))
-        .cloned()
+        .filter_map(|g| followed_vote(&g.raft, dead).map(|vote| (g.clone(), vote)))
         .collect();
-    if !meta_follows && groups.is_empty() {
+    if meta_vote.is_none() && groups.is_empty() {
         return;
     }
-    let others: Vec<NodeId> = all
-        .iter()
-        .copied()
-        .filter(|p| *p != me && *p != dead)
-        .collect();
-    let answers = futures::future::join_all(others.iter().map(|p| async move {
-        let address = node.peers.address(*p).unwrap_or_default();
-        (*p, probe(address).await)
+    let others = all.iter().copied().filter(|p| *p != me && *p != dead);
+    let answers = futures::future::join_all(others.map(|p| async move {
+        let address = node.peers.address(p).unwrap_or_default();
+        (p, probe(address).await)
     }))
     .await;
     let reachable: BTreeSet<NodeId> = answers
@@ -133,29 +131,22 @@ async fn hand_over_from(node: &Node, dead: NodeId, down: &BTreeSet<NodeId>) {
         .filter(|(_, a)| *a == Probe::Accepted)
         .map(|(p, _)| p)
         .collect();
-    if meta_follows && reaches_majority(&all, me, &reachable) {
-        hand_over(&node.meta_raft, META_GROUP, &all, dead, down).await;
+    if let Some(vote) = meta_vote {
+        hand_over(&node.meta_raft, META_GROUP, vote, &all, me, &reachable).await;
     }
-    for g in groups {
-        if reaches_majority(&g.meta.members, me, &reachable) {
-            hand_over(&g.raft, g.meta.id, &g.meta.members, dead, down).await;
-        } else {
-            debug!(
-                group = g.meta.id,
-                dead, "no handover: this node does not reach a majority of the group right now"
-            );
-        }
+    for (g, vote) in groups {
+        hand_over(&g.raft, g.meta.id, vote, &g.meta.members, me, &reachable).await;
     }
 }
 
-/// Whether this node follows `leader` in the group.
-fn follows<SM>(raft: &Raft<TypeConfig, SM>, leader: NodeId) -> bool
+/// The vote of `leader` when this node follows it in the group.
+fn followed_vote<SM>(raft: &Raft<TypeConfig, SM>, leader: NodeId) -> Option<VoteOf<TypeConfig>>
 where
     SM: RaftStateMachine<TypeConfig>,
 {
     let m = raft.metrics();
     let m = m.borrow_watched();
-    m.current_leader == Some(leader) && m.state == ServerState::Follower
+    (m.current_leader == Some(leader) && m.state == ServerState::Follower).then(|| m.vote.clone())
 }
 
 /// Whether `me` and the members it reaches are a majority of `members`.
@@ -167,39 +158,41 @@ pub fn reaches_majority(members: &[NodeId], me: NodeId, reachable: &BTreeSet<Nod
     n * 2 > members.len()
 }
 
-/// The member that campaigns when `dead` led: the lowest id not known to be down. Every
-/// survivor computes the same one, so their campaigns do not split the vote.
-pub fn successor(members: &[NodeId], dead: NodeId, down: &BTreeSet<NodeId>) -> Option<NodeId> {
+/// The member that campaigns: the lowest id among `me` and the members it reaches.
+pub fn successor(members: &[NodeId], me: NodeId, reachable: &BTreeSet<NodeId>) -> Option<NodeId> {
     members
         .iter()
         .copied()
-        .filter(|m| *m != dead && !down.contains(m))
+        .filter(|m| *m == me || reachable.contains(m))
         .min()
 }
 
+/// Deliver to this node's Raft the transfer request the dead leader (whose `vote` it follows)
+/// would have sent, if this node reaches a majority of the group.
 async fn hand_over<SM>(
     raft: &Raft<TypeConfig, SM>,
     group: u64,
+    vote: VoteOf<TypeConfig>,
     members: &[NodeId],
-    dead: NodeId,
-    down: &BTreeSet<NodeId>,
+    me: NodeId,
+    reachable: &BTreeSet<NodeId>,
 ) where
     SM: RaftStateMachine<TypeConfig>,
 {
-    let (vote, leader, state) = {
-        let m = raft.metrics();
-        let m = m.borrow_watched();
-        (m.vote, m.current_leader, m.state)
-    };
-    if leader != Some(dead) || state != ServerState::Follower {
+    if !reaches_majority(members, me, reachable) {
+        debug!(
+            group,
+            "no handover: this node does not reach a majority of the group right now"
+        );
         return;
     }
-    let Some(to) = successor(members, dead, down) else {
+    let Some(to) = successor(members, me, reachable) else {
         return;
     };
-    info!(group, dead, to, "handing over the group of a dead leader");
-    // As if the dead leader had sent it: the lease of `vote` is dropped, and `to` campaigns.
-    // No last log id: `to` campaigns whatever its log; voters still refuse a stale log.
+    info!(group, to, "handing over the group of a dead leader");
+    // The lease of `vote` is dropped, and `to` campaigns. If the vote changed since it was read
+    // (an election happened meanwhile), Raft ignores the request. No last log id: `to`
+    // campaigns whatever its log; voters still refuse a stale log.
     if let Err(e) = raft
         .handle_transfer_leader(TransferLeaderRequest::new(vote, to, None))
         .await
@@ -214,12 +207,13 @@ mod tests {
 
     #[test]
     fn every_survivor_picks_the_same_successor() {
-        let none = BTreeSet::new();
-        assert_eq!(successor(&[1, 2, 3], 1, &none), Some(2));
-        assert_eq!(successor(&[3, 1, 2], 2, &none), Some(1));
-        let down: BTreeSet<NodeId> = [2].into();
-        assert_eq!(successor(&[1, 2, 3, 4, 5], 1, &down), Some(3));
-        assert_eq!(successor(&[1], 1, &none), None);
+        // Node 1 died; 2 and 3 reach each other: both pick 2.
+        assert_eq!(successor(&[1, 2, 3], 2, &[3].into()), Some(2));
+        assert_eq!(successor(&[3, 1, 2], 3, &[2].into()), Some(2));
+        // Five members, 1 dead and 2 silent: 3, 4 and 5 pick 3.
+        for (me, reach) in [(3, [4, 5]), (4, [3, 5]), (5, [3, 4])] {
+            assert_eq!(successor(&[1, 2, 3, 4, 5], me, &reach.into()), Some(3));
+        }
     }
 
     #[test]

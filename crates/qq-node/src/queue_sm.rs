@@ -197,11 +197,12 @@ impl QueueShared {
             }
             _ => {}
         }
-        self.carry_out(effects)?;
+        self.carry_out(effects);
         Ok(QueueReplyOut { reply, message })
     }
 
-    fn carry_out(&self, effects: Vec<Effect>) -> io::Result<()> {
+    /// Carries out the effects of one command; body writes are collected for the entry.
+    fn carry_out(&self, effects: Vec<Effect>) {
         let leader = self.is_leader.load(Ordering::Acquire);
         for effect in effects {
             match effect {
@@ -257,7 +258,6 @@ impl QueueShared {
                 },
             }
         }
-        Ok(())
     }
 }
 

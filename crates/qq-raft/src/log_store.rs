@@ -305,7 +305,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 bytes,
             );
             self.store
-                .write(batch, &format!("save {}", self.ctx("vote")))?;
+                .write(batch, || format!("save {}", self.ctx("vote")))?;
             c.vote = Some(Some(vote.clone()));
         }
         self.store.sync().await
@@ -320,7 +320,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             None => batch.delete_cf(cf, key),
         }
         self.store
-            .write(batch, &format!("save {}", self.ctx("committed log id")))
+            .write(batch, || format!("save {}", self.ctx("committed log id")))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
@@ -351,10 +351,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             self.store.flush_then(callback);
             return Ok(());
         }
-        self.store.write(
-            batch,
-            &format!("append {n} entries up to {:?} {}", last, self.ctx("log")),
-        )?;
+        self.store.write(batch, || {
+            format!("append {n} entries up to {:?} {}", last, self.ctx("log"))
+        })?;
         self.store.flush_then(callback);
         Ok(())
     }
@@ -373,10 +372,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             &key16(self.group, from)[..],
             &group_end(self.group)[..],
         );
-        self.store.write(
-            batch,
-            &format!("truncate after {:?} {}", last_log_id, self.ctx("log")),
-        )
+        self.store.write(batch, || {
+            format!("truncate after {:?} {}", last_log_id, self.ctx("log"))
+        })
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
@@ -398,8 +396,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Record last_purged and delete the entries in one atomic batch: there is never a state
         // where entries are gone but last_purged is older.
         batch.delete_range_cf(self.store.cf(CF_LOG), &key16(self.group, 0)[..], to);
-        self.store
-            .write(batch, &format!("purge up to {log_id} {}", self.ctx("log")))?;
+        self.store.write(batch, || {
+            format!("purge up to {log_id} {}", self.ctx("log"))
+        })?;
         c.last_purged = Some(Some(log_id));
         Ok(())
     }

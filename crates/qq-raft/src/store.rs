@@ -315,8 +315,21 @@ impl Store {
     }
 
     /// Writes a batch without syncing (readable at once, durable after the next fsync).
-    pub(crate) fn write(&self, batch: WriteBatch, what: &str) -> io::Result<()> {
-        self.inner.db.write(batch).map_err(|e| self.err(what, e))
+    /// `what` names the write in the error; it is only formatted when the write fails.
+    pub(crate) fn write(&self, batch: WriteBatch, what: impl FnOnce() -> String) -> io::Result<()> {
+        self.write_opt(batch, &WriteOptions::default(), what)
+    }
+
+    fn write_opt(
+        &self,
+        batch: WriteBatch,
+        opts: &WriteOptions,
+        what: impl FnOnce() -> String,
+    ) -> io::Result<()> {
+        self.inner
+            .db
+            .write_opt(batch, opts)
+            .map_err(|e| self.err(&what(), e))
     }
 
     pub(crate) fn err(&self, what: &str, e: impl fmt::Display) -> io::Error {
@@ -344,10 +357,9 @@ impl Store {
         }
         let mut opts = WriteOptions::default();
         opts.disable_wal(true);
-        self.inner
-            .db
-            .write_opt(batch, &opts)
-            .map_err(|e| self.err(&format!("put {} bodies of group {group}", bodies.len()), e))
+        self.write_opt(batch, &opts, || {
+            format!("put {} bodies of group {group}", bodies.len())
+        })
     }
 
     /// Reads one message body.
@@ -365,10 +377,9 @@ impl Store {
         for id in ids {
             batch.delete_cf(cf, key16(group, *id));
         }
-        self.write(
-            batch,
-            &format!("delete {} bodies of group {group}", ids.len()),
-        )
+        self.write(batch, || {
+            format!("delete {} bodies of group {group}", ids.len())
+        })
     }
 
     /// Reads up to `limit` bodies of `group` with id `>= from_id`, in id order (for streaming
@@ -407,7 +418,7 @@ impl Store {
     pub async fn put_snapshot(&self, group: GroupId, data: &[u8]) -> io::Result<()> {
         let mut batch = WriteBatch::default();
         batch.put_cf(self.cf(CF_SM), group.to_be_bytes(), data);
-        self.write(batch, &format!("put snapshot of group {group}"))?;
+        self.write(batch, || format!("put snapshot of group {group}"))?;
         self.sync().await
     }
 
@@ -429,7 +440,7 @@ impl Store {
         for name in ALL_CFS {
             batch.delete_range_cf(self.cf(name), &from[..], &to[..]);
         }
-        self.write(batch, &format!("delete group {group}"))
+        self.write(batch, || format!("delete group {group}"))
     }
 }
 
