@@ -7,7 +7,8 @@
 //!
 //! Scenarios need four things from a cluster: the OS pid of each node (for resident memory and
 //! for `kill -9`), killing a node, starting it again, and waiting until it serves. Everything
-//! else goes through the client [`crate::driver`].
+//! else goes through the client [`crate::driver`], which also owns the node addresses
+//! ([`qq_address`], [`crate::driver::rabbit_port`]).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -17,21 +18,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::System;
-use crate::driver::Conn;
+use crate::driver::{Conn, qq_address};
 
 pub const NODES: usize = 3;
-const QQ_BASE_PORT: u16 = 7300;
-const RABBIT_BASE_PORT: u16 = 5680;
-
-/// gRPC address of quorumq node `node` (0-based).
-pub fn qq_address(node: usize) -> String {
-    format!("127.0.0.1:{}", QQ_BASE_PORT + 1 + node as u16)
-}
-
-/// AMQP port of RabbitMQ node `node` (0-based).
-pub fn rabbit_port(node: usize) -> u16 {
-    RABBIT_BASE_PORT + 1 + node as u16
-}
 
 /// Resident memory of a process in KiB (`VmRSS` of `/proc/PID/status`).
 pub fn rss_kib(pid: u32) -> Option<u64> {

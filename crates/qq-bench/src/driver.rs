@@ -26,6 +26,21 @@ use qq_client::{Value, ValueExt};
 
 use crate::System;
 
+/// Node `n` (0-based) of quorumq listens on `QQ_BASE_PORT + 1 + n`, of RabbitMQ on
+/// `RABBIT_BASE_PORT + 1 + n`; the clusters in [`crate::cluster`] are started on these.
+const QQ_BASE_PORT: u16 = 7300;
+const RABBIT_BASE_PORT: u16 = 5680;
+
+/// gRPC address of quorumq node `node` (0-based).
+pub fn qq_address(node: usize) -> String {
+    format!("127.0.0.1:{}", QQ_BASE_PORT + 1 + node as u16)
+}
+
+/// AMQP port of RabbitMQ node `node` (0-based).
+pub fn rabbit_port(node: usize) -> u16 {
+    RABBIT_BASE_PORT + 1 + node as u16
+}
+
 /// How a queue is declared: a plain three-replica quorum queue, or one that dead-letters
 /// at-least-once into `target` through the default exchange (which needs `reject-publish`).
 #[derive(Debug, Clone, Default)]
@@ -45,17 +60,14 @@ impl Conn {
     pub async fn connect(system: System, node: usize) -> Result<Conn> {
         match system {
             System::Quorumq => {
-                let addr = crate::cluster::qq_address(node);
+                let addr = qq_address(node);
                 let client = qq_client::Client::connect(&addr)
                     .await
                     .with_context(|| format!("connect to quorumq node {}", node + 1))?;
                 Ok(Conn::Qq(client))
             }
             System::Rabbitmq => {
-                let uri = format!(
-                    "amqp://guest:guest@127.0.0.1:{}/%2f",
-                    crate::cluster::rabbit_port(node)
-                );
+                let uri = format!("amqp://guest:guest@127.0.0.1:{}/%2f", rabbit_port(node));
                 let conn = lapin::Connection::connect(&uri, lapin::ConnectionProperties::default())
                     .await
                     .with_context(|| format!("connect to RabbitMQ node {}", node + 1))?;

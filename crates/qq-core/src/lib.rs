@@ -7,11 +7,14 @@
 //! - [`types`]: ids, values, message properties, effective queue configuration.
 //! - [`queue`]: the queue state machine (enqueue, checkout, settle, return, discard, expire...).
 //! - [`meta`]: the metadata state machine (vhosts, users, exchanges, queues, bindings, policies).
+//! - [`error`]: [`MetaError`](error::MetaError) and its [`ErrorKind`](error::ErrorKind), the
+//!   deterministic client-visible errors (re-exported from [`meta`]).
 //! - [`route`]: exchange routing (direct, fanout, topic, headers, default; CC/BCC).
 //! - [`policy`]: queue-argument validation and argument/policy precedence.
 //! - [`deadletter`]: the `x-death` history and dead-letter cycle detection.
 
 pub mod deadletter;
+pub mod error;
 pub mod meta;
 pub mod policy;
 pub mod queue;

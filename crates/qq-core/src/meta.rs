@@ -54,7 +54,9 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+pub use crate::error::{ErrorKind, MetaError};
 use crate::policy;
+pub use crate::policy::Policy;
 use crate::route::{self, ExchangeType};
 use crate::types::{NodeId, QueueConfig, QueueId, Table, Value};
 
@@ -68,52 +70,6 @@ pub const DEFAULT_VHOST: &str = "/";
 pub const DEFAULT_EXCHANGE_ALIAS: &str = "amq.default";
 /// The fixed salt of the predeclared guest user (a fresh cluster must be deterministic).
 pub const GUEST_SALT: &[u8] = b"quorumq-guest";
-
-/// The kind of a failed command; maps one-to-one to a gRPC status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ErrorKind {
-    InvalidArgument,
-    FailedPrecondition,
-    NotFound,
-    PermissionDenied,
-    Unauthenticated,
-    AlreadyExists,
-}
-
-/// A deterministic, client-visible error: applied, not fatal.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[error("{message}")]
-pub struct MetaError {
-    pub kind: ErrorKind,
-    pub message: String,
-}
-
-impl MetaError {
-    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        MetaError {
-            kind,
-            message: message.into(),
-        }
-    }
-    pub fn invalid(message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::InvalidArgument, message)
-    }
-    pub fn failed_precondition(message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::FailedPrecondition, message)
-    }
-    pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::NotFound, message)
-    }
-    pub fn permission_denied(message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::PermissionDenied, message)
-    }
-    pub fn unauthenticated(message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::Unauthenticated, message)
-    }
-    pub fn already_exists(message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::AlreadyExists, message)
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Exchange {
@@ -208,17 +164,6 @@ pub struct QueueMeta {
     pub members: Vec<NodeId>,
     /// Effective configuration, recomputed on every policy change.
     pub config: QueueConfig,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Policy {
-    pub name: String,
-    /// Regex matched unanchored against queue names.
-    pub pattern: String,
-    /// `all`, `queues`, `quorum_queues` or `exchanges`.
-    pub apply_to: String,
-    pub priority: i64,
-    pub definition: Table,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -31,9 +31,23 @@
 //! compiled regex is not serializable state.
 
 use regex::Regex;
+use serde::{Deserialize, Serialize};
 
-use crate::meta::{MetaError, Policy};
+use crate::error::MetaError;
 use crate::types::{DEFAULT_DELIVERY_LIMIT, Overflow, QueueConfig, Strategy, Table, Value};
+
+/// A named policy of one vhost: its definition applies to the queues whose names match
+/// `pattern`, the highest `priority` winning (see [`matching_policy`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Policy {
+    pub name: String,
+    /// Regex matched unanchored against queue names.
+    pub pattern: String,
+    /// `all`, `queues`, `quorum_queues` or `exchanges`.
+    pub apply_to: String,
+    pub priority: i64,
+    pub definition: Table,
+}
 
 /// Largest TTL accepted for `x-message-ttl` / `x-expires` (10 years in ms, as RabbitMQ).
 pub const MAX_TTL_MS: i64 = 315_360_000_000;

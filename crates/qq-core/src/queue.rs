@@ -30,11 +30,15 @@
 //! does the same with `max(last_command_time, system_time)`). Every command first *advances* the
 //! clock: it lapses Get leases and expires ready messages whose deadline has passed, so no command
 //! ever delivers an already-expired message. `Command::Expire` does only that; the leader proposes
-//! it at [`QueueState::next_deadline`]. Expiry happens at the deadline wherever the message sits
-//! (a `BTreeSet<(deadline, id)>` index makes it O(k log n)), unlike RabbitMQ, which expires at the
-//! head only. The deadline is fixed at enqueue (`now + min(queue TTL, message TTL)`), so a TTL
-//! policy change affects only later messages (RabbitMQ does the same). TTL 0 means "deliver in
-//! this apply or expire in this apply".
+//! it at [`QueueState::next_deadline`]. `Command::ExpireQueue` does the same and also decides the
+//! queue's own `x-expires`: the leader proposes it at [`QueueState::queue_expiry_due_ms`] with its
+//! clock and the time it became leader, and every replica gives the same answer
+//! ([`Reply::QueueExpiry`]) from the state at that point of the log, so a consumer that attached
+//! in the meantime keeps the queue alive. Expiry happens at the deadline wherever the message
+//! sits (a `BTreeSet<(deadline, id)>` index makes it O(k log n)), unlike RabbitMQ, which expires
+//! at the head only. The deadline is fixed at enqueue (`now + min(queue TTL, message TTL)`), so a
+//! TTL policy change affects only later messages (RabbitMQ does the same). TTL 0 means "deliver
+//! in this apply or expire in this apply".
 //!
 //! # Decisions worth knowing
 //! - Round-robin: a cursor over consumer ids; each assignment moves the cursor past the consumer
@@ -55,8 +59,9 @@
 //! # What it leaves out
 //! Bodies (stored by the glue in RocksDB under the message id), routing of dead letters and the
 //! `x-death` history (`deadletter`), consumer priorities, AMQP 1.0 credit, consumer timeouts,
-//! delayed retry, message priorities, and the `x-expires` of the queue as a whole (the metadata
-//! layer deletes the queue).
+//! delayed retry, message priorities, and the deletion of a queue whose `x-expires` has passed
+//! (decided here by `ExpireQueue`, carried out by the node through the metadata layer; its
+//! messages are not dead-lettered).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
@@ -150,6 +155,18 @@ pub enum Command {
         now_ms: u64,
         config: QueueConfig,
     },
+    /// Everything [`Command::Expire`] does, plus the `x-expires` decision for the queue as a
+    /// whole, answered with [`Reply::QueueExpiry`]: expired when the configuration has
+    /// `expires_ms` = e, no consumer is attached and `now_ms >= max(last_used_ms,
+    /// leader_since_ms) + e`. `leader_since_ms` is when the proposing node became the queue's
+    /// leader, so a queue never used counts as used when its leader started. The rule compares
+    /// the command's own `now_ms` (not the state's clock), both times being the proposer's.
+    /// It does not mark the queue used and deletes nothing: when expired, the node deletes the
+    /// queue through the metadata layer. Added last: postcard encodes variant indexes.
+    ExpireQueue {
+        now_ms: u64,
+        leader_since_ms: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -185,6 +202,11 @@ pub enum Reply {
     /// queue's clock exactly as an Expire would (leases lapse, due messages expire).
     Error {
         detail: String,
+    },
+    /// Answer to [`Command::ExpireQueue`]: whether the queue's `x-expires` has passed, so the
+    /// node must delete the queue. Added last: postcard encodes variant indexes.
+    QueueExpiry {
+        expired: bool,
     },
 }
 
@@ -446,7 +468,8 @@ impl QueueState {
             | Command::NodeDown { now_ms, .. }
             | Command::Get { now_ms, .. }
             | Command::Expire { now_ms }
-            | Command::UpdateConfig { now_ms, .. } => (*now_ms).max(self.clock_ms),
+            | Command::UpdateConfig { now_ms, .. }
+            | Command::ExpireQueue { now_ms, .. } => (*now_ms).max(self.clock_ms),
             Command::DeadLetterSettle { .. } | Command::Purge => self.clock_ms,
         };
         self.clock_ms = now;
@@ -518,6 +541,16 @@ impl QueueState {
                 self.update_config(config, &mut fx);
                 Reply::Ok
             }
+            // Firing timers changes neither the consumers nor `last_used_ms`, so this is the
+            // answer the state before the command gives.
+            Command::ExpireQueue {
+                now_ms,
+                leader_since_ms,
+            } => Reply::QueueExpiry {
+                expired: self
+                    .queue_expiry_due_ms(leader_since_ms)
+                    .is_some_and(|due_ms| now_ms >= due_ms),
+            },
         };
         // A refused command changes nothing but time (it acts as an Expire at `now`).
         if uses_queue && !matches!(reply, Reply::Error { .. }) {
@@ -543,13 +576,30 @@ impl QueueState {
         self.last_index
     }
 
-    /// The largest `now_ms` applied so far: the state machine's clock.
-    /// When a consumer or a Get last used the queue (0 = never); the leader deletes a queue with
-    /// `x-expires` once it has no consumers and this is older than the expiry.
+    /// When a consumer or a Get last used the queue (0 = never); see
+    /// [`QueueState::queue_expiry_due_ms`] for how it decides `x-expires`.
     pub fn last_used_ms(&self) -> u64 {
         self.last_used_ms
     }
 
+    /// The time from which [`Command::ExpireQueue`] answers `expired: true` (its `now_ms` >= this),
+    /// if nothing else happens first: `max(last_used_ms, leader_since_ms) + expires_ms`,
+    /// saturating. None without `x-expires` or while a consumer is attached (it cannot expire
+    /// then). The leader arms one timer for it; a consumer or a Get moves it, so it is asked
+    /// again after such commands apply.
+    pub fn queue_expiry_due_ms(&self, leader_since_ms: u64) -> Option<u64> {
+        let expires_ms = self.config.expires_ms?;
+        if !self.consumers.is_empty() {
+            return None;
+        }
+        Some(
+            self.last_used_ms
+                .max(leader_since_ms)
+                .saturating_add(expires_ms),
+        )
+    }
+
+    /// The largest `now_ms` applied so far: the state machine's clock.
     pub fn clock_ms(&self) -> u64 {
         self.clock_ms
     }

@@ -26,7 +26,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::meta::MetaError;
+use crate::error::MetaError;
 use crate::types::{Table, Value};
 
 /// The header that adds routing keys and stays on the message.

@@ -56,6 +56,14 @@ enum Op {
     Expire {
         dt: u64,
     },
+    /// `lag` > 0: a new leader whose clock is behind the queue's. The leader started
+    /// `since_back` before (or `since_ahead` after) the queue's clock.
+    ExpireQueue {
+        dt: u64,
+        lag: u64,
+        since_back: u64,
+        since_ahead: u64,
+    },
     DeadLetterSettle {
         picks: Vec<usize>,
         stray: Option<MessageId>,
@@ -97,9 +105,15 @@ fn config() -> impl Strategy<Value = QueueConfig> {
             Just(Some(100))
         ],
         prop::bool::weighted(0.2),
+        prop_oneof![
+            Just(None),
+            Just(Some(0u64)),
+            Just(Some(30)),
+            Just(Some(150))
+        ],
     )
         .prop_map(
-            |(max_len, max_bytes, overflow, strategy, limit, ttl, sac)| {
+            |(max_len, max_bytes, overflow, strategy, limit, ttl, sac, expires)| {
                 let mut c = QueueConfig::new("/", "q");
                 c.max_length = max_len;
                 c.max_length_bytes = max_bytes;
@@ -108,6 +122,7 @@ fn config() -> impl Strategy<Value = QueueConfig> {
                 c.delivery_limit = limit;
                 c.message_ttl_ms = ttl;
                 c.single_active_consumer = sac;
+                c.expires_ms = expires;
                 c
             },
         )
@@ -136,6 +151,9 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (dt(), 1u64..60, any::<bool>())
             .prop_map(|(dt, lease_ms, auto_ack)| Op::Get { dt, lease_ms, auto_ack }),
         2 => dt().prop_map(|dt| Op::Expire { dt }),
+        2 => (dt(), prop_oneof![4 => Just(0u64), 1 => 1u64..100], 0u64..300, 0u64..50)
+            .prop_map(|(dt, lag, since_back, since_ahead)| Op::ExpireQueue {
+                dt, lag, since_back, since_ahead }),
         2 => (prop::collection::vec(any::<usize>(), 0..3), prop::option::weighted(0.2, 0u64..80))
             .prop_map(|(picks, stray)| Op::DeadLetterSettle { picks, stray }),
         1 => Just(Op::Purge),
@@ -234,6 +252,15 @@ fn resolve(s: &QueueState, op: &Op) -> Command {
             auto_ack,
         },
         Op::Expire { dt } => Command::Expire { now_ms: t + dt },
+        Op::ExpireQueue {
+            dt,
+            lag,
+            since_back,
+            since_ahead,
+        } => Command::ExpireQueue {
+            now_ms: (t + dt).saturating_sub(lag),
+            leader_since_ms: (t + since_ahead).saturating_sub(since_back),
+        },
         Op::DeadLetterSettle { picks, stray } => {
             let held: Vec<MessageId> = s.held_dead_letters().iter().map(|h| h.id).collect();
             let mut ids = pick_ids(&held, &picks);
@@ -329,6 +356,51 @@ fn check_step(
             );
         }
         _ => {}
+    }
+    if let Command::ExpireQueue {
+        now_ms,
+        leader_since_ms,
+    } = *cmd
+    {
+        // The x-expires rule, from the state before the command.
+        let expired = before.config().expires_ms.is_some_and(|e| {
+            before.counts().consumers == 0
+                && now_ms >= before.last_used_ms().max(leader_since_ms) + e
+        });
+        prop_assert_eq!(reply, &Reply::QueueExpiry { expired });
+        // Otherwise it acts exactly as an Expire at the same time (and does not use the queue).
+        let mut expire_only = before.clone();
+        let (r, fx) = expire_only.apply(s.last_applied(), Command::Expire { now_ms });
+        prop_assert_eq!(r, Reply::Ok);
+        prop_assert_eq!(&fx[..], effects, "ExpireQueue has effects of its own");
+        prop_assert_eq!(
+            &expire_only,
+            s,
+            "ExpireQueue changed the state unlike Expire"
+        );
+    }
+    // The due time of x-expires is exactly where ExpireQueue starts answering expired.
+    let leader_since_ms = s.clock_ms() / 2;
+    if let Some(due_ms) = s.queue_expiry_due_ms(leader_since_ms) {
+        let e = s.config().expires_ms;
+        prop_assert_eq!(s.counts().consumers, 0);
+        prop_assert_eq!(
+            Some(due_ms),
+            e.map(|e| s.last_used_ms().max(leader_since_ms) + e)
+        );
+        for (now_ms, expected) in [(due_ms.saturating_sub(1), due_ms == 0), (due_ms, true)] {
+            let mut probe = s.clone();
+            let (r, _) = probe.apply(
+                s.last_applied() + 1,
+                Command::ExpireQueue {
+                    now_ms,
+                    leader_since_ms,
+                },
+            );
+            prop_assert_eq!(r, Reply::QueueExpiry { expired: expected });
+        }
+    } else {
+        prop_assert!(s.config().expires_ms.is_none() || s.counts().consumers > 0);
     }
     if let Command::Settle { ids, .. } = cmd
         && !matches!(reply, Reply::Error { .. })

@@ -94,6 +94,20 @@ impl Q {
         fx
     }
 
+    /// ExpireQueue; returns whether the queue's x-expires has passed.
+    fn expire_queue(&mut self, now_ms: u64, leader_since_ms: u64) -> bool {
+        match self
+            .apply(Command::ExpireQueue {
+                now_ms,
+                leader_since_ms,
+            })
+            .0
+        {
+            Reply::QueueExpiry { expired } => expired,
+            other => panic!("expected QueueExpiry, got {other:?}"),
+        }
+    }
+
     fn get(&mut self, now_ms: u64, lease_ms: u64, auto_ack: bool) -> (Option<Delivery>, u64) {
         match self
             .apply(Command::Get {
@@ -1066,6 +1080,120 @@ fn single_active_consumer_serves_only_the_earliest() {
         deliveries(&fx),
         vec![(3, ids[0]), (3, ids[1]), (3, ids[2]), (3, ids[3])]
     );
+}
+
+// ----- x-expires of the queue as a whole -----
+
+fn expiring(expires_ms: u64) -> Q {
+    Q::with(|c| c.expires_ms = Some(expires_ms))
+}
+
+#[test]
+fn a_queue_never_used_expires_counting_from_its_leader_start() {
+    let mut q = expiring(100);
+    assert_eq!(q.s.last_used_ms(), 0);
+    assert_eq!(q.s.queue_expiry_due_ms(50), Some(150));
+    assert!(!q.expire_queue(149, 50));
+    assert!(q.expire_queue(150, 50));
+    // A leader that started later grants the queue more time.
+    assert!(!q.expire_queue(150, 60));
+    assert_eq!(q.s.queue_expiry_due_ms(60), Some(160));
+}
+
+#[test]
+fn a_get_or_a_leaving_consumer_restarts_the_expiry() {
+    let mut q = expiring(100);
+    q.get(120, 10, true);
+    assert_eq!(q.s.last_used_ms(), 120);
+    assert_eq!(q.s.queue_expiry_due_ms(50), Some(220));
+    assert!(!q.expire_queue(219, 50));
+    q.checkout(200, 1, 0);
+    q.apply(Command::ConsumerDown {
+        now_ms: 300,
+        consumer: 1,
+    });
+    assert_eq!(q.s.last_used_ms(), 300);
+    assert_eq!(q.s.queue_expiry_due_ms(50), Some(400));
+    assert!(!q.expire_queue(399, 50));
+    assert!(q.expire_queue(400, 50));
+}
+
+#[test]
+fn a_queue_with_a_consumer_or_without_x_expires_never_expires() {
+    let mut q = expiring(100);
+    q.checkout(0, 1, 0);
+    assert_eq!(q.s.queue_expiry_due_ms(0), None);
+    assert!(!q.expire_queue(1_000_000, 0));
+
+    let mut q = Q::plain();
+    assert_eq!(q.s.queue_expiry_due_ms(0), None);
+    assert!(!q.expire_queue(1_000_000, 0));
+}
+
+#[test]
+fn expiry_is_decided_where_the_command_lands_in_the_log() {
+    // The leader saw the queue due at 100 and proposed ExpireQueue, but a consumer attached
+    // first in the log: the queue is kept.
+    let mut q = expiring(100);
+    assert_eq!(q.s.queue_expiry_due_ms(0), Some(100));
+    q.checkout(100, 1, 0);
+    assert!(!q.expire_queue(100, 0));
+}
+
+#[test]
+fn expire_queue_compares_its_own_time_not_the_queue_clock() {
+    // A previous leader's clock ran ahead to 1000; the new leader (started at 500 by its own
+    // clock) does not expire the queue before 500 + expires by that clock.
+    let mut q = expiring(100);
+    q.expire(1000);
+    assert!(!q.expire_queue(550, 500));
+    assert_eq!(q.s.clock_ms(), 1000, "time never goes backwards");
+    assert!(q.expire_queue(600, 500));
+}
+
+#[test]
+fn expire_queue_acts_as_expire_and_does_not_use_the_queue() {
+    let mut a = Q::with(|c| {
+        c.expires_ms = Some(50);
+        c.message_ttl_ms = Some(10);
+    });
+    let m = a.publish(0, None);
+    a.get(5, 3, false);
+    let n = a.publish(6, None);
+    let mut b = Q {
+        s: a.s.clone(),
+        index: a.index,
+    };
+    let fx_expire = b.expire(20);
+    let (r, fx) = a.apply(Command::ExpireQueue {
+        now_ms: 20,
+        leader_since_ms: 0,
+    });
+    assert_eq!(r, Reply::QueueExpiry { expired: false });
+    assert_eq!(fx, fx_expire);
+    assert_eq!(dead(&fx), vec![(m, Reason::Expired), (n, Reason::Expired)]);
+    assert_eq!(a.s, b.s);
+    assert_eq!(a.s.last_used_ms(), 5, "only the Get used the queue");
+    assert_eq!(a.s.clock_ms(), 20);
+}
+
+#[test]
+fn command_and_reply_encodings_keep_their_variant_indexes() {
+    // postcard writes the variant index first: logs written before ExpireQueue must decode the
+    // same, so new variants go last.
+    let enc = |c: &Command| postcard::to_allocvec(c).unwrap();
+    assert_eq!(enc(&Command::Expire { now_ms: 5 }), vec![6, 5]);
+    assert_eq!(enc(&Command::Purge), vec![8]);
+    assert_eq!(
+        enc(&Command::ExpireQueue {
+            now_ms: 1,
+            leader_since_ms: 2
+        }),
+        vec![10, 1, 2]
+    );
+    let enc = |r: &Reply| postcard::to_allocvec(r).unwrap();
+    assert_eq!(enc(&Reply::Error { detail: "x".into() }), vec![7, 1, b'x']);
+    assert_eq!(enc(&Reply::QueueExpiry { expired: true }), vec![8, 1]);
 }
 
 // ----- purge, settle errors, misc -----
