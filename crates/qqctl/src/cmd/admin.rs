@@ -1,0 +1,239 @@
+//! Verbs that change the cluster's definitions: exchanges, queues, bindings, policies, users,
+//! permissions and vhosts.
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use qq_client::{Client, v1};
+use serde_json::Value as Json;
+
+use super::NameArgs;
+use crate::typed::{json_to_value, parse_pairs};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ExchangeType {
+    Direct,
+    Fanout,
+    Topic,
+    Headers,
+}
+
+impl ExchangeType {
+    fn as_str(self) -> &'static str {
+        match self {
+            ExchangeType::Direct => "direct",
+            ExchangeType::Fanout => "fanout",
+            ExchangeType::Topic => "topic",
+            ExchangeType::Headers => "headers",
+        }
+    }
+}
+
+// The `Args` structs carry no doc comment: clap would take it for the verb's help text,
+// which is the doc comment of the `Command` variant in main.rs.
+
+#[derive(Debug, Args)]
+pub struct DeclareExchangeArgs {
+    name: String,
+    #[arg(long = "type", value_enum, default_value = "direct")]
+    kind: ExchangeType,
+    /// Exchange argument key=value (typed, see `qqctl --help`).
+    #[arg(long = "arg", value_name = "KEY=VALUE")]
+    args: Vec<String>,
+    /// Internal: cannot be published to directly.
+    #[arg(long)]
+    internal: bool,
+}
+
+pub async fn declare_exchange(client: &Client, a: DeclareExchangeArgs) -> anyhow::Result<()> {
+    let kind = a.kind.as_str();
+    client
+        .declare_exchange_with(v1::DeclareExchangeRequest {
+            name: a.name.clone(),
+            r#type: kind.into(),
+            durable: true,
+            internal: a.internal,
+            arguments: parse_pairs(&a.args)?,
+            ..Default::default()
+        })
+        .await?;
+    println!("exchange {} ({kind}) declared", a.name);
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct DeleteExchangeArgs {
+    name: String,
+    #[arg(long)]
+    if_unused: bool,
+}
+
+pub async fn delete_exchange(client: &Client, a: DeleteExchangeArgs) -> anyhow::Result<()> {
+    client.delete_exchange(&a.name, a.if_unused).await?;
+    println!("exchange {} deleted", a.name);
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct DeclareQueueArgs {
+    name: String,
+    /// Queue argument key=value, e.g. x-max-length=5 (integers → long, true/false → bool,
+    /// else string).
+    #[arg(long = "arg", value_name = "KEY=VALUE")]
+    args: Vec<String>,
+}
+
+pub async fn declare_queue(client: &Client, a: DeclareQueueArgs) -> anyhow::Result<()> {
+    let r = client.declare_queue(&a.name, parse_pairs(&a.args)?).await?;
+    println!(
+        "queue {} declared ({} messages, {} consumers)",
+        r.name, r.message_count, r.consumer_count
+    );
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct DeleteQueueArgs {
+    name: String,
+    #[arg(long)]
+    if_unused: bool,
+    #[arg(long)]
+    if_empty: bool,
+}
+
+pub async fn delete_queue(client: &Client, a: DeleteQueueArgs) -> anyhow::Result<()> {
+    let n = client
+        .delete_queue(&a.name, a.if_unused, a.if_empty)
+        .await?;
+    println!("queue {} deleted ({n} messages)", a.name);
+    Ok(())
+}
+
+pub async fn purge(client: &Client, a: NameArgs) -> anyhow::Result<()> {
+    let n = client.purge_queue(&a.name).await?;
+    println!("queue {} purged ({n} messages)", a.name);
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct BindArgs {
+    queue: String,
+    exchange: String,
+    #[arg(long, default_value = "")]
+    key: String,
+    /// Binding argument key=value (headers exchanges: x-match=all, format=pdf, …).
+    #[arg(long = "arg", value_name = "KEY=VALUE")]
+    args: Vec<String>,
+}
+
+pub async fn bind(client: &Client, b: BindArgs) -> anyhow::Result<()> {
+    client
+        .bind(&b.queue, &b.exchange, &b.key, parse_pairs(&b.args)?)
+        .await?;
+    println!("bound {} to {} with key {:?}", b.queue, b.exchange, b.key);
+    Ok(())
+}
+
+pub async fn unbind(client: &Client, b: BindArgs) -> anyhow::Result<()> {
+    client
+        .unbind(&b.queue, &b.exchange, &b.key, parse_pairs(&b.args)?)
+        .await?;
+    println!(
+        "unbound {} from {} with key {:?}",
+        b.queue, b.exchange, b.key
+    );
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct SetPolicyArgs {
+    name: String,
+    pattern: String,
+    /// JSON object of policy keys (max-length, message-ttl, overflow, dead-letter-exchange, …).
+    #[arg(long)]
+    definition: String,
+    #[arg(long, default_value_t = 0)]
+    priority: i64,
+    #[arg(long, default_value = "queues", value_parser = ["all", "queues", "exchanges"])]
+    apply_to: String,
+}
+
+pub async fn set_policy(client: &Client, a: SetPolicyArgs) -> anyhow::Result<()> {
+    let json: Json = serde_json::from_str(&a.definition).context("--definition is not JSON")?;
+    let Json::Object(map) = json else {
+        bail!("--definition must be a JSON object")
+    };
+    let def = map
+        .into_iter()
+        .map(|(k, v)| (k, json_to_value(v)))
+        .collect();
+    client
+        .set_policy(&a.name, &a.pattern, &a.apply_to, a.priority, def)
+        .await?;
+    println!("policy {} set", a.name);
+    Ok(())
+}
+
+pub async fn clear_policy(client: &Client, a: NameArgs) -> anyhow::Result<()> {
+    client.clear_policy(&a.name).await?;
+    println!("policy {} cleared", a.name);
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct PutUserArgs {
+    name: String,
+    #[arg(long = "new-password")]
+    new_password: String,
+    /// Comma-separated tags (e.g. administrator).
+    #[arg(long, value_delimiter = ',')]
+    tags: Vec<String>,
+}
+
+pub async fn put_user(client: &Client, a: PutUserArgs) -> anyhow::Result<()> {
+    client.put_user(&a.name, &a.new_password, a.tags).await?;
+    println!("user {} saved", a.name);
+    Ok(())
+}
+
+pub async fn delete_user(client: &Client, a: NameArgs) -> anyhow::Result<()> {
+    client.delete_user(&a.name).await?;
+    println!("user {} deleted", a.name);
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct SetPermissionsArgs {
+    user: String,
+    #[arg(long, default_value = ".*")]
+    configure: String,
+    #[arg(long, default_value = ".*")]
+    write: String,
+    #[arg(long, default_value = ".*")]
+    read: String,
+}
+
+/// On the vhost the client was given with `--vhost` (empty means `/`).
+pub async fn set_permissions(client: &Client, a: SetPermissionsArgs) -> anyhow::Result<()> {
+    let on_vhost = if client.vhost().is_empty() {
+        "/"
+    } else {
+        client.vhost()
+    };
+    client
+        .set_permissions(&a.user, on_vhost, &a.configure, &a.write, &a.read)
+        .await?;
+    println!("permissions of {} on {on_vhost} set", a.user);
+    Ok(())
+}
+
+pub async fn put_vhost(client: &Client, a: NameArgs) -> anyhow::Result<()> {
+    client.put_vhost(&a.name).await?;
+    println!("vhost {} created", a.name);
+    Ok(())
+}
+
+pub async fn delete_vhost(client: &Client, a: NameArgs) -> anyhow::Result<()> {
+    client.delete_vhost(&a.name).await?;
+    println!("vhost {} deleted", a.name);
+    Ok(())
+}
