@@ -32,7 +32,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, anyhow, bail, ensure};
 use qq_client::Client;
 pub use tracing::info;
 
@@ -309,6 +309,41 @@ impl TestCluster {
             let _ = child.wait();
             info!(node = id, "node killed with SIGKILL");
         }
+    }
+
+    /// Sends SIGTERM to node `id` and waits (at most `timeout`) for it to exit; returns its
+    /// exit status. The node is not running afterwards, whatever the outcome.
+    pub async fn terminate(
+        &mut self,
+        id: u64,
+        timeout: Duration,
+    ) -> anyhow::Result<std::process::ExitStatus> {
+        let node = self.node_mut(id);
+        let mut child = node
+            .child
+            .take()
+            .with_context(|| format!("node {id} is not running"))?;
+        let pid = child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status()?;
+        ensure!(sent.success(), "kill -TERM {pid} failed: {sent}");
+        info!(node = id, "SIGTERM sent");
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("node {id} did not exit within {timeout:?} of SIGTERM (killed)");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The path of node `id`'s log file.
+    pub fn log_path(&self, id: u64) -> &Path {
+        &self.node(id).log
     }
 
     /// Starts node `id` again on its data directory and port, and waits until it answers

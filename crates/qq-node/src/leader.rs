@@ -1,178 +1,380 @@
-//! Work only a queue's leader does: track leadership, clean up consumers that lived on an
-//! earlier leader, and propose `Expire { now_ms }` when the earliest deadline (message TTL or
-//! Get lease) passes. Time enters the queue's log only here and in commands the node stamps.
+//! The queue leader actor: one task per queue this node leads, owning all leader-only work.
+//!
+//! [`watch_leadership`] runs for as long as a queue group runs on this node. When the node
+//! becomes the group's leader it attaches an inbox to the state machine and starts a
+//! [`QueueLeader`]; when leadership ends (or the group stops) it cancels the actor's token,
+//! detaches the inbox and ends the consumer sessions served here.
+//!
+//! The actor is driven by what the state machine hands it (at-most-once dead letters, "the
+//! metadata changed the queue's configuration") and by the applied-entry notifications of its
+//! queue, and keeps its own timers, armed from the state's deadlines:
+//! - message TTLs and Get leases: propose `Expire { now_ms }` when the earliest is due;
+//! - x-expires: propose `ExpireQueue { now_ms, leader_since_ms }` when the queue would be
+//!   unused for its expiry; the state machine decides, and if it answers expired the actor
+//!   deletes the queue through the metadata (its messages are not dead-lettered);
+//! - at-least-once dead letters: transfer held ones in rounds ([`crate::deadletter`]); after a
+//!   failed round, retry on a metadata change or after `dead_letter_retry_ms`;
+//! - consumers that no session here serves (their stream ended on an earlier leader, or their
+//!   clean-up failed): `ConsumerDown` at election and every [`CONSUMER_RECONCILE`];
+//! - the queue's configuration in its own log follows the metadata (`UpdateConfig`).
+//!
+//! Time enters the queue's log only through commands stamped here (and by the API).
+//!
+//! Must not: carry out deliveries (the state machine does, to registered sessions) or touch
+//! another queue's state.
 
-use openraft::async_runtime::WatchReceiver;
-use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use openraft::{Raft, ServerState};
-use qq_core::queue::Command;
-use qq_raft::TypeConfig;
-use tracing::{Instrument, Span, debug, info};
+use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
+use qq_core::meta::MetaCommand;
+use qq_core::queue::{Command, Reply};
+use qq_raft::GroupId;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, Span, debug, info, warn};
 
-use crate::node::{Node, now_ms};
-use crate::queue_sm::{QueueRequest, QueueShared, QueueSm};
-
-/// Longest sleep of the expiry timer between checks.
-const EXPIRY_POLL: Duration = Duration::from_millis(500);
+use crate::clock::now_ms;
+use crate::deadletter::{DeadLetters, Round, TransferError};
+use crate::groups::queue_sm::{LeaderEvent, QueueMachine, QueueRequest};
+use crate::groups::registry::QueueRaft;
+use crate::meta_view::MetaView;
+use crate::proposer::Proposer;
 
 /// How often a leader looks for consumers in the queue state that no session of its own serves.
 /// Becoming leader is not enough: a `Checkout` proposed just before a leader change can commit
 /// and apply after the new leader's first clean-up (its session already gone), and its
 /// `ConsumerDown` can fail during the election; such a consumer would hold its unacked
 /// messages forever (found by qq-chaos: 20 messages, one prefetch, stuck in a queue).
-const CONSUMER_RECONCILE: Duration = Duration::from_secs(3);
+pub const CONSUMER_RECONCILE: Duration = Duration::from_secs(3);
 
-pub fn spawn_queue_tasks(
-    node: Arc<Node>,
-    group: u64,
-    raft: Raft<TypeConfig, QueueSm>,
-    shared: Arc<QueueShared>,
+/// Retry of a failed proposal the actor owes (UpdateConfig, Expire, ExpireQueue).
+const PROPOSAL_RETRY: Duration = Duration::from_millis(500);
+
+/// What every leader actor of this node shares.
+#[derive(Clone)]
+pub struct LeaderContext {
+    pub proposer: Proposer,
+    pub view: MetaView,
+    pub dead_letters: DeadLetters,
+    pub dead_letter_retry: Duration,
+    pub tasks: TaskTracker,
+}
+
+/// Follow the group's leadership until `stop` is cancelled; run a [`QueueLeader`] while this
+/// node leads.
+pub async fn watch_leadership(
+    ctx: LeaderContext,
+    group: GroupId,
+    raft: QueueRaft,
+    machine: Arc<QueueMachine>,
+    stop: CancellationToken,
     span: Span,
 ) {
-    // Leadership watcher.
-    {
-        let node = node.clone();
-        let raft = raft.clone();
-        let shared = shared.clone();
-        tokio::spawn(
-            async move {
-                let mut metrics = raft.metrics();
-                let mut was_leader = false;
-                let mut reconcile = tokio::time::interval(CONSUMER_RECONCILE);
-                reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    let is_leader = metrics.borrow_watched().state == ServerState::Leader;
-                    if is_leader != was_leader {
-                        was_leader = is_leader;
-                        shared.is_leader.store(is_leader, Ordering::Release);
-                        if is_leader {
-                            info!("became leader");
-                            clean_up_old_consumers(&node, group, &shared).await;
-                        } else {
-                            info!("not the leader any more");
-                            shared.cancel_consumers("queue leader changed; subscribe again", true);
-                        }
-                    }
-                    tokio::select! {
-                        changed = metrics.changed() => if changed.is_err() { return },
-                        _ = reconcile.tick() => {
-                            if was_leader {
-                                clean_up_old_consumers(&node, group, &shared).await;
-                            }
-                        }
-                    }
-                }
+    let mut metrics = raft.metrics();
+    let mut actor: Option<CancellationToken> = None;
+    loop {
+        let leading = metrics.borrow_watched().state == ServerState::Leader;
+        match (&actor, leading) {
+            (None, true) => {
+                info!("became leader");
+                let token = stop.child_token();
+                let leader = QueueLeader {
+                    ctx: ctx.clone(),
+                    group,
+                    inbox: machine.attach_leader(),
+                    machine: machine.clone(),
+                    leader_since_ms: now_ms(),
+                    cancel: token.clone(),
+                };
+                ctx.tasks.spawn(leader.run().instrument(span.clone()));
+                actor = Some(token);
             }
-            .instrument(span.clone()),
-        );
+            (Some(token), false) => {
+                info!("not the leader any more");
+                token.cancel();
+                actor = None;
+                machine.detach_leader();
+                machine.cancel_consumers("queue leader changed; subscribe again", true);
+            }
+            _ => {}
+        }
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { break },
+            _ = stop.cancelled() => break,
+        }
     }
-    crate::deadletter::spawn_at_least_once_worker(
-        node.clone(),
-        group,
-        shared.clone(),
-        span.clone(),
-    );
-    // Expiry timer (message TTLs, Get leases, and x-expires of the queue as a whole).
-    tokio::spawn(
-        async move {
-            let mut applied = shared.applied.subscribe();
-            // A queue never used since this node became leader counts as used at that moment.
-            let mut leader_since: Option<u64> = None;
-            loop {
-                if node.queue_group(group).is_none() {
-                    return;
+    if let Some(token) = actor {
+        token.cancel();
+        machine.detach_leader();
+    }
+}
+
+type Transfer = Pin<Box<dyn Future<Output = Round> + Send>>;
+type Publish = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// The leader-only work of one queue while this node leads it.
+pub struct QueueLeader {
+    ctx: LeaderContext,
+    group: GroupId,
+    machine: Arc<QueueMachine>,
+    inbox: mpsc::Receiver<LeaderEvent>,
+    /// A queue never used since this node became leader counts as used from then (x-expires).
+    leader_since_ms: u64,
+    cancel: CancellationToken,
+}
+
+/// The actor's timers, as instants (None: not armed).
+#[derive(Default)]
+struct Timers {
+    transfer_retry: Option<Instant>,
+    config_retry: Option<Instant>,
+    expire_retry: Option<Instant>,
+}
+
+impl QueueLeader {
+    async fn run(mut self) {
+        let mut applied = self.machine.subscribe_applied();
+        let mut topology = self.ctx.view.subscribe();
+        let mut cleanup =
+            tokio::time::interval_at(Instant::now() + CONSUMER_RECONCILE, CONSUMER_RECONCILE);
+        cleanup.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut timers = Timers::default();
+        let mut transfer: Option<Transfer> = None;
+        let mut publish: Option<Publish> = None;
+        let mut logged_no_route = false;
+        let mut logged_drop = false;
+
+        self.clean_up_old_consumers().await;
+        self.sync_config(&mut timers).await;
+        loop {
+            if self.cancel.is_cancelled() || self.expire_due(&mut timers).await {
+                return; // stopped, or the queue expired and is being deleted
+            }
+            if transfer.is_none() {
+                transfer = self.next_transfer(&mut timers, &mut logged_no_route);
+            }
+            let wake = self.next_wake(&timers);
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                round = poll_some(&mut transfer) => {
+                    transfer = None;
+                    self.after_round(round, &mut timers, &mut logged_no_route);
                 }
-                let mut wait = EXPIRY_POLL;
-                let leading = shared.is_leader.load(Ordering::Acquire);
-                if !leading {
-                    leader_since = None;
-                } else if leader_since.is_none() {
-                    leader_since = Some(now_ms());
-                }
-                if leading {
-                    let (expires_ms, idle_from, consumers, vhost, name) = {
-                        let state = shared.state.lock().unwrap();
-                        let c = state.config();
-                        (
-                            c.expires_ms,
-                            state.last_used_ms().max(leader_since.unwrap_or(0)),
-                            state.counts().consumers,
-                            c.vhost.clone(),
-                            c.name.clone(),
-                        )
-                    };
-                    if let (Some(expires), 0) = (expires_ms, consumers) {
-                        let now = now_ms();
-                        if now >= idle_from + expires {
-                            // Unused for x-expires: the queue is deleted, its messages are not
-                            // dead-lettered (SEMANTICS.md).
-                            info!(
-                                expires_ms = expires,
-                                "queue unused for x-expires: deleting it"
-                            );
-                            match node
-                                .propose_meta(qq_core::meta::MetaCommand::DeleteQueue {
-                                    vhost,
-                                    name,
-                                })
-                                .await
-                            {
-                                Ok(_) => return,
-                                Err(e) => debug!("queue expiry not applied yet: {e}"),
-                            }
+                published = poll_some(&mut publish) => {
+                    publish = None;
+                    if let Err(e) = published {
+                        // Drops are counted in the queue's stats; the log names each once.
+                        if std::mem::replace(&mut logged_drop, true) {
+                            debug!("{e}");
                         } else {
-                            wait = wait.min(Duration::from_millis(idle_from + expires - now));
+                            warn!("dead letter dropped (further drops for this queue are only counted): {e}");
                         }
                     }
                 }
-                if leading {
-                    let next = shared.state.lock().unwrap().next_deadline();
-                    if let Some(deadline) = next {
-                        let now = now_ms();
-                        if deadline <= now {
-                            let cmd = Command::Expire { now_ms: now };
-                            if let Err(e) = node
-                                .propose_queue(group, QueueRequest { cmd, message: None })
-                                .await
-                            {
-                                debug!("expire not applied: {e}");
-                            }
-                            continue;
-                        }
-                        wait = wait.min(Duration::from_millis(deadline - now));
+                event = self.inbox.recv(), if publish.is_none() => match event {
+                    Some(LeaderEvent::DeadLetter(job)) => {
+                        let dl = self.ctx.dead_letters.clone();
+                        publish = Some(Box::pin(async move { dl.publish_at_most_once(job).await }));
                     }
+                    Some(LeaderEvent::ConfigChanged) => self.sync_config(&mut timers).await,
+                    None => return,
+                },
+                r = applied.changed() => if r.is_err() { return },
+                r = topology.changed() => {
+                    if r.is_err() { return }
+                    // The topology may give held dead letters a route now.
+                    timers.transfer_retry = None;
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    r = applied.changed() => if r.is_err() { return },
+                _ = cleanup.tick() => self.clean_up_old_consumers().await,
+                _ = sleep_until(wake) => {
+                    if timers.config_retry.is_some_and(|t| t <= Instant::now()) {
+                        self.sync_config(&mut timers).await;
+                    }
                 }
             }
         }
-        .instrument(span),
-    );
+    }
+
+    /// A transfer round of held at-least-once dead letters, if any are held and no retry
+    /// pause is running.
+    fn next_transfer(&self, timers: &mut Timers, logged_no_route: &mut bool) -> Option<Transfer> {
+        if self.machine.with_state(|s| s.counts().held) == 0 {
+            *logged_no_route = false;
+            return None;
+        }
+        if timers.transfer_retry.is_some_and(|t| t > Instant::now()) {
+            return None;
+        }
+        timers.transfer_retry = None;
+        let (dl, machine, group) = (
+            self.ctx.dead_letters.clone(),
+            self.machine.clone(),
+            self.group,
+        );
+        Some(Box::pin(
+            async move { dl.transfer_held(group, &machine).await },
+        ))
+    }
+
+    fn after_round(&self, round: Round, timers: &mut Timers, logged_no_route: &mut bool) {
+        let Some(failure) = round.failure else {
+            return; // more may be held: next round at once
+        };
+        match failure {
+            TransferError::NoRoute(why) if !*logged_no_route => {
+                warn!("at-least-once dead letters held: {why}");
+                *logged_no_route = true;
+            }
+            e => debug!("dead-letter transfer will be retried: {e:?}"),
+        }
+        timers.transfer_retry = Some(Instant::now() + self.ctx.dead_letter_retry);
+    }
+
+    /// Propose Expire / ExpireQueue if due. Returns true when the queue expired and its
+    /// deletion was committed.
+    async fn expire_due(&self, timers: &mut Timers) -> bool {
+        if timers.expire_retry.is_some_and(|t| t > Instant::now()) {
+            return false;
+        }
+        timers.expire_retry = None;
+        let now = now_ms();
+        let (deadline, queue_due, vhost, name) = self.machine.with_state(|s| {
+            (
+                s.next_deadline(),
+                s.queue_expiry_due_ms(self.leader_since_ms),
+                s.config().vhost.clone(),
+                s.config().name.clone(),
+            )
+        });
+        if queue_due.is_some_and(|d| d <= now) {
+            let cmd = Command::ExpireQueue {
+                now_ms: now,
+                leader_since_ms: self.leader_since_ms,
+            };
+            match self.propose(cmd).await {
+                Ok(Reply::QueueExpiry { expired: true }) => {
+                    // Unused for x-expires: the queue is deleted, its messages are not
+                    // dead-lettered.
+                    info!("queue unused for x-expires: deleting it");
+                    match self
+                        .ctx
+                        .proposer
+                        .propose_meta(MetaCommand::DeleteQueue { vhost, name })
+                        .await
+                    {
+                        Ok(_) => return true,
+                        Err(e) => debug!("queue expiry not applied yet: {e}"),
+                    }
+                }
+                // Used meanwhile: look again after a pause rather than at once.
+                Ok(_) => {}
+                Err(e) => debug!("queue expiry check not applied: {e}"),
+            }
+            timers.expire_retry = Some(Instant::now() + PROPOSAL_RETRY);
+        } else if deadline.is_some_and(|d| d <= now) {
+            if let Err(e) = self.propose(Command::Expire { now_ms: now }).await {
+                debug!("expire not applied: {e}");
+                timers.expire_retry = Some(Instant::now() + PROPOSAL_RETRY);
+            }
+        }
+        false
+    }
+
+    /// The earliest of the actor's deadlines.
+    fn next_wake(&self, timers: &Timers) -> Option<Instant> {
+        let now = now_ms();
+        let (deadline, queue_due) = self.machine.with_state(|s| {
+            (
+                s.next_deadline(),
+                s.queue_expiry_due_ms(self.leader_since_ms),
+            )
+        });
+        let at_ms = |ms: u64| Instant::now() + Duration::from_millis(ms.saturating_sub(now));
+        let expiry = match timers.expire_retry {
+            Some(t) => Some(t),
+            None => [deadline, queue_due].into_iter().flatten().min().map(at_ms),
+        };
+        [expiry, timers.transfer_retry, timers.config_retry]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    async fn propose(&self, cmd: Command) -> Result<Reply, crate::error::NodeError> {
+        self.ctx
+            .proposer
+            .propose_queue(self.group, QueueRequest::command(cmd))
+            .await
+    }
+
+    /// Bring the queue's own configuration in line with the metadata's; a failed proposal is
+    /// retried on a timer.
+    async fn sync_config(&self, timers: &mut Timers) {
+        timers.config_retry = None;
+        if !self.try_sync_config().await {
+            timers.config_retry = Some(Instant::now() + PROPOSAL_RETRY);
+        }
+    }
+
+    /// False if the proposal failed.
+    async fn try_sync_config(&self) -> bool {
+        let Some(wanted) = self.ctx.view.queue_by_id(self.group) else {
+            return true; // deleted: the supervisor stops the group
+        };
+        let current = self.machine.with_state(|s| s.config().clone());
+        if current == wanted.config {
+            return true;
+        }
+        let cmd = Command::UpdateConfig {
+            now_ms: now_ms(),
+            config: wanted.config,
+        };
+        match self.propose(cmd).await {
+            Ok(_) => true,
+            Err(e) => {
+                debug!("update config not applied yet: {e}");
+                false
+            }
+        }
+    }
+
+    /// The leader serves every consumer stream of its queue (followers relay to it), and a
+    /// session registers locally before its `Checkout` is proposed: a consumer in the state
+    /// that no local session serves belongs to a stream that ended (with an old leader, or
+    /// whose clean-up failed), so its unacked messages go back to the queue. `ConsumerDown` of
+    /// a consumer already gone is a no-op, so racing a session's own clean-up is harmless.
+    async fn clean_up_old_consumers(&self) {
+        let local = self.machine.local_consumers();
+        let stale: Vec<u64> = self.machine.with_state(|s| {
+            s.consumers()
+                .into_iter()
+                .map(|c| c.0)
+                .filter(|c| !local.contains(c))
+                .collect()
+        });
+        for consumer in stale {
+            self.ctx.proposer.consumer_down(self.group, consumer).await;
+        }
+    }
 }
 
-/// The leader serves every consumer stream of its queue (followers relay to it), and a session
-/// registers locally before its `Checkout` is proposed: a consumer in the state that no local
-/// session serves belongs to a stream that ended (with an old leader, or whose clean-up failed),
-/// so its unacked messages go back to the queue. `ConsumerDown` of a consumer already gone is a
-/// no-op, so racing a session's own clean-up is harmless.
-async fn clean_up_old_consumers(node: &Arc<Node>, group: u64, shared: &Arc<QueueShared>) {
-    let local: HashSet<u64> = shared.consumers.lock().unwrap().keys().copied().collect();
-    let stale: Vec<u64> = shared
-        .state
-        .lock()
-        .unwrap()
-        .consumers()
-        .into_iter()
-        .map(|c| c.0)
-        .filter(|c| !local.contains(c))
-        .collect();
-    for consumer in stale {
-        node.consumer_down(group, consumer).await;
+/// Resolves with the future's output when there is one in flight; pending forever otherwise.
+async fn poll_some<T>(f: &mut Option<Pin<Box<dyn Future<Output = T> + Send>>>) -> T {
+    match f {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

@@ -1,23 +1,34 @@
 //! qq-node: a quorumq cluster node.
 //!
-//! Reading order: [`config`] (what a node needs) → [`node`] (groups, proposing, forwarding) →
-//! [`meta_sm`] and [`queue_sm`] (state-machine shells around the pure core) → [`leader`]
-//! (leader-only timers) → [`liveness`] (fast
-//! handover when a peer's process dies) → [`broker`] (the client API) → [`consume`] and [`relay`] (consumer
-//! sessions on the leader, relayed from other nodes) → [`internal`] (node-to-node service) →
-//! [`server`] (wiring and graceful shutdown).
+//! The layers, each importing only the ones below it (docs/architecture.md draws them):
+//!
+//! - [`server`]: wiring and shutdown. Above everything.
+//! - [`api`]: the client gRPC service as thin adapters (auth, publish, consume, admin,
+//!   status). [`peer`]: the node-to-node service and liveness.
+//! - [`consume`]: consumer sessions on the queue's leader, and their relay from other nodes.
+//! - [`node`]: what a node owns (private), and the supervisor that starts and stops queue
+//!   groups as the metadata says.
+//! - [`leader`]: one actor per queue this node leads: all leader-only work.
+//! - [`deadletter`]: republishing dead letters, through [`enqueue`]: committing routed
+//!   messages to every target queue (shared by publish and dead lettering).
+//! - [`proposer`]: the one path to a group's leader, local or forwarded.
+//! - [`meta_view`]: the read-only, versioned view of the metadata.
+//! - [`groups`]: the Raft groups hosted here: state-machine shell, metadata and queue machines,
+//!   registry.
+//! - [`config`], [`error`], [`codec`], [`clock`]: leaves.
 
-pub mod broker;
+pub mod api;
+pub mod clock;
+pub mod codec;
 pub mod config;
 pub mod consume;
-pub mod convert;
 pub mod deadletter;
-pub mod info;
-pub mod internal;
+pub mod enqueue;
+pub mod error;
+pub mod groups;
 pub mod leader;
-pub mod liveness;
-pub mod meta_sm;
+pub mod meta_view;
 pub mod node;
-pub mod queue_sm;
-pub mod relay;
+pub mod peer;
+pub mod proposer;
 pub mod server;

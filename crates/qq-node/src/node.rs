@@ -1,119 +1,81 @@
-//! A quorumq node: the metadata group, the queue groups it is a member of, and the one path
-//! every command takes to the leader of its group.
+//! A quorumq node: what it owns, and the supervisor that keeps its queue groups in line with
+//! the metadata.
 //!
-//! The path of a message (DESIGN-NOTES §1): publish on any node → route with the local
-//! metadata replica → [`Node::propose_queue`] to each routed queue's leader (locally, or
-//! forwarded over the internal service to the node that leads) → commit on a majority (each
-//! node's log append is fsynced by the store's single fsync thread) → apply → reply.
+//! [`Node::start`] opens the node's RocksDB, starts the metadata group (initialising the
+//! cluster if this node has the lowest id and nothing was initialised yet), builds the layers
+//! every request uses (the [`Registry`] of groups, the [`MetaView`], the [`Proposer`], the
+//! [`Enqueuer`], the [`DeadLetters`] transfer) and spawns the supervisor. The supervisor starts
+//! a queue's group when the metadata creates a queue this node is a member of, stops it when
+//! the queue is deleted, and tells the queue's leader actor when its configuration changes
+//! (the metadata machine's effects); after a metadata snapshot install, an effect that did not
+//! fit its channel, or a failed start, it compares every group with the state instead.
 //!
-//! Queue groups are started and stopped by reconciliation against the metadata replica after
-//! every metadata apply (and on a timer): the node never has to interpret metadata effects in
-//! order, it just makes its running groups match what the metadata says.
+//! Every task the node spawns is tracked by one [`TaskTracker`] and stopped by one
+//! [`CancellationToken`] ([`Node::shutdown`] waits for them, then stops the Raft groups).
+//!
+//! Must not: serve clients or peers (that is [`crate::api`] and [`crate::peer`]), or decide
+//! anything a queue's leader decides ([`crate::leader`]).
 
-use openraft::async_runtime::WatchReceiver;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use openraft::error::{ClientWriteError, RaftError};
-use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
-use qq_core::meta::{MetaCommand, MetaError, MetaReply, QueueMeta};
-use qq_core::queue::{Command, Reply};
-use qq_core::{NodeId, QueueId};
-use qq_proto::internal::{ProposeReply, ProposeRequest};
+use openraft::{BasicNode, Raft, SnapshotPolicy};
+use qq_core::NodeId;
+use qq_core::meta::{MetaEffect, QueueMeta};
 use qq_raft::log_store::LogStore;
 use qq_raft::network::{GroupNetwork, Peers};
 use qq_raft::store::Store;
-use qq_raft::{GroupId, META_GROUP, Request, TypeConfig};
-use serde::{Serialize, de::DeserializeOwned};
+use qq_raft::{GroupId, META_GROUP};
 use tokio::sync::mpsc;
-use tonic::Status;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, info, info_span, warn};
 
+use crate::clock::now_ms;
 use crate::config::Config;
-use crate::meta_sm::{MetaShared, MetaSm};
-use crate::queue_sm::{
-    DeadLetterJob, QueueEntry, QueueReplyOut, QueueRequest, QueueShared, QueueSm,
-};
+use crate::deadletter::DeadLetters;
+use crate::enqueue::Enqueuer;
+use crate::groups::meta_sm::MetaMachine;
+use crate::groups::queue_sm::QueueMachine;
+use crate::groups::registry::{MetaRaft, QueueGroup, Registry};
+use crate::groups::shell::Shell;
+use crate::leader::{LeaderContext, watch_leadership};
+use crate::meta_view::MetaView;
+use crate::proposer::Proposer;
 
-/// How long a proposal keeps retrying (leader elections, forwarding) before UNAVAILABLE.
-/// `ProposeReply.code`: this node does not lead the group (`forward_to` may hint who does).
-pub const NOT_LEADER: u32 = 1;
+/// How long the supervisor waits before it tries again to start a group that failed to start.
+const START_RETRY: Duration = Duration::from_secs(2);
 
-/// How long a metadata change waits for reachable nodes to apply it.
-const META_PROPAGATION_WAIT: Duration = Duration::from_secs(3);
-
-const PROPOSE_DEADLINE: Duration = Duration::from_secs(8);
-
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// A running queue group on this node.
-#[derive(Clone)]
-pub struct QueueGroup {
-    pub raft: Raft<TypeConfig, QueueSm>,
-    pub shared: Arc<QueueShared>,
-    pub meta: QueueMeta,
-}
-
-/// Why a local proposal did not go through.
-enum LocalError {
-    /// Not the leader; the hint if known.
-    Forward(Option<NodeId>),
-    /// The group is not running on this node.
-    NotHere,
-    Unavailable(String),
-}
+/// How long shutdown waits for the node's tasks to finish before it stops the groups anyway.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 pub struct Node {
-    pub id: NodeId,
-    pub config: Config,
-    pub store: Store,
-    pub peers: Peers,
-    pub meta: Arc<MetaShared>,
-    pub meta_raft: Raft<TypeConfig, MetaSm>,
-    pub queues: RwLock<HashMap<GroupId, QueueGroup>>,
+    id: NodeId,
+    config: Config,
+    store: Store,
+    peers: Peers,
     raft_config: Arc<openraft::Config>,
+    registry: Arc<Registry>,
+    view: MetaView,
+    proposer: Proposer,
+    enqueuer: Enqueuer,
+    leader_ctx: LeaderContext,
     consumer_seq: AtomicU64,
-    key_seq: AtomicU64,
-    pub dead_letter_tx: mpsc::UnboundedSender<DeadLetterJob>,
-    /// Permission checks that passed, valid for one metadata version (compiling the
-    /// permission regexes on every publish was the top cost in a profile).
-    pub granted: std::sync::Mutex<(u64, std::collections::HashSet<(String, String, u8, String)>)>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
 }
 
 impl Node {
-    /// Open storage, start the metadata group (initialising the cluster if this node has the
-    /// lowest id and nothing was initialised yet) and return the node. Background loops are
-    /// started by [`Node::spawn_background`].
-    pub async fn start(
-        config: Config,
-    ) -> anyhow::Result<(Arc<Node>, mpsc::UnboundedReceiver<DeadLetterJob>)> {
+    /// Open storage, start the metadata group and the supervisor.
+    pub async fn start(config: Config) -> anyhow::Result<Arc<Node>> {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|e| anyhow::anyhow!("create data_dir {}: {e}", config.data_dir.display()))?;
         let store = Store::open(&config.data_dir.join("db"))?;
         let peers = Peers::new(config.peers.iter().map(|p| (p.id, p.address.clone())))?;
-        let raft_config = Arc::new(
-            openraft::Config {
-                cluster_name: "quorumq".into(),
-                heartbeat_interval: config.heartbeat_ms,
-                election_timeout_min: config.election_timeout_min_ms,
-                election_timeout_max: config.election_timeout_max_ms,
-                snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_after_entries),
-                max_in_snapshot_log_to_keep: 1000,
-                // A node back from a partition must not depose healthy leaders (found by
-                // qq-chaos: every group stalled for seconds after each heal without it).
-                enable_pre_vote: Some(true),
-                ..Default::default()
-            }
-            .validate()?,
-        );
-        let meta = MetaShared::new(store.clone());
+        let raft_config = raft_config(&config)?;
+        let (meta, effects) = MetaMachine::new(store.clone());
         let meta_raft = Raft::new(
             config.node_id,
             raft_config.clone(),
@@ -122,61 +84,85 @@ impl Node {
                 peers: peers.clone(),
             },
             LogStore::new(store.clone(), META_GROUP),
-            MetaSm::new(meta.clone()),
+            Shell::new(meta.clone()),
         )
         .await?;
-        let lowest = *config
-            .node_ids()
-            .first()
-            .expect("validated: peers not empty");
-        if lowest == config.node_id && !meta_raft.is_initialized().await? {
-            let members: BTreeMap<u64, BasicNode> = config
-                .peers
-                .iter()
-                .map(|p| {
-                    (
-                        p.id,
-                        BasicNode {
-                            addr: p.address.clone(),
-                        },
-                    )
-                })
-                .collect();
-            info!(?members, "initialising the cluster's metadata group");
-            meta_raft.initialize(members).await?;
-        }
-        let (dead_letter_tx, dead_letter_rx) = mpsc::unbounded_channel();
-        let seed = now_ms() * 1000;
+        initialise_if_first(&meta_raft, &config).await?;
+        let id = config.node_id;
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let registry = Arc::new(Registry::new(id, meta_raft, meta.clone()));
+        let view = MetaView::new(meta);
+        let proposer = Proposer::new(
+            id,
+            peers.clone(),
+            registry.clone(),
+            view.clone(),
+            shutdown.clone(),
+        );
+        let enqueuer = Enqueuer::new(proposer.clone(), id);
+        let leader_ctx = LeaderContext {
+            proposer: proposer.clone(),
+            view: view.clone(),
+            dead_letters: DeadLetters::new(view.clone(), enqueuer.clone(), proposer.clone()),
+            dead_letter_retry: Duration::from_millis(config.dead_letter_retry_ms),
+            tasks: tasks.clone(),
+        };
         let node = Arc::new(Node {
-            id: config.node_id,
+            id,
             config,
             store,
             peers,
-            meta,
-            meta_raft,
-            queues: RwLock::new(HashMap::new()),
             raft_config,
-            consumer_seq: AtomicU64::new(seed),
-            key_seq: AtomicU64::new(seed),
-            dead_letter_tx,
-            granted: std::sync::Mutex::new((0, Default::default())),
+            registry,
+            view,
+            proposer,
+            enqueuer,
+            leader_ctx,
+            consumer_seq: AtomicU64::new(now_ms() * 1000),
+            shutdown,
+            tasks,
         });
-        Ok((node, dead_letter_rx))
+        node.tasks.spawn(node.clone().supervise(effects));
+        Ok(node)
     }
 
-    /// Reconcile queue groups after every metadata apply, and every few seconds.
-    pub fn spawn_background(self: &Arc<Self>) {
-        let node = self.clone();
-        let mut applied = self.meta.applied.subscribe();
-        tokio::spawn(async move {
-            loop {
-                node.reconcile().await;
-                tokio::select! {
-                    r = applied.changed() => if r.is_err() { return },
-                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-                }
-            }
-        });
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn peers(&self) -> &Peers {
+        &self.peers
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    pub fn view(&self) -> &MetaView {
+        &self.view
+    }
+
+    pub fn proposer(&self) -> &Proposer {
+        &self.proposer
+    }
+
+    pub fn enqueuer(&self) -> &Enqueuer {
+        &self.enqueuer
+    }
+
+    /// Every task of the node is spawned here, so shutdown can wait for it.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
+    /// Cancelled when the node begins to shut down.
+    pub fn stopping(&self) -> &CancellationToken {
+        &self.shutdown
     }
 
     /// A consumer id unique within any queue: node id in the top byte.
@@ -184,75 +170,136 @@ impl Node {
         (self.id << 56) | (self.consumer_seq.fetch_add(1, Ordering::Relaxed) & ((1 << 56) - 1))
     }
 
-    /// An idempotency key for one publish to one queue: retries reuse it.
-    pub fn next_publish_key(&self) -> String {
-        format!(
-            "p{}.{}",
-            self.id,
-            self.key_seq.fetch_add(1, Ordering::Relaxed)
-        )
+    /// Stop the node's work: cancel every task (consumer sessions end with UNAVAILABLE,
+    /// proposals stop retrying), wait for them (at most [`SHUTDOWN_GRACE`]), stop the Raft
+    /// groups, then flush the store. Call after the servers stopped accepting.
+    pub async fn shutdown(&self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(SHUTDOWN_GRACE, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                left = self.tasks.len(),
+                "tasks still running after the shutdown grace period"
+            );
+        }
+        for g in self.registry.queues() {
+            let _ = g.raft.shutdown().await;
+        }
+        let _ = self.registry.meta_raft().shutdown().await;
+        if let Err(e) = self.store.sync().await {
+            warn!("final fsync: {e}");
+        }
+        info!("node stopped");
     }
 
-    pub fn queue_group(&self, group: GroupId) -> Option<QueueGroup> {
-        self.queues.read().unwrap().get(&group).cloned()
+    /// Keep the running queue groups in line with the metadata until shutdown.
+    async fn supervise(self: Arc<Self>, mut effects: mpsc::Receiver<MetaEffect>) {
+        let mut resync = self.registry.meta_machine().subscribe_resync();
+        let mut retry: Option<tokio::time::Instant> = None;
+        if !self.reconcile().await {
+            retry = Some(tokio::time::Instant::now() + START_RETRY);
+        }
+        loop {
+            let retry_at = retry;
+            let ok = tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                effect = effects.recv() => match effect {
+                    Some(effect) => self.on_effect(effect).await,
+                    None => return,
+                },
+                r = resync.changed() => {
+                    if r.is_err() { return }
+                    self.reconcile().await
+                }
+                _ = sleep_until(retry_at) => {
+                    retry = None;
+                    self.reconcile().await
+                }
+            };
+            if !ok && retry.is_none() {
+                retry = Some(tokio::time::Instant::now() + START_RETRY);
+            }
+        }
     }
 
-    /// Make the running queue groups match the metadata.
-    async fn reconcile(self: &Arc<Self>) {
-        let wanted: Vec<QueueMeta> = {
-            let state = self.meta.state.read().unwrap();
-            state
-                .queues()
-                .filter(|q| q.members.contains(&self.id))
-                .cloned()
-                .collect()
-        };
-        let wanted_ids: std::collections::HashSet<QueueId> = wanted.iter().map(|q| q.id).collect();
-        let running: Vec<GroupId> = self.queues.read().unwrap().keys().copied().collect();
-        for group in running {
+    /// Act on one metadata effect, checked against the current state (effects of a log being
+    /// replayed at start may be stale). False if a group failed to start.
+    async fn on_effect(&self, effect: MetaEffect) -> bool {
+        let current = self.view.current();
+        match effect {
+            MetaEffect::QueueCreated(qm) => {
+                let Some(qm) = current.queue_by_id(qm.id).cloned() else {
+                    return true;
+                };
+                if qm.members.contains(&self.id) && self.registry.queue(qm.id).is_none() {
+                    return self.start_queue_group(qm).await;
+                }
+            }
+            MetaEffect::QueueDeleted(qm) => {
+                if current.queue_by_id(qm.id).is_none() {
+                    self.stop_queue_group(qm.id).await;
+                }
+            }
+            MetaEffect::QueueConfigChanged(qm) => {
+                if let Some(g) = self.registry.queue(qm.id) {
+                    self.registry.update_meta(qm);
+                    g.machine.notify_config_changed();
+                }
+            }
+        }
+        true
+    }
+
+    /// Make the running queue groups match the metadata. False if a group failed to start.
+    async fn reconcile(&self) -> bool {
+        let wanted: Vec<QueueMeta> = self
+            .view
+            .current()
+            .queues()
+            .filter(|q| q.members.contains(&self.id))
+            .cloned()
+            .collect();
+        let wanted_ids: std::collections::HashSet<GroupId> = wanted.iter().map(|q| q.id).collect();
+        for group in self.registry.running() {
             if !wanted_ids.contains(&group) {
                 self.stop_queue_group(group).await;
             }
         }
+        let mut ok = true;
         for qm in wanted {
-            let existing = self.queue_group(qm.id);
-            match existing {
-                None => {
-                    if let Err(e) = self.start_queue_group(qm.clone()).await {
-                        warn!(queue = %qm.name, group = qm.id, "cannot start queue group: {e:#}");
-                    }
-                }
+            match self.registry.queue(qm.id) {
+                None => ok &= self.start_queue_group(qm).await,
                 Some(g) => {
-                    // Policy changes reach a queue as UpdateConfig in its own log, proposed by its leader.
-                    let current = g.shared.state.lock().unwrap().config().clone();
-                    if current != qm.config && g.raft.is_leader() {
-                        let cmd = Command::UpdateConfig {
-                            now_ms: now_ms(),
-                            config: qm.config.clone(),
-                        };
-                        if let Err(e) = self
-                            .propose_queue(qm.id, QueueRequest { cmd, message: None })
-                            .await
-                        {
-                            debug!(group = qm.id, "update config not applied yet: {e}");
-                        }
+                    if g.meta.config != qm.config {
+                        g.machine.notify_config_changed();
                     }
-                    if let Some(g) = self.queues.write().unwrap().get_mut(&qm.id) {
-                        g.meta = qm;
-                    }
+                    self.registry.update_meta(qm);
                 }
+            }
+        }
+        ok
+    }
+
+    async fn start_queue_group(&self, qm: QueueMeta) -> bool {
+        let span = info_span!("queue", node_id = self.id, queue = %qm.name, group = qm.id);
+        match self.try_start_queue_group(qm.clone(), span).await {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(queue = %qm.name, group = qm.id, "cannot start queue group: {e:#}");
+                false
             }
         }
     }
 
-    async fn start_queue_group(self: &Arc<Self>, qm: QueueMeta) -> anyhow::Result<()> {
-        let span = info_span!("queue", node_id = self.id, queue = %qm.name, group = qm.id);
-        let shared = QueueShared::new(
-            qm.id,
-            self.store.clone(),
-            qm.config.clone(),
-            self.dead_letter_tx.clone(),
-        );
+    async fn try_start_queue_group(
+        &self,
+        qm: QueueMeta,
+        span: tracing::Span,
+    ) -> anyhow::Result<()> {
+        let machine = QueueMachine::new(qm.id, self.store.clone(), qm.config.clone());
         let raft = Raft::new(
             self.id,
             self.raft_config.clone(),
@@ -261,18 +308,17 @@ impl Node {
                 peers: self.peers.clone(),
             },
             LogStore::new(self.store.clone(), qm.id),
-            QueueSm::new(shared.clone()),
+            Shell::new(machine.clone()),
         )
         .instrument(span.clone())
         .await?;
-        self.queues.write().unwrap().insert(
-            qm.id,
-            QueueGroup {
-                raft: raft.clone(),
-                shared: shared.clone(),
-                meta: qm.clone(),
-            },
-        );
+        let stop = self.shutdown.child_token();
+        self.registry.insert(QueueGroup {
+            raft: raft.clone(),
+            machine: machine.clone(),
+            meta: qm.clone(),
+            stop: stop.clone(),
+        });
         if qm.members.first() == Some(&self.id) && !raft.is_initialized().await? {
             let members: BTreeMap<u64, BasicNode> = qm
                 .members
@@ -289,280 +335,76 @@ impl Node {
             span.in_scope(|| info!(?members, "initialising queue group"));
             raft.initialize(members).await?;
         }
-        crate::leader::spawn_queue_tasks(self.clone(), qm.id, raft, shared, span);
+        self.tasks.spawn(
+            watch_leadership(
+                self.leader_ctx.clone(),
+                qm.id,
+                raft,
+                machine,
+                stop,
+                span.clone(),
+            )
+            .instrument(span),
+        );
         Ok(())
     }
 
     async fn stop_queue_group(&self, group: GroupId) {
-        let removed = self.queues.write().unwrap().remove(&group);
-        if let Some(g) = removed {
+        if let Some(g) = self.registry.remove(group) {
             info!(group, queue = %g.meta.name, "queue deleted: stopping its group");
-            g.shared.cancel_consumers("queue deleted", false);
+            g.stop.cancel();
+            g.machine.cancel_consumers("queue deleted", false);
             let _ = g.raft.shutdown().await;
             if let Err(e) = self.store.delete_group(group) {
                 warn!(group, "delete data of queue group: {e}");
             }
         }
     }
-
-    /// Propose to a group whose leader may be anywhere; returns the encoded reply. Retries
-    /// through elections and forwarding until [`PROPOSE_DEADLINE`], then UNAVAILABLE.
-    pub async fn propose(&self, group: GroupId, payload: Vec<u8>) -> Result<Vec<u8>, Status> {
-        let deadline = tokio::time::Instant::now() + PROPOSE_DEADLINE;
-        let mut hint: Option<NodeId> = None;
-        let mut attempt = 0usize;
-        loop {
-            let target = hint.filter(|h| *h != self.id);
-            let (next, error) = match target {
-                None => match self.propose_local(group, payload.clone()).await {
-                    Ok(bytes) => return Ok(bytes),
-                    Err(LocalError::Forward(h)) => (h, "no leader elected yet".to_string()),
-                    Err(LocalError::NotHere) => (
-                        self.member_after(group, None, attempt),
-                        "not a member".into(),
-                    ),
-                    Err(LocalError::Unavailable(e)) => (None, e),
-                },
-                Some(t) => match self.propose_remote(t, group, payload.clone()).await {
-                    Ok(Ok(bytes)) => return Ok(bytes),
-                    Ok(Err(h)) => (h, format!("node {t} is not the leader")),
-                    Err(e) => (self.member_after(group, Some(t), attempt), e),
-                },
-            };
-            let moved = next.is_some() && next != hint;
-            hint = next;
-            attempt += 1;
-            if tokio::time::Instant::now() >= deadline {
-                let what = if group == META_GROUP {
-                    "the metadata".to_string()
-                } else {
-                    format!("queue group {group}")
-                };
-                return Err(Status::unavailable(format!(
-                    "no quorum for {what} right now: {error} (safe to retry)"
-                )));
-            }
-            if !moved {
-                tokio::time::sleep(Duration::from_millis((20 * attempt as u64).min(250))).await;
-            }
-        }
-    }
-
-    /// Some member of the group other than `not`, rotating with `attempt`.
-    fn member_after(&self, group: GroupId, not: Option<NodeId>, attempt: usize) -> Option<NodeId> {
-        let members: Vec<NodeId> = self
-            .group_members(group)
-            .into_iter()
-            .filter(|m| Some(*m) != not)
-            .collect();
-        if members.is_empty() {
-            None
-        } else {
-            Some(members[attempt % members.len()])
-        }
-    }
-
-    /// Members of a group by the metadata (every node for the metadata group).
-    pub fn group_members(&self, group: GroupId) -> Vec<NodeId> {
-        if group == META_GROUP {
-            return self.peers.ids();
-        }
-        self.meta
-            .state
-            .read()
-            .unwrap()
-            .queue_by_id(group)
-            .map(|q| q.members.clone())
-            .unwrap_or_default()
-    }
-
-    /// Ok(Ok(reply)) done; Ok(Err(hint)) not the leader there.
-    async fn propose_remote(
-        &self,
-        target: NodeId,
-        group: GroupId,
-        payload: Vec<u8>,
-    ) -> Result<Result<Vec<u8>, Option<NodeId>>, String> {
-        let mut client = self
-            .peers
-            .client(target)
-            .ok_or_else(|| format!("unknown node {target}"))?;
-        let mut req = tonic::Request::new(ProposeRequest {
-            group,
-            payload: payload.into(),
-        });
-        req.set_timeout(Duration::from_secs(5));
-        let reply = client
-            .propose(req)
-            .await
-            .map_err(|s| format!("node {target}: {}", s.message()))?
-            .into_inner();
-        if !reply.error.is_empty() {
-            return Err(format!("node {target}: {}", reply.error));
-        }
-        if reply.code == NOT_LEADER {
-            return Ok(Err(if reply.forward_to == 0 {
-                None
-            } else {
-                Some(reply.forward_to)
-            }));
-        }
-        Ok(Ok(reply.payload.to_vec()))
-    }
-
-    async fn propose_local(&self, group: GroupId, payload: Vec<u8>) -> Result<Vec<u8>, LocalError> {
-        let req = Request { payload };
-        let result = if group == META_GROUP {
-            self.meta_raft.client_write(req).await
-        } else {
-            let Some(g) = self.queue_group(group) else {
-                return Err(LocalError::NotHere);
-            };
-            g.raft.client_write(req).await
-        };
-        match result {
-            Ok(resp) => Ok(resp.data.payload),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
-            | Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => {
-                Err(LocalError::Forward(f.leader_id))
-            }
-            Err(e) => Err(LocalError::Unavailable(e.to_string())),
-        }
-    }
-
-    /// Serve a forwarded proposal: (payload, forward_to hint, error).
-    pub async fn serve_propose(&self, group: GroupId, payload: Vec<u8>) -> ProposeReply {
-        let mut reply = ProposeReply::default();
-        match self.propose_local(group, payload).await {
-            Ok(bytes) => reply.payload = bytes.into(),
-            Err(LocalError::Forward(h)) => {
-                reply.code = NOT_LEADER;
-                reply.forward_to = h.unwrap_or(0);
-            }
-            Err(LocalError::NotHere) => {
-                reply.error = format!("group {group} is not running on this node")
-            }
-            Err(LocalError::Unavailable(e)) => reply.error = e,
-        }
-        reply
-    }
-
-    pub async fn propose_queue(&self, group: GroupId, req: QueueRequest) -> Result<Reply, Status> {
-        Ok(self.propose_queue_full(group, req).await?.reply)
-    }
-
-    /// Like [`Node::propose_queue`], with the message of a `Get` read on the leader.
-    pub async fn propose_queue_full(
-        &self,
-        group: GroupId,
-        req: QueueRequest,
-    ) -> Result<QueueReplyOut, Status> {
-        let bytes = self.propose(group, encode(&QueueEntry::One(req))?).await?;
-        decode(&bytes)
-    }
-
-    /// Propose several commands as one entry, applied in order; one reply each.
-    pub async fn propose_queue_batch(
-        &self,
-        group: GroupId,
-        reqs: Vec<QueueRequest>,
-    ) -> Result<Vec<QueueReplyOut>, Status> {
-        let bytes = self
-            .propose(group, encode(&QueueEntry::Batch(reqs))?)
-            .await?;
-        decode(&bytes)
-    }
-
-    /// Propose a metadata command. Returns once the change is applied on this node and on every
-    /// reachable node (bounded wait), so a publish on any node right after a declare or bind
-    /// routes with it: routing reads each node's local replica.
-    pub async fn propose_meta(
-        &self,
-        cmd: MetaCommand,
-    ) -> Result<Result<MetaReply, MetaError>, Status> {
-        let bytes = self.propose(META_GROUP, encode(&cmd)?).await?;
-        let (index, result): (u64, Result<MetaReply, MetaError>) = decode(&bytes)?;
-        self.wait_meta_applied_everywhere(index).await;
-        Ok(result)
-    }
-
-    /// Return a consumer's unacked messages to the queue and forget it. A failure is only
-    /// logged: the next leader removes every consumer it does not serve itself.
-    pub async fn consumer_down(&self, group: GroupId, consumer: u64) {
-        let cmd = Command::ConsumerDown {
-            now_ms: now_ms(),
-            consumer,
-        };
-        if let Err(e) = self
-            .propose_queue(group, QueueRequest { cmd, message: None })
-            .await
-        {
-            debug!(
-                group,
-                consumer, "consumer down not applied (a new leader cleans up): {e}"
-            );
-        }
-    }
-
-    /// The metadata index this node has applied.
-    pub fn meta_applied(&self) -> u64 {
-        self.meta
-            .last_applied
-            .lock()
-            .unwrap()
-            .map(|l| l.index)
-            .unwrap_or(0)
-    }
-
-    async fn wait_meta_applied_everywhere(&self, index: u64) {
-        let deadline = tokio::time::Instant::now() + META_PROPAGATION_WAIT;
-        for id in self.peers.ids() {
-            loop {
-                let applied = if id == self.id {
-                    Some(self.meta_applied())
-                } else {
-                    let Some(mut client) = self.peers.client(id) else {
-                        break;
-                    };
-                    let mut req = tonic::Request::new(qq_proto::internal::QueueInfoRequest {
-                        group: META_GROUP,
-                    });
-                    req.set_timeout(Duration::from_millis(500));
-                    match client.queue_info(req).await {
-                        Ok(r) => decode::<u64>(&r.into_inner().payload).ok(),
-                        Err(_) => None, // unreachable: it catches up when it returns
-                    }
-                };
-                match applied {
-                    Some(a) if a >= index => break,
-                    None => break,
-                    Some(_) if tokio::time::Instant::now() >= deadline => break,
-                    Some(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-                }
-            }
-        }
-    }
-
-    /// The leader of a group as this node knows it (own metrics if a member).
-    pub fn known_leader(&self, group: GroupId) -> Option<NodeId> {
-        if group == META_GROUP {
-            return self.meta_raft.metrics().borrow_watched().current_leader;
-        }
-        self.queue_group(group)
-            .and_then(|g| g.raft.metrics().borrow_watched().current_leader)
-    }
-
-    pub fn is_queue_leader(&self, group: GroupId) -> bool {
-        self.queue_group(group)
-            .map(|g| g.raft.metrics().borrow_watched().state == ServerState::Leader)
-            .unwrap_or(false)
-    }
 }
 
-pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, Status> {
-    postcard::to_stdvec(v).map_err(|e| Status::internal(format!("encode: {e}")))
+/// The Raft settings of every group on this node.
+fn raft_config(config: &Config) -> anyhow::Result<Arc<openraft::Config>> {
+    let raft = openraft::Config {
+        cluster_name: "quorumq".into(),
+        heartbeat_interval: config.heartbeat_ms,
+        election_timeout_min: config.election_timeout_min_ms,
+        election_timeout_max: config.election_timeout_max_ms,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_after_entries),
+        max_in_snapshot_log_to_keep: 1000,
+        // A node back from a partition must not depose healthy leaders (found by
+        // qq-chaos: every group stalled for seconds after each heal without it).
+        enable_pre_vote: Some(true),
+        ..Default::default()
+    };
+    Ok(Arc::new(raft.validate()?))
 }
 
-pub fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, Status> {
-    postcard::from_bytes(b).map_err(|e| Status::internal(format!("decode reply: {e}")))
+/// Initialise the cluster's metadata group if this node has the lowest id and nothing was
+/// initialised yet.
+async fn initialise_if_first(meta_raft: &MetaRaft, config: &Config) -> anyhow::Result<()> {
+    let lowest = *config
+        .node_ids()
+        .first()
+        .expect("validated: peers not empty");
+    if lowest != config.node_id || meta_raft.is_initialized().await? {
+        return Ok(());
+    }
+    let members: BTreeMap<u64, BasicNode> = config
+        .peers
+        .iter()
+        .map(|p| {
+            let addr = p.address.clone();
+            (p.id, BasicNode { addr })
+        })
+        .collect();
+    info!(?members, "initialising the cluster's metadata group");
+    meta_raft.initialize(members).await?;
+    Ok(())
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }

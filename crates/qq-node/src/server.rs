@@ -1,18 +1,28 @@
-//! Wiring: start the node, serve both gRPC services on one listener, stop on SIGTERM/SIGINT.
+//! Wiring: start the node, serve the client API and the internal service on one listener, and
+//! shut down in order.
+//!
+//! Shutdown (SIGTERM or Ctrl-C, see `main.rs`): the listener stops accepting; the node's token
+//! is cancelled, so consumer sessions and publish streams end with UNAVAILABLE, proposals stop
+//! retrying and the leader actors stop; requests already in flight finish (or fail with
+//! UNAVAILABLE: a write inside Raft gets [`crate::proposer`]'s short grace, since peers may no
+//! longer reach this node to commit it); the drain is bounded by [`DRAIN_GRACE`]; then the
+//! node waits for its tasks, stops its Raft groups and flushes RocksDB ([`Node::shutdown`]).
 
-use std::sync::Arc;
+use std::time::Duration;
 
 use qq_proto::internal::internal_server::InternalServer;
 use qq_proto::v1::broker_server::BrokerServer;
 use qq_raft::network::{HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_INTERNAL_MESSAGE_BYTES};
-use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::broker::BrokerService;
+use crate::api::BrokerService;
 use crate::config::Config;
-use crate::internal::InternalService;
 use crate::node::Node;
-use crate::queue_sm::DeadLetterJob;
+use crate::peer::liveness::spawn_peer_watches;
+use crate::peer::service::InternalService;
+
+/// How long the server waits for open requests once shutdown begins.
+const DRAIN_GRACE: Duration = Duration::from_secs(10);
 
 /// Run a node until `shutdown` resolves.
 pub async fn run(
@@ -30,54 +40,37 @@ pub async fn run(
         .min(1 << 30);
     let listen = config.listen;
     // Starting the groups does not wait for peers: Raft RPCs to nodes not yet up are retried.
-    let (node, dead_letters) = Node::start(config).await?;
-    node.spawn_background();
-    spawn_dead_letter_worker(node.clone(), dead_letters);
-    let broker = BrokerServer::new(BrokerService { node: node.clone() })
+    let node = Node::start(config).await?;
+    spawn_peer_watches(node.clone());
+    let broker = BrokerServer::new(BrokerService::new(node.clone()))
         .max_decoding_message_size(max_client)
         .max_encoding_message_size(max_client);
-    let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
-    crate::liveness::spawn_peer_watches(node.clone());
-    let internal = InternalServer::new(InternalService {
-        node: node.clone(),
-        stopping,
-    })
-    .max_decoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_INTERNAL_MESSAGE_BYTES);
-    info!(node_id = node.id, %listen, "node serving");
-    tonic::transport::Server::builder()
+    let internal = InternalServer::new(InternalService::new(node.clone()))
+        .max_decoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_INTERNAL_MESSAGE_BYTES);
+    info!(node_id = node.id(), %listen, "node serving");
+    let stopping = node.stopping().clone();
+    let server = tonic::transport::Server::builder()
         .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
         .initial_stream_window_size(HTTP2_STREAM_WINDOW)
         .add_service(broker)
         .add_service(internal)
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown.await;
-            let _ = stopping_tx.send(true);
-        })
-        .await?;
-    info!("shutting down");
-    let _ = node.meta_raft.shutdown().await;
-    let groups: Vec<_> = node.queues.read().unwrap().values().cloned().collect();
-    for g in groups {
-        let _ = g.raft.shutdown().await;
+            // Streams end now, so they do not hold the server's drain up.
+            stopping.cancel();
+        });
+    // The drain waits for every open request; bound it, so a request stuck somewhere cannot
+    // keep the node from stopping.
+    let drain_limit = async {
+        node.stopping().cancelled().await;
+        tokio::time::sleep(DRAIN_GRACE).await;
+    };
+    tokio::select! {
+        served = server => served?,
+        _ = drain_limit => warn!("requests still open {DRAIN_GRACE:?} after the shutdown signal: closing them"),
     }
+    info!("shutting down");
+    node.shutdown().await;
     Ok(())
-}
-
-/// At-most-once dead letters: republished by [`crate::deadletter`].
-fn spawn_dead_letter_worker(node: Arc<Node>, mut rx: mpsc::UnboundedReceiver<DeadLetterJob>) {
-    tokio::spawn(async move {
-        // Drops are counted in the source's stats; the log names each queue once.
-        let mut logged = std::collections::HashSet::new();
-        while let Some(job) = rx.recv().await {
-            let group = job.group;
-            if let Err(e) = crate::deadletter::publish_at_most_once(&node, job).await {
-                if logged.insert(group) {
-                    warn!(
-                        "dead letter dropped (further drops for this queue are only counted): {e}"
-                    );
-                }
-            }
-        }
-    });
 }

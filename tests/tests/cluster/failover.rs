@@ -198,28 +198,7 @@ async fn confirmed_messages_survive_leader_crash_and_the_node_catches_up() -> an
         q.members.contains(&leader),
         "the restarted node is still a member: {q:?}"
     );
-    let caught_up = eventually(
-        "the restarted replica to reach the leader's applied index and state digest",
-        Duration::from_secs(60),
-        || {
-            let restarted = restarted.clone();
-            async move {
-                let leader_view = restarted.get_queue(QUEUE).await?;
-                let status = restarted.cluster_status().await?;
-                let Some(local) = status.queues.iter().find(|q| q.name == QUEUE) else {
-                    anyhow::bail!("ClusterStatus of node {leader} does not list {QUEUE}");
-                };
-                ensure!(
-                    local.local_member,
-                    "node {leader} is not a member of {QUEUE}: {local:?}"
-                );
-                let same = local.local_last_applied == leader_view.last_applied
-                    && local.local_state_digest == leader_view.state_digest;
-                Ok(same.then_some((local.local_last_applied, leader_view.commit_index)))
-            }
-        },
-    )
-    .await?;
+    let caught_up = super::wait_caught_up(&restarted, leader, QUEUE).await?;
     info!(
         applied = caught_up.0,
         commit_index = caught_up.1,

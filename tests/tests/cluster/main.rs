@@ -8,6 +8,7 @@ mod deadletter;
 mod failover;
 mod policies;
 mod routing;
+mod shutdown;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -107,4 +108,31 @@ pub fn delivery_count(d: &Delivery) -> Option<i64> {
     qq_client::delivery_headers(d)
         .get("x-delivery-count")
         .and_then(|v| v.as_long())
+}
+
+/// Waits until node `node`'s own replica of `queue` (its `ClusterStatus`) reaches the queue
+/// leader's applied index with the same state digest. Returns (applied index, commit index).
+pub async fn wait_caught_up(client: &Client, node: u64, queue: &str) -> anyhow::Result<(u64, u64)> {
+    qq_tests::eventually(
+        &format!("node {node}'s replica of {queue} to reach the leader's index and digest"),
+        Duration::from_secs(60),
+        || {
+            let client = client.clone();
+            async move {
+                let leader_view = client.get_queue(queue).await?;
+                let status = client.cluster_status().await?;
+                let Some(local) = status.queues.iter().find(|q| q.name == queue) else {
+                    bail!("ClusterStatus of node {node} does not list {queue}");
+                };
+                anyhow::ensure!(
+                    local.local_member,
+                    "node {node} is not a member of {queue}: {local:?}"
+                );
+                let same = local.local_last_applied == leader_view.last_applied
+                    && local.local_state_digest == leader_view.state_digest;
+                Ok(same.then_some((local.local_last_applied, leader_view.commit_index)))
+            }
+        },
+    )
+    .await
 }

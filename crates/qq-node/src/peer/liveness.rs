@@ -48,24 +48,28 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Start one watch per peer.
 pub fn spawn_peer_watches(node: Arc<Node>) {
-    for peer in node.peers.ids() {
-        if peer != node.id {
-            tokio::spawn(watch_peer(node.clone(), peer));
+    for peer in node.peers().ids() {
+        if peer != node.id() {
+            let stopping = node.stopping().clone();
+            let watch = watch_peer(node.clone(), peer);
+            node.tasks().spawn(async move {
+                stopping.run_until_cancelled(watch).await;
+            });
         }
     }
 }
 
 async fn watch_peer(node: Arc<Node>, peer: NodeId) {
-    let Some(address) = node.peers.address(peer).map(str::to_string) else {
+    let Some(address) = node.peers().address(peer).map(str::to_string) else {
         return;
     };
-    let Some(mut client) = node.peers.watch_client(peer) else {
+    let Some(mut client) = node.peers().watch_client(peer) else {
         return;
     };
     // Whether the peer refused a connection since its watch last broke (for the log only).
     let mut down = false;
     loop {
-        if let Ok(response) = client.watch(WatchRequest { from: node.id }).await {
+        if let Ok(response) = client.watch(WatchRequest { from: node.id() }).await {
             if std::mem::take(&mut down) {
                 info!(peer, "peer is serving again");
             }
@@ -107,22 +111,21 @@ async fn probe(address: &str) -> Probe {
 
 /// For every group in which this node follows `dead`, start the handover.
 async fn hand_over_from(node: &Node, dead: NodeId) {
-    let me = node.id;
-    let all = node.peers.ids();
-    let meta_vote = followed_vote(&node.meta_raft, dead);
+    let me = node.id();
+    let all = node.peers().ids();
+    let meta_vote = followed_vote(node.registry().meta_raft(), dead);
     let groups: Vec<_> = node
-        .queues
-        .read()
-        .unwrap()
-        .values()
-        .filter_map(|g| followed_vote(&g.raft, dead).map(|vote| (g.clone(), vote)))
+        .registry()
+        .queues()
+        .into_iter()
+        .filter_map(|g| followed_vote(&g.raft, dead).map(|vote| (g, vote)))
         .collect();
     if meta_vote.is_none() && groups.is_empty() {
         return;
     }
     let others = all.iter().copied().filter(|p| *p != me && *p != dead);
     let answers = futures::future::join_all(others.map(|p| async move {
-        let address = node.peers.address(p).unwrap_or_default();
+        let address = node.peers().address(p).unwrap_or_default();
         (p, probe(address).await)
     }))
     .await;
@@ -132,7 +135,15 @@ async fn hand_over_from(node: &Node, dead: NodeId) {
         .map(|(p, _)| p)
         .collect();
     if let Some(vote) = meta_vote {
-        hand_over(&node.meta_raft, META_GROUP, vote, &all, me, &reachable).await;
+        hand_over(
+            node.registry().meta_raft(),
+            META_GROUP,
+            vote,
+            &all,
+            me,
+            &reachable,
+        )
+        .await;
     }
     for (g, vote) in groups {
         hand_over(&g.raft, g.meta.id, vote, &g.meta.members, me, &reachable).await;

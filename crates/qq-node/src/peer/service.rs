@@ -1,5 +1,11 @@
-//! The node-to-node service: Raft RPCs for any group, forwarded proposals, relayed consumer
-//! sessions and queue info from the leader.
+//! The node-to-node service (`qq.internal.v1.Internal`): Raft RPCs for any group, forwarded
+//! proposals, relayed consumer sessions, queue info from the leader, and the liveness watch.
+//!
+//! It only decodes and dispatches: to the group's Raft ([`crate::groups::registry`]), to the
+//! [`crate::proposer`], or to a consumer session ([`crate::consume::session`]).
+//!
+//! Must not: serve clients; it is the only way into a node's Raft groups and will move to a
+//! port of its own.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,14 +21,18 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::consume::{SessionIn, SessionOut, run_session};
+use crate::consume::relay::RELAY_BOUND;
+use crate::consume::session::{SessionIn, SessionOut, run_session};
 use crate::node::Node;
 
 pub struct InternalService {
-    pub node: Arc<Node>,
-    /// Turns true when the server starts its graceful shutdown: open `Watch` streams end then,
-    /// so they do not hold the shutdown up.
-    pub stopping: tokio::sync::watch::Receiver<bool>,
+    node: Arc<Node>,
+}
+
+impl InternalService {
+    pub fn new(node: Arc<Node>) -> InternalService {
+        InternalService { node }
+    }
 }
 
 fn reply<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> RaftReply {
@@ -89,13 +99,13 @@ impl Internal for InternalService {
             };
         }
         let out = if r.group == META_GROUP {
-            dispatch!(node.meta_raft)
+            dispatch!(node.registry().meta_raft())
         } else {
-            match node.queue_group(r.group) {
+            match node.registry().queue(r.group) {
                 Some(g) => dispatch!(g.raft),
                 None => RaftReply {
                     payload: Default::default(),
-                    error: format!("group {} is not running on node {}", r.group, node.id),
+                    error: format!("group {} is not running on node {}", r.group, node.id()),
                 },
             }
         };
@@ -108,7 +118,10 @@ impl Internal for InternalService {
     ) -> Result<Response<ProposeReply>, Status> {
         let r = request.into_inner();
         Ok(Response::new(
-            self.node.serve_propose(r.group, r.payload.to_vec()).await,
+            self.node
+                .proposer()
+                .serve_propose(r.group, r.payload.to_vec())
+                .await,
         ))
     }
 
@@ -122,15 +135,14 @@ impl Internal for InternalService {
         let (tx, rx) = mpsc::channel(1);
         let _ = tx
             .send(Ok(WatchEvent {
-                node_id: self.node.id,
+                node_id: self.node.id(),
             }))
             .await;
-        let mut stopping = self.stopping.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = tx.closed() => {}
-                _ = stopping.wait_for(|s| *s) => {}
-            }
+        // Open until the watcher goes or this node starts to shut down (its peers then see
+        // the stream end, and a refused connection once the port closes).
+        let stopping = self.node.stopping().clone();
+        self.node.tasks().spawn(async move {
+            stopping.run_until_cancelled(tx.closed()).await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -147,9 +159,10 @@ impl Internal for InternalService {
         let SessionIn::Subscribe(args) = decode::<SessionIn>(&first.payload)? else {
             return Err(Status::invalid_argument("first message must subscribe"));
         };
-        let (in_tx, in_rx) = mpsc::channel(256);
-        tokio::spawn(async move {
-            while let Some(Ok(m)) = input.next().await {
+        let (in_tx, in_rx) = mpsc::channel(RELAY_BOUND);
+        let stopping = self.node.stopping().clone();
+        self.node.tasks().spawn(async move {
+            while let Some(Some(Ok(m))) = stopping.run_until_cancelled(input.next()).await {
                 let Ok(msg) = postcard::from_bytes::<SessionIn>(&m.payload) else {
                     return;
                 };
@@ -158,10 +171,12 @@ impl Internal for InternalService {
                 }
             }
         });
-        let (out_tx, mut out_rx) = mpsc::channel::<SessionOut>(256);
-        tokio::spawn(run_session(self.node.clone(), args, in_rx, out_tx));
-        let (tx, rx) = mpsc::channel(256);
-        tokio::spawn(async move {
+        let (out_tx, mut out_rx) = mpsc::channel::<SessionOut>(RELAY_BOUND);
+        self.node
+            .tasks()
+            .spawn(run_session(self.node.clone(), args, in_rx, out_tx));
+        let (tx, rx) = mpsc::channel(RELAY_BOUND);
+        self.node.tasks().spawn(async move {
             while let Some(m) = out_rx.recv().await {
                 let Ok(payload) = postcard::to_stdvec(&m) else {
                     return;
@@ -185,7 +200,9 @@ impl Internal for InternalService {
         request: Request<QueueInfoRequest>,
     ) -> Result<Response<QueueInfoReply>, Status> {
         Ok(Response::new(
-            self.node.serve_queue_info(request.into_inner().group),
+            self.node
+                .proposer()
+                .serve_queue_info(request.into_inner().group),
         ))
     }
 }

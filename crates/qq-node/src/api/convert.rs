@@ -1,9 +1,11 @@
 //! Conversions between the wire types of `qq.v1` and the pure core's types, and the mapping of
-//! core errors onto gRPC statuses (API.md "Errors").
+//! the core's errors onto gRPC statuses (docs/api.md "Errors"); the node's own errors map in
+//! [`crate::error`].
 
 use std::collections::HashMap;
 
 use qq_core::meta::{ErrorKind, MetaError};
+use qq_core::queue::SettleOutcome;
 use qq_core::{Message, Properties, Table, Value};
 use qq_proto::v1 as pb;
 use tonic::{Code, Status};
@@ -158,5 +160,28 @@ pub fn vhost(v: &str) -> String {
         "/".to_string()
     } else {
         v.to_string()
+    }
+}
+
+/// The settle outcome named by a request's `field`.
+pub fn settle_outcome(v: i32, field: &str) -> Result<SettleOutcome, Status> {
+    match pb::SettleOutcome::try_from(v) {
+        Ok(pb::SettleOutcome::Ack) => Ok(SettleOutcome::Ack),
+        Ok(pb::SettleOutcome::Requeue) => Ok(SettleOutcome::Requeue),
+        Ok(pb::SettleOutcome::Reject) => Ok(SettleOutcome::Reject),
+        _ => Err(Status::invalid_argument(format!(
+            "{field}: must be ACK, REQUEUE or REJECT"
+        ))),
+    }
+}
+
+pub fn delivery_pb(tag: u64, receipt: String, redelivered: bool, m: &Message) -> pb::Delivery {
+    pb::Delivery {
+        delivery_tag: tag,
+        receipt,
+        redelivered,
+        exchange: m.exchange.clone(),
+        routing_key: m.routing_key.clone(),
+        message: Some(message_to_pb(m)),
     }
 }

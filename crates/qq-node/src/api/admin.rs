@@ -1,0 +1,291 @@
+//! Declaring and deleting things: exchanges, queues, bindings, policies, users, permissions,
+//! vhosts. Each handler checks the caller, validates what the metadata machine does not, and
+//! proposes one metadata command; queue purges go to the queue's own group.
+
+use qq_core::meta::{MetaCommand, MetaReply, Perm, hash_password};
+use qq_core::queue::{Command, Reply};
+use qq_proto::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use super::Api;
+use super::convert::{table_from_pb, vhost};
+use crate::clock::now_ms;
+use crate::groups::queue_sm::QueueRequest;
+
+type Empty = Result<Response<pb::Empty>, Status>;
+
+fn empty() -> Empty {
+    Ok(Response::new(pb::Empty {}))
+}
+
+pub async fn declare_exchange(api: &Api, request: Request<pb::DeclareExchangeRequest>) -> Empty {
+    let caller = api.auth.caller(&request)?;
+    let r = request.into_inner();
+    let vhost = vhost(&r.vhost);
+    api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
+    let arguments = table_from_pb("arguments", &r.arguments)?;
+    if r.passive {
+        return match api.node.view().current().exchange(&vhost, &r.name) {
+            Some(_) => empty(),
+            None => Err(Status::not_found(format!(
+                "exchange '{}' in vhost '{vhost}' not found",
+                r.name
+            ))),
+        };
+    }
+    api.meta(MetaCommand::DeclareExchange {
+        vhost,
+        name: r.name,
+        kind: r.r#type,
+        durable: r.durable,
+        auto_delete: r.auto_delete,
+        internal: r.internal,
+        arguments,
+        passive: false,
+    })
+    .await?;
+    empty()
+}
+
+pub async fn delete_exchange(api: &Api, request: Request<pb::DeleteExchangeRequest>) -> Empty {
+    let caller = api.auth.caller(&request)?;
+    let r = request.into_inner();
+    let vhost = vhost(&r.vhost);
+    api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
+    api.meta(MetaCommand::DeleteExchange {
+        vhost,
+        name: r.name,
+        if_unused: r.if_unused,
+    })
+    .await?;
+    empty()
+}
+
+pub async fn declare_queue(
+    api: &Api,
+    request: Request<pb::DeclareQueueRequest>,
+) -> Result<Response<pb::DeclareQueueResponse>, Status> {
+    let caller = api.auth.caller(&request)?;
+    let r = request.into_inner();
+    let vhost = vhost(&r.vhost);
+    if r.name.is_empty() {
+        return Err(Status::invalid_argument(
+            "name: a queue name is required (quorum queues cannot be server-named)",
+        ));
+    }
+    api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
+    let arguments = table_from_pb("arguments", &r.arguments)?;
+    if let Some(dlx) = arguments.get("x-dead-letter-exchange") {
+        api.auth.check(&caller, &vhost, Perm::Read, &r.name)?;
+        if let Some(dlx) = dlx.as_str() {
+            api.auth.check(&caller, &vhost, Perm::Write, dlx)?;
+        }
+    }
+    let qm = if r.passive {
+        api.queue_meta(&vhost, &r.name)?
+    } else {
+        let cmd = MetaCommand::DeclareQueue {
+            vhost: vhost.clone(),
+            name: r.name.clone(),
+            arguments,
+            passive: false,
+            nodes: api.node.peers().ids(),
+        };
+        match api.meta(cmd).await? {
+            MetaReply::QueueDeclared { queue, .. } => queue,
+            other => return Err(Status::internal(format!("unexpected reply {other:?}"))),
+        }
+    };
+    // Wait until the queue's group has a leader, so the queue is usable when we answer.
+    let data = api.node.proposer().queue_info(qm.id).await?;
+    Ok(Response::new(pb::DeclareQueueResponse {
+        name: qm.name,
+        message_count: data.counts.ready,
+        consumer_count: data.counts.consumers,
+    }))
+}
+
+pub async fn delete_queue(
+    api: &Api,
+    request: Request<pb::DeleteQueueRequest>,
+) -> Result<Response<pb::DeleteQueueResponse>, Status> {
+    let caller = api.auth.caller(&request)?;
+    let r = request.into_inner();
+    let vhost = vhost(&r.vhost);
+    api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
+    let qm = api.queue_meta(&vhost, &r.name)?;
+    let data = api.node.proposer().queue_info(qm.id).await.ok();
+    let messages = data
+        .as_ref()
+        .map(|d| d.counts.ready + d.counts.unacked + d.counts.held)
+        .unwrap_or(0);
+    if r.if_unused && data.as_ref().map(|d| d.counts.consumers).unwrap_or(0) > 0 {
+        return Err(Status::failed_precondition(format!(
+            "queue '{}' in vhost '{vhost}' has consumers (if_unused)",
+            r.name
+        )));
+    }
+    if r.if_empty && messages > 0 {
+        return Err(Status::failed_precondition(format!(
+            "queue '{}' in vhost '{vhost}' has {messages} messages (if_empty)",
+            r.name
+        )));
+    }
+    api.meta(MetaCommand::DeleteQueue {
+        vhost,
+        name: r.name,
+    })
+    .await?;
+    Ok(Response::new(pb::DeleteQueueResponse {
+        message_count: messages,
+    }))
+}
+
+pub async fn purge_queue(
+    api: &Api,
+    request: Request<pb::PurgeQueueRequest>,
+) -> Result<Response<pb::PurgeQueueResponse>, Status> {
+    let caller = api.auth.caller(&request)?;
+    let r = request.into_inner();
+    let vhost = vhost(&r.vhost);
+    api.auth.check(&caller, &vhost, Perm::Read, &r.name)?;
+    let qm = api.queue_meta(&vhost, &r.name)?;
+    match api
+        .node
+        .proposer()
+        .propose_queue(qm.id, QueueRequest::command(Command::Purge))
+        .await?
+    {
+        Reply::Purged { count } => Ok(Response::new(pb::PurgeQueueResponse {
+            message_count: count,
+        })),
+        other => Err(Status::internal(format!("unexpected reply {other:?}"))),
+    }
+}
+
+/// Bind or unbind: write on the queue, read on the exchange (as RabbitMQ).
+pub async fn binding(api: &Api, request: Request<pb::BindRequest>, bind: bool) -> Empty {
+    let caller = api.auth.caller(&request)?;
+    let r = request.into_inner();
+    let vhost = vhost(&r.vhost);
+    api.auth.check(&caller, &vhost, Perm::Write, &r.queue)?;
+    api.auth.check(&caller, &vhost, Perm::Read, &r.exchange)?;
+    let arguments = table_from_pb("arguments", &r.arguments)?;
+    let (queue, exchange, routing_key) = (r.queue, r.exchange, r.routing_key);
+    let cmd = if bind {
+        MetaCommand::Bind {
+            vhost,
+            queue,
+            exchange,
+            routing_key,
+            arguments,
+        }
+    } else {
+        MetaCommand::Unbind {
+            vhost,
+            queue,
+            exchange,
+            routing_key,
+            arguments,
+        }
+    };
+    api.meta(cmd).await?;
+    empty()
+}
+
+pub async fn set_policy(api: &Api, request: Request<pb::SetPolicyRequest>) -> Empty {
+    api.admin(&request)?;
+    let r = request.into_inner();
+    let definition = table_from_pb("definition", &r.definition)?;
+    let apply_to = if r.apply_to.is_empty() {
+        "all".to_string()
+    } else {
+        r.apply_to
+    };
+    api.meta(MetaCommand::SetPolicy {
+        vhost: vhost(&r.vhost),
+        name: r.name,
+        pattern: r.pattern,
+        apply_to,
+        priority: r.priority,
+        definition,
+    })
+    .await?;
+    empty()
+}
+
+pub async fn clear_policy(api: &Api, request: Request<pb::ClearPolicyRequest>) -> Empty {
+    api.admin(&request)?;
+    let r = request.into_inner();
+    api.meta(MetaCommand::ClearPolicy {
+        vhost: vhost(&r.vhost),
+        name: r.name,
+    })
+    .await?;
+    empty()
+}
+
+pub async fn put_user(api: &Api, request: Request<pb::PutUserRequest>) -> Empty {
+    api.admin(&request)?;
+    let r = request.into_inner();
+    if r.name.is_empty() {
+        return Err(Status::invalid_argument("name: a user name is required"));
+    }
+    if r.password.is_empty() {
+        return Err(Status::invalid_argument("password: must not be empty"));
+    }
+    let salt = format!(
+        "{}-{}-{}",
+        api.node.id(),
+        now_ms(),
+        api.node.next_consumer_id()
+    )
+    .into_bytes();
+    let password_hash = hash_password(&r.password, &salt);
+    api.meta(MetaCommand::PutUser {
+        name: r.name,
+        password_hash,
+        salt,
+        tags: r.tags,
+    })
+    .await?;
+    empty()
+}
+
+pub async fn delete_user(api: &Api, request: Request<pb::DeleteUserRequest>) -> Empty {
+    api.admin(&request)?;
+    let name = request.into_inner().name;
+    api.meta(MetaCommand::DeleteUser { name }).await?;
+    empty()
+}
+
+pub async fn set_permissions(api: &Api, request: Request<pb::SetPermissionsRequest>) -> Empty {
+    api.admin(&request)?;
+    let r = request.into_inner();
+    api.meta(MetaCommand::SetPermissions {
+        user: r.user,
+        vhost: vhost(&r.vhost),
+        configure: r.configure,
+        write: r.write,
+        read: r.read,
+    })
+    .await?;
+    empty()
+}
+
+pub async fn put_vhost(api: &Api, request: Request<pb::PutVhostRequest>) -> Empty {
+    api.admin(&request)?;
+    let name = request.into_inner().name;
+    if name.is_empty() {
+        return Err(Status::invalid_argument("name: a vhost name is required"));
+    }
+    api.meta(MetaCommand::PutVhost { name }).await?;
+    empty()
+}
+
+pub async fn delete_vhost(api: &Api, request: Request<pb::DeleteVhostRequest>) -> Empty {
+    api.admin(&request)?;
+    let name = request.into_inner().name;
+    api.meta(MetaCommand::DeleteVhost { name }).await?;
+    empty()
+}

@@ -1,0 +1,246 @@
+//! `Get`, `Settle` and `Consume`: taking messages out of a queue.
+//!
+//! `Get` and `Settle` propose to the queue's group directly. `Consume` opens a session on the
+//! queue's leader ([`crate::consume`]) and adapts its messages to the stream's.
+//!
+//! Bounds: [`STREAM_BOUND`] messages each way between the client's stream and the session
+//! (full: the adapter stops reading until the other side takes them).
+
+use futures::StreamExt;
+use qq_core::meta::{Perm, QueueMeta};
+use qq_core::queue::{Command, GET_CONSUMER, Reply};
+use qq_proto::v1 as pb;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::auth::Caller;
+use super::convert::{delivery_pb, settle_outcome, vhost};
+use super::{Api, BoxStream};
+use crate::clock::now_ms;
+use crate::consume::relay::start_session;
+use crate::consume::session::{SessionIn, SessionOut, SubscribeArgs};
+use crate::groups::queue_sm::QueueRequest;
+
+/// Messages buffered each way between a client's consume stream and its session, at most.
+pub const STREAM_BOUND: usize = 256;
+
+/// The lease of a Get when the request names none.
+const DEFAULT_GET_LEASE_MS: u64 = 30_000;
+
+pub async fn get(
+    api: &Api,
+    request: Request<pb::GetRequest>,
+) -> Result<Response<pb::GetResponse>, Status> {
+    let caller = api.auth.caller(&request)?;
+    let r = request.into_inner();
+    let vhost = vhost(&r.vhost);
+    api.auth.check(&caller, &vhost, Perm::Read, &r.queue)?;
+    let qm = api.queue_meta(&vhost, &r.queue)?;
+    let lease_ms = if r.lease_ms == 0 {
+        DEFAULT_GET_LEASE_MS
+    } else {
+        r.lease_ms
+    };
+    let cmd = Command::Get {
+        now_ms: now_ms(),
+        lease_ms,
+        auto_ack: r.auto_ack,
+    };
+    let out = api
+        .node
+        .proposer()
+        .propose_queue_full(qm.id, QueueRequest::command(cmd))
+        .await?;
+    let Reply::Got {
+        delivery,
+        message_count,
+    } = out.reply
+    else {
+        return Err(Status::internal(format!(
+            "unexpected reply {:?}",
+            out.reply
+        )));
+    };
+    let delivery = match (delivery, out.message) {
+        (Some(d), Some(mut m)) => {
+            if d.delivery_count > 0 {
+                m.properties.headers.insert(
+                    "x-delivery-count".into(),
+                    qq_core::Value::Long(d.delivery_count as i64),
+                );
+            }
+            let receipt = if r.auto_ack {
+                String::new()
+            } else {
+                format!("{}-{}", qm.id, d.id)
+            };
+            Some(delivery_pb(0, receipt, d.redelivered, &m))
+        }
+        _ => None,
+    };
+    Ok(Response::new(pb::GetResponse {
+        delivery,
+        message_count,
+    }))
+}
+
+pub async fn settle(
+    api: &Api,
+    request: Request<pb::SettleRequest>,
+) -> Result<Response<pb::Empty>, Status> {
+    let caller = api.auth.caller(&request)?;
+    let r = request.into_inner();
+    let outcome = settle_outcome(r.outcome, "outcome")?;
+    let mut by_group: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+    for receipt in &r.receipts {
+        let parsed = receipt
+            .split_once('-')
+            .and_then(|(g, m)| Some((g.parse::<u64>().ok()?, m.parse::<u64>().ok()?)));
+        let (group, id) = parsed.ok_or_else(|| {
+            Status::invalid_argument(format!("receipts: '{receipt}' is not a receipt from Get"))
+        })?;
+        by_group.entry(group).or_default().push(id);
+    }
+    for (group, ids) in by_group {
+        let qm: QueueMeta = api.node.view().queue_by_id(group).ok_or_else(|| {
+            Status::not_found(format!(
+                "receipts: the queue of receipt group {group} no longer exists"
+            ))
+        })?;
+        api.auth.check(&caller, &qm.vhost, Perm::Read, &qm.name)?;
+        let cmd = Command::Settle {
+            now_ms: now_ms(),
+            consumer: GET_CONSUMER,
+            ids,
+            outcome,
+        };
+        let reply = api
+            .node
+            .proposer()
+            .propose_queue(group, QueueRequest::command(cmd))
+            .await?;
+        if let Reply::Error { detail } = reply {
+            return Err(Status::not_found(format!("receipts: {detail}")));
+        }
+    }
+    Ok(Response::new(pb::Empty {}))
+}
+
+pub async fn consume(
+    api: &Api,
+    request: Request<Streaming<pb::ConsumeRequest>>,
+) -> Result<Response<BoxStream<pb::ConsumeResponse>>, Status> {
+    use pb::consume_request::Request as Req;
+    let caller = api.auth.caller(&request)?;
+    let mut input = request.into_inner();
+    let first = input.next().await.ok_or_else(|| {
+        Status::invalid_argument("subscribe: the first request must be subscribe")
+    })??;
+    let Some(Req::Subscribe(sub)) = first.request else {
+        return Err(Status::invalid_argument(
+            "subscribe: the first request must be subscribe",
+        ));
+    };
+    let args = subscribe_args(api, &caller, sub)?;
+    let (in_tx, in_rx) = mpsc::channel::<SessionIn>(STREAM_BOUND);
+    let stopping = api.node.stopping().clone();
+    api.node
+        .tasks()
+        .spawn(pump_requests(input, in_tx, stopping));
+    let (out_tx, out_rx) = mpsc::channel::<SessionOut>(STREAM_BOUND);
+    start_session(api.node.clone(), args, in_rx, out_tx).await?;
+    let (tx, rx) = mpsc::channel(STREAM_BOUND);
+    api.node.tasks().spawn(pump_responses(out_rx, tx));
+    Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+}
+
+/// Check a subscribe request and make the session's arguments.
+fn subscribe_args(api: &Api, caller: &Caller, sub: pb::Subscribe) -> Result<SubscribeArgs, Status> {
+    let vhost = vhost(&sub.vhost);
+    api.auth.check(caller, &vhost, Perm::Read, &sub.queue)?;
+    let qm = api.queue_meta(&vhost, &sub.queue)?;
+    let max_prefetch = api.node.config().max_prefetch;
+    if sub.prefetch_count > max_prefetch {
+        return Err(Status::resource_exhausted(format!(
+            "prefetch_count: {} exceeds the node's max_prefetch {max_prefetch}",
+            sub.prefetch_count
+        )));
+    }
+    let consumer_tag = if sub.consumer_tag.is_empty() {
+        format!("ctag-{}", api.node.next_consumer_id())
+    } else {
+        sub.consumer_tag
+    };
+    Ok(SubscribeArgs {
+        group: qm.id,
+        consumer_tag,
+        prefetch: sub.prefetch_count,
+        auto_ack: sub.auto_ack,
+    })
+}
+
+/// Client requests → session input, until either ends or the node stops.
+async fn pump_requests(
+    mut input: Streaming<pb::ConsumeRequest>,
+    in_tx: mpsc::Sender<SessionIn>,
+    stopping: CancellationToken,
+) {
+    use pb::consume_request::Request as Req;
+    while let Some(Some(Ok(req))) = stopping.run_until_cancelled(input.next()).await {
+        let msg = match req.request {
+            Some(Req::Settle(s)) => match settle_outcome(s.outcome, "settle.outcome") {
+                Ok(outcome) => SessionIn::Settle {
+                    tags: s.delivery_tags,
+                    multiple: s.multiple,
+                    outcome,
+                },
+                Err(_) => SessionIn::Cancel,
+            },
+            Some(Req::Cancel(_)) => SessionIn::Cancel,
+            Some(Req::Subscribe(_)) | None => SessionIn::Subscribe(SubscribeArgs {
+                group: 0,
+                consumer_tag: String::new(),
+                prefetch: 0,
+                auto_ack: false,
+            }),
+        };
+        if in_tx.send(msg).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Session output → the client's stream; an error ends it.
+async fn pump_responses(
+    mut out_rx: mpsc::Receiver<SessionOut>,
+    tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>,
+) {
+    use pb::consume_response::Response as R;
+    while let Some(out) = out_rx.recv().await {
+        let response = match out {
+            SessionOut::Subscribed { consumer_tag } => {
+                R::Subscribed(pb::Subscribed { consumer_tag })
+            }
+            SessionOut::Delivery {
+                tag,
+                redelivered,
+                message,
+            } => R::Delivery(delivery_pb(tag, String::new(), redelivered, &message)),
+            SessionOut::Cancelled { reason } => R::Cancelled(pb::Cancelled { reason }),
+            SessionOut::Error { code, message } => {
+                let _ = tx
+                    .send(Err(Status::new(tonic::Code::from_i32(code), message)))
+                    .await;
+                return;
+            }
+        };
+        let item = pb::ConsumeResponse {
+            response: Some(response),
+        };
+        if tx.send(Ok(item)).await.is_err() {
+            return;
+        }
+    }
+}

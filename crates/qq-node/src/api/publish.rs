@@ -1,0 +1,301 @@
+//! `Publish` and `PublishStream`: validate, route with the metadata view, commit to every
+//! routed queue through the shared [`crate::enqueue`] path, and confirm.
+//!
+//! A confirm (CONFIRMED) means every routed queue committed the message: fsynced on a majority
+//! of its members. A queue that refuses it (reject-publish limits) makes it REJECTED with the
+//! queue's reason; a bad message fails its own seq, not the stream.
+//!
+//! Bounds: a stream is read in batches of at most `max_inflight_publishes` (and
+//! [`MAX_BATCH`]) messages; one batch is committed at a time, so the stream's order holds and
+//! the client's window backs up while a batch commits. [`STREAM_ANSWERS_BOUND`] answers wait
+//! for the client, at most.
+
+use futures::StreamExt;
+use qq_core::Message;
+use qq_core::meta::Perm;
+use qq_core::queue::{MsgHeader, Reply};
+use qq_proto::v1 as pb;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::auth::Caller;
+use super::convert::{message_from_pb, meta_error_to_status, parse_expiration, vhost};
+use super::{Api, BoxStream};
+use crate::enqueue::{self, Routed};
+use crate::groups::queue_sm::MAX_BATCH;
+
+/// Answers buffered for a publish stream's client, at most.
+pub const STREAM_ANSWERS_BOUND: usize = 4096;
+
+/// What [`prepare`] decided for one publish.
+enum Prepared {
+    /// Answered without enqueueing (unroutable).
+    Done(pb::PublishResponse),
+    Route {
+        targets: Vec<(u64, String)>,
+        header: MsgHeader,
+        encoded: Vec<u8>,
+    },
+}
+
+/// Validate and route one publish.
+fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepared, Status> {
+    let vhost = vhost(&req.vhost);
+    api.auth.check(caller, &vhost, Perm::Write, &req.exchange)?;
+    let max = api.node.config().max_message_bytes;
+    let size = req.message.as_ref().map(|m| m.body.len()).unwrap_or(0);
+    if size > max {
+        return Err(Status::resource_exhausted(format!(
+            "message.body: {size} bytes exceeds max_message_bytes {max}"
+        )));
+    }
+    let meta_err = |e: qq_core::meta::MetaError| meta_error_to_status(&e);
+    let (mut properties, body) = message_from_pb(req.message.as_ref())?;
+    qq_core::route::validate_sender_selected(&properties.headers).map_err(meta_err)?;
+    qq_core::deadletter::strip_client_death_headers(&mut properties.headers);
+    let keys = qq_core::route::routing_keys(&req.routing_key, &properties.headers);
+    let state = api.node.view().current();
+    if let Some(x) = state.exchange(&vhost, &req.exchange) {
+        if x.internal {
+            return Err(Status::permission_denied(format!(
+                "exchange: '{}' in vhost '{vhost}' is internal and cannot be published to",
+                req.exchange
+            )));
+        }
+    }
+    let targets = state
+        .route(&vhost, &req.exchange, &keys, &properties.headers)
+        .map_err(meta_err)?;
+    if targets.is_empty() {
+        return Ok(Prepared::Done(unroutable(&req)));
+    }
+    let visible = qq_core::route::visible_routing_keys(&req.routing_key, &properties.headers).len();
+    let bcc = keys[visible..].to_vec();
+    qq_core::route::strip_bcc(&mut properties.headers);
+    let expiration_ms = if properties.expiration.is_empty() {
+        None
+    } else {
+        Some(parse_expiration(&properties.expiration)?)
+    };
+    let message = Message {
+        properties,
+        body,
+        exchange: req.exchange,
+        routing_key: req.routing_key,
+        bcc,
+    };
+    let encoded = postcard::to_stdvec(&message)
+        .map_err(|e| Status::internal(format!("encode message: {e}")))?;
+    let header = MsgHeader {
+        size_bytes: message.body.len() as u64,
+        expiration_ms,
+    };
+    Ok(Prepared::Route {
+        targets: targets.into_iter().map(|q| (q.id, q.name)).collect(),
+        header,
+        encoded,
+    })
+}
+
+/// The answer to a publish no queue is bound for: CONFIRMED, or UNROUTABLE if mandatory.
+fn unroutable(req: &pb::PublishRequest) -> pb::PublishResponse {
+    let (outcome, detail) = if req.mandatory {
+        (
+            pb::PublishOutcome::Unroutable,
+            format!(
+                "no queue is bound to exchange '{}' for key '{}'",
+                req.exchange, req.routing_key
+            ),
+        )
+    } else {
+        (pb::PublishOutcome::Confirmed, String::new())
+    };
+    pb::PublishResponse {
+        seq: req.seq,
+        outcome: outcome as i32,
+        detail,
+    }
+}
+
+/// `Some(detail)` when the queue refused the message (reject-publish limits).
+fn refusal(queue: &str, reply: &Reply) -> Result<Option<String>, Status> {
+    match reply {
+        Reply::Enqueued { .. } | Reply::Duplicate => Ok(None),
+        Reply::Rejected { detail } | Reply::RejectedDeadLettered { detail, .. } => {
+            Ok(Some(detail.clone()))
+        }
+        other => Err(Status::internal(format!(
+            "queue '{queue}': unexpected reply {other:?}"
+        ))),
+    }
+}
+
+fn answer(seq: u64, rejected: Vec<String>) -> pb::PublishResponse {
+    if rejected.is_empty() {
+        pb::PublishResponse {
+            seq,
+            outcome: pb::PublishOutcome::Confirmed as i32,
+            detail: String::new(),
+        }
+    } else {
+        pb::PublishResponse {
+            seq,
+            outcome: pb::PublishOutcome::Rejected as i32,
+            detail: rejected.join("; "),
+        }
+    }
+}
+
+/// Validate and route a batch (what one stream delivered at once) in order; a bad message
+/// fails its own seq, not the stream.
+fn prepare_batch(
+    api: &Api,
+    caller: &Caller,
+    batch: Vec<pb::PublishRequest>,
+) -> Vec<(u64, Prepared)> {
+    batch
+        .into_iter()
+        .map(|req| {
+            let seq = req.seq;
+            let prepared = prepare(api, caller, req).unwrap_or_else(|status| {
+                Prepared::Done(pb::PublishResponse {
+                    seq,
+                    outcome: pb::PublishOutcome::Rejected as i32,
+                    detail: format!("{:?}: {}", status.code(), status.message()),
+                })
+            });
+            (seq, prepared)
+        })
+        .collect()
+}
+
+/// Commit prepared publishes with one Raft entry per target queue; answers in order.
+async fn commit(
+    api: &Api,
+    batch: Vec<(u64, Prepared)>,
+) -> Result<Vec<pb::PublishResponse>, Status> {
+    let enqueuer = api.node.enqueuer();
+    let mut answers: Vec<(u64, Option<pb::PublishResponse>)> = Vec::with_capacity(batch.len());
+    let mut copies: Vec<Vec<Routed>> = Vec::with_capacity(batch.len());
+    for (seq, prepared) in batch {
+        match prepared {
+            Prepared::Done(r) => {
+                answers.push((seq, Some(r)));
+                copies.push(Vec::new());
+            }
+            Prepared::Route {
+                targets,
+                header,
+                encoded,
+            } => {
+                answers.push((seq, None));
+                copies.push(
+                    targets
+                        .into_iter()
+                        .map(|(target, name)| Routed {
+                            target,
+                            name,
+                            // A fresh idempotency key: the node's own retries store it once.
+                            request: enqueue::request(
+                                &header,
+                                &encoded,
+                                enqueuer.next_publish_key(),
+                            ),
+                        })
+                        .collect(),
+                );
+            }
+        }
+    }
+    let replies = enqueuer.commit(copies).await;
+    let mut out = Vec::with_capacity(answers.len());
+    for ((seq, done), targets) in answers.into_iter().zip(replies) {
+        if let Some(r) = done {
+            out.push(r);
+            continue;
+        }
+        let mut rejected = Vec::new();
+        for t in targets {
+            if let Some(detail) = refusal(&t.name, &t.reply?)? {
+                rejected.push(detail);
+            }
+        }
+        out.push(answer(seq, rejected));
+    }
+    Ok(out)
+}
+
+pub async fn publish(
+    api: &Api,
+    request: Request<pb::PublishRequest>,
+) -> Result<Response<pb::PublishResponse>, Status> {
+    let caller = api.auth.caller(&request)?;
+    let req = request.into_inner();
+    let seq = req.seq;
+    // A bad message fails the call (on a stream, only its seq).
+    let prepared = prepare(api, &caller, req)?;
+    let mut answers = commit(api, vec![(seq, prepared)]).await?;
+    let answer = answers
+        .pop()
+        .ok_or_else(|| Status::internal("publish: no answer"))?;
+    Ok(Response::new(answer))
+}
+
+pub async fn publish_stream(
+    api: &Api,
+    request: Request<Streaming<pb::PublishRequest>>,
+) -> Result<Response<BoxStream<pb::PublishResponse>>, Status> {
+    use futures::FutureExt;
+    let caller = api.auth.caller(&request)?;
+    let mut input = request.into_inner();
+    let (tx, rx) = mpsc::channel(STREAM_ANSWERS_BOUND);
+    // One batch in flight at a time keeps the stream's order; a batch is everything that
+    // arrived while the previous one was being committed (bounded).
+    let max_batch = api.node.config().max_inflight_publishes.min(MAX_BATCH);
+    let api = api.clone();
+    let stopping = api.node.stopping().clone();
+    api.node.tasks().clone().spawn(async move {
+        loop {
+            let first = match stopping.run_until_cancelled(input.next()).await {
+                Some(Some(Ok(r))) => r,
+                Some(Some(Err(_))) | Some(None) => return,
+                None => {
+                    let _ = tx
+                        .send(Err(crate::error::NodeError::ShuttingDown.into()))
+                        .await;
+                    return;
+                }
+            };
+            let mut batch = vec![first];
+            let mut closed = false;
+            while batch.len() < max_batch {
+                match input.next().now_or_never() {
+                    Some(Some(Ok(r))) => batch.push(r),
+                    Some(Some(Err(_))) | Some(None) => {
+                        closed = true;
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            match commit(&api, prepare_batch(&api, &caller, batch)).await {
+                Ok(answers) => {
+                    for a in answers {
+                        if tx.send(Ok(a)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(status) => {
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
+            }
+            if closed {
+                return;
+            }
+        }
+    });
+    Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+}

@@ -1,0 +1,278 @@
+//! Reading the broker's state: lists of queues, exchanges, bindings and policies, one queue's
+//! live information (from its leader), the cluster's status and the overview.
+//!
+//! Lists come from the metadata view; message counts come from each queue's leader, wherever
+//! it is ([`crate::proposer::Proposer::queue_info`]).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::future::join_all;
+use qq_core::Strategy;
+use qq_core::meta::QueueMeta;
+use qq_core::policy;
+use qq_proto::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use super::Api;
+use super::convert::{table_to_pb, vhost};
+use crate::groups::registry::QueueInfoData;
+
+/// How long `ClusterStatus` waits for each peer's answer.
+const REACH_TIMEOUT: Duration = Duration::from_millis(800);
+
+fn queue_info_pb(qm: &QueueMeta, data: Option<QueueInfoData>) -> pb::QueueInfo {
+    let c = &qm.config;
+    let effective = pb::EffectiveConfig {
+        dead_letter_exchange: c.dead_letter_exchange.clone().unwrap_or_default(),
+        has_dead_letter_exchange: c.dead_letter_exchange.is_some(),
+        dead_letter_routing_key: c.dead_letter_routing_key.clone().unwrap_or_default(),
+        dead_letter_strategy: c.dead_letter_strategy.as_str().to_string(),
+        overflow: policy::overflow_name(c.overflow).to_string(),
+        max_length: c.max_length,
+        max_length_bytes: c.max_length_bytes,
+        message_ttl_ms: c.message_ttl_ms,
+        expires_ms: c.expires_ms,
+        delivery_limit: c.delivery_limit,
+        single_active_consumer: c.single_active_consumer,
+        note: c.note.clone().unwrap_or_default(),
+    };
+    let mut info = pb::QueueInfo {
+        name: qm.name.clone(),
+        vhost: qm.vhost.clone(),
+        arguments: table_to_pb(&qm.arguments),
+        policy: c.policy.clone().unwrap_or_default(),
+        effective: Some(effective),
+        members: qm.members.clone(),
+        id: qm.id,
+        ..Default::default()
+    };
+    if let Some(d) = data {
+        info.messages = d.counts.ready + d.counts.unacked + d.counts.held;
+        info.messages_ready = d.counts.ready;
+        info.messages_unacked = d.counts.unacked;
+        info.messages_dead_letter_held = d.counts.held;
+        info.consumers = d.counts.consumers;
+        info.leader = d.leader;
+        info.raft_term = d.term;
+        info.commit_index = d.commit_index;
+        info.last_applied = d.last_applied;
+        info.state_digest = d.digest;
+    }
+    info
+}
+
+/// Answer NOT_FOUND for a vhost that does not exist.
+fn require_vhost(api: &Api, vhost: &str) -> Result<(), Status> {
+    if api.node.view().current().vhost_exists(vhost) {
+        Ok(())
+    } else {
+        Err(Status::not_found(format!("vhost '{vhost}' not found")))
+    }
+}
+
+pub async fn list_policies(
+    api: &Api,
+    request: Request<pb::ListPoliciesRequest>,
+) -> Result<Response<pb::ListPoliciesResponse>, Status> {
+    api.auth.caller(&request)?;
+    let v = vhost(&request.get_ref().vhost);
+    require_vhost(api, &v)?;
+    let policies = api
+        .node
+        .view()
+        .current()
+        .policies(&v)
+        .map(|p| pb::Policy {
+            vhost: v.clone(),
+            name: p.name.clone(),
+            pattern: p.pattern.clone(),
+            apply_to: p.apply_to.clone(),
+            priority: p.priority,
+            definition: table_to_pb(&p.definition),
+        })
+        .collect();
+    Ok(Response::new(pb::ListPoliciesResponse { policies }))
+}
+
+pub async fn list_queues(
+    api: &Api,
+    request: Request<pb::ListQueuesRequest>,
+) -> Result<Response<pb::ListQueuesResponse>, Status> {
+    api.auth.caller(&request)?;
+    let v = vhost(&request.get_ref().vhost);
+    require_vhost(api, &v)?;
+    let queues: Vec<QueueMeta> = api
+        .node
+        .view()
+        .current()
+        .queues()
+        .filter(|q| q.vhost == v)
+        .cloned()
+        .collect();
+    let proposer = api.node.proposer();
+    let infos = join_all(queues.iter().map(|q| proposer.queue_info(q.id))).await;
+    let queues = queues
+        .iter()
+        .zip(infos)
+        .map(|(q, d)| queue_info_pb(q, d.ok()))
+        .collect();
+    Ok(Response::new(pb::ListQueuesResponse { queues }))
+}
+
+pub async fn get_queue(
+    api: &Api,
+    request: Request<pb::GetQueueRequest>,
+) -> Result<Response<pb::QueueInfo>, Status> {
+    api.auth.caller(&request)?;
+    let r = request.into_inner();
+    let qm = api.queue_meta(&vhost(&r.vhost), &r.name)?;
+    let data = api.node.proposer().queue_info(qm.id).await?;
+    Ok(Response::new(queue_info_pb(&qm, Some(data))))
+}
+
+pub async fn list_exchanges(
+    api: &Api,
+    request: Request<pb::ListExchangesRequest>,
+) -> Result<Response<pb::ListExchangesResponse>, Status> {
+    api.auth.caller(&request)?;
+    let v = vhost(&request.get_ref().vhost);
+    require_vhost(api, &v)?;
+    let exchanges = api
+        .node
+        .view()
+        .current()
+        .exchanges(&v)
+        .map(|x| pb::ExchangeInfo {
+            vhost: v.clone(),
+            name: x.name.clone(),
+            r#type: x.kind.as_str().to_string(),
+            durable: x.durable,
+            auto_delete: x.auto_delete,
+            internal: x.internal,
+            arguments: table_to_pb(&x.arguments),
+        })
+        .collect();
+    Ok(Response::new(pb::ListExchangesResponse { exchanges }))
+}
+
+pub async fn list_bindings(
+    api: &Api,
+    request: Request<pb::ListBindingsRequest>,
+) -> Result<Response<pb::ListBindingsResponse>, Status> {
+    api.auth.caller(&request)?;
+    let v = vhost(&request.get_ref().vhost);
+    require_vhost(api, &v)?;
+    let bindings = api
+        .node
+        .view()
+        .current()
+        .bindings(&v)
+        .map(|b| pb::BindingInfo {
+            vhost: v.clone(),
+            exchange: b.source.clone(),
+            queue: b.destination.clone(),
+            routing_key: b.routing_key.clone(),
+            arguments: table_to_pb(&b.arguments),
+        })
+        .collect();
+    Ok(Response::new(pb::ListBindingsResponse { bindings }))
+}
+
+pub async fn cluster_status(
+    api: &Api,
+    request: Request<pb::ClusterStatusRequest>,
+) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+    api.auth.caller(&request)?;
+    let node = &api.node;
+    let peers = node.peers();
+    let reach = join_all(peers.ids().into_iter().map(|id| async move {
+        if id == node.id() {
+            return (id, true);
+        }
+        let Some(mut client) = peers.client(id) else {
+            return (id, false);
+        };
+        let mut req = tonic::Request::new(qq_proto::internal::QueueInfoRequest { group: 0 });
+        req.set_timeout(REACH_TIMEOUT);
+        (id, client.queue_info(req).await.is_ok())
+    }))
+    .await;
+    let nodes = reach
+        .into_iter()
+        .map(|(id, reachable)| pb::NodeStatus {
+            id,
+            address: peers.address(id).unwrap_or_default().to_string(),
+            reachable,
+        })
+        .collect();
+    let registry = node.registry();
+    let queues = node
+        .view()
+        .current()
+        .queues()
+        .map(|q| {
+            let local = registry.local_queue_info(q.id, false);
+            pb::QueueLeader {
+                vhost: q.vhost.clone(),
+                name: q.name.clone(),
+                leader: registry.known_leader(q.id).unwrap_or(0),
+                members: q.members.clone(),
+                local_member: local.is_some(),
+                local_last_applied: local.as_ref().map(|l| l.last_applied).unwrap_or(0),
+                local_state_digest: local.as_ref().map(|l| l.digest).unwrap_or(0),
+                local_term: local.as_ref().map(|l| l.term).unwrap_or(0),
+            }
+        })
+        .collect();
+    Ok(Response::new(pb::ClusterStatusResponse {
+        nodes,
+        metadata_leader: registry.known_leader(0).unwrap_or(0),
+        queues,
+        node_id: node.id(),
+    }))
+}
+
+pub async fn overview(
+    api: &Api,
+    request: Request<pb::OverviewRequest>,
+) -> Result<Response<pb::OverviewResponse>, Status> {
+    api.auth.caller(&request)?;
+    let metas: Vec<QueueMeta> = api.node.view().current().queues().cloned().collect();
+    let proposer = api.node.proposer();
+    let infos = join_all(metas.iter().map(|q| proposer.queue_info(q.id))).await;
+    let mut o = pb::OverviewResponse {
+        queues: metas.len() as u64,
+        node_id: api.node.id(),
+        ..Default::default()
+    };
+    let mut dl: BTreeMap<(&'static str, &'static str), u64> = BTreeMap::new();
+    for reason in qq_core::Reason::ALL {
+        for strategy in [
+            Strategy::Disabled,
+            Strategy::AtMostOnce,
+            Strategy::AtLeastOnce,
+        ] {
+            dl.insert((reason.as_str(), strategy.as_str()), 0);
+        }
+    }
+    for d in infos.into_iter().flatten() {
+        o.messages += d.counts.ready + d.counts.unacked + d.counts.held;
+        o.messages_ready += d.counts.ready;
+        o.messages_unacked += d.counts.unacked;
+        o.consumers += d.counts.consumers;
+        for (reason, strategy, n) in d.stats.dead_lettered_all() {
+            *dl.entry((reason.as_str(), strategy.as_str())).or_default() += n;
+        }
+        o.messages_dead_lettered_confirmed_total += d.stats.dead_lettered_confirmed;
+    }
+    o.messages_dead_lettered_total = dl
+        .into_iter()
+        .map(|((reason, strategy), count)| pb::DeadLetterCount {
+            reason: reason.into(),
+            strategy: strategy.into(),
+            count,
+        })
+        .collect();
+    Ok(Response::new(o))
+}

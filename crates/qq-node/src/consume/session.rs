@@ -1,0 +1,357 @@
+//! Consumer sessions. A session always runs on the queue's leader, where the state machine's
+//! deliveries are carried out; a client attached to another node is relayed over the internal
+//! service ([`super::relay`]). When the leader changes, the session ends with UNAVAILABLE and
+//! the new leader returns the consumer's unacked messages to the queue (they count as failed
+//! deliveries). When the node shuts down, the session ends with UNAVAILABLE too.
+//!
+//! Bounds: the inbox from the state machine holds what the prefetch allows
+//! ([`crate::groups::queue_sm::UNLIMITED_PREFETCH_BUFFER`] without one); settles wait for the
+//! log in a channel of [`SETTLES_BOUND`] (full: the session stops reading the client's
+//! settles until the log catches up).
+//!
+//! Must not: decide what a settle does to a message (the queue state machine does).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use qq_core::queue::{Command, SettleOutcome};
+use qq_core::{ConsumerId, Message, MessageId, Value};
+use qq_raft::GroupId;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+use tracing::debug;
+
+use crate::clock::now_ms;
+use crate::groups::queue_sm::{ConsumerEvent, QueueRequest};
+use crate::node::Node;
+use crate::proposer::Proposer;
+
+/// Settle commands waiting for the log, at most, per session.
+pub const SETTLES_BOUND: usize = 1024;
+
+type Settler = (SettleTx, tokio::task::JoinHandle<()>);
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubscribeArgs {
+    pub group: GroupId,
+    pub consumer_tag: String,
+    pub prefetch: u32,
+    pub auto_ack: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum SessionIn {
+    Subscribe(SubscribeArgs),
+    Settle {
+        tags: Vec<u64>,
+        multiple: bool,
+        outcome: SettleOutcome,
+    },
+    Cancel,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum SessionOut {
+    Subscribed {
+        consumer_tag: String,
+    },
+    Delivery {
+        tag: u64,
+        redelivered: bool,
+        message: Message,
+    },
+    Cancelled {
+        reason: String,
+    },
+    /// The session ended with this gRPC status code and message.
+    Error {
+        code: i32,
+        message: String,
+    },
+}
+
+fn error(code: Code, message: impl Into<String>) -> SessionOut {
+    SessionOut::Error {
+        code: code as i32,
+        message: message.into(),
+    }
+}
+
+/// Settle commands on their way to the log: (message ids, outcome).
+type SettleTx = mpsc::Sender<(Vec<MessageId>, SettleOutcome)>;
+
+/// Run a consumer session on this node, which must lead the queue.
+pub async fn run_session(
+    node: Arc<Node>,
+    args: SubscribeArgs,
+    input: mpsc::Receiver<SessionIn>,
+    out: mpsc::Sender<SessionOut>,
+) {
+    let group = args.group;
+    let registry = node.registry();
+    let Some(g) = registry
+        .queue(group)
+        .filter(|_| registry.is_queue_leader(group))
+    else {
+        let _ = out
+            .send(error(
+                Code::Unavailable,
+                "this node does not lead the queue any more; retry",
+            ))
+            .await;
+        return;
+    };
+    let consumer: ConsumerId = node.next_consumer_id();
+    let events = g.machine.register_consumer(consumer, args.prefetch);
+    let checkout = Command::Checkout {
+        now_ms: now_ms(),
+        consumer,
+        node: node.id(),
+        prefetch: args.prefetch,
+    };
+    if let Err(e) = node
+        .proposer()
+        .propose_queue(group, QueueRequest::command(checkout))
+        .await
+    {
+        g.machine.unregister_consumer(consumer);
+        let status = tonic::Status::from(e);
+        let _ = out.send(error(status.code(), status.message())).await;
+        return;
+    }
+    let subscribed = SessionOut::Subscribed {
+        consumer_tag: args.consumer_tag.clone(),
+    };
+    if out.send(subscribed).await.is_err() {
+        finish(&node, group, consumer, None).await;
+        return;
+    }
+    let (settle_tx, settle_rx) = mpsc::channel(SETTLES_BOUND);
+    let settler = node.tasks().spawn(run_settler(
+        node.proposer().clone(),
+        group,
+        consumer,
+        settle_rx,
+    ));
+    let mut session = Session {
+        auto_ack: args.auto_ack,
+        out,
+        settle_tx,
+        next_tag: 1,
+        unsettled: BTreeMap::new(),
+    };
+    session.serve(events, input, node.stopping().clone()).await;
+    let Session { settle_tx, .. } = session;
+    finish(&node, group, consumer, Some((settle_tx, settler))).await;
+}
+
+/// Settles go to the log in order, without holding up deliveries; queued settles of the same
+/// outcome are merged into one command.
+async fn run_settler(
+    proposer: Proposer,
+    group: GroupId,
+    consumer: ConsumerId,
+    mut settle_rx: mpsc::Receiver<(Vec<MessageId>, SettleOutcome)>,
+) {
+    while let Some((mut ids, outcome)) = settle_rx.recv().await {
+        while let Ok((more, o)) = settle_rx.try_recv() {
+            if o == outcome {
+                ids.extend(more);
+            } else {
+                propose_settle(
+                    &proposer,
+                    group,
+                    consumer,
+                    std::mem::take(&mut ids),
+                    outcome,
+                )
+                .await;
+                ids = more;
+                propose_settle(&proposer, group, consumer, std::mem::take(&mut ids), o).await;
+                break;
+            }
+        }
+        if !ids.is_empty() {
+            propose_settle(&proposer, group, consumer, ids, outcome).await;
+        }
+    }
+}
+
+/// One session's state while it serves its stream.
+struct Session {
+    auto_ack: bool,
+    out: mpsc::Sender<SessionOut>,
+    settle_tx: SettleTx,
+    next_tag: u64,
+    /// Delivery tag → message id, of deliveries not settled yet.
+    unsettled: BTreeMap<u64, MessageId>,
+}
+
+/// Whether the session goes on after an event.
+enum Next {
+    Continue,
+    End,
+}
+
+impl Session {
+    async fn serve(
+        &mut self,
+        mut events: mpsc::Receiver<ConsumerEvent>,
+        mut input: mpsc::Receiver<SessionIn>,
+        stopping: CancellationToken,
+    ) {
+        loop {
+            let next = tokio::select! {
+                event = events.recv() => self.on_event(event).await,
+                request = input.recv() => self.on_request(request).await,
+                _ = stopping.cancelled() => {
+                    self.end(error(Code::Unavailable, "node is shutting down; subscribe again on another node")).await
+                }
+            };
+            if let Next::End = next {
+                return;
+            }
+        }
+    }
+
+    async fn end(&self, last: SessionOut) -> Next {
+        let _ = self.out.send(last).await;
+        Next::End
+    }
+
+    async fn on_event(&mut self, event: Option<ConsumerEvent>) -> Next {
+        match event {
+            Some(ConsumerEvent::Deliver {
+                delivery,
+                mut message,
+            }) => {
+                let tag = self.next_tag;
+                self.next_tag += 1;
+                if delivery.delivery_count > 0 {
+                    message.properties.headers.insert(
+                        "x-delivery-count".into(),
+                        Value::Long(delivery.delivery_count as i64),
+                    );
+                }
+                if self.auto_ack {
+                    let _ = self
+                        .settle_tx
+                        .send((vec![delivery.id], SettleOutcome::Ack))
+                        .await;
+                } else {
+                    self.unsettled.insert(tag, delivery.id);
+                }
+                let out = SessionOut::Delivery {
+                    tag,
+                    redelivered: delivery.redelivered,
+                    message,
+                };
+                if self.out.send(out).await.is_err() {
+                    return Next::End;
+                }
+                Next::Continue
+            }
+            Some(ConsumerEvent::Cancelled {
+                reason,
+                unavailable,
+            }) => {
+                let last = if unavailable {
+                    error(Code::Unavailable, reason)
+                } else {
+                    SessionOut::Cancelled { reason }
+                };
+                self.end(last).await
+            }
+            // The state machine dropped this consumer: its delivery buffer was full.
+            None => {
+                let why = "consumer fell too far behind its deliveries; subscribe again";
+                self.end(error(Code::Unavailable, why)).await
+            }
+        }
+    }
+
+    async fn on_request(&mut self, request: Option<SessionIn>) -> Next {
+        match request {
+            Some(SessionIn::Settle {
+                tags,
+                multiple,
+                outcome,
+            }) => match self.take_tags(tags, multiple) {
+                Ok(ids) => {
+                    if !ids.is_empty() {
+                        let _ = self.settle_tx.send((ids, outcome)).await;
+                    }
+                    Next::Continue
+                }
+                Err(tag) => {
+                    let why = format!("settle: unknown delivery tag {tag}");
+                    self.end(error(Code::FailedPrecondition, why)).await
+                }
+            },
+            Some(SessionIn::Subscribe(_)) => {
+                let why = "subscribe: already subscribed on this stream";
+                self.end(error(Code::InvalidArgument, why)).await
+            }
+            Some(SessionIn::Cancel) => {
+                let reason = "cancelled by client".into();
+                self.end(SessionOut::Cancelled { reason }).await
+            }
+            None => Next::End,
+        }
+    }
+
+    /// The message ids of the settled tags (with `multiple`, every unsettled tag up to each);
+    /// `Err(tag)` names a tag that is not an unsettled delivery.
+    fn take_tags(&mut self, tags: Vec<u64>, multiple: bool) -> Result<Vec<MessageId>, u64> {
+        let mut ids = Vec::new();
+        for tag in tags {
+            if multiple {
+                let upto: Vec<u64> = self.unsettled.range(..=tag).map(|(t, _)| *t).collect();
+                if upto.is_empty() && !self.unsettled.contains_key(&tag) {
+                    return Err(tag);
+                }
+                for t in upto {
+                    ids.extend(self.unsettled.remove(&t));
+                }
+            } else {
+                ids.push(self.unsettled.remove(&tag).ok_or(tag)?);
+            }
+        }
+        Ok(ids)
+    }
+}
+
+async fn propose_settle(
+    proposer: &Proposer,
+    group: GroupId,
+    consumer: ConsumerId,
+    ids: Vec<MessageId>,
+    outcome: SettleOutcome,
+) {
+    let cmd = Command::Settle {
+        now_ms: now_ms(),
+        consumer,
+        ids,
+        outcome,
+    };
+    if let Err(e) = proposer
+        .propose_queue(group, QueueRequest::command(cmd))
+        .await
+    {
+        debug!(group, consumer, "settle not applied: {e}");
+    }
+}
+
+/// Let queued settles reach the log, then return whatever is still unacked.
+async fn finish(node: &Arc<Node>, group: GroupId, consumer: ConsumerId, settler: Option<Settler>) {
+    if let Some((tx, task)) = settler {
+        drop(tx);
+        let _ = task.await;
+    }
+    if let Some(g) = node.registry().queue(group) {
+        g.machine.unregister_consumer(consumer);
+    }
+    node.proposer().consumer_down(group, consumer).await;
+}

@@ -1,0 +1,146 @@
+//! The metadata group's state machine (group 0, a replica on every node): the pure
+//! [`qq_core::meta::MetaState`] inside the shared [`Shell`](super::shell::Shell).
+//!
+//! The state is held as an `Arc` and replaced copy-on-write on apply, so readers take a cheap,
+//! immutable, versioned snapshot ([`crate::meta_view::MetaView`]) instead of holding a lock
+//! while they route or check permissions. The effects an apply returns (a queue created,
+//! deleted, or its configuration changed) go to the node's group supervisor on a bounded
+//! channel; when it is full, or after a snapshot install (which has no effects), the supervisor
+//! is told to resynchronise with the whole state instead.
+//!
+//! Must not: start or stop groups itself, read a clock, or block on the supervisor.
+
+use std::io;
+use std::sync::{Arc, Mutex, RwLock};
+
+use qq_core::meta::{MetaCommand, MetaEffect, MetaState};
+use qq_raft::store::Store;
+use qq_raft::{GroupId, META_GROUP};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+
+use super::shell::{LogId, Machine};
+
+/// Metadata effects queued for the supervisor, at most. When full, the effect is not queued
+/// and the supervisor resynchronises from the state (nothing is lost: the state is the truth).
+pub const META_EFFECTS_BOUND: usize = 1024;
+
+pub struct MetaMachine {
+    store: Store,
+    state: RwLock<Arc<MetaState>>,
+    last_applied: Mutex<Option<LogId>>,
+    /// Bumped after every applied batch: the metadata's version as this node sees it.
+    applied: watch::Sender<u64>,
+    effects: mpsc::Sender<MetaEffect>,
+    /// Bumped when the supervisor must compare every running group with the state.
+    resync: watch::Sender<u64>,
+}
+
+#[derive(Deserialize)]
+struct MetaSnapshot {
+    state: MetaState,
+}
+
+/// [`MetaSnapshot`]'s encoding, from a borrowed state.
+#[derive(Serialize)]
+struct MetaSnapshotRef<'a> {
+    state: &'a MetaState,
+}
+
+impl MetaMachine {
+    pub fn new(store: Store) -> (Arc<MetaMachine>, mpsc::Receiver<MetaEffect>) {
+        let (effects, rx) = mpsc::channel(META_EFFECTS_BOUND);
+        let machine = Arc::new(MetaMachine {
+            store,
+            state: RwLock::new(Arc::new(MetaState::new())),
+            last_applied: Mutex::new(None),
+            applied: watch::channel(0).0,
+            effects,
+            resync: watch::channel(0).0,
+        });
+        (machine, rx)
+    }
+
+    /// The state as of the last applied entry (immutable; later applies make a new one).
+    pub fn state(&self) -> Arc<MetaState> {
+        self.state.read().unwrap().clone()
+    }
+
+    pub fn version(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
+    pub fn subscribe_resync(&self) -> watch::Receiver<u64> {
+        self.resync.subscribe()
+    }
+
+    /// The metadata log index applied on this node.
+    pub fn applied_index(&self) -> u64 {
+        self.last_applied().map(|l| l.index).unwrap_or(0)
+    }
+
+    fn emit(&self, effects: Vec<MetaEffect>) {
+        for effect in effects {
+            if self.effects.try_send(effect).is_err() {
+                self.resync.send_modify(|n| *n += 1);
+            }
+        }
+    }
+}
+
+impl Machine for MetaMachine {
+    type Cut = Arc<MetaState>;
+
+    fn group(&self) -> GroupId {
+        META_GROUP
+    }
+
+    fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn apply_payload(&self, index: u64, payload: &[u8]) -> io::Result<Vec<u8>> {
+        let cmd: MetaCommand = postcard::from_bytes(payload)
+            .map_err(|e| io::Error::other(format!("metadata: decode entry {index}: {e}")))?;
+        let (result, effects) = {
+            let mut state = self.state.write().unwrap();
+            Arc::make_mut(&mut *state).apply(cmd)
+        };
+        self.emit(effects);
+        // The index travels with the reply so the proposer can wait for replicas to apply it.
+        postcard::to_stdvec(&(index, result)).map_err(|e| io::Error::other(format!("encode: {e}")))
+    }
+
+    fn applied_batch(&self) {
+        self.applied.send_modify(|n| *n += 1);
+    }
+
+    fn last_applied(&self) -> Option<LogId> {
+        *self.last_applied.lock().unwrap()
+    }
+
+    fn set_last_applied(&self, log_id: Option<LogId>) {
+        *self.last_applied.lock().unwrap() = log_id;
+    }
+
+    fn cut(&self) -> Arc<MetaState> {
+        self.state()
+    }
+
+    fn encode_cut(&self, cut: Arc<MetaState>) -> io::Result<Vec<u8>> {
+        postcard::to_stdvec(&MetaSnapshotRef { state: &cut })
+            .map_err(|e| io::Error::other(format!("encode: {e}")))
+    }
+
+    fn install(&self, data: &[u8]) -> io::Result<()> {
+        let snap: MetaSnapshot = postcard::from_bytes(data)
+            .map_err(|e| io::Error::other(format!("metadata: decode snapshot: {e}")))?;
+        *self.state.write().unwrap() = Arc::new(snap.state);
+        self.resync.send_modify(|n| *n += 1);
+        Ok(())
+    }
+}

@@ -1,0 +1,477 @@
+//! One queue group's state machine: the pure [`qq_core::queue::QueueState`] inside the shared
+//! [`Shell`](super::shell::Shell), plus the message bodies.
+//!
+//! What it adds to the pure machine is IO, and only deterministic IO: it stores the body of an
+//! accepted message under `(group, message id)` in RocksDB and deletes it when the machine says
+//! the message is gone, so the in-memory state holds just headers. Effects that concern clients
+//! are carried out only where this node leads the queue: deliveries go to the consumer sessions
+//! registered here, at-most-once dead letters to the queue's leader actor
+//! ([`crate::leader`]); followers apply the same entries and skip them.
+//!
+//! Snapshots carry the state plus the bodies of every live message, so a follower that catches
+//! up by snapshot can serve them.
+//!
+//! Must not: read a clock, propose, or wait on anything another task could hold up (every send
+//! from here is `try_send` on a bounded channel, and what a full channel means is written at
+//! its bound).
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use qq_core::queue::{Command, Delivery, Effect, QueueState, Reply};
+use qq_core::{ConsumerId, Message, MessageId, QueueConfig, Reason, Strategy};
+use qq_raft::GroupId;
+use qq_raft::store::Store;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+use tracing::warn;
+
+use super::shell::{LogId, Machine};
+
+/// What a queue log entry carries: the command, and for an enqueue the encoded message.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QueueRequest {
+    pub cmd: Command,
+    /// postcard of [`Message`]; only with `Command::Enqueue`.
+    #[serde(with = "serde_bytes")]
+    pub message: Option<Vec<u8>>,
+}
+
+impl QueueRequest {
+    /// A command without a message.
+    pub fn command(cmd: Command) -> QueueRequest {
+        QueueRequest { cmd, message: None }
+    }
+}
+
+/// What a queue log entry carries: one command, or a batch of commands applied in order
+/// (a publish stream's messages for this queue, proposed as one Raft entry).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum QueueEntry {
+    One(QueueRequest),
+    Batch(Vec<QueueRequest>),
+}
+
+/// Commands in one batch entry, at most. Message ids are `raft index << 16 | position`.
+pub const MAX_BATCH: usize = 1 << 15;
+const BATCH_SHIFT: u32 = 16;
+
+/// Deliveries buffered for a consumer with no prefetch limit (prefetch 0), at most. A consumer
+/// with a limit never has more than `prefetch` deliveries outstanding, so its buffer of
+/// `prefetch + 1` never fills. When this one fills, the consumer is dropped: its session ends
+/// with UNAVAILABLE once it has sent what is buffered, and its unacked messages return to the
+/// queue.
+pub const UNLIMITED_PREFETCH_BUFFER: usize = 65_536;
+
+/// At-most-once dead letters waiting for the leader actor, at most. When full, the dead letter
+/// is dropped (at-most-once allows it) and the drop is logged.
+pub const LEADER_EVENTS_BOUND: usize = 65_536;
+
+/// The reply of a queue command as it leaves the state machine (and crosses nodes).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct QueueReplyOut {
+    pub reply: Reply,
+    /// The message taken by a `Get`, read on the leader that applied it.
+    pub message: Option<Message>,
+}
+
+/// Sent to a consumer session registered on this (leader) node.
+#[derive(Debug)]
+pub enum ConsumerEvent {
+    Deliver {
+        delivery: Delivery,
+        message: Message,
+    },
+    /// The stream must end: leadership lost or queue deleted.
+    Cancelled { reason: String, unavailable: bool },
+}
+
+/// A dead letter the leader must republish (at-most-once): already gone from the state.
+#[derive(Debug)]
+pub struct DeadLetterJob {
+    pub group: GroupId,
+    pub config: QueueConfig,
+    pub id: MessageId,
+    pub reason: Reason,
+    pub died_at_ms: u64,
+    pub message: Message,
+}
+
+/// What the state machine hands to the queue's leader actor.
+#[derive(Debug)]
+pub enum LeaderEvent {
+    DeadLetter(DeadLetterJob),
+    /// The queue's configuration in the metadata changed: bring the queue's own log in line.
+    ConfigChanged,
+}
+
+/// The queue group's state, shared by the state machine (inside openraft) and the node.
+pub struct QueueMachine {
+    group: GroupId,
+    store: Store,
+    state: Mutex<QueueState>,
+    last_applied: Mutex<Option<LogId>>,
+    consumers: Mutex<HashMap<ConsumerId, mpsc::Sender<ConsumerEvent>>>,
+    /// The leader actor's inbox while this node leads the queue; `None` otherwise.
+    leader: Mutex<Option<mpsc::Sender<LeaderEvent>>>,
+    /// Bumped after every applied batch (the leader actor and waiters watch it).
+    applied: watch::Sender<u64>,
+    /// Body writes of the entry being applied: one RocksDB write per entry, not per message.
+    pending: Mutex<PendingBodies>,
+    /// At-most-once dead letters dropped at a full leader inbox (for the log).
+    dropped_dead_letters: AtomicU64,
+}
+
+/// Body writes collected while an entry is applied, written when it is done
+/// ([`QueueMachine::flush_bodies`]). Reads look here first.
+#[derive(Default)]
+struct PendingBodies {
+    puts: HashMap<MessageId, Vec<u8>>,
+    deletes: Vec<MessageId>,
+}
+
+/// Snapshot contents: the state and the bodies of its live messages.
+#[derive(Serialize, Deserialize)]
+struct QueueSnapshot {
+    state: QueueState,
+    bodies: Vec<(MessageId, serde_bytes::ByteBuf)>,
+}
+
+fn io_encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
+    postcard::to_stdvec(v).map_err(|e| io::Error::other(format!("encode: {e}")))
+}
+
+impl QueueMachine {
+    pub fn new(group: GroupId, store: Store, config: QueueConfig) -> Arc<QueueMachine> {
+        Arc::new(QueueMachine {
+            group,
+            store,
+            state: Mutex::new(QueueState::new(config)),
+            last_applied: Mutex::new(None),
+            consumers: Mutex::new(HashMap::new()),
+            leader: Mutex::new(None),
+            applied: watch::channel(0).0,
+            pending: Mutex::new(PendingBodies::default()),
+            dropped_dead_letters: AtomicU64::new(0),
+        })
+    }
+
+    /// Read the pure state (a short lock; do not hold it across an await).
+    pub fn with_state<R>(&self, f: impl FnOnce(&QueueState) -> R) -> R {
+        f(&self.state.lock().unwrap())
+    }
+
+    pub fn subscribe_applied(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
+    pub fn last_applied_index(&self) -> u64 {
+        self.last_applied().map(|l| l.index).unwrap_or(0)
+    }
+
+    /// Register a consumer session's inbox (this node leads the queue). The buffer holds every
+    /// delivery the prefetch allows (see [`UNLIMITED_PREFETCH_BUFFER`]).
+    pub fn register_consumer(
+        &self,
+        consumer: ConsumerId,
+        prefetch: u32,
+    ) -> mpsc::Receiver<ConsumerEvent> {
+        let capacity = if prefetch == 0 {
+            UNLIMITED_PREFETCH_BUFFER
+        } else {
+            prefetch as usize + 1
+        };
+        let (tx, rx) = mpsc::channel(capacity);
+        self.consumers.lock().unwrap().insert(consumer, tx);
+        rx
+    }
+
+    pub fn unregister_consumer(&self, consumer: ConsumerId) {
+        self.consumers.lock().unwrap().remove(&consumer);
+    }
+
+    pub fn local_consumers(&self) -> Vec<ConsumerId> {
+        self.consumers.lock().unwrap().keys().copied().collect()
+    }
+
+    /// Tell every local consumer session to end.
+    pub fn cancel_consumers(&self, reason: &str, unavailable: bool) {
+        let mut consumers = self.consumers.lock().unwrap();
+        for (_, tx) in consumers.drain() {
+            // A full inbox ends its session anyway (the sender is dropped here).
+            let _ = tx.try_send(ConsumerEvent::Cancelled {
+                reason: reason.to_string(),
+                unavailable,
+            });
+        }
+    }
+
+    /// The leader actor starts: it receives the leader-only effects from now on.
+    pub fn attach_leader(&self) -> mpsc::Receiver<LeaderEvent> {
+        let (tx, rx) = mpsc::channel(LEADER_EVENTS_BOUND);
+        *self.leader.lock().unwrap() = Some(tx);
+        rx
+    }
+
+    pub fn detach_leader(&self) {
+        *self.leader.lock().unwrap() = None;
+    }
+
+    /// Tell the leader actor, if any, that the metadata changed the queue's configuration.
+    pub fn notify_config_changed(&self) {
+        if let Some(tx) = self.leader.lock().unwrap().as_ref() {
+            // Full: the actor is busy; it compares configurations again on its retry timer.
+            let _ = tx.try_send(LeaderEvent::ConfigChanged);
+        }
+    }
+
+    fn is_leader(&self) -> bool {
+        self.leader.lock().unwrap().is_some()
+    }
+
+    fn put_body(&self, id: MessageId, body: Vec<u8>) {
+        self.pending.lock().unwrap().puts.insert(id, body);
+    }
+
+    fn delete_body(&self, id: MessageId) {
+        let mut pending = self.pending.lock().unwrap();
+        // Ids are never reused: a body put by this entry is not on disk yet.
+        if pending.puts.remove(&id).is_none() {
+            pending.deletes.push(id);
+        }
+    }
+
+    /// Write the bodies put and deleted by the entry just applied.
+    fn flush_bodies(&self) -> io::Result<()> {
+        let PendingBodies { puts, deletes } = std::mem::take(&mut *self.pending.lock().unwrap());
+        if !puts.is_empty() {
+            let mut bodies: Vec<(u64, &[u8])> =
+                puts.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+            bodies.sort_unstable_by_key(|(id, _)| *id);
+            self.store.put_bodies(self.group, &bodies)?;
+        }
+        if !deletes.is_empty() {
+            self.store.delete_bodies(self.group, &deletes)?;
+        }
+        Ok(())
+    }
+
+    pub fn read_message(&self, id: MessageId) -> io::Result<Message> {
+        let pending = self.pending.lock().unwrap().puts.get(&id).cloned();
+        let bytes = match pending {
+            Some(b) => Some(b),
+            None => self.store.get_body(self.group, id)?,
+        };
+        let bytes = bytes.ok_or_else(|| {
+            io::Error::other(format!(
+                "queue group {}: body of message {id} is missing",
+                self.group
+            ))
+        })?;
+        postcard::from_bytes(&bytes).map_err(|e| {
+            io::Error::other(format!(
+                "queue group {}: decode message {id}: {e}",
+                self.group
+            ))
+        })
+    }
+
+    /// Apply one command at sub-index `index` (raft index << 16 | position in the entry).
+    fn apply_one(&self, index: u64, req: QueueRequest) -> io::Result<QueueReplyOut> {
+        let QueueRequest { cmd, message: body } = req;
+        let (reply, effects) = self.state.lock().unwrap().apply(index, cmd);
+        // A Get's message is read before effects run (auto-ack deletes its body).
+        let message = match &reply {
+            Reply::Got {
+                delivery: Some(d), ..
+            } => Some(self.read_message(d.id)?),
+            _ => None,
+        };
+        match &reply {
+            Reply::Enqueued { id } | Reply::RejectedDeadLettered { id, .. } => {
+                self.put_body(*id, body.unwrap_or_default());
+            }
+            _ => {}
+        }
+        self.carry_out(effects);
+        Ok(QueueReplyOut { reply, message })
+    }
+
+    /// Carries out the effects of one command; body writes are collected for the entry.
+    fn carry_out(&self, effects: Vec<Effect>) {
+        let leader = self.is_leader();
+        for effect in effects {
+            match effect {
+                Effect::Deliver(delivery) if leader => self.deliver(delivery),
+                Effect::Deliver(_) => {}
+                Effect::DeleteBody { id } => self.delete_body(id),
+                Effect::DeadLetter {
+                    id,
+                    reason,
+                    strategy,
+                    died_at_ms,
+                } => match strategy {
+                    Strategy::AtLeastOnce => {} // held in the state until DeadLetterSettle
+                    Strategy::Disabled => self.delete_body(id),
+                    Strategy::AtMostOnce => {
+                        if leader {
+                            self.hand_dead_letter(id, reason, died_at_ms);
+                        }
+                        self.delete_body(id);
+                    }
+                },
+            }
+        }
+    }
+
+    fn deliver(&self, delivery: Delivery) {
+        let consumer = delivery.consumer;
+        let mut consumers = self.consumers.lock().unwrap();
+        let Some(tx) = consumers.get(&consumer) else {
+            return;
+        };
+        let message = match self.read_message(delivery.id) {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(group = self.group, "cannot deliver: {e}");
+                return;
+            }
+        };
+        if let Err(mpsc::error::TrySendError::Full(_)) =
+            tx.try_send(ConsumerEvent::Deliver { delivery, message })
+        {
+            // See UNLIMITED_PREFETCH_BUFFER: the session ends, the new leader-side clean-up
+            // returns what it held.
+            warn!(
+                group = self.group,
+                "consumer's delivery buffer is full ({UNLIMITED_PREFETCH_BUFFER}): dropping the consumer"
+            );
+            consumers.remove(&consumer);
+        }
+    }
+
+    fn hand_dead_letter(&self, id: MessageId, reason: Reason, died_at_ms: u64) {
+        let message = match self.read_message(id) {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(group = self.group, "dead letter {id} lost its body: {e}");
+                return;
+            }
+        };
+        let config = self.state.lock().unwrap().config().clone();
+        let job = DeadLetterJob {
+            group: self.group,
+            config,
+            id,
+            reason,
+            died_at_ms,
+            message,
+        };
+        if let Some(tx) = self.leader.lock().unwrap().as_ref() {
+            if tx.try_send(LeaderEvent::DeadLetter(job)).is_err() {
+                // Logged at the first drop and then at every power of two.
+                let n = self.dropped_dead_letters.fetch_add(1, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() {
+                    warn!(
+                        group = self.group,
+                        dropped = n,
+                        "at-most-once dead letter {id} dropped: the leader's queue of dead letters is full ({LEADER_EVENTS_BOUND})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Machine for QueueMachine {
+    /// The state as of the snapshot's index; bodies are read when it is encoded.
+    type Cut = QueueState;
+
+    fn group(&self) -> GroupId {
+        self.group
+    }
+
+    fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn apply_payload(&self, index: u64, payload: &[u8]) -> io::Result<Vec<u8>> {
+        let decoded: QueueEntry = postcard::from_bytes(payload).map_err(|e| {
+            io::Error::other(format!(
+                "queue group {}: decode entry {index}: {e}",
+                self.group
+            ))
+        })?;
+        let reply = match decoded {
+            QueueEntry::One(req) => io_encode(&self.apply_one(index << BATCH_SHIFT, req)?)?,
+            QueueEntry::Batch(reqs) => {
+                if reqs.len() > MAX_BATCH {
+                    return Err(io::Error::other(format!(
+                        "entry {index}: batch of {} commands",
+                        reqs.len()
+                    )));
+                }
+                let mut replies = Vec::with_capacity(reqs.len());
+                for (k, req) in reqs.into_iter().enumerate() {
+                    replies.push(self.apply_one((index << BATCH_SHIFT) | k as u64, req)?);
+                }
+                io_encode(&replies)?
+            }
+        };
+        self.flush_bodies()?;
+        Ok(reply)
+    }
+
+    fn applied_batch(&self) {
+        self.applied.send_modify(|n| *n += 1);
+    }
+
+    fn last_applied(&self) -> Option<LogId> {
+        *self.last_applied.lock().unwrap()
+    }
+
+    fn set_last_applied(&self, log_id: Option<LogId>) {
+        *self.last_applied.lock().unwrap() = log_id;
+    }
+
+    fn cut(&self) -> QueueState {
+        self.state.lock().unwrap().clone()
+    }
+
+    fn encode_cut(&self, state: QueueState) -> io::Result<Vec<u8>> {
+        // A body missing here belonged to a message removed by an entry after this snapshot;
+        // that entry stays in the log and removes it on the receiver too.
+        let mut bodies = Vec::new();
+        for id in state.message_ids() {
+            if let Some(b) = self.store.get_body(self.group, id)? {
+                bodies.push((id, serde_bytes::ByteBuf::from(b)));
+            }
+        }
+        io_encode(&QueueSnapshot { state, bodies })
+    }
+
+    fn install(&self, data: &[u8]) -> io::Result<()> {
+        let snap: QueueSnapshot = postcard::from_bytes(data).map_err(|e| {
+            io::Error::other(format!("queue group {}: decode snapshot: {e}", self.group))
+        })?;
+        // Bodies: drop those of messages the snapshot no longer has, write the snapshot's.
+        let old_ids = self.state.lock().unwrap().message_ids();
+        let keep: std::collections::BTreeSet<MessageId> =
+            snap.bodies.iter().map(|(id, _)| *id).collect();
+        let stale: Vec<MessageId> = old_ids
+            .into_iter()
+            .filter(|id| !keep.contains(id))
+            .collect();
+        self.store.delete_bodies(self.group, &stale)?;
+        let bodies: Vec<(MessageId, &[u8])> = snap
+            .bodies
+            .iter()
+            .map(|(id, b)| (*id, b.as_ref()))
+            .collect();
+        self.store.put_bodies(self.group, &bodies)?;
+        *self.state.lock().unwrap() = snap.state;
+        Ok(())
+    }
+}

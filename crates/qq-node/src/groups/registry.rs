@@ -1,0 +1,140 @@
+//! The Raft groups this node hosts: the metadata group and the queue groups it is a member of.
+//!
+//! The registry answers "is group G running here, who leads it as far as this node knows, what
+//! is its local state". Starting and stopping groups is the supervisor's job
+//! ([`crate::node`]); proposing is the proposer's ([`crate::proposer`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use openraft::async_runtime::WatchReceiver;
+use openraft::{Raft, ServerState};
+use qq_core::NodeId;
+use qq_core::QueueConfig;
+use qq_core::meta::QueueMeta;
+use qq_core::queue::{Counts, Stats};
+use qq_raft::{GroupId, META_GROUP, TypeConfig};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::meta_sm::MetaMachine;
+use super::queue_sm::QueueMachine;
+use super::shell::Shell;
+
+pub type MetaRaft = Raft<TypeConfig, Shell<MetaMachine>>;
+pub type QueueRaft = Raft<TypeConfig, Shell<QueueMachine>>;
+
+/// A running queue group on this node.
+#[derive(Clone)]
+pub struct QueueGroup {
+    pub raft: QueueRaft,
+    pub machine: Arc<QueueMachine>,
+    pub meta: QueueMeta,
+    /// Stops the group's tasks (leadership watch, leader actor) when the group stops.
+    pub stop: CancellationToken,
+}
+
+/// Live information about a queue, as its leader sees it (counts are only exact there).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QueueInfoData {
+    pub counts: Counts,
+    pub stats: Stats,
+    pub config: QueueConfig,
+    pub leader: NodeId,
+    pub term: u64,
+    pub commit_index: u64,
+    pub last_applied: u64,
+    pub digest: u64,
+}
+
+pub struct Registry {
+    id: NodeId,
+    meta_raft: MetaRaft,
+    meta: Arc<MetaMachine>,
+    queues: RwLock<HashMap<GroupId, QueueGroup>>,
+}
+
+impl Registry {
+    pub fn new(id: NodeId, meta_raft: MetaRaft, meta: Arc<MetaMachine>) -> Registry {
+        Registry {
+            id,
+            meta_raft,
+            meta,
+            queues: RwLock::new(HashMap::new()),
+        }
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.id
+    }
+
+    pub fn meta_raft(&self) -> &MetaRaft {
+        &self.meta_raft
+    }
+
+    pub fn meta_machine(&self) -> &Arc<MetaMachine> {
+        &self.meta
+    }
+
+    pub fn queue(&self, group: GroupId) -> Option<QueueGroup> {
+        self.queues.read().unwrap().get(&group).cloned()
+    }
+
+    pub fn queues(&self) -> Vec<QueueGroup> {
+        self.queues.read().unwrap().values().cloned().collect()
+    }
+
+    pub fn running(&self) -> Vec<GroupId> {
+        self.queues.read().unwrap().keys().copied().collect()
+    }
+
+    pub fn insert(&self, group: QueueGroup) {
+        self.queues.write().unwrap().insert(group.meta.id, group);
+    }
+
+    pub fn remove(&self, group: GroupId) -> Option<QueueGroup> {
+        self.queues.write().unwrap().remove(&group)
+    }
+
+    /// Record the queue's latest metadata (its members and configuration).
+    pub fn update_meta(&self, meta: QueueMeta) {
+        if let Some(g) = self.queues.write().unwrap().get_mut(&meta.id) {
+            g.meta = meta;
+        }
+    }
+
+    /// The leader of a group as this node knows it (own metrics if a member).
+    pub fn known_leader(&self, group: GroupId) -> Option<NodeId> {
+        if group == META_GROUP {
+            return self.meta_raft.metrics().borrow_watched().current_leader;
+        }
+        self.queue(group)
+            .and_then(|g| g.raft.metrics().borrow_watched().current_leader)
+    }
+
+    pub fn is_queue_leader(&self, group: GroupId) -> bool {
+        self.queue(group)
+            .map(|g| g.raft.metrics().borrow_watched().state == ServerState::Leader)
+            .unwrap_or(false)
+    }
+
+    /// The info as this node sees it, if it runs the group. `require_leader`: only answer as
+    /// leader.
+    pub fn local_queue_info(&self, group: GroupId, require_leader: bool) -> Option<QueueInfoData> {
+        let g = self.queue(group)?;
+        let m = g.raft.metrics().borrow_watched().clone();
+        if require_leader && m.current_leader != Some(self.id) {
+            return None;
+        }
+        Some(g.machine.with_state(|state| QueueInfoData {
+            counts: state.counts(),
+            stats: state.stats().clone(),
+            config: state.config().clone(),
+            leader: m.current_leader.unwrap_or(0),
+            term: m.current_term,
+            commit_index: m.local_committed.map(|l| l.index).unwrap_or(0),
+            last_applied: m.last_applied.map(|l| l.index).unwrap_or(0),
+            digest: state.digest(),
+        }))
+    }
+}

@@ -1,0 +1,391 @@
+//! The one path a command takes to its group's leader, and the one path a leader-only read
+//! (live queue info) takes.
+//!
+//! A proposal goes to this node's Raft if it leads the group; otherwise it is forwarded over
+//! the internal service to the node that does (the hint from Raft, else the group's members in
+//! turn), and retried through elections until [`PROPOSE_DEADLINE`], then `Unavailable`.
+//! Replies come back as bytes and are decoded here into the machines' reply types.
+//!
+//! Must not: decide anything about the commands it carries (the API and the leader actor do),
+//! or hold a lock across a network call.
+
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use qq_core::NodeId;
+use qq_core::meta::{MetaCommand, MetaError, MetaReply};
+use qq_core::queue::{Command, Reply};
+use qq_proto::internal::{ProposeReply, ProposeRequest, QueueInfoReply, QueueInfoRequest};
+use qq_raft::network::Peers;
+use qq_raft::{GroupId, META_GROUP, Request};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::clock::now_ms;
+use crate::codec::{decode, encode};
+use crate::error::NodeError;
+use crate::groups::queue_sm::{QueueEntry, QueueReplyOut, QueueRequest};
+use crate::groups::registry::{QueueInfoData, Registry};
+use crate::meta_view::MetaView;
+
+/// `ProposeReply.code`: this node does not lead the group (`forward_to` may hint who does).
+pub const NOT_LEADER: u32 = 1;
+
+/// How long a proposal keeps retrying (leader elections, forwarding) before UNAVAILABLE.
+const PROPOSE_DEADLINE: Duration = Duration::from_secs(8);
+
+/// How long a metadata change waits for reachable nodes to apply it.
+const META_PROPAGATION_WAIT: Duration = Duration::from_secs(3);
+
+/// How long a proposal already inside Raft may still take once the node starts to shut down;
+/// then it fails with UNAVAILABLE (it may still commit: a retry is safe, as for any
+/// UNAVAILABLE). Its peers may no longer reach this node to commit it.
+const SHUTDOWN_GRACE_FOR_WRITES: Duration = Duration::from_secs(2);
+
+/// How long a leader-only read (queue info) keeps looking for the leader.
+const INFO_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Why a local proposal did not go through.
+enum LocalError {
+    /// Not the leader; the hint if known.
+    Forward(Option<NodeId>),
+    /// The group is not running on this node.
+    NotHere,
+    Unavailable(String),
+}
+
+/// Cheap to clone: every task that proposes holds one.
+#[derive(Clone)]
+pub struct Proposer {
+    id: NodeId,
+    peers: Peers,
+    registry: Arc<Registry>,
+    view: MetaView,
+    /// Cancelled when the node shuts down: proposals in flight stop retrying.
+    stopping: CancellationToken,
+}
+
+impl Proposer {
+    pub fn new(
+        id: NodeId,
+        peers: Peers,
+        registry: Arc<Registry>,
+        view: MetaView,
+        stopping: CancellationToken,
+    ) -> Proposer {
+        Proposer {
+            id,
+            peers,
+            registry,
+            view,
+            stopping,
+        }
+    }
+
+    /// Propose to a group whose leader may be anywhere; returns the encoded reply.
+    pub async fn propose(&self, group: GroupId, payload: Vec<u8>) -> Result<Vec<u8>, NodeError> {
+        let deadline = tokio::time::Instant::now() + PROPOSE_DEADLINE;
+        let mut hint: Option<NodeId> = None;
+        let mut attempt = 0usize;
+        loop {
+            if self.stopping.is_cancelled() {
+                return Err(NodeError::ShuttingDown);
+            }
+            let target = hint.filter(|h| *h != self.id);
+            let (next, error) = match target {
+                None => match self.propose_local(group, payload.clone()).await {
+                    Ok(bytes) => return Ok(bytes),
+                    Err(LocalError::Forward(h)) => (h, "no leader elected yet".to_string()),
+                    Err(LocalError::NotHere) => (
+                        self.member_after(group, None, attempt),
+                        "not a member".into(),
+                    ),
+                    Err(LocalError::Unavailable(e)) => (None, e),
+                },
+                Some(t) => match self.propose_remote(t, group, payload.clone()).await {
+                    Ok(Ok(bytes)) => return Ok(bytes),
+                    Ok(Err(h)) => (h, format!("node {t} is not the leader")),
+                    Err(e) => (self.member_after(group, Some(t), attempt), e),
+                },
+            };
+            let moved = next.is_some() && next != hint;
+            hint = next;
+            attempt += 1;
+            if tokio::time::Instant::now() >= deadline {
+                let what = if group == META_GROUP {
+                    "the metadata".to_string()
+                } else {
+                    format!("queue group {group}")
+                };
+                return Err(NodeError::Unavailable(format!(
+                    "no quorum for {what} right now: {error} (safe to retry)"
+                )));
+            }
+            if !moved {
+                tokio::time::sleep(Duration::from_millis((20 * attempt as u64).min(250))).await;
+            }
+        }
+    }
+
+    /// Members of a group by the metadata (every node for the metadata group).
+    pub fn group_members(&self, group: GroupId) -> Vec<NodeId> {
+        if group == META_GROUP {
+            return self.peers.ids();
+        }
+        self.view.queue_members(group)
+    }
+
+    /// Some member of the group other than `not`, rotating with `attempt`.
+    fn member_after(&self, group: GroupId, not: Option<NodeId>, attempt: usize) -> Option<NodeId> {
+        let members: Vec<NodeId> = self
+            .group_members(group)
+            .into_iter()
+            .filter(|m| Some(*m) != not)
+            .collect();
+        if members.is_empty() {
+            None
+        } else {
+            Some(members[attempt % members.len()])
+        }
+    }
+
+    /// Ok(Ok(reply)) done; Ok(Err(hint)) not the leader there.
+    async fn propose_remote(
+        &self,
+        target: NodeId,
+        group: GroupId,
+        payload: Vec<u8>,
+    ) -> Result<Result<Vec<u8>, Option<NodeId>>, String> {
+        let mut client = self
+            .peers
+            .client(target)
+            .ok_or_else(|| format!("unknown node {target}"))?;
+        let mut req = tonic::Request::new(ProposeRequest {
+            group,
+            payload: payload.into(),
+        });
+        req.set_timeout(Duration::from_secs(5));
+        let reply = client
+            .propose(req)
+            .await
+            .map_err(|s| format!("node {target}: {}", s.message()))?
+            .into_inner();
+        if !reply.error.is_empty() {
+            return Err(format!("node {target}: {}", reply.error));
+        }
+        if reply.code == NOT_LEADER {
+            return Ok(Err(if reply.forward_to == 0 {
+                None
+            } else {
+                Some(reply.forward_to)
+            }));
+        }
+        Ok(Ok(reply.payload.to_vec()))
+    }
+
+    async fn propose_local(&self, group: GroupId, payload: Vec<u8>) -> Result<Vec<u8>, LocalError> {
+        let req = Request { payload };
+        let write = async {
+            if group == META_GROUP {
+                Ok(self.registry.meta_raft().client_write(req).await)
+            } else {
+                match self.registry.queue(group) {
+                    Some(g) => Ok(g.raft.client_write(req).await),
+                    None => Err(LocalError::NotHere),
+                }
+            }
+        };
+        let shutting_down = async {
+            self.stopping.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE_FOR_WRITES).await;
+        };
+        let result = tokio::select! {
+            r = write => r?,
+            _ = shutting_down => {
+                return Err(LocalError::Unavailable(NodeError::ShuttingDown.to_string()));
+            }
+        };
+        match result {
+            Ok(resp) => Ok(resp.data.payload),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
+            | Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => {
+                Err(LocalError::Forward(f.leader_id))
+            }
+            Err(e) => Err(LocalError::Unavailable(e.to_string())),
+        }
+    }
+
+    /// Serve a proposal forwarded by a peer.
+    pub async fn serve_propose(&self, group: GroupId, payload: Vec<u8>) -> ProposeReply {
+        let mut reply = ProposeReply::default();
+        match self.propose_local(group, payload).await {
+            Ok(bytes) => reply.payload = bytes.into(),
+            Err(LocalError::Forward(h)) => {
+                reply.code = NOT_LEADER;
+                reply.forward_to = h.unwrap_or(0);
+            }
+            Err(LocalError::NotHere) => {
+                reply.error = format!("group {group} is not running on this node")
+            }
+            Err(LocalError::Unavailable(e)) => reply.error = e,
+        }
+        reply
+    }
+
+    pub async fn propose_queue(
+        &self,
+        group: GroupId,
+        req: QueueRequest,
+    ) -> Result<Reply, NodeError> {
+        Ok(self.propose_queue_full(group, req).await?.reply)
+    }
+
+    /// Like [`Proposer::propose_queue`], with the message of a `Get` read on the leader.
+    pub async fn propose_queue_full(
+        &self,
+        group: GroupId,
+        req: QueueRequest,
+    ) -> Result<QueueReplyOut, NodeError> {
+        let bytes = self.propose(group, encode(&QueueEntry::One(req))?).await?;
+        decode(&bytes)
+    }
+
+    /// Propose several commands as one entry, applied in order; one reply each.
+    pub async fn propose_queue_batch(
+        &self,
+        group: GroupId,
+        reqs: Vec<QueueRequest>,
+    ) -> Result<Vec<QueueReplyOut>, NodeError> {
+        let bytes = self
+            .propose(group, encode(&QueueEntry::Batch(reqs))?)
+            .await?;
+        decode(&bytes)
+    }
+
+    /// Propose a metadata command. Returns once the change is applied on this node and on every
+    /// reachable node (bounded wait), so a publish on any node right after a declare or bind
+    /// routes with it: routing reads each node's local replica.
+    pub async fn propose_meta(
+        &self,
+        cmd: MetaCommand,
+    ) -> Result<Result<MetaReply, MetaError>, NodeError> {
+        let bytes = self.propose(META_GROUP, encode(&cmd)?).await?;
+        let (index, result): (u64, Result<MetaReply, MetaError>) = decode(&bytes)?;
+        self.wait_meta_applied_everywhere(index).await;
+        Ok(result)
+    }
+
+    /// Return a consumer's unacked messages to the queue and forget it. A failure is only
+    /// logged: the queue's next leader removes every consumer it does not serve itself.
+    pub async fn consumer_down(&self, group: GroupId, consumer: u64) {
+        let cmd = Command::ConsumerDown {
+            now_ms: now_ms(),
+            consumer,
+        };
+        if let Err(e) = self.propose_queue(group, QueueRequest::command(cmd)).await {
+            debug!(
+                group,
+                consumer, "consumer down not applied (a new leader cleans up): {e}"
+            );
+        }
+    }
+
+    async fn wait_meta_applied_everywhere(&self, index: u64) {
+        let deadline = tokio::time::Instant::now() + META_PROPAGATION_WAIT;
+        for id in self.peers.ids() {
+            loop {
+                let applied = if id == self.id {
+                    Some(self.view.applied_index())
+                } else {
+                    let Some(mut client) = self.peers.client(id) else {
+                        break;
+                    };
+                    let mut req = tonic::Request::new(QueueInfoRequest { group: META_GROUP });
+                    req.set_timeout(Duration::from_millis(500));
+                    match client.queue_info(req).await {
+                        Ok(r) => decode::<u64>(&r.into_inner().payload).ok(),
+                        Err(_) => None, // unreachable: it catches up when it returns
+                    }
+                };
+                match applied {
+                    Some(a) if a >= index => break,
+                    None => break,
+                    Some(_) if tokio::time::Instant::now() >= deadline => break,
+                    Some(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            }
+        }
+    }
+
+    /// Ask the leader of the group (wherever it is) for its live info.
+    pub async fn queue_info(&self, group: GroupId) -> Result<QueueInfoData, NodeError> {
+        let deadline = tokio::time::Instant::now() + INFO_DEADLINE;
+        let members = self.group_members(group);
+        let mut hint = self.registry.known_leader(group);
+        let mut attempt = 0usize;
+        loop {
+            let target = hint.unwrap_or_else(|| {
+                members
+                    .get(attempt % members.len().max(1))
+                    .copied()
+                    .unwrap_or(self.id)
+            });
+            if target == self.id {
+                if let Some(info) = self.registry.local_queue_info(group, true) {
+                    return Ok(info);
+                }
+                hint = self.registry.known_leader(group).filter(|l| *l != self.id);
+            } else if let Some(mut client) = self.peers.client(target) {
+                let mut req = tonic::Request::new(QueueInfoRequest { group });
+                req.set_timeout(Duration::from_secs(2));
+                match client.queue_info(req).await {
+                    Ok(r) => {
+                        let r = r.into_inner();
+                        if r.error.is_empty() && r.forward_to == 0 && !r.payload.is_empty() {
+                            return decode(&r.payload);
+                        }
+                        hint = if r.forward_to != 0 && r.forward_to != target {
+                            Some(r.forward_to)
+                        } else {
+                            None
+                        };
+                    }
+                    Err(_) => hint = None,
+                }
+            }
+            attempt += 1;
+            if tokio::time::Instant::now() >= deadline || self.stopping.is_cancelled() {
+                return Err(NodeError::Unavailable(format!(
+                    "queue group {group} has no leader right now (safe to retry)"
+                )));
+            }
+            if hint.is_none() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
+    /// Serve `Internal.QueueInfo`. For the metadata group (0) the payload is the metadata index
+    /// applied on this node.
+    pub fn serve_queue_info(&self, group: GroupId) -> QueueInfoReply {
+        let mut reply = QueueInfoReply::default();
+        if group == META_GROUP {
+            if let Ok(b) = encode(&self.view.applied_index()) {
+                reply.payload = b.into();
+            }
+            return reply;
+        }
+        match self.registry.local_queue_info(group, true) {
+            Some(info) => match encode(&info) {
+                Ok(b) => reply.payload = b.into(),
+                Err(e) => reply.error = e.to_string(),
+            },
+            None => match self.registry.known_leader(group) {
+                Some(l) if l != self.id => reply.forward_to = l,
+                _ => reply.error = format!("no leader for group {group} known here"),
+            },
+        }
+        reply
+    }
+}
