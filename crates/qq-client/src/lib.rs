@@ -1,7 +1,7 @@
 //! # qq-client: a small Rust client for quorumq
 //!
 //! quorumq speaks one protocol to the outside world: the `qq.v1.Broker` gRPC service of
-//! `API.md`. Any node answers any request (a node that does not lead the queue concerned
+//! `docs/api.md`. Any node answers any request (a node that does not lead the queue concerned
 //! forwards the work), so a client needs exactly one address. This crate is a thin, typed layer
 //! over the generated [`BrokerClient`]; it exists so that `qqctl`, the integration tests and
 //! applications do not each re-invent the same four things:
@@ -88,7 +88,7 @@ pub enum Error {
     /// The server answered with a gRPC status (kept whole: branch on `status.code()`).
     #[error("{}: {}", code_name(.0.code()), .0.message())]
     Status(#[from] tonic::Status),
-    /// The server broke the stream protocol of API.md (e.g. no `subscribed` first).
+    /// The server broke the stream protocol of docs/api.md (e.g. no `subscribed` first).
     #[error("protocol violation: {0}")]
     Protocol(String),
     /// The request half of a stream is gone (the call ended).

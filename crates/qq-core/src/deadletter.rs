@@ -4,7 +4,7 @@
 //! a dead-letter exchange, the queue's leader (at-most-once) or transfer worker (at-least-once)
 //! calls [`dead_letter`] to build the copy it will route through the DLX, routes it with
 //! [`crate::meta::MetaState::route`], and drops every target for which [`is_cycle`] says the
-//! message is going round a loop without anyone rejecting it. SEMANTICS.md ("Routing a dead
+//! message is going round a loop without anyone rejecting it. docs/semantics.md ("Routing a dead
 //! letter", "The death history") is the authority; RabbitMQ 4.x is the model.
 //!
 //! # The history
@@ -27,7 +27,7 @@
 //!
 //! # Routing keys
 //! With a dead-letter routing key the copy routes on exactly that key and its `CC` header is
-//! removed (SEMANTICS.md; RabbitMQ 3.13+ keeps it). Without one it routes on the message's key
+//! removed (docs/semantics.md; RabbitMQ 3.13+ keeps it). Without one it routes on the message's key
 //! plus its `CC` and `BCC` keys. `BCC` never survives into the copy. The copy's exchange becomes
 //! the DLX and its routing key the first routing key, which is what a consumer of it sees and
 //! what a later death records.

@@ -3,7 +3,7 @@
 //!
 //! # Why one replicated state machine
 //! Metadata is small and changes rarely, so it lives in a single Raft group (group 0) replicated
-//! on every node (DESIGN-NOTES section 9). Every node can therefore route a publish, check a
+//! on every node (docs/architecture.md, "Decisions"). Every node can therefore route a publish, check a
 //! permission or find a queue's members from its local replica without a network hop, and a
 //! declare is answered once its command commits. [`MetaState::apply`] is a pure function of the
 //! state and the command: no clock, no randomness, no IO, ordered collections only, so every

@@ -9,7 +9,7 @@
 //!   e.g. `x-message-ttl: expected a non-negative long, got string`;
 //! - picks the policy that applies to a queue ([`matching_policy`]);
 //! - merges arguments and policy into a [`QueueConfig`] ([`effective_config`]) with the
-//!   precedence of SEMANTICS.md: dead-letter keys, argument wins; `max-length`,
+//!   precedence of docs/semantics.md: dead-letter keys, argument wins; `max-length`,
 //!   `max-length-bytes`, `message-ttl`, `expires`, the minimum; `delivery-limit`, the minimum
 //!   unless one is negative (then the larger, i.e. the finite one, as RabbitMQ's
 //!   `resolve_delivery_limit`); `overflow`, the policy. Each key is resolved on its own, so a DLX

@@ -5,7 +5,7 @@
 //! proposer plus a list of [`Effect`]s (deliver this message to that consumer, this message died,
 //! delete this body). Every replica applies the same log and reaches the same state, byte for
 //! byte; only the leader carries out `Deliver` and the republishing half of `DeadLetter`, while
-//! every replica carries out body deletion. This is rabbit_fifo's shape (SEMANTICS.md, "The queue
+//! every replica carries out body deletion. This is rabbit_fifo's shape (docs/semantics.md, "The queue
 //! state machine"; reference §6.4): consumers, their credit and their checked-out messages live in
 //! the replicated state, so a new leader knows exactly what is out and with whom
 //! ([`QueueState::pending_deliveries`]).

@@ -98,7 +98,7 @@ pub struct Message {
     pub routing_key: String,
     /// `BCC` keys of the publish: stripped from the headers before storing (no consumer sees
     /// them) but kept here, because a dead letter without a dead-letter routing key routes on
-    /// them too (SEMANTICS.md "Routing a dead letter").
+    /// them too (docs/semantics.md "Routing a dead letter").
     #[serde(default)]
     pub bcc: Vec<String>,
 }
@@ -162,7 +162,7 @@ impl Reason {
     ];
 }
 
-/// Default `x-delivery-limit` (SEMANTICS.md).
+/// Default `x-delivery-limit` (docs/semantics.md).
 pub const DEFAULT_DELIVERY_LIMIT: i64 = 20;
 
 /// The resolved configuration of a queue: arguments merged with the applied policy.

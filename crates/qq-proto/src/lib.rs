@@ -1,4 +1,4 @@
-//! Generated gRPC code: `v1` is the client contract of API.md (`qq.v1.Broker`), `internal` the
+//! Generated gRPC code: `v1` is the client contract of docs/api.md (`qq.v1.Broker`), `internal` the
 //! node-to-node service (Raft traffic, forwarding). Nothing hand-written lives here.
 
 pub mod v1 {

@@ -5,7 +5,7 @@
 //! through `qq-client`; nothing here knows about Raft.
 //!
 //! Output is meant for people: tables for lists, JSON for a single queue's full state. Errors
-//! print `error: <CODE>: <message>` (the gRPC code as API.md spells it) to stderr and exit 1,
+//! print `error: <CODE>: <message>` (the gRPC code as docs/api.md spells it) to stderr and exit 1,
 //! so scripts can match on the code.
 //!
 //! **Typed `key=value` arguments** (`--arg`, `--header`): the value is a `long` when it parses

@@ -1,6 +1,6 @@
 //! Story: bad requests get precise answers and change nothing.
 //!
-//! Each bad request below gets the status API.md gives it, with a message naming the field or
+//! Each bad request below gets the status docs/api.md gives it, with a message naming the field or
 //! the thing concerned. Afterwards the cluster still serves, and the messages confirmed before
 //! the barrage are all still there.
 
@@ -138,7 +138,7 @@ async fn bad_requests_get_precise_statuses_and_change_nothing() -> anyhow::Resul
 
     info!("--- RESOURCE_EXHAUSTED: a message over max_message_bytes");
     // Just over the node's bound, and far over it (where a gRPC-level decoding limit could
-    // answer first): both are RESOURCE_EXHAUSTED in API.md.
+    // answer first): both are RESOURCE_EXHAUSTED in docs/api.md.
     let just_over = vec![b'x'; TEST_MAX_MESSAGE_BYTES + 1];
     assert_status(
         c.publish("", SAFE, message(just_over)).await,

@@ -1,5 +1,5 @@
 //! Story: a consumer attached to a follower gets its deliveries relayed from the leader, and
-//! every way of settling behaves as API.md and SEMANTICS.md say: ack removes, requeue returns
+//! every way of settling behaves as docs/api.md and docs/semantics.md say: ack removes, requeue returns
 //! the message to the head marked `redelivered` with `x-delivery-count`, reject removes it (no
 //! dead-letter exchange here), `multiple` covers every earlier tag, and a closed stream returns
 //! what it held.
@@ -149,7 +149,7 @@ async fn follower_consumer_ack_requeue_reject() -> anyhow::Result<()> {
         .delivery
         .context("requeued message")?;
     // Returned messages are served before fresh ones, in the order they were returned
-    // (SEMANTICS.md, as rabbit_fifo's returns queue): c1 and c2 came back before c0 did.
+    // (docs/semantics.md, as rabbit_fifo's returns queue): c1 and c2 came back before c0 did.
     assert_eq!(body(&back2), "c1", "earlier returns are served first");
     assert_eq!(delivery_count(&back2), Some(1));
     setup

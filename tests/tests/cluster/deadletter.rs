@@ -1,6 +1,6 @@
 //! Story: dead lettering, end to end, against a real three-node cluster.
 //!
-//! SEMANTICS.md ("Dead-letter triggers", "Routing a dead letter", "The death history",
+//! docs/semantics.md ("Dead-letter triggers", "Routing a dead letter", "The death history",
 //! "Strategies and safety", "Configuration") is the authority. Each test starts its own cluster
 //! and, to keep the suite's wall time reasonable, tells several closely related sentences on it
 //! with independent queue pairs:

@@ -22,7 +22,7 @@ const QUEUE: &str = "failover.orders";
 const MAX_PUBLISH_ATTEMPTS: usize = 10;
 
 /// Publishes m-0 .. m-{MESSAGES-1} until every one is confirmed. A stream that fails with
-/// UNAVAILABLE ("safe to retry" in API.md) is reopened once the queue has a leader, and the
+/// UNAVAILABLE ("safe to retry" in docs/api.md) is reopened once the queue has a leader, and the
 /// unconfirmed messages are sent again, as a real at-least-once publisher does: the consumer
 /// side tolerates the duplicates this may create. Returns how many streams failed.
 async fn publish_all_confirmed(cluster: &TestCluster, client: &Client) -> anyhow::Result<usize> {
