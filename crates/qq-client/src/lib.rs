@@ -714,8 +714,11 @@ pub struct Confirm {
     /// The publisher's sequence number (0 for a unary publish).
     pub seq: u64,
     pub outcome: PublishOutcome,
-    /// Why, for `REJECTED` (which queue refused it and why).
+    /// Why, for `REJECTED` (which queue refused it and why) and `FAILED` (the refusal's message).
     pub detail: String,
+    /// For `FAILED`: the status unary `publish` would have answered (e.g. `NotFound` for a
+    /// missing exchange); `Ok` otherwise.
+    pub code: tonic::Code,
 }
 
 impl Confirm {
@@ -723,6 +726,7 @@ impl Confirm {
         Confirm {
             seq: r.seq,
             outcome: r.outcome(),
+            code: tonic::Code::from_i32(r.code),
             detail: r.detail,
         }
     }

@@ -7,6 +7,7 @@ mod consumers;
 mod deadletter;
 mod failover;
 mod policies;
+mod refusals;
 mod routing;
 mod shutdown;
 

@@ -25,13 +25,18 @@ pub async fn declare_exchange(api: &Api, request: Request<pb::DeclareExchangeReq
     api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
     let arguments = table_from_pb("arguments", &r.arguments)?;
     if r.passive {
-        return match api.node.view().current().exchange(&vhost, &r.name) {
-            Some(_) => empty(),
-            None => Err(Status::not_found(format!(
-                "exchange '{}' in vhost '{vhost}' not found",
-                r.name
-            ))),
-        };
+        let state = api.node.view().current();
+        if !state.vhost_exists(&vhost) {
+            return Err(Status::not_found(format!("vhost '{vhost}' not found")));
+        }
+        // The default exchange "" always exists, though no declare created it.
+        if r.name.is_empty() || state.exchange(&vhost, &r.name).is_some() {
+            return empty();
+        }
+        return Err(Status::not_found(format!(
+            "exchange '{}' in vhost '{vhost}' not found",
+            r.name
+        )));
     }
     api.meta(MetaCommand::DeclareExchange {
         vhost,
@@ -114,7 +119,17 @@ pub async fn delete_queue(
     let vhost = vhost(&r.vhost);
     api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
     let qm = api.queue_meta(&vhost, &r.name)?;
-    let data = api.node.proposer().queue_info(qm.id).await.ok();
+    let info = api.node.proposer().queue_info(qm.id).await;
+    if (r.if_empty || r.if_unused) && info.is_err() {
+        // Never delete a queue whose emptiness or consumers are unknown.
+        let condition = if r.if_empty { "if_empty" } else { "if_unused" };
+        return Err(Status::unavailable(format!(
+            "queue '{}' in vhost '{vhost}': no leader answers, so {condition} cannot be \
+             checked; not deleted (safe to retry)",
+            r.name
+        )));
+    }
+    let data = info.ok();
     let messages = data
         .as_ref()
         .map(|d| d.counts.ready + d.counts.unacked + d.counts.held)

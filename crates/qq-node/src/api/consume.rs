@@ -53,15 +53,14 @@ pub async fn get(
         .proposer()
         .propose_queue_full(qm.id, QueueRequest::command(cmd))
         .await?;
-    let Reply::Got {
-        delivery,
-        message_count,
-    } = out.reply
-    else {
-        return Err(Status::internal(format!(
-            "unexpected reply {:?}",
-            out.reply
-        )));
+    let (delivery, message_count) = match out.reply {
+        Reply::Got {
+            delivery,
+            message_count,
+        } => (delivery, message_count),
+        // The queue refuses Get (single active consumer): a precondition of the queue.
+        Reply::Error { detail } => return Err(Status::failed_precondition(detail)),
+        other => return Err(Status::internal(format!("unexpected reply {other:?}"))),
     };
     let delivery = match (delivery, out.message) {
         (Some(d), Some(mut m)) => {
@@ -145,13 +144,13 @@ pub async fn consume(
     };
     let args = subscribe_args(api, &caller, sub)?;
     let (in_tx, in_rx) = mpsc::channel::<SessionIn>(STREAM_BOUND);
+    let (tx, rx) = mpsc::channel(STREAM_BOUND);
     let stopping = api.node.stopping().clone();
     api.node
         .tasks()
-        .spawn(pump_requests(input, in_tx, stopping));
+        .spawn(pump_requests(input, in_tx, tx.clone(), stopping));
     let (out_tx, out_rx) = mpsc::channel::<SessionOut>(STREAM_BOUND);
     start_session(api.node.clone(), args, in_rx, out_tx).await?;
-    let (tx, rx) = mpsc::channel(STREAM_BOUND);
     api.node.tasks().spawn(pump_responses(out_rx, tx));
     Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
 }
@@ -181,10 +180,14 @@ fn subscribe_args(api: &Api, caller: &Caller, sub: pb::Subscribe) -> Result<Subs
     })
 }
 
-/// Client requests → session input, until either ends or the node stops.
+/// Client requests → session input, until either ends or the node stops. A request the
+/// session cannot take (a settle with an unknown outcome) ends the client's stream with
+/// INVALID_ARGUMENT; the session then ends as for a closed stream, so the consumer's unsettled
+/// deliveries return to the queue.
 async fn pump_requests(
     mut input: Streaming<pb::ConsumeRequest>,
     in_tx: mpsc::Sender<SessionIn>,
+    answers: mpsc::Sender<Result<pb::ConsumeResponse, Status>>,
     stopping: CancellationToken,
 ) {
     use pb::consume_request::Request as Req;
@@ -196,7 +199,10 @@ async fn pump_requests(
                     multiple: s.multiple,
                     outcome,
                 },
-                Err(_) => SessionIn::Cancel,
+                Err(status) => {
+                    let _ = answers.send(Err(status)).await;
+                    return;
+                }
             },
             Some(Req::Cancel(_)) => SessionIn::Cancel,
             Some(Req::Subscribe(_)) | None => SessionIn::Subscribe(SubscribeArgs {

@@ -170,7 +170,7 @@ pub fn settle_outcome(v: i32, field: &str) -> Result<SettleOutcome, Status> {
         Ok(pb::SettleOutcome::Requeue) => Ok(SettleOutcome::Requeue),
         Ok(pb::SettleOutcome::Reject) => Ok(SettleOutcome::Reject),
         _ => Err(Status::invalid_argument(format!(
-            "{field}: must be ACK, REQUEUE or REJECT"
+            "{field}: {v} is not a settle outcome (ACK, REQUEUE or REJECT)"
         ))),
     }
 }

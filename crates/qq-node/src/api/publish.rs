@@ -3,7 +3,8 @@
 //!
 //! A confirm (CONFIRMED) means every routed queue committed the message: fsynced on a majority
 //! of its members. A queue that refuses it (reject-publish limits) makes it REJECTED with the
-//! queue's reason; a bad message fails its own seq, not the stream.
+//! queue's reason; a bad message fails its own seq (FAILED, with the status code unary
+//! `Publish` answers), not the stream.
 //!
 //! Bounds: a stream is read in batches of at most `max_inflight_publishes` (and
 //! [`MAX_BATCH`]) messages; one batch is committed at a time, so the stream's order holds and
@@ -115,6 +116,7 @@ fn unroutable(req: &pb::PublishRequest) -> pb::PublishResponse {
         seq: req.seq,
         outcome: outcome as i32,
         detail,
+        code: 0,
     }
 }
 
@@ -137,18 +139,20 @@ fn answer(seq: u64, rejected: Vec<String>) -> pb::PublishResponse {
             seq,
             outcome: pb::PublishOutcome::Confirmed as i32,
             detail: String::new(),
+            code: 0,
         }
     } else {
         pb::PublishResponse {
             seq,
             outcome: pb::PublishOutcome::Rejected as i32,
             detail: rejected.join("; "),
+            code: 0,
         }
     }
 }
 
 /// Validate and route a batch (what one stream delivered at once) in order; a bad message
-/// fails its own seq, not the stream.
+/// fails its own seq (FAILED with the status unary `Publish` would answer), not the stream.
 fn prepare_batch(
     api: &Api,
     caller: &Caller,
@@ -161,8 +165,9 @@ fn prepare_batch(
             let prepared = prepare(api, caller, req).unwrap_or_else(|status| {
                 Prepared::Done(pb::PublishResponse {
                     seq,
-                    outcome: pb::PublishOutcome::Rejected as i32,
-                    detail: format!("{:?}: {}", status.code(), status.message()),
+                    outcome: pb::PublishOutcome::Failed as i32,
+                    detail: status.message().to_string(),
+                    code: status.code() as i32,
                 })
             });
             (seq, prepared)
