@@ -301,6 +301,20 @@ impl TestCluster {
             .with_context(|| format!("connect to node {id} at {}", self.address(id)))
     }
 
+    /// A client of node `id`'s node-to-node service (`qq.internal.v1.Internal`), as a peer
+    /// would call it: for tests of what a faulty or malicious peer can do.
+    pub async fn internal_client(
+        &self,
+        id: u64,
+    ) -> anyhow::Result<
+        qq_proto::internal::internal_client::InternalClient<tonic::transport::Channel>,
+    > {
+        let address = format!("http://{}", self.address(id));
+        qq_proto::internal::internal_client::InternalClient::connect(address.clone())
+            .await
+            .with_context(|| format!("connect to node {id}'s internal service at {address}"))
+    }
+
     /// Kills node `id` with SIGKILL (no shutdown, no flush) and reaps it.
     pub fn kill9(&mut self, id: u64) {
         let node = self.node_mut(id);

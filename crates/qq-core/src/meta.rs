@@ -280,6 +280,165 @@ pub enum MetaCommand {
     },
 }
 
+/// Longest text field (pattern, routing key, permission regex, tag) a command may carry.
+pub const MAX_TEXT_BYTES: usize = 64 * 1024;
+/// Most entries in a command's table (arguments, definition) or list (tags, nodes), and the
+/// deepest nesting of tables and lists inside a table.
+pub const MAX_COMMAND_ITEMS: usize = 1024;
+pub const MAX_VALUE_DEPTH: usize = 16;
+
+impl MetaCommand {
+    /// Bounds checked before a command is proposed (by the proposing node, and by a leader
+    /// for a forwarded proposal) and again at apply: a command outside them is refused
+    /// without being applied. What depends on the state (does the vhost exist, is the
+    /// redeclare equivalent) is left to apply.
+    pub fn validate(&self) -> Result<(), MetaError> {
+        let text = |field: &str, v: &str| check_len(field, v.len(), MAX_TEXT_BYTES, "bytes");
+        let name = |field: &str, v: &str| check_len(field, v.len(), MAX_NAME_BYTES, "bytes");
+        match self {
+            MetaCommand::PutVhost { name: n } | MetaCommand::DeleteVhost { name: n } => {
+                name("name", n)
+            }
+            MetaCommand::PutUser {
+                name: n,
+                password_hash,
+                salt,
+                tags,
+            } => {
+                name("name", n)?;
+                check_len(
+                    "password_hash",
+                    password_hash.len(),
+                    MAX_TEXT_BYTES,
+                    "bytes",
+                )?;
+                check_len("salt", salt.len(), MAX_TEXT_BYTES, "bytes")?;
+                check_len("tags", tags.len(), MAX_COMMAND_ITEMS, "tags")?;
+                tags.iter().try_for_each(|t| name("tags", t))
+            }
+            MetaCommand::DeleteUser { name: n } => name("name", n),
+            MetaCommand::SetPermissions {
+                user,
+                vhost,
+                configure,
+                write,
+                read,
+            } => {
+                name("user", user)?;
+                name("vhost", vhost)?;
+                text("configure", configure)?;
+                text("write", write)?;
+                text("read", read)
+            }
+            MetaCommand::DeclareExchange {
+                vhost,
+                name: n,
+                kind,
+                arguments,
+                ..
+            } => {
+                name("vhost", vhost)?;
+                name("name", n)?;
+                name("type", kind)?;
+                check_table("arguments", arguments)
+            }
+            MetaCommand::DeleteExchange { vhost, name: n, .. }
+            | MetaCommand::DeleteQueue { vhost, name: n }
+            | MetaCommand::ClearPolicy { vhost, name: n } => {
+                name("vhost", vhost)?;
+                name("name", n)
+            }
+            MetaCommand::DeclareQueue {
+                vhost,
+                name: n,
+                arguments,
+                nodes,
+                ..
+            } => {
+                name("vhost", vhost)?;
+                name("name", n)?;
+                check_len("nodes", nodes.len(), MAX_COMMAND_ITEMS, "nodes")?;
+                check_table("arguments", arguments)
+            }
+            MetaCommand::Bind {
+                vhost,
+                queue,
+                exchange,
+                routing_key,
+                arguments,
+            }
+            | MetaCommand::Unbind {
+                vhost,
+                queue,
+                exchange,
+                routing_key,
+                arguments,
+            } => {
+                name("vhost", vhost)?;
+                name("queue", queue)?;
+                name("exchange", exchange)?;
+                text("routing_key", routing_key)?;
+                check_table("arguments", arguments)
+            }
+            MetaCommand::SetPolicy {
+                vhost,
+                name: n,
+                pattern,
+                apply_to,
+                definition,
+                ..
+            } => {
+                name("vhost", vhost)?;
+                name("name", n)?;
+                text("pattern", pattern)?;
+                name("apply_to", apply_to)?;
+                check_table("definition", definition)
+            }
+        }
+    }
+}
+
+fn check_len(field: &str, len: usize, max: usize, unit: &str) -> Result<(), MetaError> {
+    if len > max {
+        return Err(MetaError::invalid(format!(
+            "{field}: {len} {unit}, more than {max}"
+        )));
+    }
+    Ok(())
+}
+
+/// A table's size, its keys and text values, and its nesting depth are within the bounds.
+pub fn check_table(field: &str, table: &Table) -> Result<(), MetaError> {
+    fn walk(field: &str, v: &Value, depth: usize) -> Result<(), MetaError> {
+        if depth > MAX_VALUE_DEPTH {
+            return Err(MetaError::invalid(format!(
+                "{field}: nested deeper than {MAX_VALUE_DEPTH} levels"
+            )));
+        }
+        match v {
+            Value::String(s) => check_len(field, s.len(), MAX_TEXT_BYTES, "bytes"),
+            Value::Bytes(b) => check_len(field, b.len(), MAX_TEXT_BYTES, "bytes"),
+            Value::List(items) => {
+                check_len(field, items.len(), MAX_COMMAND_ITEMS, "items")?;
+                items.iter().try_for_each(|i| walk(field, i, depth + 1))
+            }
+            Value::Table(t) => {
+                check_len(field, t.len(), MAX_COMMAND_ITEMS, "entries")?;
+                t.iter().try_for_each(|(k, v)| {
+                    check_len(field, k.len(), MAX_NAME_BYTES, "bytes in a key")?;
+                    walk(field, v, depth + 1)
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+    check_len(field, table.len(), MAX_COMMAND_ITEMS, "entries")?;
+    table.iter().try_for_each(|(k, v)| {
+        check_len(field, k.len(), MAX_NAME_BYTES, "bytes in a key")?;
+        walk(field, v, 1)
+    })
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum MetaReply {
     Ok,
@@ -640,6 +799,11 @@ impl MetaState {
 
     /// Applies one committed command. On error nothing changed.
     pub fn apply(&mut self, cmd: MetaCommand) -> (Result<MetaReply, MetaError>, Vec<MetaEffect>) {
+        // A committed command outside the bounds (only a faulty proposer makes one) changes
+        // nothing, on every replica alike.
+        if let Err(e) = cmd.validate() {
+            return (Err(e), Vec::new());
+        }
         let mut effects = Vec::new();
         let result = match cmd {
             MetaCommand::PutVhost { name } => self.put_vhost(name),

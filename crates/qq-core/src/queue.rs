@@ -169,6 +169,39 @@ pub enum Command {
     },
 }
 
+/// Most message ids one Settle or DeadLetterSettle may name.
+pub const MAX_IDS_PER_COMMAND: usize = 1 << 16;
+/// Longest idempotency key of an Enqueue.
+pub const MAX_DEDUP_KEY_BYTES: usize = 1024;
+
+impl Command {
+    /// Bounds checked before a command is proposed (by the proposing node, and by a leader
+    /// for a forwarded proposal) and again at apply, where a command outside them is refused
+    /// without being applied. Whatever depends on the state is left to apply.
+    pub fn validate(&self) -> Result<(), String> {
+        match self {
+            Command::Settle { ids, .. } | Command::DeadLetterSettle { ids }
+                if ids.len() > MAX_IDS_PER_COMMAND =>
+            {
+                Err(format!(
+                    "ids: {} message ids, more than {MAX_IDS_PER_COMMAND}",
+                    ids.len()
+                ))
+            }
+            Command::Enqueue {
+                dedup_key: Some(k), ..
+            } if k.len() > MAX_DEDUP_KEY_BYTES => Err(format!(
+                "dedup_key: {} bytes, more than {MAX_DEDUP_KEY_BYTES}",
+                k.len()
+            )),
+            Command::Checkout { consumer, .. } if *consumer == GET_CONSUMER => {
+                Err(format!("consumer: id {GET_CONSUMER} is reserved for get"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Reply {
     Ok,
@@ -454,6 +487,11 @@ impl QueueState {
     /// Apply the command of log entry `index`. Indexes must strictly increase; the index of an
     /// accepted Enqueue becomes the message's id.
     pub fn apply(&mut self, index: u64, cmd: Command) -> (Reply, Vec<Effect>) {
+        // A committed command outside the bounds (only a faulty proposer makes one) changes
+        // nothing, on every replica alike.
+        if let Err(detail) = cmd.validate() {
+            return (Reply::Error { detail }, Vec::new());
+        }
         assert!(
             index > self.last_index,
             "queue apply: index {index} not after last applied {}",

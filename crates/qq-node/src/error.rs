@@ -19,6 +19,9 @@ pub enum NodeError {
     /// A payload of our own did not encode or decode: a bug or corrupt data.
     #[error("{0}")]
     Internal(String),
+    /// A command outside the bounds every command must respect; not proposed.
+    #[error("{0}")]
+    InvalidArgument(String),
 }
 
 impl From<NodeError> for Status {
@@ -27,6 +30,7 @@ impl From<NodeError> for Status {
             NodeError::Unavailable(m) => Status::unavailable(m),
             NodeError::ShuttingDown => Status::unavailable(e.to_string()),
             NodeError::Internal(m) => Status::internal(m),
+            NodeError::InvalidArgument(m) => Status::invalid_argument(m),
         }
     }
 }

@@ -25,7 +25,7 @@ use tracing::debug;
 use crate::clock::now_ms;
 use crate::codec::{decode, encode};
 use crate::error::NodeError;
-use crate::groups::queue_sm::{QueueEntry, QueueReplyOut, QueueRequest};
+use crate::groups::queue_sm::{QueueEntry, QueueReplyOut, QueueRequest, check_entry};
 use crate::groups::registry::{QueueInfoData, Registry};
 use crate::meta_view::MetaView;
 
@@ -217,7 +217,23 @@ impl Proposer {
     }
 
     /// Serve a proposal forwarded by a peer.
-    pub async fn serve_propose(&self, group: GroupId, payload: Vec<u8>) -> ProposeReply {
+    /// A forwarded proposal is checked as a local one is: one that does not decode or is out
+    /// of bounds is refused (INVALID_ARGUMENT) and never proposed.
+    pub async fn serve_propose(
+        &self,
+        group: GroupId,
+        payload: Vec<u8>,
+    ) -> Result<ProposeReply, NodeError> {
+        if group == META_GROUP {
+            let cmd: MetaCommand = postcard::from_bytes(&payload).map_err(|e| {
+                NodeError::InvalidArgument(format!("payload: not a metadata command: {e}"))
+            })?;
+            cmd.validate()
+                .map_err(|e| NodeError::InvalidArgument(format!("payload: {e}")))?;
+        } else {
+            check_entry(&payload)
+                .map_err(|e| NodeError::InvalidArgument(format!("payload: {e}")))?;
+        }
         let mut reply = ProposeReply::default();
         match self.propose_local(group, payload).await {
             Ok(bytes) => reply.payload = bytes.into(),
@@ -230,7 +246,7 @@ impl Proposer {
             }
             Err(LocalError::Unavailable(e)) => reply.error = e,
         }
-        reply
+        Ok(reply)
     }
 
     pub async fn propose_queue(
@@ -247,7 +263,9 @@ impl Proposer {
         group: GroupId,
         req: QueueRequest,
     ) -> Result<QueueReplyOut, NodeError> {
-        let bytes = self.propose(group, encode(&QueueEntry::One(req))?).await?;
+        let payload = encode(&QueueEntry::One(req))?;
+        check_entry(&payload).map_err(NodeError::InvalidArgument)?;
+        let bytes = self.propose(group, payload).await?;
         decode(&bytes)
     }
 
@@ -257,9 +275,9 @@ impl Proposer {
         group: GroupId,
         reqs: Vec<QueueRequest>,
     ) -> Result<Vec<QueueReplyOut>, NodeError> {
-        let bytes = self
-            .propose(group, encode(&QueueEntry::Batch(reqs))?)
-            .await?;
+        let payload = encode(&QueueEntry::Batch(reqs))?;
+        check_entry(&payload).map_err(NodeError::InvalidArgument)?;
+        let bytes = self.propose(group, payload).await?;
         decode(&bytes)
     }
 
@@ -270,6 +288,9 @@ impl Proposer {
         &self,
         cmd: MetaCommand,
     ) -> Result<Result<MetaReply, MetaError>, NodeError> {
+        if let Err(e) = cmd.validate() {
+            return Ok(Err(e));
+        }
         let bytes = self.propose(META_GROUP, encode(&cmd)?).await?;
         let (index, result): (u64, Result<MetaReply, MetaError>) = decode(&bytes)?;
         self.wait_meta_applied_everywhere(index).await;

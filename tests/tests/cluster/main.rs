@@ -2,6 +2,7 @@
 //! (`qq_tests::TestCluster`). One test binary, so the suite links once. Every test starts its own
 //! cluster; `TestCluster` runs them one at a time.
 
+mod bad_entries;
 mod bad_input;
 mod consumers;
 mod deadletter;

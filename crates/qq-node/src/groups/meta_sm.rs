@@ -13,13 +13,13 @@
 use std::io;
 use std::sync::{Arc, Mutex, RwLock};
 
-use qq_core::meta::{MetaCommand, MetaEffect, MetaState};
+use qq_core::meta::{MetaCommand, MetaEffect, MetaError, MetaReply, MetaState};
 use qq_raft::store::Store;
 use qq_raft::{GroupId, META_GROUP};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
-use super::shell::{LogId, Machine};
+use super::shell::{LogId, Machine, Refusals};
 
 /// Metadata effects queued for the supervisor, at most. When full, the effect is not queued
 /// and the supervisor resynchronises from the state (nothing is lost: the state is the truth).
@@ -34,6 +34,7 @@ pub struct MetaMachine {
     effects: mpsc::Sender<MetaEffect>,
     /// Bumped when the supervisor must compare every running group with the state.
     resync: watch::Sender<u64>,
+    refusals: Refusals,
 }
 
 #[derive(Deserialize)]
@@ -57,6 +58,7 @@ impl MetaMachine {
             applied: watch::channel(0).0,
             effects,
             resync: watch::channel(0).0,
+            refusals: Refusals::default(),
         });
         (machine, rx)
     }
@@ -104,8 +106,20 @@ impl Machine for MetaMachine {
     }
 
     fn apply_payload(&self, index: u64, payload: &[u8]) -> io::Result<Vec<u8>> {
-        let cmd: MetaCommand = postcard::from_bytes(payload)
-            .map_err(|e| io::Error::other(format!("metadata: decode entry {index}: {e}")))?;
+        let cmd: MetaCommand = match postcard::from_bytes(payload) {
+            Ok(cmd) => cmd,
+            Err(e) => {
+                let why = format!("entry {index} is not a metadata command: {e}");
+                self.refusals.record(META_GROUP, index, &why);
+                let refused: Result<MetaReply, MetaError> = Err(MetaError::invalid(why));
+                return postcard::to_stdvec(&(index, refused))
+                    .map_err(|e| io::Error::other(format!("encode: {e}")));
+            }
+        };
+        if let Err(e) = cmd.validate() {
+            // Apply refuses it too (deterministically); here it is also counted and logged.
+            self.refusals.record(META_GROUP, index, &e.message);
+        }
         let (result, effects) = {
             let mut state = self.state.write().unwrap();
             Arc::make_mut(&mut *state).apply(cmd)

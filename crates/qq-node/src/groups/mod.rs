@@ -12,3 +12,6 @@ pub mod meta_sm;
 pub mod queue_sm;
 pub mod registry;
 pub mod shell;
+
+#[cfg(test)]
+mod untrusted_entries;

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
-use super::shell::{LogId, Machine};
+use super::shell::{LogId, Machine, Refusals};
 
 /// What a queue log entry carries: the command, and for an enqueue the encoded message.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -52,6 +52,42 @@ impl QueueRequest {
 pub enum QueueEntry {
     One(QueueRequest),
     Batch(Vec<QueueRequest>),
+}
+
+/// Decode a queue entry and check it before it is proposed (or a forwarded proposal is
+/// accepted) and again at apply, where an entry that fails is refused as a no-op
+/// ([`Refusals`]): at most [`MAX_BATCH`] commands, each within [`Command::validate`]'s bounds,
+/// an enqueue carrying a message that decodes (a body that could not be read back would stop
+/// the group at the first Get), and no other command carrying one.
+pub fn check_entry(payload: &[u8]) -> Result<QueueEntry, String> {
+    let entry: QueueEntry =
+        postcard::from_bytes(payload).map_err(|e| format!("not a queue entry: {e}"))?;
+    let reqs = match &entry {
+        QueueEntry::One(req) => std::slice::from_ref(req),
+        QueueEntry::Batch(reqs) if reqs.len() > MAX_BATCH => {
+            return Err(format!(
+                "batch of {} commands, more than {MAX_BATCH}",
+                reqs.len()
+            ));
+        }
+        QueueEntry::Batch(reqs) => reqs.as_slice(),
+    };
+    for req in reqs {
+        check_request(req)?;
+    }
+    Ok(entry)
+}
+
+fn check_request(req: &QueueRequest) -> Result<(), String> {
+    req.cmd.validate()?;
+    match (&req.cmd, &req.message) {
+        (Command::Enqueue { .. }, Some(bytes)) => postcard::from_bytes::<Message>(bytes)
+            .map(|_| ())
+            .map_err(|e| format!("enqueue: the message does not decode: {e}")),
+        (Command::Enqueue { .. }, None) => Err("enqueue: no message".into()),
+        (_, Some(_)) => Err("a message with a command other than enqueue".into()),
+        (_, None) => Ok(()),
+    }
 }
 
 /// Commands in one batch entry, at most. Message ids are `raft index << 16 | position`.
@@ -122,6 +158,7 @@ pub struct QueueMachine {
     pending: Mutex<PendingBodies>,
     /// At-most-once dead letters dropped at a full leader inbox (for the log).
     dropped_dead_letters: AtomicU64,
+    refusals: Refusals,
 }
 
 /// Body writes collected while an entry is applied, written when it is done
@@ -155,7 +192,13 @@ impl QueueMachine {
             applied: watch::channel(0).0,
             pending: Mutex::new(PendingBodies::default()),
             dropped_dead_letters: AtomicU64::new(0),
+            refusals: Refusals::default(),
         })
+    }
+
+    /// Committed entries this replica refused as no-ops since it started.
+    pub fn refusals(&self) -> u64 {
+        self.refusals.count()
     }
 
     /// Read the pure state (a short lock; do not hold it across an await).
@@ -398,21 +441,20 @@ impl Machine for QueueMachine {
     }
 
     fn apply_payload(&self, index: u64, payload: &[u8]) -> io::Result<Vec<u8>> {
-        let decoded: QueueEntry = postcard::from_bytes(payload).map_err(|e| {
-            io::Error::other(format!(
-                "queue group {}: decode entry {index}: {e}",
-                self.group
-            ))
-        })?;
+        let decoded = match check_entry(payload) {
+            Ok(entry) => entry,
+            Err(why) => {
+                let why = format!("entry {index}: {why}");
+                self.refusals.record(self.group, index, &why);
+                return io_encode(&QueueReplyOut {
+                    reply: Reply::Error { detail: why },
+                    message: None,
+                });
+            }
+        };
         let reply = match decoded {
             QueueEntry::One(req) => io_encode(&self.apply_one(index << BATCH_SHIFT, req)?)?,
             QueueEntry::Batch(reqs) => {
-                if reqs.len() > MAX_BATCH {
-                    return Err(io::Error::other(format!(
-                        "entry {index}: batch of {} commands",
-                        reqs.len()
-                    )));
-                }
                 let mut replies = Vec::with_capacity(reqs.len());
                 for (k, req) in reqs.into_iter().enumerate() {
                     replies.push(self.apply_one((index << BATCH_SHIFT) | k as u64, req)?);

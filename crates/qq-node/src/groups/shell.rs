@@ -12,6 +12,7 @@
 
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::{Stream, StreamExt};
 use openraft::EntryPayload;
@@ -20,6 +21,7 @@ use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 use qq_raft::store::Store;
 use qq_raft::{GroupId, Response, TypeConfig};
 use serde::{Deserialize, Serialize};
+use tracing::warn;
 
 pub type LogId = LogIdOf<TypeConfig>;
 
@@ -31,8 +33,10 @@ pub trait Machine: Send + Sync + 'static {
 
     fn group(&self) -> GroupId;
     fn store(&self) -> &Store;
-    /// Apply one normal entry's payload at `index`; returns the encoded reply. An error stops
-    /// the group (corrupt entry or storage failure): never "log and continue".
+    /// Apply one normal entry's payload at `index`; returns the encoded reply. A payload that
+    /// does not decode or holds an invalid command is not an error: it is applied as a no-op
+    /// ([`Refusals`]) with an error reply. An error stops the group (storage failure): never
+    /// "log and continue".
     fn apply_payload(&self, index: u64, payload: &[u8]) -> io::Result<Vec<u8>>;
     /// Called after every applied batch of entries (waiters and timers watch it).
     fn applied_batch(&self);
@@ -187,5 +191,30 @@ impl<M: Machine> RaftSnapshotBuilder<TypeConfig> for Builder<M> {
             last_membership: self.membership.clone(),
         };
         save(self.machine.store(), self.machine.group(), meta, data).await
+    }
+}
+
+/// Committed entries a machine refused at apply because they do not decode or hold an invalid
+/// command. Raft replicates bytes, so such an entry (from a buggy or malicious proposer) is
+/// committed like any other; every replica refuses it the same way, leaves its state as it was
+/// and answers an error, so the group stays available, also when the log is replayed at
+/// restart. Counted per group, logged with the index.
+#[derive(Default)]
+pub struct Refusals(AtomicU64);
+
+impl Refusals {
+    pub fn record(&self, group: GroupId, index: u64, why: &str) {
+        let total = self.0.fetch_add(1, Ordering::Relaxed) + 1;
+        warn!(
+            group,
+            index,
+            refused_entries = total,
+            "entry refused and applied as a no-op: {why}"
+        );
+    }
+
+    /// Entries refused since this node started (replays at restart count again).
+    pub fn count(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
     }
 }

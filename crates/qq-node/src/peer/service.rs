@@ -121,7 +121,7 @@ impl Internal for InternalService {
             self.node
                 .proposer()
                 .serve_propose(r.group, r.payload.to_vec())
-                .await,
+                .await?,
         ))
     }
 
