@@ -16,6 +16,11 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 pub const DEFAULT_MAX_INFLIGHT_PUBLISHES: usize = 10_000;
 /// Default bound on a consumer's prefetch.
 pub const DEFAULT_MAX_PREFETCH: u32 = 65_535;
+/// Default unacked deliveries of a consumer that asks for prefetch 0 (unlimited).
+pub const DEFAULT_PREFETCH_ZERO_CAP: u32 = 2_000;
+/// Default bounds on a message's headers: entries (nested ones included) and nesting depth.
+pub const DEFAULT_MAX_HEADERS: usize = 1_024;
+pub const DEFAULT_MAX_HEADER_DEPTH: usize = 8;
 
 /// A cluster member: its node id and the address other nodes and clients reach it at.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -50,6 +55,17 @@ pub struct Config {
     /// Largest prefetch a consumer may ask for.
     #[serde(default = "default_max_prefetch")]
     pub max_prefetch: u32,
+    /// What prefetch 0 ("unlimited") means: at most this many unacked deliveries; beyond them
+    /// the consumer gets more only as it settles (and an unread stream backs up through gRPC
+    /// flow control instead of growing the node's memory).
+    #[serde(default = "default_prefetch_zero_cap")]
+    pub prefetch_zero_cap: u32,
+    /// Most header entries in one message, nested tables' and lists' entries included.
+    #[serde(default = "default_max_headers")]
+    pub max_headers: usize,
+    /// Deepest nesting of tables and lists in a message's headers.
+    #[serde(default = "default_max_header_depth")]
+    pub max_header_depth: usize,
     /// Raft heartbeat interval in ms (every group).
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
@@ -75,6 +91,15 @@ fn default_max_inflight() -> usize {
 }
 fn default_max_prefetch() -> u32 {
     DEFAULT_MAX_PREFETCH
+}
+fn default_prefetch_zero_cap() -> u32 {
+    DEFAULT_PREFETCH_ZERO_CAP
+}
+fn default_max_headers() -> usize {
+    DEFAULT_MAX_HEADERS
+}
+fn default_max_header_depth() -> usize {
+    DEFAULT_MAX_HEADER_DEPTH
 }
 fn default_heartbeat_ms() -> u64 {
     250
@@ -208,6 +233,18 @@ impl Config {
         }
         if self.max_prefetch == 0 {
             bail!("max_prefetch: must be >= 1");
+        }
+        if self.prefetch_zero_cap == 0 || self.prefetch_zero_cap > self.max_prefetch {
+            bail!(
+                "prefetch_zero_cap: must be between 1 and max_prefetch ({})",
+                self.max_prefetch
+            );
+        }
+        if self.max_header_depth == 0 || self.max_header_depth > qq_core::meta::MAX_VALUE_DEPTH {
+            bail!(
+                "max_header_depth: must be between 1 and {}",
+                qq_core::meta::MAX_VALUE_DEPTH
+            );
         }
         if self.heartbeat_ms == 0 {
             bail!("heartbeat_ms: must be >= 1");

@@ -110,7 +110,8 @@ impl DeadLetters {
         };
         let count = deaths(&copy).first().map(|d| d.count).unwrap_or(1);
         let header = MsgHeader {
-            size_bytes: copy.body.len() as u64,
+            // As for a publish: properties, headers and body.
+            size_bytes: encoded.len() as u64,
             expiration_ms,
         };
         let key = format!("dl:{group}:{id}:{count}");

@@ -7,6 +7,7 @@ mod bad_input;
 mod consumers;
 mod deadletter;
 mod failover;
+mod limits;
 mod policies;
 mod refusals;
 mod routing;

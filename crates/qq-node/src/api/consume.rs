@@ -167,6 +167,12 @@ fn subscribe_args(api: &Api, caller: &Caller, sub: pb::Subscribe) -> Result<Subs
             sub.prefetch_count
         )));
     }
+    // Prefetch 0 asks for no limit: the node's cap stands in, so a consumer that does not
+    // read backs up through flow control instead of filling the node's memory.
+    let prefetch = match sub.prefetch_count {
+        0 => api.node.config().prefetch_zero_cap,
+        n => n,
+    };
     let consumer_tag = if sub.consumer_tag.is_empty() {
         format!("ctag-{}", api.node.next_consumer_id())
     } else {
@@ -175,7 +181,7 @@ fn subscribe_args(api: &Api, caller: &Caller, sub: pb::Subscribe) -> Result<Subs
     Ok(SubscribeArgs {
         group: qm.id,
         consumer_tag,
-        prefetch: sub.prefetch_count,
+        prefetch,
         auto_ack: sub.auto_ack,
     })
 }

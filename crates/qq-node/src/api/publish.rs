@@ -53,6 +53,7 @@ fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepar
     }
     let meta_err = |e: qq_core::meta::MetaError| meta_error_to_status(&e);
     let (mut properties, body) = message_from_pb(req.message.as_ref())?;
+    check_headers(api, &properties.headers)?;
     qq_core::route::validate_sender_selected(&properties.headers).map_err(meta_err)?;
     qq_core::deadletter::strip_client_death_headers(&mut properties.headers);
     let keys = qq_core::route::routing_keys(&req.routing_key, &properties.headers);
@@ -88,8 +89,15 @@ fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepar
     };
     let encoded = postcard::to_stdvec(&message)
         .map_err(|e| Status::internal(format!("encode message: {e}")))?;
+    // What the queue stores and counts (x-max-length-bytes): properties, headers and body.
+    if encoded.len() > max {
+        return Err(Status::resource_exhausted(format!(
+            "message: {} bytes with its properties and headers exceeds max_message_bytes {max}",
+            encoded.len()
+        )));
+    }
     let header = MsgHeader {
-        size_bytes: message.body.len() as u64,
+        size_bytes: encoded.len() as u64,
         expiration_ms,
     };
     Ok(Prepared::Route {
@@ -97,6 +105,46 @@ fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepar
         header,
         encoded,
     })
+}
+
+/// The headers are within `max_headers` entries (nested ones included) and
+/// `max_header_depth` levels of nesting.
+fn check_headers(api: &Api, headers: &qq_core::Table) -> Result<(), Status> {
+    fn walk<'a>(
+        values: &mut dyn Iterator<Item = &'a qq_core::Value>,
+        depth: usize,
+        count: &mut usize,
+        deepest: &mut usize,
+    ) {
+        *deepest = (*deepest).max(depth);
+        for v in values {
+            *count += 1;
+            match v {
+                qq_core::Value::List(items) => walk(&mut items.iter(), depth + 1, count, deepest),
+                qq_core::Value::Table(t) => walk(&mut t.values(), depth + 1, count, deepest),
+                _ => {}
+            }
+        }
+    }
+    let (mut count, mut depth) = (0, 0);
+    if !headers.is_empty() {
+        walk(&mut headers.values(), 1, &mut count, &mut depth);
+    }
+    let config = api.node.config();
+    if count > config.max_headers {
+        return Err(Status::resource_exhausted(format!(
+            "message.properties.headers: {count} entries exceeds max_headers {}",
+            config.max_headers
+        )));
+    }
+    if depth > config.max_header_depth {
+        return Err(Status::resource_exhausted(format!(
+            "message.properties.headers: nested {depth} levels deep, more than \
+             max_header_depth {}",
+            config.max_header_depth
+        )));
+    }
+    Ok(())
 }
 
 /// The answer to a publish no queue is bound for: CONFIRMED, or UNROUTABLE if mandatory.
