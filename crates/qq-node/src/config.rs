@@ -66,6 +66,20 @@ pub struct Config {
     /// Deepest nesting of tables and lists in a message's headers.
     #[serde(default = "default_max_header_depth")]
     pub max_header_depth: usize,
+    /// Memory alarm: resident memory above this fraction of the machine's RAM refuses
+    /// publishes until it falls back under (RabbitMQ's vm_memory_high_watermark.relative).
+    #[serde(default = "default_memory_high_watermark")]
+    pub memory_high_watermark: f64,
+    /// The same bound in bytes; when set, it replaces `memory_high_watermark`.
+    #[serde(default)]
+    pub memory_high_watermark_bytes: Option<u64>,
+    /// Disk alarm: less free space than this (bytes) on the data directory's file system
+    /// refuses publishes until there is more (RabbitMQ's disk_free_limit).
+    #[serde(default = "default_disk_free_limit")]
+    pub disk_free_limit: u64,
+    /// How often the alarms are checked, in ms.
+    #[serde(default = "default_alarm_check_ms")]
+    pub alarm_check_ms: u64,
     /// Raft heartbeat interval in ms (every group).
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
@@ -100,6 +114,15 @@ fn default_max_headers() -> usize {
 }
 fn default_max_header_depth() -> usize {
     DEFAULT_MAX_HEADER_DEPTH
+}
+fn default_memory_high_watermark() -> f64 {
+    0.6
+}
+fn default_disk_free_limit() -> u64 {
+    50_000_000
+}
+fn default_alarm_check_ms() -> u64 {
+    1_000
 }
 fn default_heartbeat_ms() -> u64 {
     250
@@ -245,6 +268,12 @@ impl Config {
                 "max_header_depth: must be between 1 and {}",
                 qq_core::meta::MAX_VALUE_DEPTH
             );
+        }
+        if !(self.memory_high_watermark > 0.0 && self.memory_high_watermark <= 1.0) {
+            bail!("memory_high_watermark: must be a fraction of RAM in (0, 1]");
+        }
+        if self.alarm_check_ms == 0 {
+            bail!("alarm_check_ms: must be >= 1");
         }
         if self.heartbeat_ms == 0 {
             bail!("heartbeat_ms: must be >= 1");

@@ -15,8 +15,10 @@
 //! - [`meta_view`]: the read-only, versioned view of the metadata.
 //! - [`groups`]: the Raft groups hosted here: state-machine shell, metadata and queue machines,
 //!   registry.
+//! - [`alarms`]: memory and disk alarms that refuse publishes.
 //! - [`config`], [`error`], [`codec`], [`clock`]: leaves.
 
+pub mod alarms;
 pub mod api;
 pub mod clock;
 pub mod codec;

@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
+use crate::alarms::{Alarms, Bounds};
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::deadletter::DeadLetters;
@@ -63,6 +64,7 @@ pub struct Node {
     enqueuer: Enqueuer,
     leader_ctx: LeaderContext,
     consumer_seq: AtomicU64,
+    alarms: Arc<Alarms>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -108,6 +110,10 @@ impl Node {
             dead_letter_retry: Duration::from_millis(config.dead_letter_retry_ms),
             tasks: tasks.clone(),
         };
+        // Measured once before serving, so a node started over its bounds refuses at once.
+        let bounds = Bounds::from_config(&config)?;
+        let alarms = Arc::new(Alarms::default());
+        alarms.check(&bounds);
         let node = Arc::new(Node {
             id,
             config,
@@ -120,10 +126,14 @@ impl Node {
             enqueuer,
             leader_ctx,
             consumer_seq: AtomicU64::new(now_ms() * 1000),
+            alarms: alarms.clone(),
             shutdown,
             tasks,
         });
         node.tasks.spawn(node.clone().supervise(effects));
+        let stop = node.shutdown.clone();
+        node.tasks
+            .spawn(async move { alarms.watch(bounds, stop).await });
         Ok(node)
     }
 
@@ -161,6 +171,11 @@ impl Node {
     }
 
     /// Cancelled when the node begins to shut down.
+    /// Memory and disk alarms ([`crate::alarms`]).
+    pub fn alarms(&self) -> &Alarms {
+        &self.alarms
+    }
+
     pub fn stopping(&self) -> &CancellationToken {
         &self.shutdown
     }

@@ -44,6 +44,9 @@ enum Prepared {
 fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepared, Status> {
     let vhost = vhost(&req.vhost);
     api.auth.check(caller, &vhost, Perm::Write, &req.exchange)?;
+    if let Some(why) = api.node.alarms().publish_refusal() {
+        return Err(Status::resource_exhausted(why));
+    }
     let max = api.node.config().max_message_bytes;
     let size = req.message.as_ref().map(|m| m.body.len()).unwrap_or(0);
     if size > max {

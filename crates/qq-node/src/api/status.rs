@@ -230,6 +230,7 @@ pub async fn cluster_status(
         metadata_leader: registry.known_leader(0).unwrap_or(0),
         queues,
         node_id: node.id(),
+        alarms: node.alarms().active(),
     }))
 }
 
