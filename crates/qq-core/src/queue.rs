@@ -448,7 +448,10 @@ pub struct QueueState {
     dedup_order: VecDeque<String>,
     stats: Stats,
     /// The receipt of every Get lease taken with [`Command::GetWithReceipt`]; removed with the
-    /// lease.
+    /// lease. Not serialized with the rest (so snapshots written before receipts existed still
+    /// decode): a snapshot carries it separately, see [`QueueState::receipts`] and
+    /// [`QueueState::restore_receipts`].
+    #[serde(skip)]
     receipts: BTreeMap<MessageId, Receipt>,
 }
 
@@ -748,6 +751,25 @@ impl QueueState {
             }
         }
         out
+    }
+
+    /// The receipts of the Get leases, for a snapshot to carry beside the serialized state.
+    pub fn receipts(&self) -> &BTreeMap<MessageId, Receipt> {
+        &self.receipts
+    }
+
+    /// Puts back the receipts a snapshot carried (those of messages no longer under a Get
+    /// lease are dropped, so the state stays consistent whatever the snapshot held).
+    pub fn restore_receipts(&mut self, receipts: BTreeMap<MessageId, Receipt>) {
+        self.receipts = receipts
+            .into_iter()
+            .filter(|(id, _)| {
+                matches!(
+                    self.msgs.get(id).map(|m| &m.place),
+                    Some(Place::Unacked { consumer, .. }) if *consumer == GET_CONSUMER
+                )
+            })
+            .collect();
     }
 
     /// Stable hash of the whole state (FNV-1a over its `Debug` form, which uses ordered
