@@ -279,61 +279,82 @@ async fn pump_responses(
     access: Access,
     stream_done: CancellationToken,
 ) {
-    let _done = stream_done.drop_guard();
+    let _done = stream_done.clone().drop_guard();
     let mut meta_changes = access.auth.view().subscribe();
     // A change between the subscribe check and here is seen at once.
     meta_changes.mark_changed();
     loop {
-        let out = tokio::select! {
-            out = out_rx.recv() => out,
+        // Room in the client's stream is reserved first, so a revoke is seen even while the
+        // client is not reading.
+        let revoked = tokio::select! {
             changed = meta_changes.changed() => {
                 if changed.is_err() {
                     return;
                 }
-                if let Err(status) =
-                    access
-                        .auth
-                        .check(&access.caller, &access.vhost, Perm::Read, &access.queue)
-                {
-                    let _ = tx.send(Err(status)).await;
+                access.recheck()
+            }
+            permit = tx.reserve() => {
+                let Ok(permit) = permit else {
                     return;
+                };
+                tokio::select! {
+                    out = out_rx.recv() => {
+                        let Some(out) = out else {
+                            return;
+                        };
+                        if !forward(out, permit) {
+                            return;
+                        }
+                        None
+                    }
+                    changed = meta_changes.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        access.recheck()
+                    }
                 }
-                continue;
             }
         };
-        let Some(out) = out else {
-            return;
-        };
-        if !forward(out, &tx).await {
+        if let Some(status) = revoked {
+            // Stop the session now (its unsettled deliveries return to the queue); the client
+            // gets the status after what it has not read yet.
+            drop(out_rx);
+            stream_done.cancel();
+            let _ = tx.send(Err(status)).await;
             return;
         }
     }
 }
 
-/// One session output to the client's stream; false when the stream is over.
-async fn forward(out: SessionOut, tx: &mpsc::Sender<Result<pb::ConsumeResponse, Status>>) -> bool {
-    use pb::consume_response::Response as R;
-    {
-        let response = match out {
-            SessionOut::Subscribed { consumer_tag } => {
-                R::Subscribed(pb::Subscribed { consumer_tag })
-            }
-            SessionOut::Delivery {
-                tag,
-                redelivered,
-                message,
-            } => R::Delivery(delivery_pb(tag, String::new(), redelivered, &message)),
-            SessionOut::Cancelled { reason } => R::Cancelled(pb::Cancelled { reason }),
-            SessionOut::Error { code, message } => {
-                let _ = tx
-                    .send(Err(Status::new(tonic::Code::from_i32(code), message)))
-                    .await;
-                return false;
-            }
-        };
-        let item = pb::ConsumeResponse {
-            response: Some(response),
-        };
-        tx.send(Ok(item)).await.is_ok()
+impl Access {
+    /// The status that ends the stream, when the caller may no longer read the queue.
+    fn recheck(&self) -> Option<Status> {
+        self.auth
+            .check(&self.caller, &self.vhost, Perm::Read, &self.queue)
+            .err()
     }
+}
+
+/// One session output into the reserved room of the client's stream; false when the stream is
+/// over.
+fn forward(out: SessionOut, permit: mpsc::Permit<'_, Result<pb::ConsumeResponse, Status>>) -> bool {
+    use pb::consume_response::Response as R;
+    let response = match out {
+        SessionOut::Subscribed { consumer_tag } => R::Subscribed(pb::Subscribed { consumer_tag }),
+        SessionOut::Delivery {
+            tag,
+            redelivered,
+            message,
+        } => R::Delivery(delivery_pb(tag, String::new(), redelivered, &message)),
+        SessionOut::Cancelled { reason } => R::Cancelled(pb::Cancelled { reason }),
+        SessionOut::Error { code, message } => {
+            permit.send(Err(Status::new(tonic::Code::from_i32(code), message)));
+            return false;
+        }
+    };
+    permit.send(Ok(pb::ConsumeResponse {
+        response: Some(response),
+    }));
+    true
 }
