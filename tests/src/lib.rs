@@ -144,6 +144,56 @@ impl Default for RaftSettings {
     }
 }
 
+/// Node settings beyond Raft's, for tests that need them ([`TestCluster::start_with_options`]).
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    /// Listen on every address (`0.0.0.0`) instead of 127.0.0.1; peers still reach each other
+    /// at 127.0.0.1, and a client can connect through a non-loopback address of this host
+    /// ([`non_loopback_ip`]), so the node sees it as a remote peer.
+    pub listen_on_all_addresses: bool,
+    /// Extra TOML lines appended to every node's config (e.g. `allow_plaintext_auth = true`).
+    pub extra_config: Vec<String>,
+    /// Extra TOML lines for one node's config only: (node id, line).
+    pub extra_config_for: Vec<(u64, String)>,
+}
+
+/// An IPv4 address of this host that is not loopback, for tests of what a node allows remote
+/// peers: the first global address of an interface that is up, else one on a dummy interface
+/// `qqtest0` created for the purpose (needs root, as in CI). Fails, never skips, when neither
+/// is possible.
+pub fn non_loopback_ip() -> anyhow::Result<std::net::IpAddr> {
+    fn global_ipv4() -> anyhow::Result<Option<std::net::IpAddr>> {
+        let out = Command::new("ip")
+            .args(["-o", "-4", "addr", "show", "scope", "global", "up"])
+            .output()
+            .context("run `ip -o -4 addr show scope global up`")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        Ok(text.lines().find_map(|line| {
+            let mut words = line.split_whitespace();
+            words.find(|w| *w == "inet")?;
+            words.next()?.split('/').next()?.parse().ok()
+        }))
+    }
+    if let Some(ip) = global_ipv4()? {
+        return Ok(ip);
+    }
+    let steps: [&[&str]; 3] = [
+        &["link", "add", "qqtest0", "type", "dummy"],
+        &["addr", "add", "198.51.100.7/32", "dev", "qqtest0"],
+        &["link", "set", "qqtest0", "up"],
+    ];
+    for args in steps {
+        let status = Command::new("ip").args(args).status().context("run ip")?;
+        ensure!(
+            status.success(),
+            "no non-loopback address on this host and `ip {}` failed ({status}): \
+             run the tests as root or give the host a non-loopback address",
+            args.join(" ")
+        );
+    }
+    global_ipv4()?.context("dummy interface qqtest0 was created but shows no global address")
+}
+
 /// N `qq-node` processes on loopback, killed on drop. End a passing test with
 /// [`TestCluster::stop`]; otherwise the files are kept for the post-mortem.
 pub struct TestCluster {
@@ -164,6 +214,15 @@ impl TestCluster {
 
     /// Like [`TestCluster::start`], with other Raft settings in every node's config.
     pub async fn start_with(n: usize, settings: RaftSettings) -> anyhow::Result<TestCluster> {
+        Self::start_with_options(n, settings, ClusterOptions::default()).await
+    }
+
+    /// Like [`TestCluster::start_with`], with the node settings of `options` too.
+    pub async fn start_with_options(
+        n: usize,
+        settings: RaftSettings,
+        options: ClusterOptions,
+    ) -> anyhow::Result<TestCluster> {
         let RaftSettings {
             heartbeat_ms,
             election_timeout_min_ms,
@@ -193,8 +252,14 @@ impl TestCluster {
             let id = i as u64 + 1;
             let data_dir = dir.path().join(format!("node{id}"));
             let config = dir.path().join(format!("node{id}.toml"));
-            let text = format!(
-                "node_id = {id}\nlisten = \"{address}\"\npeers = [\n{}\n]\ndata_dir = \"{}\"\n\
+            let listen = if options.listen_on_all_addresses {
+                format!("0.0.0.0:{}", ports[i])
+            } else {
+                address.clone()
+            };
+            let mut text = format!(
+                "node_id = {id}\nlisten = \"{listen}\"\nadvertise = \"{address}\"\n\
+                 peers = [\n{}\n]\ndata_dir = \"{}\"\n\
                  max_message_bytes = {TEST_MAX_MESSAGE_BYTES}\nheartbeat_ms = {heartbeat_ms}\n\
                  election_timeout_min_ms = {election_timeout_min_ms}\n\
                  election_timeout_max_ms = {election_timeout_max_ms}\n\
@@ -202,6 +267,15 @@ impl TestCluster {
                 peers.join("\n"),
                 data_dir.display()
             );
+            let only_here = options
+                .extra_config_for
+                .iter()
+                .filter(|(node, _)| *node == id)
+                .map(|(_, line)| line);
+            for line in options.extra_config.iter().chain(only_here) {
+                text.push_str(line);
+                text.push('\n');
+            }
             std::fs::write(&config, text).with_context(|| format!("write {}", config.display()))?;
             nodes.push(Node {
                 id,

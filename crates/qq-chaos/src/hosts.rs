@@ -66,10 +66,12 @@ impl Hosts {
             .collect();
         for id in &hosts.ids {
             // Debug builds on two cores: the test nodes' timings (fast failover, still loose).
+            // The workload connects as guest from the host, which is remote to the nodes'
+            // namespaces: lift `loopback_users` on this private, throw-away network.
             let config = format!(
                 "node_id = {id}\nlisten = \"{}\"\npeers = [{}]\ndata_dir = \"{}\"\n\
                  heartbeat_ms = 200\nelection_timeout_min_ms = 800\nelection_timeout_max_ms = 1600\n\
-                 dead_letter_retry_ms = 1000\n",
+                 dead_letter_retry_ms = 1000\nloopback_users = []\n",
                 address(*id),
                 peers.join(", "),
                 dir.join(format!("node{id}")).display()

@@ -1209,6 +1209,12 @@ impl MessageBuilder {
         self
     }
 
+    /// The publishing user; when set, the node requires it to be the authenticated user.
+    pub fn user_id(mut self, user: impl Into<String>) -> Self {
+        self.props().user_id = user.into();
+        self
+    }
+
     pub fn build(self) -> Message {
         self.message
     }

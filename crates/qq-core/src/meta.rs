@@ -50,9 +50,11 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
+use argon2::{Argon2, PasswordVerifier};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 pub use crate::error::{ErrorKind, MetaError};
 use crate::policy;
@@ -68,8 +70,14 @@ pub const DEFAULT_GROUP_SIZE: usize = 3;
 pub const DEFAULT_VHOST: &str = "/";
 /// The alias of the nameless default exchange.
 pub const DEFAULT_EXCHANGE_ALIAS: &str = "amq.default";
-/// The fixed salt of the predeclared guest user (a fresh cluster must be deterministic).
+/// The fixed salt of the predeclared guest user in clusters created before Argon2id (legacy
+/// SHA-256 record, see [`hash_password`]).
 pub const GUEST_SALT: &[u8] = b"quorumq-guest";
+/// The predeclared guest user's password (`guest`) as a fixed, precomputed Argon2id PHC string:
+/// a fresh cluster must be deterministic, so its salt cannot be drawn at apply time.
+pub const GUEST_PASSWORD_HASH: &str = "$argon2id$v=19$m=19456,t=2,p=1$jt/khf7pHrDZ3jFuUJNp/g$hM/I6rkqCBt+/IM0vpgd0fsdU0B4zKBlI/b0okIjLEw";
+/// How a PHC string of an Argon2 hash starts (`$argon2id$`, `$argon2i$`, `$argon2d$`).
+const ARGON2_PREFIX: &[u8] = b"$argon2";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Exchange {
@@ -169,10 +177,36 @@ pub struct QueueMeta {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct User {
     pub name: String,
-    /// sha256(salt || password), see [`hash_password`].
+    /// An Argon2id PHC string (`$argon2id$v=19$m=19456,t=2,p=1$<salt>$<hash>`, UTF-8, with
+    /// `salt` empty: the salt is inside), hashed by the node that proposed `PutUser`; or, in
+    /// records written before Argon2id, the legacy sha256(salt || password) of
+    /// [`hash_password`].
     pub password_hash: Vec<u8>,
     pub salt: Vec<u8>,
     pub tags: Vec<String>,
+}
+
+impl User {
+    /// Whether the record holds a legacy SHA-256 hash rather than an Argon2 PHC string.
+    pub fn is_legacy_hash(&self) -> bool {
+        !self.password_hash.starts_with(ARGON2_PREFIX)
+    }
+
+    /// Checks `password` against the record: Argon2 (with the parameters stored in the PHC
+    /// string; about 20 ms and 19 MiB at the defaults, so callers cache the result) or the
+    /// legacy SHA-256, compared in constant time either way.
+    pub fn verify_password(&self, password: &str) -> bool {
+        if self.is_legacy_hash() {
+            let computed = hash_password(password, &self.salt);
+            return bool::from(computed.as_slice().ct_eq(self.password_hash.as_slice()));
+        }
+        let Ok(phc) = std::str::from_utf8(&self.password_hash) else {
+            return false;
+        };
+        Argon2::default()
+            .verify_password(password.as_bytes(), phc)
+            .is_ok()
+    }
 }
 
 /// A user's permissions on one vhost: three regexes over resource names.
@@ -540,17 +574,13 @@ impl Default for MetaState {
     }
 }
 
-/// sha256(salt || password).
+/// sha256(salt || password): the legacy hash of records written before Argon2id. Kept so that
+/// such records still verify; new passwords are hashed with Argon2id by the proposing node.
 pub fn hash_password(password: &str, salt: &[u8]) -> Vec<u8> {
     let mut hasher = Sha256::new();
     hasher.update(salt);
     hasher.update(password.as_bytes());
     hasher.finalize().to_vec()
-}
-
-/// Compares two byte strings in time independent of where they differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn vhost_not_found(name: &str) -> MetaError {
@@ -635,8 +665,8 @@ impl MetaState {
         );
         let guest = User {
             name: "guest".into(),
-            password_hash: hash_password("guest", GUEST_SALT),
-            salt: GUEST_SALT.to_vec(),
+            password_hash: GUEST_PASSWORD_HASH.as_bytes().to_vec(),
+            salt: Vec::new(),
             tags: vec!["administrator".into()],
         };
         MetaState {
@@ -745,9 +775,7 @@ impl MetaState {
     /// Checks a user's password; UNAUTHENTICATED (without saying which part was wrong) otherwise.
     pub fn authenticate(&self, user: &str, password: &str) -> Result<(), MetaError> {
         match self.users.get(user) {
-            Some(u) if constant_time_eq(&hash_password(password, &u.salt), &u.password_hash) => {
-                Ok(())
-            }
+            Some(u) if u.verify_password(password) => Ok(()),
             _ => Err(MetaError::unauthenticated(format!(
                 "invalid credentials for user '{user}'"
             ))),

@@ -167,6 +167,30 @@ pub enum Command {
         now_ms: u64,
         leader_since_ms: u64,
     },
+    /// A Get under a lease (as [`Command::Get`] without auto-ack) whose lease is bound to
+    /// `receipt`: 128 random bits drawn by the proposing node, and the user who took it. Only
+    /// [`Command::SettleReceipts`] with the same token and user settles it. Added last: postcard
+    /// encodes variant indexes.
+    GetWithReceipt {
+        now_ms: u64,
+        lease_ms: u64,
+        receipt: Receipt,
+    },
+    /// Settle Get leases by their receipts, in the order given; all or nothing. A message not
+    /// under a Get lease, a wrong token or another user's receipt refuses the whole settle
+    /// ([`Reply::Error`]). Added last: postcard encodes variant indexes.
+    SettleReceipts {
+        now_ms: u64,
+        receipts: Vec<(MessageId, Receipt)>,
+        outcome: SettleOutcome,
+    },
+}
+
+/// What binds a Get lease to whoever took it: a random token and the authenticated user.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    pub token: [u8; 16],
+    pub user: String,
 }
 
 /// Most message ids one Settle or DeadLetterSettle may name.
@@ -456,6 +480,12 @@ pub struct QueueState {
     dedup_keys: BTreeSet<String>,
     dedup_order: VecDeque<String>,
     stats: Stats,
+    /// The receipt of every Get lease taken with [`Command::GetWithReceipt`]; removed with the
+    /// lease. Not serialized with the rest (so snapshots written before receipts existed still
+    /// decode): a snapshot carries it separately, see [`QueueState::receipts`] and
+    /// [`QueueState::restore_receipts`].
+    #[serde(skip)]
+    receipts: BTreeMap<MessageId, Receipt>,
 }
 
 impl QueueState {
@@ -481,6 +511,7 @@ impl QueueState {
             dedup_keys: BTreeSet::new(),
             dedup_order: VecDeque::new(),
             stats: Stats::default(),
+            receipts: BTreeMap::new(),
         }
     }
 
@@ -507,7 +538,9 @@ impl QueueState {
             | Command::Get { now_ms, .. }
             | Command::Expire { now_ms }
             | Command::UpdateConfig { now_ms, .. }
-            | Command::ExpireQueue { now_ms, .. } => (*now_ms).max(self.clock_ms),
+            | Command::ExpireQueue { now_ms, .. }
+            | Command::GetWithReceipt { now_ms, .. }
+            | Command::SettleReceipts { now_ms, .. } => (*now_ms).max(self.clock_ms),
             Command::DeadLetterSettle { .. } | Command::Purge => self.clock_ms,
         };
         self.clock_ms = now;
@@ -515,6 +548,7 @@ impl QueueState {
             cmd,
             Command::Checkout { .. }
                 | Command::Get { .. }
+                | Command::GetWithReceipt { .. }
                 | Command::ConsumerDown { .. }
                 | Command::NodeDown { .. }
         );
@@ -567,6 +601,21 @@ impl QueueState {
             Command::Get {
                 lease_ms, auto_ack, ..
             } => self.get(now, lease_ms, auto_ack, &mut fx),
+            Command::GetWithReceipt {
+                lease_ms, receipt, ..
+            } => {
+                let reply = self.get(now, lease_ms, false, &mut fx);
+                if let Reply::Got {
+                    delivery: Some(d), ..
+                } = &reply
+                {
+                    self.receipts.insert(d.id, receipt);
+                }
+                reply
+            }
+            Command::SettleReceipts {
+                receipts, outcome, ..
+            } => self.settle_receipts(now, &receipts, outcome, &mut fx),
             Command::Expire { .. } => Reply::Ok,
             Command::DeadLetterSettle { ids } => {
                 for id in ids {
@@ -742,6 +791,25 @@ impl QueueState {
         out
     }
 
+    /// The receipts of the Get leases, for a snapshot to carry beside the serialized state.
+    pub fn receipts(&self) -> &BTreeMap<MessageId, Receipt> {
+        &self.receipts
+    }
+
+    /// Puts back the receipts a snapshot carried (those of messages no longer under a Get
+    /// lease are dropped, so the state stays consistent whatever the snapshot held).
+    pub fn restore_receipts(&mut self, receipts: BTreeMap<MessageId, Receipt>) {
+        self.receipts = receipts
+            .into_iter()
+            .filter(|(id, _)| {
+                matches!(
+                    self.msgs.get(id).map(|m| &m.place),
+                    Some(Place::Unacked { consumer, .. }) if *consumer == GET_CONSUMER
+                )
+            })
+            .collect();
+    }
+
     /// Stable hash of the whole state (FNV-1a over its `Debug` form, which uses ordered
     /// collections only), for replica-agreement checks.
     pub fn digest(&self) -> u64 {
@@ -830,6 +898,9 @@ impl QueueState {
         let gets = unacked.remove(&GET_CONSUMER).unwrap_or_default();
         if gets.len() != self.leases.len() {
             return Err("get leases disagree".into());
+        }
+        if let Some(id) = self.receipts.keys().find(|id| !gets.contains(id)) {
+            return Err(format!("receipt of message {id} without a Get lease"));
         }
         for (cid, c) in &self.consumers {
             let mine = unacked.remove(cid).unwrap_or_default();
@@ -972,7 +1043,9 @@ impl QueueState {
                 self.msgs.get(id).map(|m| &m.place),
                 Some(Place::Unacked { consumer: c, .. }) if *c == consumer
             );
-            if !held || !seen.insert(*id) {
+            // A lease bound to a receipt is settled only with it (SettleReceipts).
+            let bound = self.receipts.contains_key(id);
+            if !held || bound || !seen.insert(*id) {
                 return Reply::Error {
                     detail: format!("unknown delivery tag {id}"),
                 };
@@ -991,6 +1064,45 @@ impl QueueState {
             }
         }
         Reply::Ok
+    }
+
+    /// Settle Get leases named by their receipts: every (id, receipt) must name a lease taken
+    /// with that exact receipt (token and user), else nothing is settled.
+    fn settle_receipts(
+        &mut self,
+        now: u64,
+        receipts: &[(MessageId, Receipt)],
+        outcome: SettleOutcome,
+        fx: &mut Vec<Effect>,
+    ) -> Reply {
+        for (id, receipt) in receipts {
+            match self.receipts.get(id) {
+                Some(r) if r.token == receipt.token && r.user == receipt.user => {}
+                Some(r) if r.token == receipt.token => {
+                    return Reply::Error {
+                        detail: format!("receipt of message {id} belongs to another user"),
+                    };
+                }
+                _ => {
+                    return Reply::Error {
+                        detail: format!("unknown or expired receipt for message {id}"),
+                    };
+                }
+            }
+        }
+        let ids: Vec<MessageId> = receipts.iter().map(|(id, _)| *id).collect();
+        let mut seen = BTreeSet::new();
+        if !ids.iter().all(|id| seen.insert(*id)) {
+            return Reply::Error {
+                detail: "a receipt is named twice".into(),
+            };
+        }
+        for id in &ids {
+            self.receipts.remove(id);
+        }
+        let reply = self.settle(now, GET_CONSUMER, &ids, outcome, fx);
+        debug_assert!(matches!(reply, Reply::Ok), "receipts name Get leases");
+        reply
     }
 
     fn consumer_down(&mut self, now: u64, consumer: ConsumerId, fx: &mut Vec<Effect>) {
@@ -1291,6 +1403,7 @@ impl QueueState {
         if consumer == GET_CONSUMER {
             let d = lease_deadline_ms.expect("get lease has a deadline");
             self.leases.remove(&(d, id));
+            self.receipts.remove(&id);
         } else {
             self.consumers
                 .get_mut(&consumer)

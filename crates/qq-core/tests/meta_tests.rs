@@ -742,10 +742,25 @@ fn fresh_state_has_default_vhost_exchanges_and_guest() {
             .check_permission("guest", "/", perm, "anything")
             .unwrap();
     }
-    assert_eq!(
-        hash_password("guest", GUEST_SALT),
-        state.user("guest").unwrap().password_hash
-    );
+    // The guest record is a fixed Argon2id PHC string (a fresh state is deterministic).
+    let guest = state.user("guest").unwrap();
+    assert_eq!(guest.password_hash, GUEST_PASSWORD_HASH.as_bytes());
+    assert!(GUEST_PASSWORD_HASH.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"));
+    assert!(!guest.is_legacy_hash());
+}
+
+#[test]
+fn legacy_sha256_records_still_verify() {
+    // A record written before Argon2id (an old data directory's guest) verifies by the old rule.
+    let legacy = qq_core::meta::User {
+        name: "guest".into(),
+        password_hash: hash_password("guest", GUEST_SALT),
+        salt: GUEST_SALT.to_vec(),
+        tags: vec![],
+    };
+    assert!(legacy.is_legacy_hash());
+    assert!(legacy.verify_password("guest"));
+    assert!(!legacy.verify_password("guesT"));
 }
 
 #[test]

@@ -2,7 +2,7 @@
 
 use qq_core::queue::{
     Command, Counts, Delivery, Effect, GET_CONSUMER, Location, MsgHeader, PUBLISHER_WINDOW,
-    QueueState, Reply, SettleOutcome,
+    QueueState, Receipt, Reply, SettleOutcome,
 };
 use qq_core::types::{ConsumerId, MessageId, Overflow, QueueConfig, Reason, Strategy};
 
@@ -957,6 +957,58 @@ fn get_lease_lapses_as_a_failed_delivery() {
     let (r, fx) = q.settle(1300, GET_CONSUMER, &[a], SettleOutcome::Ack);
     assert_eq!(r, Reply::Ok);
     assert_eq!(deleted(&fx), vec![a]);
+}
+
+#[test]
+fn get_receipts_settle_only_with_their_token_and_user() {
+    let mut q = Q::plain();
+    let a = q.publish(0, None);
+    let alice = |token: [u8; 16]| Receipt {
+        token,
+        user: "alice".into(),
+    };
+    let (r, _) = q.apply(Command::GetWithReceipt {
+        now_ms: 10,
+        lease_ms: 1000,
+        receipt: alice([7; 16]),
+    });
+    let Reply::Got {
+        delivery: Some(d), ..
+    } = r
+    else {
+        panic!("expected a delivery, got {r:?}")
+    };
+    assert_eq!(d.id, a);
+    let settle = |receipt: Receipt| Command::SettleReceipts {
+        now_ms: 20,
+        receipts: vec![(a, receipt)],
+        outcome: SettleOutcome::Ack,
+    };
+    // A forged token, another user's use of the right token, and the old id-only settle all
+    // refuse and settle nothing.
+    let (r, _) = q.apply(settle(alice([8; 16])));
+    assert!(matches!(r, Reply::Error { .. }), "{r:?}");
+    let (r, _) = q.apply(settle(Receipt {
+        token: [7; 16],
+        user: "mallory".into(),
+    }));
+    assert_eq!(
+        r,
+        Reply::Error {
+            detail: format!("receipt of message {a} belongs to another user")
+        }
+    );
+    let (r, _) = q.settle(30, GET_CONSUMER, &[a], SettleOutcome::Ack);
+    assert!(matches!(r, Reply::Error { .. }), "{r:?}");
+    assert_eq!(q.s.counts().unacked, 1);
+    q.s.check_invariants().unwrap();
+    // The right token and user settle it, once.
+    let (r, fx) = q.apply(settle(alice([7; 16])));
+    assert_eq!(r, Reply::Ok);
+    assert_eq!(deleted(&fx), vec![a]);
+    let (r, _) = q.apply(settle(alice([7; 16])));
+    assert!(matches!(r, Reply::Error { .. }), "{r:?}");
+    q.s.check_invariants().unwrap();
 }
 
 #[test]

@@ -147,7 +147,10 @@ fn flip(flag: &AtomicBool, now: bool, name: &str, detail: impl FnOnce() -> Strin
         if now {
             warn!("{name} alarm set: {}; publishes are refused", detail());
         } else {
-            info!("{name} alarm cleared: {}; publishes accepted again", detail());
+            info!(
+                "{name} alarm cleared: {}; publishes accepted again",
+                detail()
+            );
         }
     }
 }
@@ -156,7 +159,14 @@ fn flip(flag: &AtomicBool, now: bool, name: &str, detail: impl FnOnce() -> Strin
 fn proc_kb(path: &str, key: &str) -> std::io::Result<u64> {
     let text = std::fs::read_to_string(path)?;
     text.lines()
-        .find_map(|l| l.strip_prefix(key)?.trim().strip_suffix("kB")?.trim().parse().ok())
+        .find_map(|l| {
+            l.strip_prefix(key)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()
+        })
         .map(|kb: u64| kb * 1024)
         .ok_or_else(|| std::io::Error::other(format!("no '{key}' in {path}")))
 }

@@ -95,6 +95,15 @@ pub struct Config {
     /// How often at-least-once dead letters without a route are retried, in ms.
     #[serde(default = "default_dead_letter_retry_ms")]
     pub dead_letter_retry_ms: u64,
+    /// Users that may connect only from a loopback address (RabbitMQ's `loopback_users`);
+    /// requests without credentials act as `guest`. `[]` lifts the restriction (strongly
+    /// discouraged while guest has its default password).
+    #[serde(default = "default_loopback_users")]
+    pub loopback_users: Vec<String>,
+    /// Accept HTTP Basic credentials from non-loopback addresses on a client port without TLS
+    /// (they then cross the network in clear). Off by default.
+    #[serde(default)]
+    pub allow_plaintext_auth: bool,
 }
 
 fn default_max_message_bytes() -> usize {
@@ -138,6 +147,9 @@ fn default_snapshot_entries() -> u64 {
 }
 fn default_dead_letter_retry_ms() -> u64 {
     3000
+}
+fn default_loopback_users() -> Vec<String> {
+    vec!["guest".to_string()]
 }
 
 /// Command line. Either `--config FILE`, or the flags, or both (flags override the file).

@@ -2,6 +2,7 @@
 //! (`qq_tests::TestCluster`). One test binary, so the suite links once. Every test starts its own
 //! cluster; `TestCluster` runs them one at a time.
 
+mod alarms;
 mod bad_entries;
 mod bad_input;
 mod consumers;
@@ -11,6 +12,7 @@ mod limits;
 mod policies;
 mod refusals;
 mod routing;
+mod security_auth;
 mod shutdown;
 
 use std::collections::BTreeSet;

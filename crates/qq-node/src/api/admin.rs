@@ -2,14 +2,13 @@
 //! vhosts. Each handler checks the caller, validates what the metadata machine does not, and
 //! proposes one metadata command; queue purges go to the queue's own group.
 
-use qq_core::meta::{MetaCommand, MetaReply, Perm, hash_password};
+use qq_core::meta::{MetaCommand, MetaReply, Perm};
 use qq_core::queue::{Command, Reply};
 use qq_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use super::Api;
 use super::convert::{table_from_pb, vhost};
-use crate::clock::now_ms;
 use crate::groups::queue_sm::QueueRequest;
 
 type Empty = Result<Response<pb::Empty>, Status>;
@@ -19,7 +18,7 @@ fn empty() -> Empty {
 }
 
 pub async fn declare_exchange(api: &Api, request: Request<pb::DeclareExchangeRequest>) -> Empty {
-    let caller = api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
     let vhost = vhost(&r.vhost);
     api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
@@ -53,7 +52,7 @@ pub async fn declare_exchange(api: &Api, request: Request<pb::DeclareExchangeReq
 }
 
 pub async fn delete_exchange(api: &Api, request: Request<pb::DeleteExchangeRequest>) -> Empty {
-    let caller = api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
     let vhost = vhost(&r.vhost);
     api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
@@ -70,7 +69,7 @@ pub async fn declare_queue(
     api: &Api,
     request: Request<pb::DeclareQueueRequest>,
 ) -> Result<Response<pb::DeclareQueueResponse>, Status> {
-    let caller = api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
     let vhost = vhost(&r.vhost);
     if r.name.is_empty() {
@@ -114,7 +113,7 @@ pub async fn delete_queue(
     api: &Api,
     request: Request<pb::DeleteQueueRequest>,
 ) -> Result<Response<pb::DeleteQueueResponse>, Status> {
-    let caller = api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
     let vhost = vhost(&r.vhost);
     api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
@@ -160,7 +159,7 @@ pub async fn purge_queue(
     api: &Api,
     request: Request<pb::PurgeQueueRequest>,
 ) -> Result<Response<pb::PurgeQueueResponse>, Status> {
-    let caller = api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
     let vhost = vhost(&r.vhost);
     api.auth.check(&caller, &vhost, Perm::Read, &r.name)?;
@@ -180,7 +179,7 @@ pub async fn purge_queue(
 
 /// Bind or unbind: write on the queue, read on the exchange (as RabbitMQ).
 pub async fn binding(api: &Api, request: Request<pb::BindRequest>, bind: bool) -> Empty {
-    let caller = api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
     let vhost = vhost(&r.vhost);
     api.auth.check(&caller, &vhost, Perm::Write, &r.queue)?;
@@ -209,7 +208,7 @@ pub async fn binding(api: &Api, request: Request<pb::BindRequest>, bind: bool) -
 }
 
 pub async fn set_policy(api: &Api, request: Request<pb::SetPolicyRequest>) -> Empty {
-    api.admin(&request)?;
+    api.admin(&request).await?;
     let r = request.into_inner();
     let definition = table_from_pb("definition", &r.definition)?;
     let apply_to = if r.apply_to.is_empty() {
@@ -230,7 +229,7 @@ pub async fn set_policy(api: &Api, request: Request<pb::SetPolicyRequest>) -> Em
 }
 
 pub async fn clear_policy(api: &Api, request: Request<pb::ClearPolicyRequest>) -> Empty {
-    api.admin(&request)?;
+    api.admin(&request).await?;
     let r = request.into_inner();
     api.meta(MetaCommand::ClearPolicy {
         vhost: vhost(&r.vhost),
@@ -241,7 +240,7 @@ pub async fn clear_policy(api: &Api, request: Request<pb::ClearPolicyRequest>) -
 }
 
 pub async fn put_user(api: &Api, request: Request<pb::PutUserRequest>) -> Empty {
-    api.admin(&request)?;
+    api.admin(&request).await?;
     let r = request.into_inner();
     if r.name.is_empty() {
         return Err(Status::invalid_argument("name: a user name is required"));
@@ -249,33 +248,25 @@ pub async fn put_user(api: &Api, request: Request<pb::PutUserRequest>) -> Empty 
     if r.password.is_empty() {
         return Err(Status::invalid_argument("password: must not be empty"));
     }
-    let salt = format!(
-        "{}-{}-{}",
-        api.node.id(),
-        now_ms(),
-        api.node.next_consumer_id()
-    )
-    .into_bytes();
-    let password_hash = hash_password(&r.password, &salt);
-    api.meta(MetaCommand::PutUser {
-        name: r.name,
-        password_hash,
-        salt,
-        tags: r.tags,
+    // Argon2id with a random salt, here on the proposing node: apply stays deterministic.
+    let cmd = tokio::task::spawn_blocking(move || {
+        super::auth::hash_new_password(r.name, &r.password, r.tags)
     })
-    .await?;
+    .await
+    .map_err(|e| Status::internal(format!("password: hashing failed: {e}")))??;
+    api.meta(cmd).await?;
     empty()
 }
 
 pub async fn delete_user(api: &Api, request: Request<pb::DeleteUserRequest>) -> Empty {
-    api.admin(&request)?;
+    api.admin(&request).await?;
     let name = request.into_inner().name;
     api.meta(MetaCommand::DeleteUser { name }).await?;
     empty()
 }
 
 pub async fn set_permissions(api: &Api, request: Request<pb::SetPermissionsRequest>) -> Empty {
-    api.admin(&request)?;
+    api.admin(&request).await?;
     let r = request.into_inner();
     api.meta(MetaCommand::SetPermissions {
         user: r.user,
@@ -289,7 +280,7 @@ pub async fn set_permissions(api: &Api, request: Request<pb::SetPermissionsReque
 }
 
 pub async fn put_vhost(api: &Api, request: Request<pb::PutVhostRequest>) -> Empty {
-    api.admin(&request)?;
+    api.admin(&request).await?;
     let name = request.into_inner().name;
     if name.is_empty() {
         return Err(Status::invalid_argument("name: a vhost name is required"));
@@ -299,7 +290,7 @@ pub async fn put_vhost(api: &Api, request: Request<pb::PutVhostRequest>) -> Empt
 }
 
 pub async fn delete_vhost(api: &Api, request: Request<pb::DeleteVhostRequest>) -> Empty {
-    api.admin(&request)?;
+    api.admin(&request).await?;
     let name = request.into_inner().name;
     api.meta(MetaCommand::DeleteVhost { name }).await?;
     empty()

@@ -1,31 +1,81 @@
 //! Who is calling and what they may do: the only place the client API decides permissions.
 //!
-//! A request carries HTTP Basic credentials in its `authorization` metadata; without them it
-//! acts as `guest`. Permission checks read the metadata view; grants that passed are cached for
-//! one metadata version (compiling the permission regexes on every publish was the top cost in
-//! a profile).
+//! **Authentication.** A request carries HTTP Basic credentials in its `authorization`
+//! metadata; without them it acts as `guest`. Users named in `loopback_users` (default
+//! `guest`) are accepted only from a loopback peer address, as RabbitMQ's `loopback_users`; an
+//! unknown peer address counts as remote. Basic credentials from a remote peer over plain text
+//! are refused unless the client port serves TLS or `allow_plaintext_auth` is set. Passwords
+//! are stored as Argon2id PHC strings (hashed here, on the proposing node, by
+//! [`hash_new_password`]); a verify costs about 20 ms and 19 MiB, and gRPC sends credentials on
+//! every call, so verified credentials are cached for [`VERIFIED_TTL`] keyed by user, SHA-256
+//! of the password (compared in constant time) and a digest of the user's stored record (a
+//! password change or a deleted user misses). Misses verify in `spawn_blocking` behind a
+//! semaphore of [`MAX_CONCURRENT_VERIFIES`]. A wrong password is logged at WARN with the peer.
+//!
+//! **Authorization.** Permission checks read the metadata view; grants that passed are cached
+//! for one metadata version (compiling the permission regexes on every publish was the top cost
+//! in a profile). A vhost is *visible* to a caller who has any permission in it, or is an
+//! administrator; a vhost that is not visible (existing or not) answers PERMISSION_DENIED, so
+//! its existence does not leak.
 //!
 //! Must not: propose anything, or let a handler skip a check by calling the domain directly.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use argon2::{Argon2, PasswordHasher};
 use base64::Engine;
-use qq_core::meta::Perm;
+use qq_core::meta::{MetaCommand, MetaState, Perm, User};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tokio::sync::Semaphore;
 use tonic::{Request, Status};
+use tracing::warn;
 
 use super::convert::meta_error_to_status;
 use crate::meta_view::MetaView;
 
 /// Cached grants, at most; the cache is emptied when full or when the metadata changes.
 const GRANT_CACHE_BOUND: usize = 10_000;
+/// Cached verified credentials, at most (one per user); full: expired entries go, then all.
+const VERIFIED_CACHE_BOUND: usize = 10_000;
+/// How long a verified password is trusted without verifying it again (RabbitMQ's auth cache:
+/// 15 s).
+pub const VERIFIED_TTL: Duration = Duration::from_secs(15);
+/// Password verifies running at once, at most (each allocates 19 MiB for Argon2id).
+pub const MAX_CONCURRENT_VERIFIES: usize = 2;
 
 type Grant = (String, String, u8, String);
 
+/// The authentication settings of the client port.
+#[derive(Debug, Clone)]
+pub struct AuthSettings {
+    /// Users that may connect only from a loopback address (config `loopback_users`).
+    pub loopback_users: Vec<String>,
+    /// Accept Basic credentials over plain text from remote peers (config
+    /// `allow_plaintext_auth`).
+    pub allow_plaintext_auth: bool,
+    /// Whether the client port serves TLS (then Basic credentials are never plain text).
+    pub client_tls: bool,
+}
+
+/// A verified password, trusted until `at + VERIFIED_TTL`.
+struct Verified {
+    password_digest: [u8; 32],
+    record_digest: [u8; 32],
+    at: Instant,
+}
+
 pub struct Auth {
     view: MetaView,
+    settings: AuthSettings,
     /// Permission checks that passed, valid for one metadata version.
     granted: Mutex<(u64, HashSet<Grant>)>,
+    /// User → the last password verified for it.
+    verified: Mutex<HashMap<String, Verified>>,
+    verifies: Arc<Semaphore>,
 }
 
 /// An authenticated caller.
@@ -34,41 +84,194 @@ pub struct Caller {
     pub user: String,
 }
 
+/// Whether a peer address is loopback (IPv4-mapped IPv6 included); unknown counts as remote.
+pub fn is_loopback(peer: Option<SocketAddr>) -> bool {
+    match peer.map(|a| a.ip()) {
+        Some(IpAddr::V4(ip)) => ip.is_loopback(),
+        Some(IpAddr::V6(ip)) => ip
+            .to_ipv4_mapped()
+            .map_or(ip.is_loopback(), |v4| v4.is_loopback()),
+        None => false,
+    }
+}
+
+/// The `PutUser` command for a new password: Argon2id with the crate's (OWASP's) defaults and a
+/// random salt, as a PHC string. Runs on the proposing node (the state machine stays
+/// deterministic); costs about 20 ms, so call it from `spawn_blocking`.
+pub fn hash_new_password(
+    name: String,
+    password: &str,
+    tags: Vec<String>,
+) -> Result<MetaCommand, Status> {
+    let phc = Argon2::default()
+        .hash_password(password.as_bytes())
+        .map_err(|e| Status::internal(format!("password: hashing failed: {e}")))?
+        .to_string();
+    Ok(MetaCommand::PutUser {
+        name,
+        password_hash: phc.into_bytes(),
+        salt: Vec::new(),
+        tags,
+    })
+}
+
+fn sha256(parts: &[&[u8]]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
+    h.finalize().into()
+}
+
+fn record_digest(u: &User) -> [u8; 32] {
+    sha256(&[&u.password_hash, &u.salt])
+}
+
+/// Basic credentials from the `authorization` metadata, if any.
+fn basic_credentials<T>(req: &Request<T>) -> Result<Option<(String, String)>, Status> {
+    let Some(v) = req.metadata().get("authorization") else {
+        return Ok(None);
+    };
+    let v = v
+        .to_str()
+        .map_err(|_| Status::unauthenticated("authorization: not ASCII"))?;
+    let b64 = v.strip_prefix("Basic ").ok_or_else(|| {
+        Status::unauthenticated("authorization: expected 'Basic base64(user:password)'")
+    })?;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|_| Status::unauthenticated("authorization: invalid base64"))?;
+    let raw =
+        String::from_utf8(raw).map_err(|_| Status::unauthenticated("authorization: not UTF-8"))?;
+    let (u, p) = raw
+        .split_once(':')
+        .ok_or_else(|| Status::unauthenticated("authorization: expected user:password"))?;
+    Ok(Some((u.to_string(), p.to_string())))
+}
+
 impl Auth {
-    pub fn new(view: MetaView) -> Auth {
+    pub fn new(view: MetaView, settings: AuthSettings) -> Auth {
         Auth {
             view,
+            settings,
             granted: Mutex::new((0, HashSet::new())),
+            verified: Mutex::new(HashMap::new()),
+            verifies: Arc::new(Semaphore::new(MAX_CONCURRENT_VERIFIES)),
         }
     }
 
+    /// The metadata view the checks read.
+    pub fn view(&self) -> &MetaView {
+        &self.view
+    }
+
     /// The authenticated caller: Basic credentials, or `guest` without them.
-    pub fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
-        let (user, password) = match req.metadata().get("authorization") {
-            None => ("guest".to_string(), "guest".to_string()),
-            Some(v) => {
-                let v = v
-                    .to_str()
-                    .map_err(|_| Status::unauthenticated("authorization: not ASCII"))?;
-                let b64 = v.strip_prefix("Basic ").ok_or_else(|| {
-                    Status::unauthenticated("authorization: expected 'Basic base64(user:password)'")
-                })?;
-                let raw = base64::engine::general_purpose::STANDARD
-                    .decode(b64.trim())
-                    .map_err(|_| Status::unauthenticated("authorization: invalid base64"))?;
-                let raw = String::from_utf8(raw)
-                    .map_err(|_| Status::unauthenticated("authorization: not UTF-8"))?;
-                let (u, p) = raw.split_once(':').ok_or_else(|| {
-                    Status::unauthenticated("authorization: expected user:password")
-                })?;
-                (u.to_string(), p.to_string())
-            }
+    pub async fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
+        let peer = req.remote_addr();
+        let loopback = is_loopback(peer);
+        let shown_peer = peer.map_or_else(|| "unknown".to_string(), |a| a.to_string());
+        let (user, password, basic) = match basic_credentials(req)? {
+            Some((u, p)) => (u, p, true),
+            None => ("guest".to_string(), "guest".to_string(), false),
         };
-        self.view
-            .current()
-            .authenticate(&user, &password)
-            .map_err(|e| meta_error_to_status(&e))?;
-        Ok(Caller { user })
+        if !loopback && self.settings.loopback_users.iter().any(|u| *u == user) {
+            warn!(user = %user, peer = %shown_peer, "login refused: loopback-only user from a remote address");
+            return Err(Status::unauthenticated(format!(
+                "user '{user}' can only connect via localhost"
+            )));
+        }
+        if basic && !loopback && !self.settings.client_tls && !self.settings.allow_plaintext_auth {
+            warn!(user = %user, peer = %shown_peer, "login refused: basic credentials over plain text");
+            return Err(Status::unauthenticated(
+                "authorization: basic credentials over plain text from a non-loopback address are \
+                 refused; use TLS on the client port or set allow_plaintext_auth = true",
+            ));
+        }
+        if self.verify(&user, password).await? {
+            Ok(Caller { user })
+        } else {
+            warn!(user = %user, peer = %shown_peer, "login refused: invalid credentials");
+            Err(Status::unauthenticated(format!(
+                "invalid credentials for user '{user}'"
+            )))
+        }
+    }
+
+    /// Whether `password` is `user`'s: from the cache, else verified off the async workers.
+    async fn verify(&self, user: &str, password: String) -> Result<bool, Status> {
+        let Some(record) = self.view.current().user(user).cloned() else {
+            return Ok(false);
+        };
+        let password_digest = sha256(&[user.as_bytes(), password.as_bytes()]);
+        let record_digest = record_digest(&record);
+        {
+            let cache = self.verified.lock().unwrap();
+            if let Some(v) = cache.get(user)
+                && v.at.elapsed() < VERIFIED_TTL
+                && bool::from(v.password_digest.ct_eq(&password_digest))
+                && bool::from(v.record_digest.ct_eq(&record_digest))
+            {
+                return Ok(true);
+            }
+        }
+        let permit = self
+            .verifies
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Status::unavailable("authentication: node is shutting down"))?;
+        let ok = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            record.verify_password(&password)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("authentication: verify failed: {e}")))?;
+        if ok {
+            let mut cache = self.verified.lock().unwrap();
+            if cache.len() >= VERIFIED_CACHE_BOUND {
+                cache.retain(|_, v| v.at.elapsed() < VERIFIED_TTL);
+                if cache.len() >= VERIFIED_CACHE_BOUND {
+                    cache.clear();
+                }
+            }
+            cache.insert(
+                user.to_string(),
+                Verified {
+                    password_digest,
+                    record_digest,
+                    at: Instant::now(),
+                },
+            );
+        }
+        Ok(ok)
+    }
+
+    fn is_admin(state: &MetaState, user: &str) -> bool {
+        state
+            .user(user)
+            .is_some_and(|u| u.tags.iter().any(|t| t == "administrator"))
+    }
+
+    /// Whether `caller` may see `vhost`: any permission in it, or an administrator.
+    pub fn may_see(&self, state: &MetaState, caller: &Caller, vhost: &str) -> bool {
+        Self::is_admin(state, &caller.user) || state.permissions(&caller.user, vhost).is_some()
+    }
+
+    /// OK for a visible vhost that exists; PERMISSION_DENIED for one the caller may not see
+    /// (whether it exists or not); NOT_FOUND for a missing vhost an administrator names.
+    pub fn require_visible(&self, caller: &Caller, vhost: &str) -> Result<(), Status> {
+        let state = self.view.current();
+        if !self.may_see(&state, caller, vhost) {
+            return Err(Status::permission_denied(format!(
+                "access to vhost '{vhost}' refused for user '{}'",
+                caller.user
+            )));
+        }
+        if !state.vhost_exists(vhost) {
+            return Err(Status::not_found(format!("vhost '{vhost}' not found")));
+        }
+        Ok(())
     }
 
     /// `perm` on `resource` (an exchange or queue name) in `vhost`.
@@ -94,8 +297,14 @@ impl Auth {
                 return Ok(());
             }
         }
-        self.view
-            .current()
+        let state = self.view.current();
+        if !self.may_see(&state, caller, vhost) {
+            return Err(Status::permission_denied(format!(
+                "access to vhost '{vhost}' refused for user '{}'",
+                caller.user
+            )));
+        }
+        state
             .check_permission(&caller.user, vhost, perm, resource)
             .map_err(|e| meta_error_to_status(&e))?;
         let mut granted = self.granted.lock().unwrap();
@@ -107,12 +316,54 @@ impl Auth {
     }
 
     pub fn require_admin(&self, caller: &Caller) -> Result<(), Status> {
-        match self.view.current().user(&caller.user) {
-            Some(u) if u.tags.iter().any(|t| t == "administrator") => Ok(()),
-            _ => Err(Status::permission_denied(format!(
+        if Self::is_admin(&self.view.current(), &caller.user) {
+            Ok(())
+        } else {
+            Err(Status::permission_denied(format!(
                 "user '{}' is not an administrator",
                 caller.user
-            ))),
+            )))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_addresses() {
+        let a = |s: &str| Some(s.parse::<SocketAddr>().unwrap());
+        assert!(is_loopback(a("127.0.0.1:1")));
+        assert!(is_loopback(a("127.5.0.1:1")));
+        assert!(is_loopback(a("[::1]:1")));
+        assert!(is_loopback(a("[::ffff:127.0.0.1]:1")));
+        assert!(!is_loopback(a("192.0.2.2:1")));
+        assert!(!is_loopback(a("[::ffff:192.0.2.2]:1")));
+        assert!(!is_loopback(None));
+    }
+
+    #[test]
+    fn put_user_stores_an_argon2id_phc_string_that_verifies() {
+        let cmd = hash_new_password("bob".into(), "s3cret", vec![]).unwrap();
+        let mut state = MetaState::new();
+        let (reply, _) = state.apply(cmd);
+        reply.unwrap();
+        let bob = state.user("bob").unwrap();
+        let phc = std::str::from_utf8(&bob.password_hash).unwrap();
+        assert!(
+            phc.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"),
+            "stored: {phc}"
+        );
+        assert!(!bob.is_legacy_hash());
+        assert!(bob.verify_password("s3cret"));
+        assert!(!bob.verify_password("s3creT"));
+        state.authenticate("bob", "s3cret").unwrap();
+        // A random salt: the same password hashes differently every time.
+        let again = hash_new_password("bob".into(), "s3cret", vec![]).unwrap();
+        let MetaCommand::PutUser { password_hash, .. } = again else {
+            unreachable!()
+        };
+        assert_ne!(password_hash, bob.password_hash);
     }
 }

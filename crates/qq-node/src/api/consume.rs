@@ -8,14 +8,16 @@
 
 use futures::StreamExt;
 use qq_core::meta::{Perm, QueueMeta};
-use qq_core::queue::{Command, GET_CONSUMER, Reply};
+use qq_core::queue::{Command, Receipt, Reply};
 use qq_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::auth::Caller;
+use std::sync::Arc;
+
+use super::auth::{Auth, Caller};
 use super::convert::{delivery_pb, settle_outcome, vhost};
 use super::{Api, BoxStream};
 use crate::clock::now_ms;
@@ -33,7 +35,7 @@ pub async fn get(
     api: &Api,
     request: Request<pb::GetRequest>,
 ) -> Result<Response<pb::GetResponse>, Status> {
-    let caller = api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
     let vhost = vhost(&r.vhost);
     api.auth.check(&caller, &vhost, Perm::Read, &r.queue)?;
@@ -43,10 +45,24 @@ pub async fn get(
     } else {
         r.lease_ms
     };
-    let cmd = Command::Get {
-        now_ms: now_ms(),
-        lease_ms,
-        auto_ack: r.auto_ack,
+    // The lease is bound to 128 random bits drawn here, on the proposing node, and to the
+    // caller: only both settle it.
+    let token: [u8; 16] = rand::random();
+    let cmd = if r.auto_ack {
+        Command::Get {
+            now_ms: now_ms(),
+            lease_ms,
+            auto_ack: true,
+        }
+    } else {
+        Command::GetWithReceipt {
+            now_ms: now_ms(),
+            lease_ms,
+            receipt: Receipt {
+                token,
+                user: caller.user.clone(),
+            },
+        }
     };
     let out = api
         .node
@@ -73,7 +89,7 @@ pub async fn get(
             let receipt = if r.auto_ack {
                 String::new()
             } else {
-                format!("{}-{}", qm.id, d.id)
+                format_receipt(qm.id, d.id, &token)
             };
             Some(delivery_pb(0, receipt, d.redelivered, &m))
         }
@@ -85,34 +101,55 @@ pub async fn get(
     }))
 }
 
+/// A Get receipt as the client sees it: `{group}.{message id}.{token as 32 hex digits}`.
+fn format_receipt(group: u64, id: u64, token: &[u8; 16]) -> String {
+    let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{group}.{id}.{hex}")
+}
+
+fn parse_receipt(receipt: &str) -> Option<(u64, u64, [u8; 16])> {
+    let mut parts = receipt.split('.');
+    let group = parts.next()?.parse().ok()?;
+    let id = parts.next()?.parse().ok()?;
+    let hex = parts.next()?;
+    if parts.next().is_some() || hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut token = [0u8; 16];
+    for (i, byte) in token.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some((group, id, token))
+}
+
 pub async fn settle(
     api: &Api,
     request: Request<pb::SettleRequest>,
 ) -> Result<Response<pb::Empty>, Status> {
-    let caller = api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
     let outcome = settle_outcome(r.outcome, "outcome")?;
-    let mut by_group: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+    let mut by_group: std::collections::BTreeMap<u64, Vec<(u64, Receipt)>> = Default::default();
     for receipt in &r.receipts {
-        let parsed = receipt
-            .split_once('-')
-            .and_then(|(g, m)| Some((g.parse::<u64>().ok()?, m.parse::<u64>().ok()?)));
-        let (group, id) = parsed.ok_or_else(|| {
+        let (group, id, token) = parse_receipt(receipt).ok_or_else(|| {
             Status::invalid_argument(format!("receipts: '{receipt}' is not a receipt from Get"))
         })?;
-        by_group.entry(group).or_default().push(id);
+        let bound = Receipt {
+            token,
+            user: caller.user.clone(),
+        };
+        by_group.entry(group).or_default().push((id, bound));
     }
-    for (group, ids) in by_group {
+    for (group, receipts) in by_group {
         let qm: QueueMeta = api.node.view().queue_by_id(group).ok_or_else(|| {
             Status::not_found(format!(
                 "receipts: the queue of receipt group {group} no longer exists"
             ))
         })?;
         api.auth.check(&caller, &qm.vhost, Perm::Read, &qm.name)?;
-        let cmd = Command::Settle {
+        let cmd = Command::SettleReceipts {
             now_ms: now_ms(),
-            consumer: GET_CONSUMER,
-            ids,
+            receipts,
             outcome,
         };
         let reply = api
@@ -132,7 +169,7 @@ pub async fn consume(
     request: Request<Streaming<pb::ConsumeRequest>>,
 ) -> Result<Response<BoxStream<pb::ConsumeResponse>>, Status> {
     use pb::consume_request::Request as Req;
-    let caller = api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let mut input = request.into_inner();
     let first = input.next().await.ok_or_else(|| {
         Status::invalid_argument("subscribe: the first request must be subscribe")
@@ -142,16 +179,28 @@ pub async fn consume(
             "subscribe: the first request must be subscribe",
         ));
     };
+    let vhost_name = vhost(&sub.vhost);
+    let queue_name = sub.queue.clone();
     let args = subscribe_args(api, &caller, sub)?;
     let (in_tx, in_rx) = mpsc::channel::<SessionIn>(STREAM_BOUND);
     let (tx, rx) = mpsc::channel(STREAM_BOUND);
-    let stopping = api.node.stopping().clone();
+    // Ends the request pump (and so the session) when the response side ends first, e.g. when
+    // the caller's read permission is revoked.
+    let stream_done = api.node.stopping().child_token();
     api.node
         .tasks()
-        .spawn(pump_requests(input, in_tx, tx.clone(), stopping));
+        .spawn(pump_requests(input, in_tx, tx.clone(), stream_done.clone()));
     let (out_tx, out_rx) = mpsc::channel::<SessionOut>(STREAM_BOUND);
     start_session(api.node.clone(), args, in_rx, out_tx).await?;
-    api.node.tasks().spawn(pump_responses(out_rx, tx));
+    let access = Access {
+        auth: api.auth.clone(),
+        caller,
+        vhost: vhost_name,
+        queue: queue_name,
+    };
+    api.node
+        .tasks()
+        .spawn(pump_responses(out_rx, tx, access, stream_done));
     Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
 }
 
@@ -224,35 +273,100 @@ async fn pump_requests(
     }
 }
 
-/// Session output → the client's stream; an error ends it.
+/// What a consume stream was granted: read on `queue` in `vhost`, checked again on every
+/// metadata change.
+struct Access {
+    auth: Arc<Auth>,
+    caller: Caller,
+    vhost: String,
+    queue: String,
+}
+
+/// Session output → the client's stream; an error ends it. Every change of the metadata view
+/// checks the caller's read permission again: revoked (or the user deleted), the stream ends
+/// with PERMISSION_DENIED and the session with it (its unacked messages return to the queue).
 async fn pump_responses(
     mut out_rx: mpsc::Receiver<SessionOut>,
     tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>,
+    access: Access,
+    stream_done: CancellationToken,
 ) {
-    use pb::consume_response::Response as R;
-    while let Some(out) = out_rx.recv().await {
-        let response = match out {
-            SessionOut::Subscribed { consumer_tag } => {
-                R::Subscribed(pb::Subscribed { consumer_tag })
+    let _done = stream_done.clone().drop_guard();
+    let mut meta_changes = access.auth.view().subscribe();
+    // A change between the subscribe check and here is seen at once.
+    meta_changes.mark_changed();
+    loop {
+        // Room in the client's stream is reserved first, so a revoke is seen even while the
+        // client is not reading.
+        let revoked = tokio::select! {
+            changed = meta_changes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                access.recheck()
             }
-            SessionOut::Delivery {
-                tag,
-                redelivered,
-                message,
-            } => R::Delivery(delivery_pb(tag, String::new(), redelivered, &message)),
-            SessionOut::Cancelled { reason } => R::Cancelled(pb::Cancelled { reason }),
-            SessionOut::Error { code, message } => {
-                let _ = tx
-                    .send(Err(Status::new(tonic::Code::from_i32(code), message)))
-                    .await;
-                return;
+            permit = tx.reserve() => {
+                let Ok(permit) = permit else {
+                    return;
+                };
+                tokio::select! {
+                    out = out_rx.recv() => {
+                        let Some(out) = out else {
+                            return;
+                        };
+                        if !forward(out, permit) {
+                            return;
+                        }
+                        None
+                    }
+                    changed = meta_changes.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        access.recheck()
+                    }
+                }
             }
         };
-        let item = pb::ConsumeResponse {
-            response: Some(response),
-        };
-        if tx.send(Ok(item)).await.is_err() {
+        if let Some(status) = revoked {
+            // Stop the session now (its unsettled deliveries return to the queue); the client
+            // gets the status after what it has not read yet.
+            drop(out_rx);
+            stream_done.cancel();
+            let _ = tx.send(Err(status)).await;
             return;
         }
     }
+}
+
+impl Access {
+    /// The status that ends the stream, when the caller may no longer read the queue.
+    fn recheck(&self) -> Option<Status> {
+        self.auth
+            .check(&self.caller, &self.vhost, Perm::Read, &self.queue)
+            .err()
+    }
+}
+
+/// One session output into the reserved room of the client's stream; false when the stream is
+/// over.
+fn forward(out: SessionOut, permit: mpsc::Permit<'_, Result<pb::ConsumeResponse, Status>>) -> bool {
+    use pb::consume_response::Response as R;
+    let response = match out {
+        SessionOut::Subscribed { consumer_tag } => R::Subscribed(pb::Subscribed { consumer_tag }),
+        SessionOut::Delivery {
+            tag,
+            redelivered,
+            message,
+        } => R::Delivery(delivery_pb(tag, String::new(), redelivered, &message)),
+        SessionOut::Cancelled { reason } => R::Cancelled(pb::Cancelled { reason }),
+        SessionOut::Error { code, message } => {
+            permit.send(Err(Status::new(tonic::Code::from_i32(code), message)));
+            return false;
+        }
+    };
+    permit.send(Ok(pb::ConsumeResponse {
+        response: Some(response),
+    }));
+    true
 }

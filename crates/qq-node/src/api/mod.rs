@@ -28,7 +28,7 @@ use qq_proto::v1::broker_server::Broker;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::instrument;
 
-use self::auth::{Auth, Caller};
+use self::auth::{Auth, AuthSettings, Caller};
 use self::convert::meta_error_to_status;
 use crate::node::Node;
 
@@ -52,8 +52,8 @@ impl Api {
     }
 
     /// The caller, who must be an administrator.
-    fn admin<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
-        let caller = self.auth.caller(request)?;
+    async fn admin<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        let caller = self.auth.caller(request).await?;
         self.auth.require_admin(&caller)?;
         Ok(caller)
     }
@@ -80,7 +80,14 @@ pub struct BrokerService {
 
 impl BrokerService {
     pub fn new(node: Arc<Node>) -> BrokerService {
-        let auth = Arc::new(Auth::new(node.view().clone()));
+        let config = node.config();
+        // The client port's TLS is decided by the server's wiring; plain text until then.
+        let settings = AuthSettings {
+            loopback_users: config.loopback_users.clone(),
+            allow_plaintext_auth: config.allow_plaintext_auth,
+            client_tls: false,
+        };
+        let auth = Arc::new(Auth::new(node.view().clone(), settings));
         BrokerService {
             api: Api { node, auth },
         }

@@ -57,6 +57,13 @@ fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepar
     let meta_err = |e: qq_core::meta::MetaError| meta_error_to_status(&e);
     let (mut properties, body) = message_from_pb(req.message.as_ref())?;
     check_headers(api, &properties.headers)?;
+    // RabbitMQ's validated user-id: a set user_id must be the authenticated user.
+    if !properties.user_id.is_empty() && properties.user_id != caller.user {
+        return Err(Status::permission_denied(format!(
+            "message.properties.user_id: set to '{}' but the authenticated user is '{}'",
+            properties.user_id, caller.user
+        )));
+    }
     qq_core::route::validate_sender_selected(&properties.headers).map_err(meta_err)?;
     qq_core::deadletter::strip_client_death_headers(&mut properties.headers);
     let keys = qq_core::route::routing_keys(&req.routing_key, &properties.headers);
@@ -286,7 +293,7 @@ pub async fn publish(
     api: &Api,
     request: Request<pb::PublishRequest>,
 ) -> Result<Response<pb::PublishResponse>, Status> {
-    let caller = api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let req = request.into_inner();
     let seq = req.seq;
     // A bad message fails the call (on a stream, only its seq).
@@ -303,7 +310,7 @@ pub async fn publish_stream(
     request: Request<Streaming<pb::PublishRequest>>,
 ) -> Result<Response<BoxStream<pb::PublishResponse>>, Status> {
     use futures::FutureExt;
-    let caller = api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let mut input = request.into_inner();
     let (tx, rx) = mpsc::channel(STREAM_ANSWERS_BOUND);
     // One batch in flight at a time keeps the stream's order; a batch is everything that

@@ -2,7 +2,9 @@
 //! live information (from its leader), the cluster's status and the overview.
 //!
 //! Lists come from the metadata view; message counts come from each queue's leader, wherever
-//! it is ([`crate::proposer::Proposer::queue_info`]).
+//! it is ([`crate::proposer::Proposer::queue_info`]). Every answer shows only the vhosts the
+//! caller may see ([`super::auth::Auth::may_see`]): naming another vhost is PERMISSION_DENIED,
+//! and `ClusterStatus` and `Overview` leave the other vhosts' queues out.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -62,22 +64,13 @@ fn queue_info_pb(qm: &QueueMeta, data: Option<QueueInfoData>) -> pb::QueueInfo {
     info
 }
 
-/// Answer NOT_FOUND for a vhost that does not exist.
-fn require_vhost(api: &Api, vhost: &str) -> Result<(), Status> {
-    if api.node.view().current().vhost_exists(vhost) {
-        Ok(())
-    } else {
-        Err(Status::not_found(format!("vhost '{vhost}' not found")))
-    }
-}
-
 pub async fn list_policies(
     api: &Api,
     request: Request<pb::ListPoliciesRequest>,
 ) -> Result<Response<pb::ListPoliciesResponse>, Status> {
-    api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let v = vhost(&request.get_ref().vhost);
-    require_vhost(api, &v)?;
+    api.auth.require_visible(&caller, &v)?;
     let policies = api
         .node
         .view()
@@ -99,9 +92,9 @@ pub async fn list_queues(
     api: &Api,
     request: Request<pb::ListQueuesRequest>,
 ) -> Result<Response<pb::ListQueuesResponse>, Status> {
-    api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let v = vhost(&request.get_ref().vhost);
-    require_vhost(api, &v)?;
+    api.auth.require_visible(&caller, &v)?;
     let queues: Vec<QueueMeta> = api
         .node
         .view()
@@ -124,9 +117,11 @@ pub async fn get_queue(
     api: &Api,
     request: Request<pb::GetQueueRequest>,
 ) -> Result<Response<pb::QueueInfo>, Status> {
-    api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
-    let qm = api.queue_meta(&vhost(&r.vhost), &r.name)?;
+    let v = vhost(&r.vhost);
+    api.auth.require_visible(&caller, &v)?;
+    let qm = api.queue_meta(&v, &r.name)?;
     let data = api.node.proposer().queue_info(qm.id).await?;
     Ok(Response::new(queue_info_pb(&qm, Some(data))))
 }
@@ -135,9 +130,9 @@ pub async fn list_exchanges(
     api: &Api,
     request: Request<pb::ListExchangesRequest>,
 ) -> Result<Response<pb::ListExchangesResponse>, Status> {
-    api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let v = vhost(&request.get_ref().vhost);
-    require_vhost(api, &v)?;
+    api.auth.require_visible(&caller, &v)?;
     let exchanges = api
         .node
         .view()
@@ -160,9 +155,9 @@ pub async fn list_bindings(
     api: &Api,
     request: Request<pb::ListBindingsRequest>,
 ) -> Result<Response<pb::ListBindingsResponse>, Status> {
-    api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let v = vhost(&request.get_ref().vhost);
-    require_vhost(api, &v)?;
+    api.auth.require_visible(&caller, &v)?;
     let bindings = api
         .node
         .view()
@@ -183,7 +178,7 @@ pub async fn cluster_status(
     api: &Api,
     request: Request<pb::ClusterStatusRequest>,
 ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
-    api.auth.caller(&request)?;
+    let caller = api.auth.caller(&request).await?;
     let node = &api.node;
     let peers = node.peers();
     let reach = join_all(peers.ids().into_iter().map(|id| async move {
@@ -207,10 +202,10 @@ pub async fn cluster_status(
         })
         .collect();
     let registry = node.registry();
-    let queues = node
-        .view()
-        .current()
+    let state = node.view().current();
+    let queues = state
         .queues()
+        .filter(|q| api.auth.may_see(&state, &caller, &q.vhost))
         .map(|q| {
             let local = registry.local_queue_info(q.id, false);
             pb::QueueLeader {
@@ -238,8 +233,13 @@ pub async fn overview(
     api: &Api,
     request: Request<pb::OverviewRequest>,
 ) -> Result<Response<pb::OverviewResponse>, Status> {
-    api.auth.caller(&request)?;
-    let metas: Vec<QueueMeta> = api.node.view().current().queues().cloned().collect();
+    let caller = api.auth.caller(&request).await?;
+    let state = api.node.view().current();
+    let metas: Vec<QueueMeta> = state
+        .queues()
+        .filter(|q| api.auth.may_see(&state, &caller, &q.vhost))
+        .cloned()
+        .collect();
     let proposer = api.node.proposer();
     let infos = join_all(metas.iter().map(|q| proposer.queue_info(q.id))).await;
     let mut o = pb::OverviewResponse {

@@ -15,12 +15,12 @@
 //! from here is `try_send` on a bounded channel, and what a full channel means is written at
 //! its bound).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use qq_core::queue::{Command, Delivery, Effect, QueueState, Reply};
+use qq_core::queue::{Command, Delivery, Effect, QueueState, Receipt, Reply};
 use qq_core::{ConsumerId, Message, MessageId, QueueConfig, Reason, Strategy};
 use qq_raft::GroupId;
 use qq_raft::store::Store;
@@ -174,6 +174,17 @@ struct PendingBodies {
 struct QueueSnapshot {
     state: QueueState,
     bodies: Vec<(MessageId, serde_bytes::ByteBuf)>,
+    /// The Get receipts ([`QueueState::receipts`]); last, so that a snapshot written before
+    /// receipts existed (it ends after `bodies`) decodes with none.
+    #[serde(default, deserialize_with = "receipts_or_none")]
+    receipts: BTreeMap<MessageId, Receipt>,
+}
+
+/// An absent receipts map (an older snapshot ends before it) is an empty one.
+fn receipts_or_none<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<MessageId, Receipt>, D::Error> {
+    Ok(BTreeMap::deserialize(d).unwrap_or_default())
 }
 
 fn io_encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
@@ -491,7 +502,12 @@ impl Machine for QueueMachine {
                 bodies.push((id, serde_bytes::ByteBuf::from(b)));
             }
         }
-        io_encode(&QueueSnapshot { state, bodies })
+        let receipts = state.receipts().clone();
+        io_encode(&QueueSnapshot {
+            state,
+            bodies,
+            receipts,
+        })
     }
 
     fn install(&self, data: &[u8]) -> io::Result<()> {
@@ -513,7 +529,80 @@ impl Machine for QueueMachine {
             .map(|(id, b)| (*id, b.as_ref()))
             .collect();
         self.store.put_bodies(self.group, &bodies)?;
-        *self.state.lock().unwrap() = snap.state;
+        let mut state = snap.state;
+        state.restore_receipts(snap.receipts);
+        *self.state.lock().unwrap() = state;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A queue snapshot as written before Get receipts existed.
+    #[derive(Serialize)]
+    struct SnapshotBeforeReceipts {
+        state: QueueState,
+        bodies: Vec<(MessageId, serde_bytes::ByteBuf)>,
+    }
+
+    fn leased_state() -> QueueState {
+        let mut state = QueueState::new(QueueConfig::new("/", "q"));
+        let header = qq_core::queue::MsgHeader {
+            size_bytes: 1,
+            expiration_ms: None,
+        };
+        state.apply(
+            1,
+            Command::Enqueue {
+                now_ms: 0,
+                header,
+                publisher: None,
+                dedup_key: None,
+            },
+        );
+        let receipt = Receipt {
+            token: [9; 16],
+            user: "alice".into(),
+        };
+        state.apply(
+            2,
+            Command::GetWithReceipt {
+                now_ms: 0,
+                lease_ms: 60_000,
+                receipt,
+            },
+        );
+        state
+    }
+
+    #[test]
+    fn snapshots_carry_receipts_and_older_snapshots_still_decode() {
+        let state = leased_state();
+        assert_eq!(state.receipts().len(), 1);
+        let bodies = vec![(1, serde_bytes::ByteBuf::from(vec![b'x']))];
+        let current = io_encode(&QueueSnapshot {
+            state: state.clone(),
+            bodies: bodies.clone(),
+            receipts: state.receipts().clone(),
+        })
+        .unwrap();
+        let snap: QueueSnapshot = postcard::from_bytes(&current).unwrap();
+        assert_eq!(&snap.receipts, state.receipts());
+        let mut restored = snap.state;
+        restored.restore_receipts(snap.receipts);
+        assert_eq!(restored, state);
+        restored.check_invariants().unwrap();
+
+        let old = io_encode(&SnapshotBeforeReceipts {
+            state: state.clone(),
+            bodies,
+        })
+        .unwrap();
+        let snap: QueueSnapshot = postcard::from_bytes(&old).unwrap();
+        assert!(snap.receipts.is_empty());
+        assert_eq!(snap.bodies.len(), 1);
+        snap.state.check_invariants().unwrap();
     }
 }
