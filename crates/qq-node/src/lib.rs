@@ -15,9 +15,11 @@
 //! - [`meta_view`]: the read-only, versioned view of the metadata.
 //! - [`groups`]: the Raft groups hosted here: state-machine shell, metadata and queue machines,
 //!   registry.
+//! - [`certs`]: the `qq-node certs` subcommand (cluster CA and node certificates).
 //! - [`config`], [`error`], [`codec`], [`clock`]: leaves.
 
 pub mod api;
+pub mod certs;
 pub mod clock;
 pub mod codec;
 pub mod config;

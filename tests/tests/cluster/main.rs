@@ -8,6 +8,7 @@ mod deadletter;
 mod failover;
 mod policies;
 mod routing;
+mod security_tls;
 mod shutdown;
 
 use std::collections::BTreeSet;
