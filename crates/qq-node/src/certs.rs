@@ -93,7 +93,8 @@ pub fn run(args: &CertsArgs) -> anyhow::Result<()> {
     params.serial_number = Some(serial());
     // A day back for clock skew between the machine that signs and the nodes.
     params.not_before = now - Duration::days(1);
-    params.not_after = (now + Duration::days(i64::from(args.days))).min(ca_not_after);
+    let not_after = now + Duration::days(i64::from(args.days));
+    params.not_after = ca_not_after.map_or(not_after, |ca| not_after.min(ca));
     let key = KeyPair::generate().context("generate node key")?;
     let cert = params
         .signed_by(&key, &issuer)
@@ -108,12 +109,12 @@ pub fn run(args: &CertsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The CA's PEM, its issuer and expiry: loaded from `dir`, or created there.
+/// The CA's PEM, its issuer and (when created now) its expiry: loaded from `dir`, or created.
 fn load_or_create_ca(
     dir: &Path,
     days: u32,
     now: OffsetDateTime,
-) -> anyhow::Result<(String, Issuer<'static, KeyPair>, OffsetDateTime)> {
+) -> anyhow::Result<(String, Issuer<'static, KeyPair>, Option<OffsetDateTime>)> {
     let cert_path = dir.join("ca.pem");
     let key_path = dir.join("ca.key");
     if cert_path.exists() || key_path.exists() {
@@ -123,12 +124,11 @@ fn load_or_create_ca(
             .with_context(|| format!("read {}", key_path.display()))?;
         let key =
             KeyPair::from_pem(&key_pem).with_context(|| format!("parse {}", key_path.display()))?;
-        let params = CertificateParams::from_ca_cert_pem(&pem)
+        let issuer = Issuer::from_ca_cert_pem(&pem, key)
             .with_context(|| format!("parse {}", cert_path.display()))?;
-        let not_after = params.not_after;
-        let issuer = Issuer::new(params, key);
         println!("cluster CA reused: {}", cert_path.display());
-        return Ok((pem, issuer, not_after));
+        // rcgen does not expose a loaded CA's expiry: --days is trusted to stay within it.
+        return Ok((pem, issuer, None));
     }
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
@@ -152,7 +152,7 @@ fn load_or_create_ca(
     write_file(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
     write_file(&cert_path, cert.pem().as_bytes(), 0o644)?;
     println!("cluster CA created: {}", cert_path.display());
-    Ok((cert.pem(), Issuer::new(params, key), not_after))
+    Ok((cert.pem(), Issuer::new(params, key), Some(not_after)))
 }
 
 /// A random positive 16-byte serial.

@@ -379,3 +379,63 @@ fn check_file(field: &str, path: &std::path::Path) -> anyhow::Result<()> {
         Err(e) => bail!("{field}: cannot read {}: {e}", path.display()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &str) -> anyhow::Result<Config> {
+        let text = format!(
+            "node_id = 1\nlisten = \"127.0.0.1:7101\"\ncluster_addr = \"127.0.0.1:7201\"\n\
+             data_dir = \"/tmp/x\"\n{extra}\npeers = [{{ id = 1, address = \"127.0.0.1:7101\", \
+             cluster_address = \"127.0.0.1:7201\" }}]\n"
+        );
+        let config: Config = toml::from_str(&text)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn err(extra: &str) -> String {
+        format!("{:#}", parse(extra).expect_err(extra))
+    }
+
+    #[test]
+    fn cluster_tls_is_required_unless_insecure() {
+        assert!(err("").starts_with("cluster_ca: not set"), "{}", err(""));
+        assert!(parse("insecure_cluster = true").is_ok());
+        let missing = "cluster_ca = \"/nonexistent/ca.pem\"\ncluster_cert = \"/nonexistent/c\"\n\
+                       cluster_key = \"/nonexistent/k\"";
+        assert!(
+            err(missing).starts_with("cluster_ca: cannot read"),
+            "{}",
+            err(missing)
+        );
+        let both = "insecure_cluster = true\ncluster_cert = \"/x\"";
+        assert!(
+            err(both).starts_with("cluster_cert: set together"),
+            "{}",
+            err(both)
+        );
+    }
+
+    #[test]
+    fn client_tls_files_come_in_pairs() {
+        let e = err("insecure_cluster = true\ntls_cert = \"/x\"");
+        assert!(e.starts_with("tls_key: not set"), "{e}");
+        let e = err("insecure_cluster = true\ntls_client_ca = \"/x\"");
+        assert!(
+            e.starts_with("tls_client_ca: client certificates need"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn cluster_port_differs_from_client_port() {
+        let text = "node_id = 1\nlisten = \"127.0.0.1:7101\"\ncluster_addr = \"127.0.0.1:7101\"\n\
+                    data_dir = \"/tmp/x\"\ninsecure_cluster = true\npeers = [{ id = 1, address = \
+                    \"127.0.0.1:7101\", cluster_address = \"127.0.0.1:7201\" }]\n";
+        let config: Config = toml::from_str(text).unwrap();
+        let e = format!("{:#}", config.validate().unwrap_err());
+        assert!(e.starts_with("cluster_addr: must differ"), "{e}");
+    }
+}

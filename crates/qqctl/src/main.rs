@@ -51,13 +51,14 @@ struct Cli {
     #[arg(long, global = true, env = "QQ_VHOST", default_value = "")]
     vhost: String,
     /// CA certificate (PEM) of a node whose client port serves TLS: connect over https://.
-    #[arg(long, global = true, env = "QQ_CA")]
+    /// (--ca, --cert and --key go before the verb: `publish --key` is the routing key.)
+    #[arg(long = "ca", id = "tls_ca", env = "QQ_CA")]
     ca: Option<std::path::PathBuf>,
     /// Client certificate (PEM), for a node that requires one (its tls_client_ca); with --key.
-    #[arg(long, global = true, env = "QQ_CERT", requires = "key")]
+    #[arg(long = "cert", id = "tls_cert", env = "QQ_CERT", requires = "tls_key")]
     cert: Option<std::path::PathBuf>,
     /// Key (PEM) of the client certificate.
-    #[arg(long, global = true, env = "QQ_KEY", requires = "cert")]
+    #[arg(long = "key", id = "tls_key", env = "QQ_KEY", requires = "tls_cert")]
     key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,

@@ -23,7 +23,7 @@ use crate::drain_exactly;
 async fn publish_and_consume_over_client_tls() -> anyhow::Result<()> {
     let cluster = TestCluster::start_client_tls(3).await?;
     let c = cluster.client(2).await?;
-    c.declare_queue("tls-q").await?;
+    c.declare_queue("tls-q", Default::default()).await?;
     for i in 0..5 {
         c.publish("", "tls-q", qq_client::message(format!("m{i}")))
             .await?;
@@ -32,14 +32,14 @@ async fn publish_and_consume_over_client_tls() -> anyhow::Result<()> {
     for i in 0..5 {
         let d = tokio::time::timeout(Duration::from_secs(10), consumer.next())
             .await
-            .context("delivery over TLS")??
-            .context("consume stream ended")?;
+            .context("delivery over TLS")?
+            .context("consume stream ended")??;
         ensure!(
             crate::body(&d) == format!("m{i}"),
             "got {}",
             crate::body(&d)
         );
-        consumer.ack(d.delivery_tag).await?;
+        consumer.ack(d.delivery_tag, false).await?;
     }
     drop(consumer);
     let plain = async {
@@ -211,7 +211,7 @@ async fn forged_node_requests_are_refused_on_every_port() -> anyhow::Result<()> 
     cluster
         .client(1)
         .await?
-        .declare_queue("after-forgery")
+        .declare_queue("after-forgery", Default::default())
         .await?;
     for node in cluster.ids() {
         info!(node, "--- forging requests to node {node}");
