@@ -26,6 +26,7 @@ prefix=${QQ_NETNS_PREFIX:-qqc}
 subnet=${QQ_NETNS_SUBNET:-10.77.0}
 bridge=$prefix-br
 port=7101
+cluster_port=7201
 run_dir=.qq-netns
 target_dir=${CARGO_TARGET_DIR:-$HOME/.cache/quorumq/target}
 node_bin=${QQ_NODE_BIN:-$target_dir/debug/qq-node}
@@ -85,7 +86,7 @@ heal() {
 peers_toml() {
     local out="peers = ["
     for n in $(seq "$nodes"); do
-        out="$out{ id = $n, address = \"$subnet.$n:$port\" }, "
+        out="$out{ id = $n, address = \"$subnet.$n:$port\", cluster_address = \"$subnet.$n:$cluster_port\" }, "
     done
     echo "${out%, }]"
 }
@@ -105,9 +106,15 @@ start() {
             echo "node $n already running (pid $(cat "$pidfile"))"
             continue
         fi
+        "$node_bin" certs --ca-dir "$run_dir/ca" --out "$run_dir/tls$n" --name "node$n" \
+            --host "$subnet.$n" >/dev/null
         cat >"$run_dir/node$n.toml" <<TOML
 node_id = $n
 listen = "$subnet.$n:$port"
+cluster_addr = "$subnet.$n:$cluster_port"
+cluster_ca = "$run_dir/tls$n/ca.pem"
+cluster_cert = "$run_dir/tls$n/node.pem"
+cluster_key = "$run_dir/tls$n/node.key"
 $(peers_toml)
 data_dir = "$run_dir/node$n"
 TOML

@@ -25,6 +25,12 @@ for bin in "$node_bin" "$ctl_bin"; do
 done
 mkdir -p "$run_dir"
 
+# Cluster TLS on first start: the CA in .qq-cluster/ca (its key stays there: nodes get only
+# ca.pem), one certificate per node in .qq-cluster/tlsN. Existing files are kept.
+for n in "${nodes[@]}"; do
+    "$node_bin" certs --ca-dir "$run_dir/ca" --out "$run_dir/tls$n" --name "node$n" >/dev/null
+done
+
 is_running() { # pid file → 0 when that pid is a live qq-node
     local pid
     [[ -f $1 ]] || return 1
@@ -81,6 +87,8 @@ $status
 
 quorumq is up: three nodes on 127.0.0.1:7101, 127.0.0.1:7102 and 127.0.0.1:7103
 (user guest, password guest; any node answers any request).
+Nodes talk to each other on 127.0.0.1:7201-7203 over mutual TLS (certificates in
+$run_dir/ca and $run_dir/tls{1,2,3}, made on first start; clients need none).
 
 Try:
   alias qqctl=$ctl_bin

@@ -7,7 +7,10 @@
 //!
 //! [`TestCluster::start`] picks free loopback ports, writes one TOML config per node into a
 //! temporary directory (data directories and logs live there too), spawns the nodes and waits
-//! until every node reports a metadata leader. Dropping the cluster kills every node with
+//! until every node reports a metadata leader. Nodes talk to each other over mutual TLS on
+//! their cluster ports, as in production: the cluster's CA and node certificates are made by
+//! `qq-node certs` in the temporary directory ([`TestCluster::tls`] names the files).
+//! [`TestCluster::start_client_tls`] also puts the client port behind TLS. Dropping the cluster kills every node with
 //! `SIGKILL`. A passing test ends with [`TestCluster::stop`]; a cluster dropped without it (the
 //! test panicked or returned an error) keeps its directory and prints the tail of every node's
 //! log, so the failure can be read next to what the nodes did.
@@ -33,7 +36,9 @@ use std::sync::{Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail, ensure};
-use qq_client::Client;
+use qq_client::{Client, TlsOptions};
+use qq_proto::internal::internal_client::InternalClient;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 pub use tracing::info;
 
 /// How long a fresh cluster may take to elect its metadata leader.
@@ -114,10 +119,78 @@ where
     }
 }
 
+/// The DNS name peers check in a node certificate (qq_raft::network::CLUSTER_TLS_NAME).
+pub const CLUSTER_TLS_NAME: &str = "qq-node";
+
+/// Where a test cluster's certificates are: `ca_dir` holds the CA (`ca.pem`, `ca.key`), and
+/// each node's directory `node.pem`, `node.key` and `ca.pem`.
+#[derive(Debug, Clone)]
+pub struct ClusterTls {
+    pub ca_dir: PathBuf,
+    pub node_dirs: Vec<PathBuf>,
+}
+
+impl ClusterTls {
+    /// The cluster CA certificate.
+    pub fn ca_pem(&self) -> PathBuf {
+        self.ca_dir.join("ca.pem")
+    }
+    /// Node `id`'s certificate and key.
+    pub fn node_cert(&self, id: u64) -> (PathBuf, PathBuf) {
+        let dir = &self.node_dirs[id as usize - 1];
+        (dir.join("node.pem"), dir.join("node.key"))
+    }
+}
+
+/// Runs `qq-node certs`: the CA in `ca_dir` (created when missing) signs a certificate for
+/// `name` into `out`.
+pub fn make_certs(binary: &Path, ca_dir: &Path, out: &Path, name: &str) -> anyhow::Result<()> {
+    let output = Command::new(binary)
+        .arg("certs")
+        .arg("--ca-dir")
+        .arg(ca_dir)
+        .arg("--out")
+        .arg(out)
+        .args(["--name", name])
+        .output()
+        .with_context(|| format!("run {} certs", binary.display()))?;
+    ensure!(
+        output.status.success(),
+        "qq-node certs failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
+}
+
+/// A channel to `address` (host:port) over TLS trusting `ca_pem`, presenting `identity`
+/// (certificate and key files) when given, checking the cluster name.
+pub async fn tls_channel(
+    address: &str,
+    ca_pem: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> anyhow::Result<Channel> {
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(std::fs::read(ca_pem)?))
+        .domain_name(CLUSTER_TLS_NAME);
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(Identity::from_pem(
+            std::fs::read(cert)?,
+            std::fs::read(key)?,
+        ));
+    }
+    Ok(Endpoint::from_shared(format!("https://{address}"))?
+        .tls_config(tls)?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await?)
+}
+
 /// One node process.
 struct Node {
     id: u64,
     address: String,
+    cluster_address: String,
     config: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -155,6 +228,8 @@ pub struct ClusterOptions {
     pub extra_config: Vec<String>,
     /// Extra TOML lines for one node's config only: (node id, line).
     pub extra_config_for: Vec<(u64, String)>,
+    /// Serve the client ports over TLS (each node's certificate as `tls_cert`).
+    pub client_tls: bool,
 }
 
 /// An IPv4 address of this host that is not loopback, for tests of what a node allows remote
@@ -200,6 +275,9 @@ pub struct TestCluster {
     dir: Option<tempfile::TempDir>,
     binary: PathBuf,
     nodes: Vec<Node>,
+    tls: ClusterTls,
+    /// Set when the client ports serve TLS: how clients connect.
+    client_tls: Option<TlsOptions>,
     /// Set by [`TestCluster::stop`]; a cluster dropped without it belongs to a failed test.
     stopped: bool,
     /// Declared last: released after the nodes are killed in `drop`.
@@ -215,6 +293,16 @@ impl TestCluster {
     /// Like [`TestCluster::start`], with other Raft settings in every node's config.
     pub async fn start_with(n: usize, settings: RaftSettings) -> anyhow::Result<TestCluster> {
         Self::start_with_options(n, settings, ClusterOptions::default()).await
+    }
+
+    /// Like [`TestCluster::start`], with the client ports behind TLS (each node's certificate
+    /// from the cluster CA as `tls_cert`); [`TestCluster::client`] then speaks TLS.
+    pub async fn start_client_tls(n: usize) -> anyhow::Result<TestCluster> {
+        let options = ClusterOptions {
+            client_tls: true,
+            ..Default::default()
+        };
+        Self::start_with_options(n, RaftSettings::default(), options).await
     }
 
     /// Like [`TestCluster::start_with`], with the node settings of `options` too.
@@ -240,13 +328,35 @@ impl TestCluster {
             .prefix("qq-cluster-")
             .tempdir()
             .context("create temp dir")?;
-        let ports = free_ports(n)?;
-        let addresses: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let ports = free_ports(2 * n)?;
+        let addresses: Vec<String> = ports[..n]
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let cluster_addresses: Vec<String> = ports[n..]
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
         let peers: Vec<String> = addresses
             .iter()
+            .zip(&cluster_addresses)
             .enumerate()
-            .map(|(i, a)| format!("    {{ id = {}, address = \"{a}\" }},", i + 1))
+            .map(|(i, (a, c))| {
+                format!(
+                    "    {{ id = {}, address = \"{a}\", cluster_address = \"{c}\" }},",
+                    i + 1
+                )
+            })
             .collect();
+        let tls = ClusterTls {
+            ca_dir: dir.path().join("ca"),
+            node_dirs: (1..=n)
+                .map(|id| dir.path().join(format!("tls{id}")))
+                .collect(),
+        };
+        for (i, out) in tls.node_dirs.iter().enumerate() {
+            make_certs(&binary, &tls.ca_dir, out, &format!("node{}", i + 1))?;
+        }
         let mut nodes = Vec::new();
         for (i, address) in addresses.iter().enumerate() {
             let id = i as u64 + 1;
@@ -257,9 +367,27 @@ impl TestCluster {
             } else {
                 address.clone()
             };
+            let (cert, key) = tls.node_cert(id);
+            let cluster_tls = format!(
+                "cluster_addr = \"{}\"\ncluster_ca = \"{}\"\ncluster_cert = \"{}\"\n\
+                 cluster_key = \"{}\"\n",
+                cluster_addresses[i],
+                tls.node_dirs[i].join("ca.pem").display(),
+                cert.display(),
+                key.display()
+            );
+            let client_tls_lines = if options.client_tls {
+                format!(
+                    "tls_cert = \"{}\"\ntls_key = \"{}\"\n",
+                    cert.display(),
+                    key.display()
+                )
+            } else {
+                String::new()
+            };
             let mut text = format!(
-                "node_id = {id}\nlisten = \"{listen}\"\nadvertise = \"{address}\"\n\
-                 peers = [\n{}\n]\ndata_dir = \"{}\"\n\
+                "{cluster_tls}{client_tls_lines}\
+                 node_id = {id}\nlisten = \"{listen}\"\nadvertise = \"{address}\"\npeers = [\n{}\n]\ndata_dir = \"{}\"\n\
                  max_message_bytes = {TEST_MAX_MESSAGE_BYTES}\nheartbeat_ms = {heartbeat_ms}\n\
                  election_timeout_min_ms = {election_timeout_min_ms}\n\
                  election_timeout_max_ms = {election_timeout_max_ms}\n\
@@ -280,6 +408,7 @@ impl TestCluster {
             nodes.push(Node {
                 id,
                 address: address.clone(),
+                cluster_address: cluster_addresses[i].clone(),
                 config,
                 log: dir.path().join(format!("node{id}.log")),
                 child: None,
@@ -289,6 +418,12 @@ impl TestCluster {
             dir: Some(dir),
             binary,
             nodes,
+            client_tls: options.client_tls.then(|| TlsOptions {
+                ca_pem: std::fs::read(tls.ca_pem()).ok(),
+                identity: None,
+                domain_name: None,
+            }),
+            tls,
             stopped: false,
             _serial: serial,
         };
@@ -326,6 +461,35 @@ impl TestCluster {
     /// The gRPC address of node `id`.
     pub fn address(&self, id: u64) -> &str {
         &self.node(id).address
+    }
+
+    /// The cluster (node-to-node) address of node `id`.
+    pub fn cluster_address(&self, id: u64) -> &str {
+        &self.node(id).cluster_address
+    }
+
+    /// Where the cluster's CA and node certificates are.
+    pub fn tls(&self) -> &ClusterTls {
+        &self.tls
+    }
+
+    /// How clients reach the client ports: `Some` when they serve TLS.
+    pub fn client_tls(&self) -> Option<&TlsOptions> {
+        self.client_tls.as_ref()
+    }
+
+    /// A client of node `id`'s internal service on its cluster port, authenticated with a
+    /// valid node certificate (node 1's): for tests of authenticated but forged peer traffic.
+    pub async fn internal_client(&self, id: u64) -> anyhow::Result<InternalClient<Channel>> {
+        let (cert, key) = self.tls.node_cert(1);
+        let channel = tls_channel(
+            self.cluster_address(id),
+            &self.tls.ca_pem(),
+            Some((&cert, &key)),
+        )
+        .await
+        .with_context(|| format!("connect to node {id}'s cluster port"))?;
+        Ok(InternalClient::new(channel))
     }
 
     fn node(&self, id: u64) -> &Node {
@@ -370,23 +534,9 @@ impl TestCluster {
 
     /// A client connected to node `id` as guest.
     pub async fn client(&self, id: u64) -> anyhow::Result<Client> {
-        Client::connect(self.address(id))
+        Client::connect_with(self.address(id), self.client_tls.as_ref())
             .await
             .with_context(|| format!("connect to node {id} at {}", self.address(id)))
-    }
-
-    /// A client of node `id`'s node-to-node service (`qq.internal.v1.Internal`), as a peer
-    /// would call it: for tests of what a faulty or malicious peer can do.
-    pub async fn internal_client(
-        &self,
-        id: u64,
-    ) -> anyhow::Result<
-        qq_proto::internal::internal_client::InternalClient<tonic::transport::Channel>,
-    > {
-        let address = format!("http://{}", self.address(id));
-        qq_proto::internal::internal_client::InternalClient::connect(address.clone())
-            .await
-            .with_context(|| format!("connect to node {id}'s internal service at {address}"))
     }
 
     /// Kills node `id` with SIGKILL (no shutdown, no flush) and reaps it.
@@ -439,13 +589,15 @@ impl TestCluster {
     pub async fn restart(&mut self, id: u64) -> anyhow::Result<()> {
         self.spawn(id)?;
         let address = self.address(id).to_string();
+        let tls = self.client_tls.clone();
         eventually(
             &format!("restarted node {id} to see a metadata leader"),
             FORMATION_TIMEOUT,
             || {
                 let address = address.clone();
+                let tls = tls.clone();
                 async move {
-                    let c = Client::connect(&address).await?;
+                    let c = Client::connect_with(&address, tls.as_ref()).await?;
                     let s = c.cluster_status().await?;
                     Ok((s.metadata_leader != 0).then_some(()))
                 }
@@ -454,6 +606,21 @@ impl TestCluster {
         .await?;
         self.check_alive()?;
         Ok(())
+    }
+
+    /// Starts every stopped node again (together: a majority must be up to elect a metadata
+    /// leader) and waits until each reports one.
+    pub async fn restart_all(&mut self) -> anyhow::Result<()> {
+        let stopped: Vec<u64> = self
+            .nodes
+            .iter()
+            .filter(|n| n.child.is_none())
+            .map(|n| n.id)
+            .collect();
+        for id in stopped {
+            self.spawn(id)?;
+        }
+        self.wait_formed().await
     }
 
     /// Fails if a node that should be running has exited (with the tail of its log).
@@ -479,8 +646,9 @@ impl TestCluster {
             let address = self.address(id).to_string();
             loop {
                 self.check_alive()?;
+                let tls = self.client_tls.clone();
                 let status = async {
-                    let c = Client::connect(&address).await?;
+                    let c = Client::connect_with(&address, tls.as_ref()).await?;
                     anyhow::Ok(c.cluster_status().await?)
                 }
                 .await;
@@ -512,17 +680,19 @@ impl TestCluster {
             .iter()
             .map(|id| self.address(*id).to_string())
             .collect();
+        let tls = self.client_tls.clone();
         eventually(
             &format!("a live leader of queue {queue} other than {old}"),
             FAILOVER_TIMEOUT,
             || {
                 let addresses = addresses.clone();
                 let live = live.clone();
+                let tls = tls.clone();
                 async move {
                     let mut last = None;
                     for address in &addresses {
                         let reply = async {
-                            let c = Client::connect(address).await?;
+                            let c = Client::connect_with(address, tls.as_ref()).await?;
                             anyhow::Ok(c.get_queue(queue).await?)
                         }
                         .await;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::System;
-use crate::driver::{Conn, qq_address};
+use crate::driver::{Conn, qq_address, qq_cluster_address};
 
 pub const NODES: usize = 3;
 
@@ -206,15 +206,44 @@ impl QqCluster {
         }
         fs::create_dir_all(&dir)?;
         let peers: Vec<String> = (0..NODES)
-            .map(|n| format!("    {{ id = {}, address = \"{}\" }},", n + 1, qq_address(n)))
+            .map(|n| {
+                format!(
+                    "    {{ id = {}, address = \"{}\", cluster_address = \"{}\" }},",
+                    n + 1,
+                    qq_address(n),
+                    qq_cluster_address(n)
+                )
+            })
             .collect();
         for n in 0..NODES {
+            // Mutual TLS between the nodes, as in production (the CA once, a cert per node).
+            let tls = dir.join(format!("tls{}", n + 1));
+            let made = std::process::Command::new(bin)
+                .arg("certs")
+                .arg("--ca-dir")
+                .arg(dir.join("ca"))
+                .arg("--out")
+                .arg(&tls)
+                .output()
+                .with_context(|| format!("run {} certs", bin.display()))?;
+            if !made.status.success() {
+                bail!(
+                    "qq-node certs failed: {}",
+                    String::from_utf8_lossy(&made.stderr)
+                );
+            }
             // Every field at its default (cluster/node1.toml) except addresses, paths and what
             // --qq-set names.
             let mut config = format!(
-                "node_id = {id}\nlisten = \"{addr}\"\npeers = [\n{peers}\n]\ndata_dir = \"{data}\"\n",
+                "node_id = {id}\nlisten = \"{addr}\"\npeers = [\n{peers}\n]\ndata_dir = \"{data}\"\n\
+                 cluster_addr = \"{cluster}\"\ncluster_ca = \"{ca}\"\ncluster_cert = \"{cert}\"\n\
+                 cluster_key = \"{key}\"\n",
                 id = n + 1,
                 addr = qq_address(n),
+                cluster = qq_cluster_address(n),
+                ca = tls.join("ca.pem").display(),
+                cert = tls.join("node.pem").display(),
+                key = tls.join("node.key").display(),
                 peers = peers.join("\n"),
                 data = dir.join(format!("node{}", n + 1)).display(),
             );

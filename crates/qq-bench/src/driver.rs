@@ -36,6 +36,11 @@ pub fn qq_address(node: usize) -> String {
     format!("127.0.0.1:{}", QQ_BASE_PORT + 1 + node as u16)
 }
 
+/// Node-to-node (mutual TLS) address of quorumq node `node` (0-based): 100 above the client port.
+pub fn qq_cluster_address(node: usize) -> String {
+    format!("127.0.0.1:{}", QQ_BASE_PORT + 101 + node as u16)
+}
+
 /// AMQP port of RabbitMQ node `node` (0-based).
 pub fn rabbit_port(node: usize) -> u16 {
     RABBIT_BASE_PORT + 1 + node as u16

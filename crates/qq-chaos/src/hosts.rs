@@ -14,6 +14,9 @@ use anyhow::{Context, bail};
 pub const PREFIX: &str = "qqx";
 pub const SUBNET: &str = "10.78.0";
 pub const PORT: u16 = 7101;
+/// Node-to-node (mutual TLS) port. The iptables faults drop by source address, so they cut
+/// both ports alike.
+pub const CLUSTER_PORT: u16 = 7201;
 
 pub struct Hosts {
     script: PathBuf,
@@ -26,6 +29,10 @@ pub struct Hosts {
 
 pub fn address(id: u64) -> String {
     format!("{SUBNET}.{id}:{PORT}")
+}
+
+pub fn cluster_address(id: u64) -> String {
+    format!("{SUBNET}.{id}:{CLUSTER_PORT}")
 }
 
 fn ns(id: u64) -> String {
@@ -62,16 +69,39 @@ impl Hosts {
         let peers: Vec<String> = hosts
             .ids
             .iter()
-            .map(|id| format!("{{ id = {id}, address = \"{}\" }}", address(*id)))
+            .map(|id| {
+                format!(
+                    "{{ id = {id}, address = \"{}\", cluster_address = \"{}\" }}",
+                    address(*id),
+                    cluster_address(*id)
+                )
+            })
             .collect();
         for id in &hosts.ids {
+            // Mutual TLS between the nodes, as in production: `qq-node certs` makes the CA once
+            // (in dir/ca) and a certificate per node.
+            let tls = dir.join(format!("tls{id}"));
+            run(Command::new(node_bin)
+                .arg("certs")
+                .arg("--ca-dir")
+                .arg(dir.join("ca"))
+                .arg("--out")
+                .arg(&tls)
+                .args(["--name", &format!("node{id}"), "--host"])
+                .arg(format!("{SUBNET}.{id}")))?;
             // Debug builds on two cores: the test nodes' timings (fast failover, still loose).
             // The workload connects as guest from the host, which is remote to the nodes'
             // namespaces: lift `loopback_users` on this private, throw-away network.
             let config = format!(
-                "node_id = {id}\nlisten = \"{}\"\npeers = [{}]\ndata_dir = \"{}\"\n\
+                "cluster_addr = \"{}\"\ncluster_ca = \"{}\"\ncluster_cert = \"{}\"\n\
+                 cluster_key = \"{}\"\n\
+                 node_id = {id}\nlisten = \"{}\"\npeers = [{}]\ndata_dir = \"{}\"\n\
                  heartbeat_ms = 200\nelection_timeout_min_ms = 800\nelection_timeout_max_ms = 1600\n\
                  dead_letter_retry_ms = 1000\nloopback_users = []\n",
+                cluster_address(*id),
+                tls.join("ca.pem").display(),
+                tls.join("node.pem").display(),
+                tls.join("node.key").display(),
                 address(*id),
                 peers.join(", "),
                 dir.join(format!("node{id}")).display()

@@ -25,6 +25,9 @@
 //!    `map<string, Value>`; [`ValueExt`] adds `Value::string("x")`, `Value::long(5)`, … and
 //!    readers, [`table`] builds a map from pairs, and [`MessageBuilder`] builds a [`Message`].
 //!
+//! TLS: [`Client::connect_tls`] with a [`TlsOptions`] (the CA that signed the node's
+//! certificate, and a client certificate when the node requires one) speaks `https://`.
+//!
 //! Errors keep the server's [`tonic::Status`] ([`Error::Status`]), so callers can branch on the
 //! gRPC code, and [`code_name`] prints it the way the contract spells it (`INVALID_ARGUMENT`).
 //!
@@ -43,7 +46,7 @@ use tonic::Streaming;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 pub use qq_proto::v1;
 use qq_proto::v1::broker_client::BrokerClient;
@@ -82,6 +85,9 @@ pub enum Error {
         address: String,
         source: tonic::transport::Error,
     },
+    /// The TLS options could not be used (unreadable file, bad PEM, `http://` with TLS).
+    #[error("tls: {0}")]
+    Tls(String),
     /// User name or password cannot travel as gRPC metadata.
     #[error("invalid credentials: {0}")]
     InvalidCredentials(String),
@@ -109,7 +115,7 @@ impl Error {
     pub fn code(&self) -> tonic::Code {
         match self {
             Error::Status(s) => s.code(),
-            Error::InvalidAddress { .. } | Error::InvalidCredentials(_) => {
+            Error::InvalidAddress { .. } | Error::InvalidCredentials(_) | Error::Tls(_) => {
                 tonic::Code::InvalidArgument
             }
             Error::Connect { .. } | Error::Closed(_) => tonic::Code::Unavailable,
@@ -197,9 +203,65 @@ impl std::fmt::Debug for Client {
     }
 }
 
-fn endpoint_uri(address: &str) -> String {
+/// TLS towards a node whose client port serves TLS (`tls_cert`/`tls_key` in its config).
+#[derive(Clone, Debug, Default)]
+pub struct TlsOptions {
+    /// PEM of the CA that signed the node's certificate; `None`: the node's certificate must
+    /// chain to the CA given here, so it is required in practice.
+    pub ca_pem: Option<Vec<u8>>,
+    /// PEM certificate and key presented to the node (required when the node sets
+    /// `tls_client_ca`).
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// Name checked against the node certificate's SANs; default: the address's host.
+    pub domain_name: Option<String>,
+}
+
+impl TlsOptions {
+    /// Reads the CA and, when both are given, the client certificate and key from PEM files.
+    pub fn from_files(
+        ca: Option<&std::path::Path>,
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+    ) -> Result<TlsOptions> {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| Error::Tls(format!("read {}: {e}", p.display())))
+        };
+        let identity = match (cert, key) {
+            (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+            (None, None) => None,
+            _ => {
+                return Err(Error::Tls(
+                    "a client certificate needs both --cert and --key".into(),
+                ));
+            }
+        };
+        Ok(TlsOptions {
+            ca_pem: ca.map(read).transpose()?,
+            identity,
+            domain_name: None,
+        })
+    }
+
+    fn client_config(&self) -> ClientTlsConfig {
+        let mut config = ClientTlsConfig::new();
+        if let Some(ca) = &self.ca_pem {
+            config = config.ca_certificate(Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &self.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = &self.domain_name {
+            config = config.domain_name(name.clone());
+        }
+        config
+    }
+}
+
+fn endpoint_uri(address: &str, tls: bool) -> String {
     if address.starts_with("http://") || address.starts_with("https://") {
         address.to_string()
+    } else if tls {
+        format!("https://{address}")
     } else {
         format!("http://{address}")
     }
@@ -208,7 +270,18 @@ fn endpoint_uri(address: &str) -> String {
 impl Client {
     /// Connects to `address` (`127.0.0.1:7101` or `http://127.0.0.1:7101`) as `guest`.
     pub async fn connect(address: &str) -> Result<Client> {
-        let endpoint = Self::endpoint(address)?;
+        Self::connect_with(address, None).await
+    }
+
+    /// Connects over TLS (`host:port` means `https://host:port`; `http://` is refused, since
+    /// tonic would silently speak plain text).
+    pub async fn connect_tls(address: &str, tls: &TlsOptions) -> Result<Client> {
+        Self::connect_with(address, Some(tls)).await
+    }
+
+    /// [`Client::connect`] or [`Client::connect_tls`].
+    pub async fn connect_with(address: &str, tls: Option<&TlsOptions>) -> Result<Client> {
+        let endpoint = Self::endpoint(address, tls)?;
         let channel = endpoint.connect().await.map_err(|source| Error::Connect {
             address: address.to_string(),
             source,
@@ -218,16 +291,33 @@ impl Client {
 
     /// Like [`Client::connect`] but connects on first use (never fails for an unreachable node).
     pub fn connect_lazy(address: &str) -> Result<Client> {
-        let channel = Self::endpoint(address)?.connect_lazy();
+        Self::connect_lazy_with(address, None)
+    }
+
+    /// [`Client::connect_lazy`], over TLS when `tls` is given.
+    pub fn connect_lazy_with(address: &str, tls: Option<&TlsOptions>) -> Result<Client> {
+        let channel = Self::endpoint(address, tls)?.connect_lazy();
         Ok(Self::from_channel(channel, address))
     }
 
-    fn endpoint(address: &str) -> Result<Endpoint> {
-        Ok(Endpoint::from_shared(endpoint_uri(address))
-            .map_err(|source| Error::InvalidAddress {
+    fn endpoint(address: &str, tls: Option<&TlsOptions>) -> Result<Endpoint> {
+        let uri = endpoint_uri(address, tls.is_some());
+        let mut endpoint =
+            Endpoint::from_shared(uri.clone()).map_err(|source| Error::InvalidAddress {
                 address: address.to_string(),
                 source,
-            })?
+            })?;
+        if let Some(tls) = tls {
+            if !uri.starts_with("https://") {
+                return Err(Error::Tls(format!(
+                    "address '{address}': TLS needs https:// (http:// would be plain text)"
+                )));
+            }
+            endpoint = endpoint
+                .tls_config(tls.client_config())
+                .map_err(|e| Error::Tls(format!("{e}")))?;
+        }
+        Ok(endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             // h2 budgets small DATA frames by connection window; keep it large (see qq-raft network).
@@ -1248,8 +1338,15 @@ mod tests {
 
     #[test]
     fn uri_gets_a_scheme_only_when_missing() {
-        assert_eq!(endpoint_uri("127.0.0.1:7101"), "http://127.0.0.1:7101");
-        assert_eq!(endpoint_uri("http://h:1"), "http://h:1");
+        assert_eq!(
+            endpoint_uri("127.0.0.1:7101", false),
+            "http://127.0.0.1:7101"
+        );
+        assert_eq!(
+            endpoint_uri("127.0.0.1:7101", true),
+            "https://127.0.0.1:7101"
+        );
+        assert_eq!(endpoint_uri("http://h:1", true), "http://h:1");
     }
 
     #[test]

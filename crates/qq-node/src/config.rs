@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use qq_raft::network::PeerTls;
 use serde::Deserialize;
 
 /// Default bound on one message (properties + body), 16 MiB.
@@ -22,11 +23,14 @@ pub const DEFAULT_PREFETCH_ZERO_CAP: u32 = 2_000;
 pub const DEFAULT_MAX_HEADERS: usize = 1_024;
 pub const DEFAULT_MAX_HEADER_DEPTH: usize = 8;
 
-/// A cluster member: its node id and the address other nodes and clients reach it at.
+/// A cluster member: its node id, the client address that status and redirects show, and the
+/// cluster address other nodes reach its node-to-node service at.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct Peer {
     pub id: u64,
     pub address: String,
+    pub cluster_address: String,
 }
 
 /// Everything a node needs to start. See `cluster/node1.toml` for the documented file form.
@@ -35,11 +39,34 @@ pub struct Peer {
 pub struct Config {
     /// This node's id: unique in the cluster, stable across restarts, >= 1.
     pub node_id: u64,
-    /// Where the gRPC server (client API and internal service) listens.
+    /// Where the client API (qq.v1.Broker) listens.
     pub listen: SocketAddr,
-    /// The address other nodes and clients use for this node; defaults to `listen`.
+    /// The client address status and redirects show for this node; defaults to `listen`.
     #[serde(default)]
     pub advertise: Option<String>,
+    /// Where the node-to-node service (qq.internal.v1.Internal) listens: mutual TLS with the
+    /// cluster CA unless `insecure_cluster`.
+    pub cluster_addr: SocketAddr,
+    /// PEM files of cluster TLS: the CA every node certificate chains to, this node's
+    /// certificate and its key (see `qq-node certs`). Required unless `insecure_cluster`.
+    #[serde(default)]
+    pub cluster_ca: Option<PathBuf>,
+    #[serde(default)]
+    pub cluster_cert: Option<PathBuf>,
+    #[serde(default)]
+    pub cluster_key: Option<PathBuf>,
+    /// Plain-text, unauthenticated cluster traffic (anyone who reaches the cluster port can
+    /// act as a node). Only for trusted networks; logged as a warning at start.
+    #[serde(default)]
+    pub insecure_cluster: bool,
+    /// PEM certificate and key of the client port: when set, clients must speak TLS.
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA of client certificates: when set, every client must present a certificate from it.
+    #[serde(default)]
+    pub tls_client_ca: Option<PathBuf>,
     /// Every initial member, this node included. Nodes started with the same list form the
     /// cluster by themselves.
     pub peers: Vec<Peer>,
@@ -168,12 +195,25 @@ pub struct Args {
     /// Advertised address (defaults to the listen address).
     #[arg(long, env = "QQ_ADVERTISE")]
     pub advertise: Option<String>,
-    /// Initial members as id=host:port, comma separated, e.g. 1=127.0.0.1:7101,2=127.0.0.1:7102.
+    /// Cluster (node-to-node) listen address, e.g. 127.0.0.1:7201.
+    #[arg(long, env = "QQ_CLUSTER_ADDR")]
+    pub cluster_addr: Option<SocketAddr>,
+    /// Initial members as id=client-host:port@cluster-host:port, comma separated, e.g.
+    /// 1=127.0.0.1:7101@127.0.0.1:7201,2=127.0.0.1:7102@127.0.0.1:7202.
     #[arg(long, env = "QQ_PEERS", value_delimiter = ',')]
     pub peers: Vec<String>,
     /// Data directory.
     #[arg(long, env = "QQ_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands; without one, qq-node runs a node.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Create the cluster CA (or reuse it) and a node certificate signed by it.
+    Certs(crate::certs::CertsArgs),
 }
 
 impl Config {
@@ -194,6 +234,9 @@ impl Config {
         if let Some(listen) = args.listen {
             table.insert("listen".into(), toml::Value::String(listen.to_string()));
         }
+        if let Some(addr) = args.cluster_addr {
+            table.insert("cluster_addr".into(), toml::Value::String(addr.to_string()));
+        }
         if let Some(adv) = &args.advertise {
             table.insert("advertise".into(), toml::Value::String(adv.clone()));
         }
@@ -206,9 +249,12 @@ impl Config {
         if !args.peers.is_empty() {
             let mut peers = Vec::new();
             for p in &args.peers {
-                let (id, addr) = p
-                    .split_once('=')
-                    .with_context(|| format!("--peers: '{p}' is not id=host:port"))?;
+                let (id, addrs) = p.split_once('=').with_context(|| {
+                    format!("--peers: '{p}' is not id=host:port@cluster-host:port")
+                })?;
+                let (addr, cluster) = addrs
+                    .split_once('@')
+                    .with_context(|| format!("--peers: '{p}' has no @cluster-host:port"))?;
                 let id: i64 = id
                     .trim()
                     .parse()
@@ -218,6 +264,10 @@ impl Config {
                 t.insert(
                     "address".into(),
                     toml::Value::String(addr.trim().to_string()),
+                );
+                t.insert(
+                    "cluster_address".into(),
+                    toml::Value::String(cluster.trim().to_string()),
                 );
                 peers.push(toml::Value::Table(t));
             }
@@ -246,14 +296,30 @@ impl Config {
             if seen.insert(p.id, &p.address).is_some() {
                 bail!("peers: node id {} is listed twice", p.id);
             }
-            if p.address.parse::<SocketAddr>().is_err() && !p.address.contains(':') {
+            for (field, value) in [
+                ("address", &p.address),
+                ("cluster_address", &p.cluster_address),
+            ] {
+                if value.parse::<SocketAddr>().is_err() && !value.contains(':') {
+                    bail!("peers: {field} '{value}' of node {} is not host:port", p.id);
+                }
+            }
+            if p.address == p.cluster_address {
                 bail!(
-                    "peers: address '{}' of node {} is not host:port",
-                    p.address,
-                    p.id
+                    "peers: node {} has the same address and cluster_address '{}' (the client \
+                     and cluster services need their own ports)",
+                    p.id,
+                    p.address
                 );
             }
         }
+        if self.cluster_addr == self.listen {
+            bail!(
+                "cluster_addr: must differ from listen ({}): clients and nodes use separate ports",
+                self.listen
+            );
+        }
+        self.validate_tls()?;
         if !seen.contains_key(&self.node_id) {
             bail!(
                 "peers: this node's id {} is not in the peer list",
@@ -305,6 +371,69 @@ impl Config {
         Ok(())
     }
 
+    /// Cluster and client TLS files: set together, present, and cluster TLS unless
+    /// `insecure_cluster`.
+    fn validate_tls(&self) -> anyhow::Result<()> {
+        let cluster = [
+            ("cluster_ca", &self.cluster_ca),
+            ("cluster_cert", &self.cluster_cert),
+            ("cluster_key", &self.cluster_key),
+        ];
+        if self.insecure_cluster {
+            if let Some((field, _)) = cluster.iter().find(|(_, v)| v.is_some()) {
+                bail!(
+                    "{field}: set together with insecure_cluster = true; remove one (TLS files \
+                     would be ignored)"
+                );
+            }
+        } else {
+            for (field, value) in cluster {
+                match value {
+                    None => bail!(
+                        "{field}: not set; cluster traffic needs mutual TLS (create the files with \
+                         `qq-node certs`), or set insecure_cluster = true on a trusted network"
+                    ),
+                    Some(path) => check_file(field, path)?,
+                }
+            }
+        }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                check_file("tls_cert", cert)?;
+                check_file("tls_key", key)?;
+            }
+            (Some(_), None) => bail!("tls_key: not set, but tls_cert is (set both or neither)"),
+            (None, Some(_)) => bail!("tls_cert: not set, but tls_key is (set both or neither)"),
+            (None, None) => {}
+        }
+        if let Some(ca) = &self.tls_client_ca {
+            if self.tls_cert.is_none() {
+                bail!(
+                    "tls_client_ca: client certificates need client TLS (set tls_cert and tls_key)"
+                );
+            }
+            check_file("tls_client_ca", ca)?;
+        }
+        Ok(())
+    }
+
+    /// This node's cluster TLS identity read from the PEM files (`None` with
+    /// `insecure_cluster`).
+    pub fn cluster_tls(&self) -> anyhow::Result<Option<PeerTls>> {
+        if self.insecure_cluster {
+            return Ok(None);
+        }
+        let read = |field: &str, path: &Option<PathBuf>| -> anyhow::Result<Vec<u8>> {
+            let path = path.as_ref().with_context(|| format!("{field}: not set"))?;
+            std::fs::read(path).with_context(|| format!("{field}: read {}", path.display()))
+        };
+        Ok(Some(PeerTls {
+            ca_pem: read("cluster_ca", &self.cluster_ca)?,
+            cert_pem: read("cluster_cert", &self.cluster_cert)?,
+            key_pem: read("cluster_key", &self.cluster_key)?,
+        }))
+    }
+
     /// The address other nodes reach this node at.
     pub fn advertised(&self) -> String {
         self.advertise
@@ -317,5 +446,74 @@ impl Config {
         let mut ids: Vec<u64> = self.peers.iter().map(|p| p.id).collect();
         ids.sort_unstable();
         ids
+    }
+}
+
+/// A TLS file named by `field` must be a readable file.
+fn check_file(field: &str, path: &std::path::Path) -> anyhow::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(_) => bail!("{field}: {} is not a file", path.display()),
+        Err(e) => bail!("{field}: cannot read {}: {e}", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &str) -> anyhow::Result<Config> {
+        let text = format!(
+            "node_id = 1\nlisten = \"127.0.0.1:7101\"\ncluster_addr = \"127.0.0.1:7201\"\n\
+             data_dir = \"/tmp/x\"\n{extra}\npeers = [{{ id = 1, address = \"127.0.0.1:7101\", \
+             cluster_address = \"127.0.0.1:7201\" }}]\n"
+        );
+        let config: Config = toml::from_str(&text)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn err(extra: &str) -> String {
+        format!("{:#}", parse(extra).expect_err(extra))
+    }
+
+    #[test]
+    fn cluster_tls_is_required_unless_insecure() {
+        assert!(err("").starts_with("cluster_ca: not set"), "{}", err(""));
+        assert!(parse("insecure_cluster = true").is_ok());
+        let missing = "cluster_ca = \"/nonexistent/ca.pem\"\ncluster_cert = \"/nonexistent/c\"\n\
+                       cluster_key = \"/nonexistent/k\"";
+        assert!(
+            err(missing).starts_with("cluster_ca: cannot read"),
+            "{}",
+            err(missing)
+        );
+        let both = "insecure_cluster = true\ncluster_cert = \"/x\"";
+        assert!(
+            err(both).starts_with("cluster_cert: set together"),
+            "{}",
+            err(both)
+        );
+    }
+
+    #[test]
+    fn client_tls_files_come_in_pairs() {
+        let e = err("insecure_cluster = true\ntls_cert = \"/x\"");
+        assert!(e.starts_with("tls_key: not set"), "{e}");
+        let e = err("insecure_cluster = true\ntls_client_ca = \"/x\"");
+        assert!(
+            e.starts_with("tls_client_ca: client certificates need"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn cluster_port_differs_from_client_port() {
+        let text = "node_id = 1\nlisten = \"127.0.0.1:7101\"\ncluster_addr = \"127.0.0.1:7101\"\n\
+                    data_dir = \"/tmp/x\"\ninsecure_cluster = true\npeers = [{ id = 1, address = \
+                    \"127.0.0.1:7101\", cluster_address = \"127.0.0.1:7201\" }]\n";
+        let config: Config = toml::from_str(text).unwrap();
+        let e = format!("{:#}", config.validate().unwrap_err());
+        assert!(e.starts_with("cluster_addr: must differ"), "{e}");
     }
 }

@@ -16,10 +16,12 @@
 //! - [`groups`]: the Raft groups hosted here: state-machine shell, metadata and queue machines,
 //!   registry.
 //! - [`alarms`]: memory and disk alarms that refuse publishes.
+//! - [`certs`]: the `qq-node certs` subcommand (cluster CA and node certificates).
 //! - [`config`], [`error`], [`codec`], [`clock`]: leaves.
 
 pub mod alarms;
 pub mod api;
+pub mod certs;
 pub mod clock;
 pub mod codec;
 pub mod config;

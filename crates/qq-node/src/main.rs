@@ -1,11 +1,15 @@
 //! `qq-node --config FILE` (or flags): run one quorumq cluster node until SIGTERM or Ctrl-C.
+//! `qq-node certs ...`: create the cluster CA and a node certificate (see `qq_node::certs`).
 
 use clap::Parser;
-use qq_node::config::{Args, Config};
+use qq_node::config::{Args, Command, Config};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // First: rustls panics at the first TLS config when it cannot tell which crypto provider
+    // to use (both or neither of ring/aws-lc enabled by the dependency graph); say it is ring.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env()
@@ -14,6 +18,13 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if let Some(Command::Certs(certs)) = &args.command {
+        if let Err(e) = qq_node::certs::run(certs) {
+            eprintln!("qq-node certs: {e:#}");
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     let config = match Config::load(&args) {
         Ok(c) => c,
         Err(e) => {

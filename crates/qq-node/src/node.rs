@@ -25,7 +25,7 @@ use openraft::{BasicNode, Raft, SnapshotPolicy};
 use qq_core::NodeId;
 use qq_core::meta::{MetaEffect, QueueMeta};
 use qq_raft::log_store::LogStore;
-use qq_raft::network::{GroupNetwork, Peers};
+use qq_raft::network::{GroupNetwork, PeerAddress, Peers};
 use qq_raft::store::Store;
 use qq_raft::{GroupId, META_GROUP};
 use tokio::sync::mpsc;
@@ -75,7 +75,14 @@ impl Node {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|e| anyhow::anyhow!("create data_dir {}: {e}", config.data_dir.display()))?;
         let store = Store::open(&config.data_dir.join("db"))?;
-        let peers = Peers::new(config.peers.iter().map(|p| (p.id, p.address.clone())))?;
+        let peers = Peers::new(
+            config.peers.iter().map(|p| PeerAddress {
+                id: p.id,
+                address: p.address.clone(),
+                cluster_address: p.cluster_address.clone(),
+            }),
+            config.cluster_tls()?.as_ref(),
+        )?;
         let raft_config = raft_config(&config)?;
         let (meta, effects) = MetaMachine::new(store.clone());
         let meta_raft = Raft::new(

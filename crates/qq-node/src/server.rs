@@ -1,7 +1,13 @@
-//! Wiring: start the node, serve the client API and the internal service on one listener, and
-//! shut down in order.
+//! Wiring: start the node, serve the client API and the node-to-node service on their own
+//! listeners, and shut down in order.
 //!
-//! Shutdown (SIGTERM or Ctrl-C, see `main.rs`): the listener stops accepting; the node's token
+//! Two servers: `listen` serves only `qq.v1.Broker` (server TLS when `tls_cert` is set, client
+//! certificates required when `tls_client_ca` is), `cluster_addr` serves only
+//! `qq.internal.v1.Internal` over mutual TLS: a peer must present a certificate from the
+//! cluster CA, or the handshake fails before any request is read (plain text only with
+//! `insecure_cluster`). Nothing of the internal service is reachable on the client port.
+//!
+//! Shutdown (SIGTERM or Ctrl-C, see `main.rs`): both listeners stop accepting; the node's token
 //! is cancelled, so consumer sessions and publish streams end with UNAVAILABLE, proposals stop
 //! retrying and the leader actors stop; requests already in flight finish (or fail with
 //! UNAVAILABLE: a write inside Raft gets [`crate::proposer`]'s short grace, since peers may no
@@ -13,7 +19,11 @@ use std::time::Duration;
 use qq_proto::internal::internal_server::InternalServer;
 use qq_proto::v1::broker_server::BrokerServer;
 use qq_raft::network::{HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_INTERNAL_MESSAGE_BYTES};
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing::{info, warn};
+
+use tokio_util::sync::CancellationToken;
 
 use crate::api::BrokerService;
 use crate::config::Config;
@@ -24,21 +34,42 @@ use crate::peer::service::InternalService;
 /// How long the server waits for open requests once shutdown begins.
 const DRAIN_GRACE: Duration = Duration::from_secs(10);
 
+/// How long a TLS handshake may take on either port (a client that opens a connection and says
+/// nothing does not hold it longer).
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Run a node until `shutdown` resolves.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("listen on {}: {e}", config.listen))?;
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = bind(config.listen, "listen").await?;
+    let cluster_incoming = bind(config.cluster_addr, "cluster_addr").await?;
+    let client_tls = client_tls(&config)?;
+    let cluster_tls = match config.cluster_tls()? {
+        Some(t) => Some(
+            ServerTlsConfig::new()
+                .identity(Identity::from_pem(&t.cert_pem, &t.key_pem))
+                .client_ca_root(Certificate::from_pem(&t.ca_pem))
+                .timeout(TLS_HANDSHAKE_TIMEOUT),
+        ),
+        None => {
+            warn!(
+                cluster_addr = %config.cluster_addr,
+                "insecure_cluster = true: node-to-node traffic is plain text and unauthenticated; \
+                 anyone who reaches the cluster port can act as a node"
+            );
+            None
+        }
+    };
     // Decode somewhat larger messages than allowed, so the node itself refuses them with
     // RESOURCE_EXHAUSTED naming the limit (tonic would answer OUT_OF_RANGE).
     let max_client = (config.max_message_bytes.saturating_mul(4))
         .saturating_add(1024 * 1024)
         .min(1 << 30);
     let listen = config.listen;
+    let cluster_addr = config.cluster_addr;
+    let client_tls_on = client_tls.is_some();
     // Starting the groups does not wait for peers: Raft RPCs to nodes not yet up are retried.
     let node = Node::start(config).await?;
     spawn_peer_watches(node.clone());
@@ -48,18 +79,37 @@ pub async fn run(
     let internal = InternalServer::new(InternalService::new(node.clone()))
         .max_decoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_INTERNAL_MESSAGE_BYTES);
-    info!(node_id = node.id(), %listen, "node serving");
+    info!(node_id = node.id(), %listen, %cluster_addr, client_tls = client_tls_on, "node serving");
     let stopping = node.stopping().clone();
-    let server = tonic::transport::Server::builder()
+    // One shutdown signal, seen by both servers.
+    let signal = CancellationToken::new();
+    tokio::spawn({
+        let signal = signal.clone();
+        async move {
+            shutdown.await;
+            // Streams end now, so they do not hold the servers' drain up.
+            stopping.cancel();
+            signal.cancel();
+        }
+    });
+    let mut client_server = tonic::transport::Server::builder();
+    if let Some(tls) = client_tls {
+        client_server = client_server.tls_config(tls)?;
+    }
+    let client_server = client_server
         .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
         .initial_stream_window_size(HTTP2_STREAM_WINDOW)
         .add_service(broker)
+        .serve_with_incoming_shutdown(incoming, signal.clone().cancelled_owned());
+    let mut cluster_server = tonic::transport::Server::builder();
+    if let Some(tls) = cluster_tls {
+        cluster_server = cluster_server.tls_config(tls)?;
+    }
+    let cluster_server = cluster_server
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW)
         .add_service(internal)
-        .serve_with_incoming_shutdown(incoming, async move {
-            shutdown.await;
-            // Streams end now, so they do not hold the server's drain up.
-            stopping.cancel();
-        });
+        .serve_with_incoming_shutdown(cluster_incoming, signal.clone().cancelled_owned());
     // The drain waits for every open request; bound it, so a request stuck somewhere cannot
     // keep the node from stopping.
     let drain_limit = async {
@@ -67,10 +117,38 @@ pub async fn run(
         tokio::time::sleep(DRAIN_GRACE).await;
     };
     tokio::select! {
-        served = server => served?,
+        served = async { tokio::try_join!(client_server, cluster_server) } => { served?; }
         _ = drain_limit => warn!("requests still open {DRAIN_GRACE:?} after the shutdown signal: closing them"),
     }
     info!("shutting down");
     node.shutdown().await;
     Ok(())
+}
+
+/// A listener for `field`'s address, with TCP_NODELAY on accepted connections.
+async fn bind(addr: std::net::SocketAddr, field: &str) -> anyhow::Result<TcpIncoming> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("{field}: listen on {addr}: {e}"))?;
+    Ok(TcpIncoming::from(listener).with_nodelay(Some(true)))
+}
+
+/// Server TLS of the client port, from `tls_cert`/`tls_key` (and `tls_client_ca`).
+fn client_tls(config: &Config) -> anyhow::Result<Option<ServerTlsConfig>> {
+    let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
+        return Ok(None);
+    };
+    let read = |field: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| anyhow::anyhow!("{field}: read {}: {e}", path.display()))
+    };
+    let mut tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(
+            read("tls_cert", cert)?,
+            read("tls_key", key)?,
+        ))
+        .timeout(TLS_HANDSHAKE_TIMEOUT);
+    if let Some(ca) = &config.tls_client_ca {
+        tls = tls.client_ca_root(Certificate::from_pem(read("tls_client_ca", ca)?));
+    }
+    Ok(Some(tls))
 }

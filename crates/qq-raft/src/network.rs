@@ -4,6 +4,11 @@
 //! payload }`; the receiving node looks the group up and hands the request to its `Raft`.
 //! Channels are created lazily and shared (tonic channels multiplex streams), never one per RPC.
 //!
+//! Node-to-node traffic goes to each peer's cluster address (its own port, apart from the
+//! client port) over mutual TLS: the node presents its certificate and accepts only a server
+//! whose certificate chains to the cluster CA and names [`CLUSTER_TLS_NAME`]. Without
+//! [`PeerTls`] (`insecure_cluster = true`) the channels speak plain `http://`.
+//!
 //! Left out: streaming/pipelined append (openraft's sequential default is used) and chunked
 //! snapshots (a snapshot travels as one message; the channel's size limit is raised for it).
 
@@ -19,7 +24,7 @@ use openraft::raft::{
 use openraft::{BasicNode, alias::SnapshotOf, alias::VoteOf};
 use qq_proto::internal::{RaftKind, RaftRequest, internal_client::InternalClient};
 use serde::{Serialize, de::DeserializeOwned};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::types::{GroupId, TypeConfig};
 
@@ -35,9 +40,41 @@ pub const MAX_INTERNAL_MESSAGE_BYTES: usize = 1024 * 1024 * 1024;
 const MIN_RPC_TIMEOUT: Duration = Duration::from_secs(3);
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The DNS name every node certificate carries (besides its hosts) and that peers check: any
+/// node of the cluster may sit behind any cluster address, its CA is what makes it a member.
+pub const CLUSTER_TLS_NAME: &str = "qq-node";
+
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct NetError(pub String);
+
+/// This node's TLS identity towards its peers: the cluster CA (PEM) that peer certificates must
+/// chain to, and this node's certificate and key (PEM), presented as a client certificate.
+#[derive(Clone)]
+pub struct PeerTls {
+    pub ca_pem: Vec<u8>,
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+impl PeerTls {
+    /// The client side of mutual TLS towards a peer's cluster port.
+    pub fn client_config(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca_pem))
+            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
+            .domain_name(CLUSTER_TLS_NAME)
+    }
+}
+
+/// One peer: its id, the client address that status and redirects show, and the cluster
+/// address its node-to-node service listens on.
+#[derive(Clone, Debug)]
+pub struct PeerAddress {
+    pub id: u64,
+    pub address: String,
+    pub cluster_address: String,
+}
 
 /// Lazily connected channels to every peer node: one connection for Raft (replication, votes,
 /// snapshots of every group) and one for the work nodes forward to each other (proposals,
@@ -60,11 +97,32 @@ struct PeerChannels {
 }
 
 impl Peers {
-    pub fn new(peers: impl IntoIterator<Item = (u64, String)>) -> Result<Peers, NetError> {
+    /// Channels to every peer's cluster address: `https://` with `tls`, plain `http://`
+    /// without (only when the node runs with `insecure_cluster = true`).
+    pub fn new(
+        peers: impl IntoIterator<Item = PeerAddress>,
+        tls: Option<&PeerTls>,
+    ) -> Result<Peers, NetError> {
         let mut map = BTreeMap::new();
-        for (id, addr) in peers {
-            let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-                .map_err(|e| NetError(format!("peer {id} address '{addr}': {e}")))?
+        for PeerAddress {
+            id,
+            address: addr,
+            cluster_address,
+        } in peers
+        {
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let mut endpoint = Endpoint::from_shared(format!("{scheme}://{cluster_address}"))
+                .map_err(|e| {
+                    NetError(format!(
+                        "peer {id} cluster address '{cluster_address}': {e}"
+                    ))
+                })?;
+            if let Some(tls) = tls {
+                endpoint = endpoint
+                    .tls_config(tls.client_config())
+                    .map_err(|e| NetError(format!("peer {id} TLS: {e}")))?;
+            }
+            let endpoint = endpoint
                 .tcp_nodelay(true)
                 .connect_timeout(Duration::from_secs(2))
                 // Large windows: bulk replication, and h2's budget for small DATA frames (gRPC
@@ -93,6 +151,7 @@ impl Peers {
         self.inner.keys().copied().collect()
     }
 
+    /// Node `id`'s client address (what status and redirects show).
     pub fn address(&self, id: u64) -> Option<&str> {
         self.inner.get(&id).map(|p| p.address.as_str())
     }
@@ -277,9 +336,9 @@ mod tests {
     use super::*;
 
     /// A peer that grants every vote at once and holds every proposal until the test ends.
-    struct HoldingPeer {
-        proposal_arrived: mpsc::UnboundedSender<()>,
-        release: Arc<Notify>,
+    pub(super) struct HoldingPeer {
+        pub(super) proposal_arrived: mpsc::UnboundedSender<()>,
+        pub(super) release: Arc<Notify>,
     }
 
     #[tonic::async_trait]
@@ -349,7 +408,15 @@ mod tests {
                 .add_service(InternalServer::new(peer))
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
-        let peers = Peers::new([(1, address)]).unwrap();
+        let peers = Peers::new(
+            [PeerAddress {
+                id: 1,
+                address: address.clone(),
+                cluster_address: address,
+            }],
+            None,
+        )
+        .unwrap();
 
         let mut work = peers.client(1).unwrap();
         let held = tokio::spawn(async move {
@@ -382,5 +449,108 @@ mod tests {
 
         release.notify_waiters();
         let _ = held.await;
+    }
+}
+
+#[cfg(test)]
+mod tls_tests {
+    use std::sync::Arc;
+
+    use openraft::network::{RPCOption, RaftNetworkFactory, v2::RaftNetworkV2};
+    use openraft::raft::VoteRequest;
+    use openraft::{BasicNode, alias::VoteOf};
+    use qq_proto::internal::internal_server::InternalServer;
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    use tokio::sync::{Notify, mpsc};
+    use tonic::transport::{Identity, ServerTlsConfig};
+
+    use super::tests::HoldingPeer;
+    use super::*;
+
+    /// A CA and a node certificate from it (PEM): (ca, cert, key).
+    fn ca_and_node() -> (String, String, String) {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let mut leaf = CertificateParams::new(vec![CLUSTER_TLS_NAME.to_string()]).unwrap();
+        leaf.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = leaf.signed_by(&key, &issuer).unwrap();
+        (ca_cert.pem(), cert.pem(), key.serialize_pem())
+    }
+
+    /// Serves a peer that grants every vote, over mutual TLS with `server`'s CA and identity.
+    async fn tls_peer(server: &(String, String, String)) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let (arrived_tx, _arrived) = mpsc::unbounded_channel();
+        let peer = HoldingPeer {
+            proposal_arrived: arrived_tx,
+            release: Arc::new(Notify::new()),
+        };
+        let tls = ServerTlsConfig::new()
+            .identity(Identity::from_pem(&server.1, &server.2))
+            .client_ca_root(Certificate::from_pem(&server.0));
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .tls_config(tls)
+                .unwrap()
+                .add_service(InternalServer::new(peer))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        address
+    }
+
+    async fn vote(address: String, me: &(String, String, String)) -> bool {
+        let tls = PeerTls {
+            ca_pem: me.0.clone().into_bytes(),
+            cert_pem: me.1.clone().into_bytes(),
+            key_pem: me.2.clone().into_bytes(),
+        };
+        let peers = Peers::new(
+            [PeerAddress {
+                id: 1,
+                address: address.clone(),
+                cluster_address: address,
+            }],
+            Some(&tls),
+        )
+        .unwrap();
+        let mut raft = GroupNetwork { group: 7, peers }
+            .new_client(1, &BasicNode::default())
+            .await;
+        raft.vote(
+            VoteRequest::new(VoteOf::<TypeConfig>::new(3, 2), None),
+            RPCOption::new(Duration::from_secs(2)),
+        )
+        .await
+        .is_ok_and(|r| r.vote_granted)
+    }
+
+    /// Peers dial https:// with the node certificate: a peer from the same CA answers; a server
+    /// whose certificate comes from another CA is refused (and so is this node by it).
+    #[tokio::test]
+    async fn peers_speak_mutual_tls_and_refuse_a_foreign_server() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let cluster = ca_and_node();
+        let address = tls_peer(&cluster).await;
+        assert!(
+            vote(address, &cluster).await,
+            "same CA: the vote is answered"
+        );
+
+        let foreign = ca_and_node();
+        let address = tls_peer(&foreign).await;
+        assert!(
+            !vote(address, &cluster).await,
+            "a foreign server must be refused"
+        );
     }
 }

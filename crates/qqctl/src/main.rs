@@ -21,7 +21,7 @@ mod typed;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use qq_client::Client;
+use qq_client::{Client, TlsOptions};
 
 use cmd::admin::{
     BindArgs, DeclareExchangeArgs, DeclareQueueArgs, DeleteExchangeArgs, DeleteQueueArgs,
@@ -38,7 +38,7 @@ use cmd::{NameArgs, admin, consume, publish, status};
     about = "Command-line client for a quorumq cluster"
 )]
 struct Cli {
-    /// Any node of the cluster (host:port or http://host:port).
+    /// Any node of the cluster (host:port, http://host:port or https://host:port).
     #[arg(long, global = true, env = "QQ_NODE", default_value = "127.0.0.1:7101")]
     node: String,
     /// User name (requests without credentials act as guest).
@@ -50,6 +50,16 @@ struct Cli {
     /// Virtual host (empty means /).
     #[arg(long, global = true, env = "QQ_VHOST", default_value = "")]
     vhost: String,
+    /// CA certificate (PEM) of a node whose client port serves TLS: connect over https://.
+    /// (--ca, --cert and --key go before the verb: `publish --key` is the routing key.)
+    #[arg(long = "ca", id = "tls_ca", env = "QQ_CA")]
+    ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM), for a node that requires one (its tls_client_ca); with --key.
+    #[arg(long = "cert", id = "tls_cert", env = "QQ_CERT", requires = "tls_key")]
+    cert: Option<std::path::PathBuf>,
+    /// Key (PEM) of the client certificate.
+    #[arg(long = "key", id = "tls_key", env = "QQ_KEY", requires = "tls_cert")]
+    key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -125,7 +135,16 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let client = Client::connect(&cli.node)
+    let tls = if cli.ca.is_some() || cli.cert.is_some() || cli.node.starts_with("https://") {
+        Some(TlsOptions::from_files(
+            cli.ca.as_deref(),
+            cli.cert.as_deref(),
+            cli.key.as_deref(),
+        )?)
+    } else {
+        None
+    };
+    let client = Client::connect_with(&cli.node, tls.as_ref())
         .await?
         .with_credentials(&cli.user, &cli.password)?
         .with_vhost(&cli.vhost);

@@ -13,6 +13,7 @@ mod policies;
 mod refusals;
 mod routing;
 mod security_auth;
+mod security_tls;
 mod shutdown;
 
 use std::collections::BTreeSet;

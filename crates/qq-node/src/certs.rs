@@ -1,0 +1,181 @@
+//! `qq-node certs`: the cluster CA and node certificates that mutual TLS between nodes (and,
+//! optionally, client TLS) uses.
+//!
+//! A run creates the CA in `--ca-dir` (`ca.pem`, `ca.key`) unless it is already there, then
+//! signs a node certificate into `--out` (`node.pem`, `node.key`, and a copy of `ca.pem`, the
+//! three files a node's `cluster_ca`/`cluster_cert`/`cluster_key` name). Keys are ECDSA P-256
+//! (rcgen on ring), written with mode 0600; keep the CA directory apart from node directories:
+//! a node needs `ca.pem`, never `ca.key`. A node certificate carries the SANs 127.0.0.1,
+//! localhost, [`CLUSTER_TLS_NAME`] (what peers check) and the given hosts, and the extended key
+//! usages ServerAuth and ClientAuth, since a node both serves and dials its peers. Existing
+//! node files are kept unless `--force`, so `make cluster` can run it on every start.
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use qq_raft::network::CLUSTER_TLS_NAME;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SerialNumber,
+};
+use time::{Duration, OffsetDateTime};
+
+/// Default lifetimes, in days: CA ten years, node certificates five (never past the CA).
+pub const DEFAULT_CA_DAYS: u32 = 3650;
+pub const DEFAULT_NODE_DAYS: u32 = 1825;
+
+/// `qq-node certs` arguments.
+#[derive(Debug, clap::Args)]
+pub struct CertsArgs {
+    /// Directory of the cluster CA (`ca.pem`, `ca.key`): reused when present, else created.
+    #[arg(long)]
+    pub ca_dir: PathBuf,
+    /// Directory for this node's `node.pem`, `node.key` and a copy of `ca.pem`.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Common name of the node certificate (e.g. node1).
+    #[arg(long, default_value = "qq-node")]
+    pub name: String,
+    /// Extra SANs (host names or IP addresses) besides 127.0.0.1, localhost and qq-node.
+    #[arg(long = "host")]
+    pub hosts: Vec<String>,
+    /// Validity of a new CA, in days.
+    #[arg(long, default_value_t = DEFAULT_CA_DAYS)]
+    pub ca_days: u32,
+    /// Validity of the node certificate, in days.
+    #[arg(long, default_value_t = DEFAULT_NODE_DAYS)]
+    pub days: u32,
+    /// Replace an existing node certificate and key in `--out`.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Run `qq-node certs`: prints what it created or reused.
+pub fn run(args: &CertsArgs) -> anyhow::Result<()> {
+    if args.days == 0 || args.ca_days == 0 {
+        bail!("--days and --ca-days: must be >= 1");
+    }
+    let now = OffsetDateTime::now_utc();
+    let (ca_pem, issuer, ca_not_after) = load_or_create_ca(&args.ca_dir, args.ca_days, now)?;
+    std::fs::create_dir_all(&args.out).with_context(|| format!("create {}", args.out.display()))?;
+    let node_pem = args.out.join("node.pem");
+    let node_key = args.out.join("node.key");
+    write_file(&args.out.join("ca.pem"), ca_pem.as_bytes(), 0o644)?;
+    if node_pem.exists() && node_key.exists() && !args.force {
+        println!("node certificate kept: {}", node_pem.display());
+        return Ok(());
+    }
+    let mut sans = vec![
+        "127.0.0.1".to_string(),
+        "localhost".to_string(),
+        CLUSTER_TLS_NAME.to_string(),
+    ];
+    for h in &args.hosts {
+        if !sans.contains(h) {
+            sans.push(h.clone());
+        }
+    }
+    let mut params = CertificateParams::new(sans.clone()).context("node certificate SANs")?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, args.name.clone());
+    params.is_ca = IsCa::NoCa;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.serial_number = Some(serial());
+    // A day back for clock skew between the machine that signs and the nodes.
+    params.not_before = now - Duration::days(1);
+    let not_after = now + Duration::days(i64::from(args.days));
+    params.not_after = ca_not_after.map_or(not_after, |ca| not_after.min(ca));
+    let key = KeyPair::generate().context("generate node key")?;
+    let cert = params
+        .signed_by(&key, &issuer)
+        .context("sign node certificate")?;
+    write_file(&node_key, key.serialize_pem().as_bytes(), 0o600)?;
+    write_file(&node_pem, cert.pem().as_bytes(), 0o644)?;
+    println!(
+        "node certificate created: {} (SANs {})",
+        node_pem.display(),
+        sans.join(", ")
+    );
+    Ok(())
+}
+
+/// The CA's PEM, its issuer and (when created now) its expiry: loaded from `dir`, or created.
+fn load_or_create_ca(
+    dir: &Path,
+    days: u32,
+    now: OffsetDateTime,
+) -> anyhow::Result<(String, Issuer<'static, KeyPair>, Option<OffsetDateTime>)> {
+    let cert_path = dir.join("ca.pem");
+    let key_path = dir.join("ca.key");
+    if cert_path.exists() || key_path.exists() {
+        let pem = std::fs::read_to_string(&cert_path)
+            .with_context(|| format!("read {}", cert_path.display()))?;
+        let key_pem = std::fs::read_to_string(&key_path)
+            .with_context(|| format!("read {}", key_path.display()))?;
+        let key =
+            KeyPair::from_pem(&key_pem).with_context(|| format!("parse {}", key_path.display()))?;
+        let issuer = Issuer::from_ca_cert_pem(&pem, key)
+            .with_context(|| format!("parse {}", cert_path.display()))?;
+        println!("cluster CA reused: {}", cert_path.display());
+        // rcgen does not expose a loaded CA's expiry: --days is trusted to stay within it.
+        return Ok((pem, issuer, None));
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("chmod {}", dir.display()))?;
+    let mut params = CertificateParams::new(Vec::new()).context("CA parameters")?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "quorumq cluster CA");
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.serial_number = Some(serial());
+    params.not_before = now - Duration::days(1);
+    params.not_after = now + Duration::days(i64::from(days));
+    let not_after = params.not_after;
+    let key = KeyPair::generate().context("generate CA key")?;
+    let cert = params.self_signed(&key).context("self-sign CA")?;
+    write_file(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
+    write_file(&cert_path, cert.pem().as_bytes(), 0o644)?;
+    println!("cluster CA created: {}", cert_path.display());
+    Ok((cert.pem(), Issuer::new(params, key), Some(not_after)))
+}
+
+/// A random positive 16-byte serial.
+fn serial() -> SerialNumber {
+    let mut bytes: [u8; 16] = rand::random();
+    bytes[0] = (bytes[0] & 0x7f) | 0x01;
+    SerialNumber::from_slice(&bytes)
+}
+
+/// Writes `data` to `path` with `mode` (replacing the file; a key is never world-readable,
+/// not even for a moment).
+fn write_file(path: &Path, data: &[u8], mode: u32) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("create {}", tmp.display()))?;
+    f.write_all(data)
+        .and_then(|_| f.sync_all())
+        .with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("rename to {}", path.display()))?;
+    Ok(())
+}
