@@ -81,11 +81,12 @@ pub struct BrokerService {
 impl BrokerService {
     pub fn new(node: Arc<Node>) -> BrokerService {
         let config = node.config();
-        // The client port's TLS is decided by the server's wiring; plain text until then.
+        // With tls_cert the client port serves only TLS (server.rs), so Basic credentials
+        // never cross the network in clear.
         let settings = AuthSettings {
             loopback_users: config.loopback_users.clone(),
             allow_plaintext_auth: config.allow_plaintext_auth,
-            client_tls: false,
+            client_tls: config.tls_cert.is_some(),
         };
         let auth = Arc::new(Auth::new(node.view().clone(), settings));
         BrokerService {
