@@ -24,6 +24,7 @@ deps:
 	command -v protoc >/dev/null 2>&1 || missing="$$missing protobuf-compiler"; \
 	ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
 	command -v clang >/dev/null 2>&1 || missing="$$missing clang"; \
+	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
 	command -v iptables >/dev/null 2>&1 || missing="$$missing iptables"; \
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	command -v tc >/dev/null 2>&1 || missing="$$missing iproute2"; \

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Starts the local three-node cluster described by cluster/node{1,2,3}.toml in the background
-# and waits until it has formed (a metadata leader is elected). Used by `make cluster`.
+# and waits until every node is healthy: its GET /healthz (on the node's http_addr) answers
+# 200, which a node does once it has joined the cluster and sees a metadata leader. Used by
+# `make cluster`. Fails, naming the node and printing the end of its log, when a node exits or
+# is not healthy within QQ_CLUSTER_TIMEOUT_S seconds (default 120).
 #
 # Run from anywhere; the nodes run from the repository root, so their data_dir
 # ".qq-cluster/nodeN" is <repo>/.qq-cluster/nodeN. Pid files and logs live next to the data:
@@ -15,11 +18,30 @@ node_bin=${QQ_NODE_BIN:-$target_dir/debug/qq-node}
 ctl_bin=${QQCTL_BIN:-$target_dir/debug/qqctl}
 run_dir=.qq-cluster
 nodes=(1 2 3)
-timeout_s=${QQ_CLUSTER_TIMEOUT_S:-60}
+timeout_s=${QQ_CLUSTER_TIMEOUT_S:-120}
+log_lines=20
 
 for bin in "$node_bin" "$ctl_bin"; do
     if [[ ! -x $bin ]]; then
         echo "cluster/up.sh: $bin not found; run 'make build' first" >&2
+        exit 1
+    fi
+done
+if ! command -v curl >/dev/null; then
+    echo "cluster/up.sh: curl not found (make deps installs it)" >&2
+    exit 1
+fi
+
+# `key = "value"` of a node's config file.
+config_value() { # node key
+    sed -n "s/^$2 *= *\"\(.*\)\"/\1/p" "cluster/node$1.toml" | head -n 1
+}
+declare -A grpc_addr http_addr
+for n in "${nodes[@]}"; do
+    grpc_addr[$n]=$(config_value "$n" listen)
+    http_addr[$n]=$(config_value "$n" http_addr)
+    if [[ -z ${http_addr[$n]} ]]; then
+        echo "cluster/up.sh: cluster/node$n.toml has no http_addr (needed for /healthz)" >&2
         exit 1
     fi
 done
@@ -51,42 +73,61 @@ for n in "${nodes[@]}"; do
     echo "node $n started (pid $!), log $run_dir/node$n.log"
 done
 
-show_logs() {
-    for n in "${nodes[@]}"; do
-        echo "===== tail of $run_dir/node$n.log" >&2
-        tail -n 40 "$run_dir/node$n.log" >&2 || true
-    done
+show_log() { # node
+    echo "===== last $log_lines lines of $run_dir/node$1.log" >&2
+    tail -n "$log_lines" "$run_dir/node$1.log" >&2 || true
 }
 
-echo "waiting up to ${timeout_s}s for the cluster to form..."
+# 200 from the node's /healthz: joined and a metadata leader seen. Prints the status code.
+health() { # node
+    curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://${http_addr[$1]}/healthz" || true
+}
+
+echo "waiting up to ${timeout_s}s for every node's /healthz..."
 deadline=$((SECONDS + timeout_s))
-while true; do
-    for n in "${nodes[@]}"; do
+pending=("${nodes[@]}")
+while ((${#pending[@]} > 0)); do
+    still=()
+    for n in "${pending[@]}"; do
+        code=$(health "$n")
+        if [[ $code == 200 ]]; then
+            echo "node $n healthy (http://${http_addr[$n]}/healthz)"
+            continue
+        fi
+        # An exited node will never answer: fail now rather than at the deadline.
         if ! is_running "$run_dir/node$n.pid"; then
-            echo "cluster/up.sh: node $n exited" >&2
-            show_logs
+            echo "cluster/up.sh: node $n exited before it was healthy" >&2
+            show_log "$n"
             exit 1
         fi
+        still+=("$n")
     done
-    if status=$("$ctl_bin" --node 127.0.0.1:7101 status 2>/dev/null) &&
-        grep -Eq '^metadata leader: [0-9]+' <<<"$status"; then
-        break
-    fi
+    pending=("${still[@]}")
+    ((${#pending[@]} == 0)) && break
     if ((SECONDS >= deadline)); then
-        echo "cluster/up.sh: no metadata leader after ${timeout_s}s" >&2
-        "$ctl_bin" --node 127.0.0.1:7101 status >&2 || true
-        show_logs
+        for n in "${pending[@]}"; do
+            echo "cluster/up.sh: node $n not healthy after ${timeout_s}s" \
+                "(GET http://${http_addr[$n]}/healthz answered '$(health "$n")')" >&2
+            show_log "$n"
+        done
         exit 1
     fi
     sleep 0.5
 done
+status=$("$ctl_bin" --node "${grpc_addr[1]}" status 2>&1 || true)
 
 cat <<MSG
 
 $status
 
-quorumq is up: three nodes on 127.0.0.1:7101, 127.0.0.1:7102 and 127.0.0.1:7103
-(user guest, password guest; any node answers any request).
+quorumq is up (user guest, password guest; any node answers any request):
+
+$(for n in "${nodes[@]}"; do
+    printf '  node %s  gRPC %s (qq.v1.Broker, health, reflection)\n' "$n" "${grpc_addr[$n]}"
+    printf '          metrics http://%s/metrics   health http://%s/healthz\n' \
+        "${http_addr[$n]}" "${http_addr[$n]}"
+done)
+
 Nodes talk to each other on 127.0.0.1:7201-7203 over mutual TLS (certificates in
 $run_dir/ca and $run_dir/tls{1,2,3}, made on first start; clients need none).
 

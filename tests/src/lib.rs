@@ -10,7 +10,9 @@
 //! until every node reports a metadata leader. Nodes talk to each other over mutual TLS on
 //! their cluster ports, as in production: the cluster's CA and node certificates are made by
 //! `qq-node certs` in the temporary directory ([`TestCluster::tls`] names the files).
-//! [`TestCluster::start_client_tls`] also puts the client port behind TLS. Dropping the cluster kills every node with
+//! Every node also serves `GET /metrics` and `/healthz` on its own `http_addr`
+//! ([`TestCluster::http_get`]). [`TestCluster::start_client_tls`] also puts the client port
+//! behind TLS. Dropping the cluster kills every node with
 //! `SIGKILL`. A passing test ends with [`TestCluster::stop`]; a cluster dropped without it (the
 //! test panicked or returned an error) keeps its directory and prints the tail of every node's
 //! log, so the failure can be read next to what the nodes did.
@@ -74,6 +76,16 @@ pub fn init_tracing() {
 }
 
 /// The `qq-node` binary to run (see the crate documentation for the search order).
+/// The `qqctl` binary next to `qq-node` (QQCTL_BIN overrides).
+pub fn qqctl_binary() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("QQCTL_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let path = node_binary()?.with_file_name("qqctl");
+    anyhow::ensure!(path.is_file(), "qqctl not found at {}", path.display());
+    Ok(path)
+}
+
 pub fn node_binary() -> anyhow::Result<PathBuf> {
     let mut candidates = Vec::new();
     if let Some(p) = std::env::var_os("QQ_NODE_BIN") {
@@ -191,6 +203,8 @@ struct Node {
     id: u64,
     address: String,
     cluster_address: String,
+    /// `http_addr`: GET /metrics and /healthz.
+    http_address: String,
     config: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -230,6 +244,14 @@ pub struct ClusterOptions {
     pub extra_config_for: Vec<(u64, String)>,
     /// Serve the client ports over TLS (each node's certificate as `tls_cert`).
     pub client_tls: bool,
+    /// With `client_tls`: require client certificates from the cluster CA (`tls_client_ca`);
+    /// [`TestCluster::client`] then presents node 1's certificate.
+    pub require_client_certs: bool,
+    /// A node's data directory somewhere else than the cluster's temp dir: (node id, path).
+    pub data_dir_for: Vec<(u64, PathBuf)>,
+    /// Nodes configured but not started (start them with [`TestCluster::start_node`]). When
+    /// not empty, `start_with_options` does not wait for the cluster to form.
+    pub not_started: Vec<u64>,
 }
 
 /// An IPv4 address of this host that is not loopback, for tests of what a node allows remote
@@ -328,12 +350,12 @@ impl TestCluster {
             .prefix("qq-cluster-")
             .tempdir()
             .context("create temp dir")?;
-        let ports = free_ports(2 * n)?;
+        let ports = free_ports(3 * n)?;
         let addresses: Vec<String> = ports[..n]
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        let cluster_addresses: Vec<String> = ports[n..]
+        let cluster_addresses: Vec<String> = ports[n..2 * n]
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
@@ -360,7 +382,11 @@ impl TestCluster {
         let mut nodes = Vec::new();
         for (i, address) in addresses.iter().enumerate() {
             let id = i as u64 + 1;
-            let data_dir = dir.path().join(format!("node{id}"));
+            let data_dir = options
+                .data_dir_for
+                .iter()
+                .find(|(node, _)| *node == id)
+                .map_or_else(|| dir.path().join(format!("node{id}")), |(_, p)| p.clone());
             let config = dir.path().join(format!("node{id}.toml"));
             let listen = if options.listen_on_all_addresses {
                 format!("0.0.0.0:{}", ports[i])
@@ -368,6 +394,7 @@ impl TestCluster {
                 address.clone()
             };
             let (cert, key) = tls.node_cert(id);
+            let http_port = ports[2 * n + i];
             let cluster_tls = format!(
                 "cluster_addr = \"{}\"\ncluster_ca = \"{}\"\ncluster_cert = \"{}\"\n\
                  cluster_key = \"{}\"\n",
@@ -377,17 +404,24 @@ impl TestCluster {
                 key.display()
             );
             let client_tls_lines = if options.client_tls {
-                format!(
+                let mut lines = format!(
                     "tls_cert = \"{}\"\ntls_key = \"{}\"\n",
                     cert.display(),
                     key.display()
-                )
+                );
+                if options.require_client_certs {
+                    lines.push_str(&format!(
+                        "tls_client_ca = \"{}\"\n",
+                        tls.node_dirs[i].join("ca.pem").display()
+                    ));
+                }
+                lines
             } else {
                 String::new()
             };
             let mut text = format!(
                 "{cluster_tls}{client_tls_lines}\
-                 node_id = {id}\nlisten = \"{listen}\"\nadvertise = \"{address}\"\npeers = [\n{}\n]\ndata_dir = \"{}\"\n\
+                 node_id = {id}\nhttp_addr = \"127.0.0.1:{http_port}\"\nlisten = \"{listen}\"\nadvertise = \"{address}\"\npeers = [\n{}\n]\ndata_dir = \"{}\"\n\
                  max_message_bytes = {TEST_MAX_MESSAGE_BYTES}\nheartbeat_ms = {heartbeat_ms}\n\
                  election_timeout_min_ms = {election_timeout_min_ms}\n\
                  election_timeout_max_ms = {election_timeout_max_ms}\n\
@@ -409,6 +443,7 @@ impl TestCluster {
                 id,
                 address: address.clone(),
                 cluster_address: cluster_addresses[i].clone(),
+                http_address: format!("127.0.0.1:{http_port}"),
                 config,
                 log: dir.path().join(format!("node{id}.log")),
                 child: None,
@@ -420,7 +455,13 @@ impl TestCluster {
             nodes,
             client_tls: options.client_tls.then(|| TlsOptions {
                 ca_pem: std::fs::read(tls.ca_pem()).ok(),
-                identity: None,
+                identity: options.require_client_certs.then(|| {
+                    let (cert, key) = tls.node_cert(1);
+                    (
+                        std::fs::read(cert).unwrap_or_default(),
+                        std::fs::read(key).unwrap_or_default(),
+                    )
+                }),
                 domain_name: None,
             }),
             tls,
@@ -429,10 +470,14 @@ impl TestCluster {
         };
         info!(dir = %cluster.path().display(), nodes = n, "--- starting a {n}-node cluster");
         for id in 1..=n as u64 {
-            cluster.spawn(id)?;
+            if !options.not_started.contains(&id) {
+                cluster.spawn(id)?;
+            }
         }
-        cluster.wait_formed().await?;
-        info!("--- cluster formed");
+        if options.not_started.is_empty() {
+            cluster.wait_formed().await?;
+            info!("--- cluster formed");
+        }
         Ok(cluster)
     }
 
@@ -461,6 +506,16 @@ impl TestCluster {
     /// The gRPC address of node `id`.
     pub fn address(&self, id: u64) -> &str {
         &self.node(id).address
+    }
+
+    /// The HTTP address (`http_addr`: GET /metrics, /healthz) of node `id`.
+    pub fn http_address(&self, id: u64) -> &str {
+        &self.node(id).http_address
+    }
+
+    /// `GET path` on node `id`'s HTTP address: (status code, body).
+    pub async fn http_get(&self, id: u64, path: &str) -> anyhow::Result<(u16, String)> {
+        http_get(self.http_address(id), path).await
     }
 
     /// The cluster (node-to-node) address of node `id`.
@@ -537,6 +592,11 @@ impl TestCluster {
         Client::connect_with(self.address(id), self.client_tls.as_ref())
             .await
             .with_context(|| format!("connect to node {id} at {}", self.address(id)))
+    }
+
+    /// Starts node `id` (not running) without waiting for anything.
+    pub fn start_node(&mut self, id: u64) -> anyhow::Result<()> {
+        self.spawn(id)
     }
 
     /// Kills node `id` with SIGKILL (no shutdown, no flush) and reaps it.
@@ -621,6 +681,27 @@ impl TestCluster {
             self.spawn(id)?;
         }
         self.wait_formed().await
+    }
+
+    /// Waits up to `timeout` for node `id` to exit by itself; its exit code (`None`: killed by
+    /// a signal), or an error if it still runs.
+    pub async fn wait_exit(&mut self, id: u64, timeout: Duration) -> anyhow::Result<Option<i32>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let node = self.node_mut(id);
+            let child = node
+                .child
+                .as_mut()
+                .with_context(|| format!("node {id} is not running"))?;
+            if let Some(status) = child.try_wait()? {
+                node.child = None;
+                return Ok(status.code());
+            }
+            if Instant::now() >= deadline {
+                bail!("node {id} still runs after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Fails if a node that should be running has exited (with the tail of its log).
@@ -754,6 +835,36 @@ impl Drop for TestCluster {
             }
         }
     }
+}
+
+/// A plain HTTP/1.0 `GET path` to `address` (the server closes the connection after the
+/// answer): (status code, body). Bounded by a 10 s timeout.
+pub async fn http_get(address: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(address)
+            .await
+            .with_context(|| format!("connect to {address}"))?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
+            .await?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await?;
+        anyhow::Ok(raw)
+    };
+    let raw = tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .with_context(|| format!("GET {path} on {address}: no answer in 10 s"))??;
+    let text = String::from_utf8(raw).context("HTTP answer is not UTF-8")?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("GET {path} on {address}: no header end in {text:?}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .with_context(|| format!("GET {path} on {address}: bad status line in {head:?}"))?;
+    Ok((status, body.to_string()))
 }
 
 /// `n` distinct free loopback ports (bound together, so they differ, then released).

@@ -1,7 +1,7 @@
 //! The two three-node clusters under test, as processes on this machine.
 //!
 //! quorumq: three `qq-node` processes started here, one generated config each, on
-//! 127.0.0.1:7301-7303 with their data under `<run dir>/quorumq/nodeN`. RabbitMQ: three
+//! 127.0.0.1:7501-7503 with their data under `<run dir>/quorumq/nodeN`. RabbitMQ: three
 //! `beam.smp` nodes managed by `bench/rabbitmq.sh` (AMQP on 127.0.0.1:5681-5683, data under
 //! `<run dir>/rabbitmq`). Both start from empty data directories on every run.
 //!
@@ -262,6 +262,30 @@ impl QqCluster {
             cluster.start_node(n)?;
         }
         Ok(cluster)
+    }
+
+    /// Restarts every node with `lines` as the scenario's own config lines (replacing those of
+    /// an earlier call; `&[]` restores the usual config). Data is kept.
+    pub fn restart_with(&mut self, lines: &[String]) -> Result<()> {
+        const MARK: &str = "# set by a scenario";
+        self.shutdown();
+        for n in 0..NODES {
+            let path = self.dir.join(format!("node{}.toml", n + 1));
+            let config = fs::read_to_string(&path)?;
+            let mut kept: String = config
+                .lines()
+                .filter(|l| !l.ends_with(MARK))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            for line in lines {
+                kept.push_str(&format!("{line} {MARK}\n"));
+            }
+            fs::write(&path, kept)?;
+        }
+        for n in 0..NODES {
+            self.start_node(n)?;
+        }
+        Ok(())
     }
 
     fn start_node(&mut self, node: usize) -> Result<()> {

@@ -28,7 +28,7 @@ use crate::System;
 
 /// Node `n` (0-based) of quorumq listens on `QQ_BASE_PORT + 1 + n`, of RabbitMQ on
 /// `RABBIT_BASE_PORT + 1 + n`; the clusters in [`crate::cluster`] are started on these.
-const QQ_BASE_PORT: u16 = 7300;
+const QQ_BASE_PORT: u16 = 7500;
 const RABBIT_BASE_PORT: u16 = 5680;
 
 /// gRPC address of quorumq node `node` (0-based).

@@ -1,9 +1,11 @@
 //! # qq-bench: quorumq and RabbitMQ quorum queues, side by side
 //!
 //! `make bench` builds the release binaries and runs this. It starts two three-node clusters
-//! on this machine — quorumq (`qq-node` on 127.0.0.1:7301-7303, spoken to over gRPC with
+//! on this machine — quorumq (`qq-node` on 127.0.0.1:7501-7503, spoken to over gRPC with
 //! `qq-client`) and RabbitMQ (Debian's rabbitmq-server, `bench/rabbitmq.sh`, AMQP 0-9-1 on
-//! 127.0.0.1:5681-5683 with lapin) — and runs the seven scenarios of issue 5 against both,
+//! 127.0.0.1:5681-5683 with lapin) — and runs the seven scenarios of issue 5 against both (and
+//! scenario 8, memory under pressure, against quorumq; scenario 9, idle CPU with a million
+//! delayed messages, against quorumq when named),
 //! alternating which system goes first. It prints one table (each figure for both systems and
 //! their ratio, with the issue's targets), and writes a JSON record, a Markdown summary and a
 //! PNG of latency percentiles to `bench/results/`.
@@ -14,7 +16,7 @@
 //!
 //! Layout: [`cluster`] starts, kills and measures the server processes; [`driver`] is one
 //! client interface over both brokers; [`load`] holds the publisher and consumer loops;
-//! [`scenarios`] the seven scenarios; [`profile`] samples the quorumq leader with perf;
+//! [`scenarios`] the seven scenarios; [`memory`] scenario 8; [`delayed`] scenario 9; [`profile`] samples the quorumq leader with perf;
 //! [`report`] the table, files and plot.
 //!
 //! Deliberately left out: anything that would favour one side. Both clients run in this one
@@ -22,8 +24,10 @@
 //! their queue (except in failover, which publishes through a surviving node on purpose).
 
 mod cluster;
+mod delayed;
 mod driver;
 mod load;
+mod memory;
 mod profile;
 mod report;
 mod scenarios;
@@ -63,8 +67,9 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Scenarios to run, e.g. `1,2` (1 throughput, 2 latency, 3 many queues, 4 dead-letter
-    /// rate, 5 failover, 6 backlog memory, 7 restart recovery).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7")]
+    /// rate, 5 failover, 6 backlog memory, 7 restart recovery, 8 memory under pressure:
+    /// quorumq only, 9 idle CPU with delayed messages: quorumq only, not run unless named).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8")]
     scenarios: Vec<u8>,
     /// Run only one side: `quorumq` or `rabbitmq`.
     #[arg(long)]
@@ -84,6 +89,9 @@ struct Args {
     /// Messages in the backlog of scenarios 6 and 7.
     #[arg(long)]
     backlog: Option<u64>,
+    /// Delayed messages of scenario 9 (default 1 000 000; --quick 20 000).
+    #[arg(long)]
+    delayed: Option<u64>,
     /// Seconds of measurement in scenario 1.
     #[arg(long)]
     throughput_secs: Option<f64>,
@@ -121,6 +129,9 @@ async fn main() -> Result<()> {
     if let Some(n) = args.backlog {
         settings.backlog_messages = n;
     }
+    if let Some(n) = args.delayed {
+        settings.delayed_messages = n;
+    }
     if let Some(s) = args.throughput_secs {
         settings.throughput_s = s;
     }
@@ -129,7 +140,7 @@ async fn main() -> Result<()> {
         .scenarios
         .iter()
         .copied()
-        .filter(|n| (1..=7).contains(n))
+        .filter(|n| (1..=9).contains(n))
         .collect();
     wanted.sort_unstable();
     wanted.dedup();
@@ -303,6 +314,8 @@ async fn run_all(
                 3 => scenarios::many_queues(cl, settings).await,
                 4 => scenarios::dead_letter(cl, settings).await,
                 5 => scenarios::failover(cl, settings).await,
+                8 => memory::memory_bounds(cl, settings).await,
+                9 => delayed::delayed_idle_cpu(cl, settings).await,
                 _ => {
                     scenarios::backlog(cl, settings, wanted.contains(&6), wanted.contains(&7)).await
                 }

@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::System;
 use crate::scenarios::{Better, Latency, Outcome, PLOT_PERCENTILES};
 
-pub const SCENARIO_NAMES: [&str; 7] = [
+pub const SCENARIO_NAMES: [&str; 9] = [
     "throughput, 1 queue",
     "latency at fixed rate",
     "many queues",
@@ -20,6 +20,8 @@ pub const SCENARIO_NAMES: [&str; 7] = [
     "failover",
     "backlog memory",
     "restart recovery",
+    "memory under pressure",
+    "idle CPU, delayed messages",
 ];
 
 pub fn scenario_name(n: u8) -> &'static str {

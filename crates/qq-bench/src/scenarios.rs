@@ -40,6 +40,24 @@ pub struct Settings {
     pub failover_before_s: f64,
     pub failover_after_s: f64,
     pub backlog_messages: u64,
+    /// Scenario 9: messages in the delayed set.
+    pub delayed_messages: u64,
+    /// Scenario 9: 3-second CPU samples per measurement.
+    pub idle_cpu_samples: usize,
+    /// Scenario 8 (memory under pressure).
+    pub memory: MemorySizes,
+}
+
+/// Sizes of scenario 8's parts ([`crate::memory`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct MemorySizes {
+    pub backlog: u64,
+    pub backlog_body: usize,
+    pub hold: Duration,
+    pub flood: Duration,
+    pub flood_body: usize,
+    /// How far above the nodes' size the watermark of the first flood is.
+    pub headroom_bytes: u64,
 }
 
 impl Settings {
@@ -59,6 +77,16 @@ impl Settings {
             failover_before_s: 5.0,
             failover_after_s: 5.0,
             backlog_messages: 1_000_000,
+            delayed_messages: 1_000_000,
+            idle_cpu_samples: 20,
+            memory: MemorySizes {
+                backlog: 50_000,
+                backlog_body: 4096,
+                hold: Duration::from_secs(10),
+                flood: Duration::from_secs(20),
+                flood_body: 64 * 1024,
+                headroom_bytes: 96 << 20,
+            },
         }
     }
 
@@ -72,6 +100,15 @@ impl Settings {
             failover_before_s: 2.0,
             failover_after_s: 2.0,
             backlog_messages: 20_000,
+            delayed_messages: 20_000,
+            idle_cpu_samples: 5,
+            memory: MemorySizes {
+                backlog: 10_000,
+                hold: Duration::from_secs(4),
+                flood: Duration::from_secs(8),
+                headroom_bytes: 48 << 20,
+                ..Settings::full().memory
+            },
             ..Settings::full()
         }
     }
@@ -141,7 +178,14 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    fn figure(&mut self, scenario: u8, name: &str, unit: &'static str, better: Better, v: f64) {
+    pub(crate) fn figure(
+        &mut self,
+        scenario: u8,
+        name: &str,
+        unit: &'static str,
+        better: Better,
+        v: f64,
+    ) {
         self.figures.push(Figure {
             scenario,
             name: name.to_string(),
@@ -165,10 +209,24 @@ fn secs(s: f64) -> Duration {
 }
 
 /// Declares `queue` through node `node`; returns the node that leads it.
-async fn declare_on(cl: &Cluster, node: usize, queue: &str, spec: &QueueSpec) -> Result<usize> {
+pub(crate) async fn declare_on(
+    cl: &Cluster,
+    node: usize,
+    queue: &str,
+    spec: &QueueSpec,
+) -> Result<usize> {
     let conn = Conn::connect(cl.system(), node).await?;
     conn.delete_queue(queue).await?;
-    conn.declare_queue(queue, spec).await?;
+    // The declare waits for the new queue's group to elect a leader; just after nodes
+    // (re)start that can answer UNAVAILABLE (safe to retry).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match conn.declare_queue(queue, spec).await {
+            Ok(()) => break,
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
     match cl.system() {
         // The metadata picks the members and the first leader; ask who leads.
         System::Quorumq => {

@@ -631,11 +631,86 @@ impl Client {
 
     /// Settles messages taken with [`Client::get`], in the order given.
     pub async fn settle(&self, receipts: Vec<String>, outcome: SettleOutcome) -> Result<()> {
+        self.settle_with(receipts, outcome, None, None).await
+    }
+
+    /// [`Client::settle`] with its options: `reason_detail` (REJECT only, at most 1 024
+    /// bytes) is recorded in the dead letter's `x-death` entry and `x-last-death-detail`;
+    /// `delay_ms` (REQUEUE only, at most 7 days) keeps the message from being delivered
+    /// before then (without it, the queue's `x-requeue-delays` apply).
+    pub async fn settle_with(
+        &self,
+        receipts: Vec<String>,
+        outcome: SettleOutcome,
+        reason_detail: Option<String>,
+        delay_ms: Option<u64>,
+    ) -> Result<()> {
         let req = v1::SettleRequest {
             receipts,
             outcome: outcome as i32,
+            reason_detail,
+            delay_ms,
         };
         self.raw().settle(req).await?;
+        Ok(())
+    }
+
+    /// The ready messages at positions `offset..offset + limit` of `queue`, in queue order,
+    /// without taking them (`limit` at most 1 000; 0 means 100). Needs read permission.
+    pub async fn browse(&self, queue: &str, offset: u64, limit: u32) -> Result<v1::BrowseResponse> {
+        let req = v1::BrowseRequest {
+            vhost: self.vhost.clone(),
+            queue: queue.into(),
+            offset,
+            limit,
+        };
+        Ok(self.raw().browse(req).await?.into_inner())
+    }
+
+    // ---- move tasks (redrive) ---------------------------------------------------------------
+
+    /// Start moving up to `max_messages` (0: every) ready messages of `source` to
+    /// `destination` (empty: each back to its `x-first-death-queue`), at most
+    /// `max_per_second` (0: no limit). Returns the task id.
+    pub async fn start_move_task(
+        &self,
+        source: &str,
+        destination: &str,
+        max_messages: u64,
+        max_per_second: u32,
+    ) -> Result<String> {
+        let req = v1::StartMoveTaskRequest {
+            vhost: self.vhost.clone(),
+            source: source.into(),
+            destination: destination.into(),
+            max_messages,
+            max_per_second,
+        };
+        Ok(self.raw().start_move_task(req).await?.into_inner().task_id)
+    }
+
+    /// A move task's state, `moved` and `remaining`.
+    pub async fn get_move_task(&self, task_id: &str) -> Result<v1::MoveTask> {
+        let req = v1::GetMoveTaskRequest {
+            task_id: task_id.into(),
+        };
+        Ok(self.raw().get_move_task(req).await?.into_inner())
+    }
+
+    /// The move tasks of the client's vhost (running and recently ended).
+    pub async fn list_move_tasks(&self) -> Result<Vec<v1::MoveTask>> {
+        let req = v1::ListMoveTasksRequest {
+            vhost: self.vhost.clone(),
+        };
+        Ok(self.raw().list_move_tasks(req).await?.into_inner().tasks)
+    }
+
+    /// Cancel a running move task (messages already moved stay moved).
+    pub async fn cancel_move_task(&self, task_id: &str) -> Result<()> {
+        let req = v1::CancelMoveTaskRequest {
+            task_id: task_id.into(),
+        };
+        self.raw().cancel_move_task(req).await?;
         Ok(())
     }
 
@@ -789,6 +864,37 @@ impl Client {
             .delete_vhost(v1::DeleteVhostRequest { name: name.into() })
             .await?;
         Ok(())
+    }
+
+    /// Replaces a vhost's limits (all `None`: clears them). Administrators only.
+    pub async fn set_vhost_limits(&self, vhost: &str, limits: v1::Limits) -> Result<()> {
+        self.raw()
+            .set_vhost_limits(v1::SetVhostLimitsRequest {
+                vhost: vhost.into(),
+                limits: Some(limits),
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Replaces a user's limits (all `None`: clears them). Administrators only.
+    pub async fn set_user_limits(&self, user: &str, limits: v1::Limits) -> Result<()> {
+        self.raw()
+            .set_user_limits(v1::SetUserLimitsRequest {
+                user: user.into(),
+                limits: Some(limits),
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Every vhost and user with limits set. Administrators only.
+    pub async fn list_limits(&self) -> Result<v1::ListLimitsResponse> {
+        Ok(self
+            .raw()
+            .list_limits(v1::ListLimitsRequest {})
+            .await?
+            .into_inner())
     }
 
     fn fill_vhost(&self, vhost: &mut String) {
@@ -1065,11 +1171,54 @@ impl Consumer {
         multiple: bool,
         outcome: SettleOutcome,
     ) -> Result<()> {
+        self.settle_with(delivery_tags, multiple, outcome, None, None)
+            .await
+    }
+
+    /// Rejects one delivery (dead-lettered with reason `rejected`) and says why: `detail`
+    /// (at most 1 024 bytes) becomes the `x-death` entry's `reason-detail` and the dead
+    /// letter's `x-last-death-detail` header.
+    pub async fn reject_with_reason(&self, tag: u64, detail: &str) -> Result<()> {
+        self.settle_with(
+            vec![tag],
+            false,
+            SettleOutcome::Reject,
+            Some(detail.into()),
+            None,
+        )
+        .await
+    }
+
+    /// Requeues one delivery, not to be delivered again before `delay_ms` (at most 7 days;
+    /// 0: at once, whatever the queue's `x-requeue-delays`).
+    pub async fn requeue_after(&self, tag: u64, delay_ms: u64) -> Result<()> {
+        self.settle_with(
+            vec![tag],
+            false,
+            SettleOutcome::Requeue,
+            None,
+            Some(delay_ms),
+        )
+        .await
+    }
+
+    /// [`Consumer::settle`] with the options of [`Client::settle_with`]. A bad option ends
+    /// the stream with INVALID_ARGUMENT.
+    pub async fn settle_with(
+        &self,
+        delivery_tags: Vec<u64>,
+        multiple: bool,
+        outcome: SettleOutcome,
+        reason_detail: Option<String>,
+        delay_ms: Option<u64>,
+    ) -> Result<()> {
         let req = v1::ConsumeRequest {
             request: Some(consume_request::Request::Settle(v1::ConsumeSettle {
                 delivery_tags,
                 multiple,
                 outcome: outcome as i32,
+                reason_detail,
+                delay_ms,
             })),
         };
         self.send(req).await
@@ -1324,6 +1473,41 @@ pub fn delivery_headers(d: &Delivery) -> HashMap<String, Value> {
         .unwrap_or_default()
 }
 
+/// One `x-death` entry, as far as people read it: queue, reason, count and the consumer's
+/// reason detail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeathSummary {
+    pub queue: String,
+    pub reason: String,
+    pub count: i64,
+    pub reason_detail: Option<String>,
+}
+
+/// The `x-death` history in `headers`, most recent first (empty without one).
+pub fn death_summary(headers: &HashMap<String, Value>) -> Vec<DeathSummary> {
+    let Some(list) = headers.get("x-death").and_then(|v| match &v.kind {
+        Some(value::Kind::ListValue(l)) => Some(&l.values),
+        _ => None,
+    }) else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|entry| match &entry.kind {
+            Some(value::Kind::TableValue(t)) => Some(&t.fields),
+            _ => None,
+        })
+        .map(|t| {
+            let text = |k: &str| t.get(k).and_then(|v| v.as_str()).map(str::to_string);
+            DeathSummary {
+                queue: text("queue").unwrap_or_default(),
+                reason: text("reason").unwrap_or_default(),
+                count: t.get("count").and_then(|v| v.as_long()).unwrap_or(0),
+                reason_detail: text("reason-detail"),
+            }
+        })
+        .collect()
+}
+
 /// The body of a delivery (empty when it has no message).
 pub fn delivery_body(d: &Delivery) -> Bytes {
     d.message
@@ -1357,6 +1541,38 @@ mod tests {
             req.metadata().get("authorization").unwrap(),
             "Basic Z3Vlc3Q6Z3Vlc3Q="
         );
+    }
+
+    #[test]
+    fn death_summary_reads_x_death_most_recent_first() {
+        let entry = |queue: &str, reason: &str, count: i64, detail: Option<&str>| {
+            let mut t = table([
+                ("queue", Value::string(queue)),
+                ("reason", Value::string(reason)),
+                ("count", Value::long(count)),
+            ]);
+            if let Some(d) = detail {
+                t.insert("reason-detail".into(), Value::string(d));
+            }
+            Value::table(t)
+        };
+        let headers = table([(
+            "x-death",
+            Value::list(vec![
+                entry("q1", "rejected", 2, Some("bad id")),
+                entry("q0", "expired", 1, None),
+            ]),
+        )]);
+        let d = death_summary(&headers);
+        assert_eq!(d.len(), 2);
+        assert_eq!(
+            (d[0].queue.as_str(), d[0].reason.as_str(), d[0].count),
+            ("q1", "rejected", 2)
+        );
+        assert_eq!(d[0].reason_detail.as_deref(), Some("bad id"));
+        assert_eq!(d[1].reason_detail, None);
+        assert!(death_summary(&HashMap::new()).is_empty());
+        assert!(death_summary(&table([("x-death", Value::long(1))])).is_empty());
     }
 
     #[test]

@@ -49,9 +49,11 @@ pub const X_FIRST_DEATH_EXCHANGE: &str = "x-first-death-exchange";
 pub const X_LAST_DEATH_REASON: &str = "x-last-death-reason";
 pub const X_LAST_DEATH_QUEUE: &str = "x-last-death-queue";
 pub const X_LAST_DEATH_EXCHANGE: &str = "x-last-death-exchange";
+/// The consumer's `reason_detail` of the latest death, when it gave one.
+pub const X_LAST_DEATH_DETAIL: &str = "x-last-death-detail";
 
 /// Every header that belongs to the broker's death history.
-pub const DEATH_HEADERS: [&str; 7] = [
+pub const DEATH_HEADERS: [&str; 8] = [
     X_DEATH,
     X_FIRST_DEATH_REASON,
     X_FIRST_DEATH_QUEUE,
@@ -59,6 +61,7 @@ pub const DEATH_HEADERS: [&str; 7] = [
     X_LAST_DEATH_REASON,
     X_LAST_DEATH_QUEUE,
     X_LAST_DEATH_EXCHANGE,
+    X_LAST_DEATH_DETAIL,
 ];
 
 /// One entry of `x-death`, typed.
@@ -73,6 +76,8 @@ pub struct Death {
     pub exchange: String,
     pub routing_keys: Vec<String>,
     pub original_expiration: Option<String>,
+    /// `reason-detail`: the latest `reason_detail` a consumer gave for this `{queue, reason}`.
+    pub reason_detail: Option<String>,
 }
 
 impl Death {
@@ -96,6 +101,9 @@ impl Death {
         if let Some(e) = &self.original_expiration {
             t.insert("original-expiration".into(), Value::String(e.clone()));
         }
+        if let Some(d) = &self.reason_detail {
+            t.insert("reason-detail".into(), Value::String(d.clone()));
+        }
         Value::Table(t)
     }
 
@@ -114,11 +122,13 @@ impl Death {
             Value::Timestamp(s) => *s,
             _ => return None,
         };
-        let original_expiration = match t.get("original-expiration") {
-            None => None,
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(_) => return None,
+        let optional = |k: &str| match t.get(k) {
+            None => Some(None),
+            Some(Value::String(s)) => Some(Some(s.clone())),
+            Some(_) => None,
         };
+        let original_expiration = optional("original-expiration")?;
+        let reason_detail = optional("reason-detail")?;
         Some(Death {
             queue: string("queue")?,
             reason: string("reason")?,
@@ -127,6 +137,7 @@ impl Death {
             exchange: string("exchange")?,
             routing_keys,
             original_expiration,
+            reason_detail,
         })
     }
 }
@@ -165,6 +176,23 @@ pub fn dead_letter(
     dlx: &str,
     dl_routing_key: Option<&str>,
 ) -> (Message, Vec<String>) {
+    dead_letter_with_detail(msg, queue, reason, None, died_at_ms, dlx, dl_routing_key)
+}
+
+/// [`dead_letter`] for a death with the consumer's `reason_detail`: the `{queue, reason}`
+/// entry of `x-death` takes it as `reason-detail` (a later death of the pair with a detail
+/// replaces it, one without leaves it), and `x-last-death-detail` is set to it. A death
+/// without a detail removes `x-last-death-detail`, which follows the latest death as the
+/// other `x-last-death-*` headers do.
+pub fn dead_letter_with_detail(
+    msg: &Message,
+    queue: &str,
+    reason: Reason,
+    detail: Option<&str>,
+    died_at_ms: u64,
+    dlx: &str,
+    dl_routing_key: Option<&str>,
+) -> (Message, Vec<String>) {
     let mut copy = msg.clone();
     let headers = &mut copy.properties.headers;
 
@@ -188,6 +216,9 @@ pub fn dead_letter(
         Some(i) => {
             let mut death = history.remove(i);
             death.count += 1;
+            if let Some(d) = detail {
+                death.reason_detail = Some(d.to_string());
+            }
             history.insert(0, death);
         }
         None => history.insert(
@@ -204,6 +235,7 @@ pub fn dead_letter(
                 ),
                 original_expiration: (!msg.properties.expiration.is_empty())
                     .then(|| msg.properties.expiration.clone()),
+                reason_detail: detail.map(str::to_string),
             },
         ),
     }
@@ -228,6 +260,11 @@ pub fn dead_letter(
         }
         headers.insert(last.into(), Value::String(value.to_string()));
     }
+
+    match detail {
+        Some(d) => headers.insert(X_LAST_DEATH_DETAIL.into(), Value::String(d.to_string())),
+        None => headers.remove(X_LAST_DEATH_DETAIL),
+    };
 
     if dl_routing_key.is_some() {
         headers.remove(CC_HEADER);

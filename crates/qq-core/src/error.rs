@@ -25,6 +25,8 @@ pub enum ErrorKind {
     PermissionDenied,
     Unauthenticated,
     AlreadyExists,
+    /// A limit or bound was reached (vhost and user limits).
+    ResourceExhausted,
 }
 
 /// A deterministic, client-visible error: applied, not fatal.
@@ -59,5 +61,8 @@ impl MetaError {
     }
     pub fn already_exists(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::AlreadyExists, message)
+    }
+    pub fn resource_exhausted(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::ResourceExhausted, message)
     }
 }

@@ -15,6 +15,7 @@
 
 pub mod deadletter;
 pub mod error;
+pub mod limits;
 pub mod meta;
 pub mod policy;
 pub mod queue;

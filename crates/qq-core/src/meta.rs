@@ -57,6 +57,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 pub use crate::error::{ErrorKind, MetaError};
+pub use crate::limits::{Counted, Limits, Scope};
 use crate::policy;
 pub use crate::policy::Policy;
 use crate::route::{self, ExchangeType};
@@ -87,6 +88,9 @@ pub struct Exchange {
     pub auto_delete: bool,
     pub internal: bool,
     pub arguments: Table,
+    /// The user who declared it (counted against that user's `max-exchanges`); `None` for
+    /// the predeclared `amq.*` exchanges.
+    pub owner: Option<String>,
 }
 
 /// A binding of a queue to an exchange. Ordered by source, destination, routing key, then
@@ -172,6 +176,8 @@ pub struct QueueMeta {
     pub members: Vec<NodeId>,
     /// Effective configuration, recomputed on every policy change.
     pub config: QueueConfig,
+    /// The user who declared it (counted against that user's `max-queues`).
+    pub owner: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -267,6 +273,8 @@ pub enum MetaCommand {
         internal: bool,
         arguments: Table,
         passive: bool,
+        /// The declaring user, for user limits; `None` from internal callers.
+        owner: Option<String>,
     },
     DeleteExchange {
         vhost: String,
@@ -280,6 +288,8 @@ pub enum MetaCommand {
         arguments: Table,
         passive: bool,
         nodes: Vec<NodeId>,
+        /// The declaring user, for user limits; `None` from internal callers.
+        owner: Option<String>,
     },
     /// `if_unused`/`if_empty` are checked by the node against the live queue before proposing.
     DeleteQueue {
@@ -311,6 +321,16 @@ pub enum MetaCommand {
     ClearPolicy {
         vhost: String,
         name: String,
+    },
+    /// Replaces the vhost's limits (all unset: clears them).
+    SetVhostLimits {
+        vhost: String,
+        limits: Limits,
+    },
+    /// Replaces the user's limits (all unset: clears them).
+    SetUserLimits {
+        user: String,
+        limits: Limits,
     },
 }
 
@@ -369,11 +389,13 @@ impl MetaCommand {
                 name: n,
                 kind,
                 arguments,
+                owner,
                 ..
             } => {
                 name("vhost", vhost)?;
                 name("name", n)?;
                 name("type", kind)?;
+                name("owner", owner.as_deref().unwrap_or(""))?;
                 check_table("arguments", arguments)
             }
             MetaCommand::DeleteExchange { vhost, name: n, .. }
@@ -387,10 +409,12 @@ impl MetaCommand {
                 name: n,
                 arguments,
                 nodes,
+                owner,
                 ..
             } => {
                 name("vhost", vhost)?;
                 name("name", n)?;
+                name("owner", owner.as_deref().unwrap_or(""))?;
                 check_len("nodes", nodes.len(), MAX_COMMAND_ITEMS, "nodes")?;
                 check_table("arguments", arguments)
             }
@@ -428,6 +452,8 @@ impl MetaCommand {
                 name("apply_to", apply_to)?;
                 check_table("definition", definition)
             }
+            MetaCommand::SetVhostLimits { vhost, .. } => name("vhost", vhost),
+            MetaCommand::SetUserLimits { user, .. } => name("user", user),
         }
     }
 }
@@ -521,6 +547,7 @@ impl Vhost {
                     auto_delete: false,
                     internal: false,
                     arguments: Table::new(),
+                    owner: None,
                 },
             );
         }
@@ -566,6 +593,9 @@ pub struct MetaState {
     next_queue_id: QueueId,
     /// Index id → (vhost, name), kept in step with `vhosts[..].queues`.
     queue_ids: BTreeMap<QueueId, (String, String)>,
+    /// Set limits only; a missing entry is unlimited. Removed with the vhost or user.
+    vhost_limits: BTreeMap<String, Limits>,
+    user_limits: BTreeMap<String, Limits>,
 }
 
 impl Default for MetaState {
@@ -581,6 +611,14 @@ pub fn hash_password(password: &str, salt: &[u8]) -> Vec<u8> {
     hasher.update(salt);
     hasher.update(password.as_bytes());
     hasher.finalize().to_vec()
+}
+
+/// RabbitMQ's wording: `cannot declare queue 'q': queue limit ... is reached`.
+fn declare_refused(queue: &str, e: MetaError) -> MetaError {
+    MetaError::new(
+        e.kind,
+        format!("cannot declare queue '{queue}': {}", e.message),
+    )
 }
 
 fn vhost_not_found(name: &str) -> MetaError {
@@ -674,10 +712,29 @@ impl MetaState {
             users: BTreeMap::from([("guest".to_string(), guest)]),
             next_queue_id: 1,
             queue_ids: BTreeMap::new(),
+            vhost_limits: BTreeMap::new(),
+            user_limits: BTreeMap::new(),
         }
     }
 
     // ---------------------------------------------------------------- queries
+
+    /// The vhost's limits (unlimited when none are set).
+    pub fn vhost_limits(&self, vhost: &str) -> Limits {
+        self.vhost_limits.get(vhost).copied().unwrap_or_default()
+    }
+    /// The user's limits (unlimited when none are set).
+    pub fn user_limits(&self, user: &str) -> Limits {
+        self.user_limits.get(user).copied().unwrap_or_default()
+    }
+    /// Every vhost with limits set, by name.
+    pub fn all_vhost_limits(&self) -> impl Iterator<Item = (&str, &Limits)> {
+        self.vhost_limits.iter().map(|(k, v)| (k.as_str(), v))
+    }
+    /// Every user with limits set, by name.
+    pub fn all_user_limits(&self) -> impl Iterator<Item = (&str, &Limits)> {
+        self.user_limits.iter().map(|(k, v)| (k.as_str(), v))
+    }
 
     pub fn vhost_exists(&self, vhost: &str) -> bool {
         self.vhosts.contains_key(vhost)
@@ -867,6 +924,7 @@ impl MetaState {
                 internal,
                 arguments,
                 passive,
+                owner,
             } => self.declare_exchange(
                 &vhost,
                 &name,
@@ -876,6 +934,7 @@ impl MetaState {
                 internal,
                 arguments,
                 passive,
+                owner,
             ),
             MetaCommand::DeleteExchange {
                 vhost,
@@ -888,7 +947,16 @@ impl MetaState {
                 arguments,
                 passive,
                 nodes,
-            } => self.declare_queue(&vhost, &name, arguments, passive, nodes, &mut effects),
+                owner,
+            } => self.declare_queue(
+                &vhost,
+                &name,
+                arguments,
+                passive,
+                nodes,
+                owner,
+                &mut effects,
+            ),
             MetaCommand::DeleteQueue { vhost, name } => {
                 self.delete_queue(&vhost, &name, &mut effects)
             }
@@ -927,6 +995,8 @@ impl MetaState {
             MetaCommand::ClearPolicy { vhost, name } => {
                 self.clear_policy(&vhost, &name, &mut effects)
             }
+            MetaCommand::SetVhostLimits { vhost, limits } => self.set_vhost_limits(vhost, limits),
+            MetaCommand::SetUserLimits { user, limits } => self.set_user_limits(user, limits),
         };
         (result, effects)
     }
@@ -954,6 +1024,7 @@ impl MetaState {
             .vhosts
             .remove(name)
             .ok_or_else(|| vhost_not_found(name))?;
+        self.vhost_limits.remove(name);
         for queue in vhost.queues.into_values() {
             self.queue_ids.remove(&queue.id);
             effects.push(MetaEffect::QueueDeleted(queue));
@@ -985,6 +1056,7 @@ impl MetaState {
         self.users
             .remove(name)
             .ok_or_else(|| MetaError::not_found(format!("user '{name}' not found")))?;
+        self.user_limits.remove(name);
         for vhost in self.vhosts.values_mut() {
             vhost.permissions.remove(name);
         }
@@ -1018,7 +1090,13 @@ impl MetaState {
         internal: bool,
         arguments: Table,
         passive: bool,
+        owner: Option<String>,
     ) -> Result<MetaReply, MetaError> {
+        let owned = owner.as_deref().map_or(0, |u| {
+            self.count_owned(u, |v| v.exchanges.values().map(|x| &x.owner))
+        });
+        let user_limits = owner.as_deref().map(|u| self.user_limits(u));
+        let vhost_limits = self.vhost_limits(vhost);
         let v = self.vhost_mut(vhost)?;
         if passive {
             return if is_default_exchange(name) || v.exchanges.contains_key(name) {
@@ -1055,6 +1133,16 @@ impl MetaState {
             return Ok(MetaReply::Ok);
         }
         check_not_reserved("exchange", name)?;
+        // The predeclared `amq.*` exchanges do not count.
+        let declared = v
+            .exchanges
+            .keys()
+            .filter(|n| !n.starts_with("amq."))
+            .count() as u64;
+        vhost_limits.admit(Counted::Exchanges, Scope::Vhost(vhost), declared)?;
+        if let (Some(u), Some(limits)) = (owner.as_deref(), user_limits) {
+            limits.admit(Counted::Exchanges, Scope::User(u), owned)?;
+        }
         v.exchanges.insert(
             name.to_string(),
             Exchange {
@@ -1064,6 +1152,7 @@ impl MetaState {
                 auto_delete,
                 internal,
                 arguments,
+                owner,
             },
         );
         Ok(MetaReply::Ok)
@@ -1104,9 +1193,15 @@ impl MetaState {
         arguments: Table,
         passive: bool,
         mut nodes: Vec<NodeId>,
+        owner: Option<String>,
         effects: &mut Vec<MetaEffect>,
     ) -> Result<MetaReply, MetaError> {
         let next_id = self.next_queue_id;
+        let owned = owner.as_deref().map_or(0, |u| {
+            self.count_owned(u, |v| v.queues.values().map(|q| &q.owner))
+        });
+        let user_limits = owner.as_deref().map(|u| self.user_limits(u));
+        let vhost_limits = self.vhost_limits(vhost);
         let v = self.vhost_mut(vhost)?;
         if passive {
             return match v.queues.get(name) {
@@ -1127,6 +1222,14 @@ impl MetaState {
         }
         check_not_reserved("queue", name)?;
         policy::validate_queue_arguments(&arguments)?;
+        vhost_limits
+            .admit(Counted::Queues, Scope::Vhost(vhost), v.queues.len() as u64)
+            .map_err(|e| declare_refused(name, e))?;
+        if let (Some(u), Some(limits)) = (owner.as_deref(), user_limits) {
+            limits
+                .admit(Counted::Queues, Scope::User(u), owned)
+                .map_err(|e| declare_refused(name, e))?;
+        }
         let config = policy::effective_config(
             vhost,
             name,
@@ -1160,6 +1263,7 @@ impl MetaState {
             arguments,
             members,
             config,
+            owner,
         };
         v.queues.insert(name.to_string(), queue.clone());
         self.queue_ids
@@ -1170,6 +1274,42 @@ impl MetaState {
             queue,
             created: true,
         })
+    }
+
+    /// How many of the objects `of` lists in every vhost belong to `user`.
+    fn count_owned<'a, I>(&'a self, user: &str, of: impl Fn(&'a Vhost) -> I) -> u64
+    where
+        I: Iterator<Item = &'a Option<String>>,
+    {
+        self.vhosts
+            .values()
+            .flat_map(of)
+            .filter(|o| o.as_deref() == Some(user))
+            .count() as u64
+    }
+
+    fn set_vhost_limits(&mut self, vhost: String, limits: Limits) -> Result<MetaReply, MetaError> {
+        if !self.vhosts.contains_key(&vhost) {
+            return Err(vhost_not_found(&vhost));
+        }
+        if limits.is_unlimited() {
+            self.vhost_limits.remove(&vhost);
+        } else {
+            self.vhost_limits.insert(vhost, limits);
+        }
+        Ok(MetaReply::Ok)
+    }
+
+    fn set_user_limits(&mut self, user: String, limits: Limits) -> Result<MetaReply, MetaError> {
+        if !self.users.contains_key(&user) {
+            return Err(MetaError::not_found(format!("user '{user}' not found")));
+        }
+        if limits.is_unlimited() {
+            self.user_limits.remove(&user);
+        } else {
+            self.user_limits.insert(user, limits);
+        }
+        Ok(MetaReply::Ok)
     }
 
     fn delete_queue(

@@ -12,7 +12,8 @@
 //!   precedence of docs/semantics.md: dead-letter keys, argument wins; `max-length`,
 //!   `max-length-bytes`, `message-ttl`, `expires`, the minimum; `delivery-limit`, the minimum
 //!   unless one is negative (then the larger, i.e. the finite one, as RabbitMQ's
-//!   `resolve_delivery_limit`); `overflow`, the policy. Each key is resolved on its own, so a DLX
+//!   `resolve_delivery_limit`); `overflow`, the policy; `requeue-delays` (a list, no minimum
+//!   to take), the argument. Each key is resolved on its own, so a DLX
 //!   from an argument combines with a routing key from a policy.
 //!
 //! **No silent fallbacks.** At-least-once dead lettering needs overflow `reject-publish`.
@@ -34,6 +35,7 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 
 use crate::error::MetaError;
+use crate::queue::{MAX_REQUEUE_DELAY_MS, MAX_REQUEUE_DELAYS};
 use crate::types::{DEFAULT_DELIVERY_LIMIT, Overflow, QueueConfig, Strategy, Table, Value};
 
 /// A named policy of one vhost: its definition applies to the queues whose names match
@@ -93,6 +95,8 @@ enum Rule {
     },
     Bool,
     QueueType,
+    /// A list of at most [`MAX_REQUEUE_DELAYS`] longs, each in `0..=MAX_REQUEUE_DELAY_MS`.
+    Delays,
 }
 
 /// The keys that can be given both as a queue argument (`x-` + name) and in a policy.
@@ -129,6 +133,7 @@ const SHARED_KEYS: &[(&str, Rule)] = &[
         },
     ),
     ("overflow", Rule::Overflow),
+    ("requeue-delays", Rule::Delays),
     (
         "delivery-limit",
         Rule::Long {
@@ -186,6 +191,10 @@ fn describe_rule(rule: Rule) -> String {
         Rule::Long { .. } => "a long".into(),
         Rule::Bool => "a bool".into(),
         Rule::QueueType => "'quorum' (only quorum queues exist)".into(),
+        Rule::Delays => format!(
+            "a list of at most {MAX_REQUEUE_DELAYS} delays in ms, each a long between 0 and \
+             {MAX_REQUEUE_DELAY_MS} (7 days)"
+        ),
     }
 }
 
@@ -199,7 +208,43 @@ fn show_value(value: &Value) -> String {
     }
 }
 
+/// A delays list: its entries in ms, or why not.
+fn parse_delays(key: &str, value: &Value) -> Result<Vec<u64>, MetaError> {
+    let Value::List(items) = value else {
+        return Err(MetaError::invalid(format!(
+            "{key}: expected {}, got {}",
+            describe_rule(Rule::Delays),
+            value.type_name()
+        )));
+    };
+    if items.len() > MAX_REQUEUE_DELAYS {
+        return Err(MetaError::invalid(format!(
+            "{key}: {} delays, at most {MAX_REQUEUE_DELAYS}",
+            items.len()
+        )));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            item.as_i64()
+                .and_then(|n| u64::try_from(n).ok())
+                .filter(|n| *n <= MAX_REQUEUE_DELAY_MS)
+                .ok_or_else(|| {
+                    MetaError::invalid(format!(
+                        "{key}: entry {i} is {}; expected a long between 0 and \
+                         {MAX_REQUEUE_DELAY_MS} (7 days)",
+                        show_value(item)
+                    ))
+                })
+        })
+        .collect()
+}
+
 fn check(key: &str, rule: Rule, value: &Value) -> Result<(), MetaError> {
+    if let Rule::Delays = rule {
+        return parse_delays(key, value).map(|_| ());
+    }
     let ok = match (rule, value) {
         (Rule::String, Value::String(_)) => true,
         (Rule::Strategy, Value::String(s)) => parse_strategy(s).is_some(),
@@ -258,7 +303,7 @@ pub fn validate_queue_arguments(args: &Table) -> Result<(), MetaError> {
     Ok(())
 }
 
-/// Validates a policy definition: only the nine policy keys, each with the right type and range.
+/// Validates a policy definition: only the ten policy keys, each with the right type and range.
 pub fn validate_policy_definition(def: &Table) -> Result<(), MetaError> {
     for (key, value) in def {
         let Some((_, rule)) = SHARED_KEYS.iter().find(|(name, _)| name == key) else {
@@ -391,6 +436,13 @@ pub fn effective_config(
         (a, p) => a.or(p).unwrap_or(DEFAULT_DELIVERY_LIMIT),
     };
     config.delivery_limit = u64::try_from(limit).ok();
+
+    // Like the dead-letter keys: the application's argument wins over a policy.
+    let (a, p) = both(args, policy, "requeue-delays");
+    config.requeue_delays_ms = a
+        .or(p)
+        .and_then(|v| parse_delays("requeue-delays", v).ok())
+        .unwrap_or_default();
 
     config.single_active_consumer = matches!(
         args.get("x-single-active-consumer"),

@@ -56,10 +56,23 @@
 //!   second time in [`Stats`]. RabbitMQ deletes them instead; re-emitting loses nothing.
 //! - Get on a single-active-consumer queue is refused, as in RabbitMQ.
 //!
+//! # Delayed requeue
+//! A requeue may name a delay (`SettleOutcome::RequeueAfter`), or the queue's
+//! `x-requeue-delays` give one by delivery count. The failed delivery is counted first (the
+//! delivery limit applies as for any requeue); then the message waits in the **delayed** set,
+//! keyed `(due_ms, seq)` with `due_ms` = the settle's `now_ms` + delay, so the earliest due is
+//! O(log n) and equal delays keep their order. Nothing delivers it or returns it to a Get
+//! before then. Every command's time advance releases the due ones to the tail of the returns
+//! queue, in key order; the leader's one timer ([`QueueState::next_deadline`], which includes
+//! the earliest due) proposes an `Expire` for it, so no one polls and a new leader re-arms from
+//! the replicated set. A delayed message still expires at its TTL deadline and counts against
+//! the length limits (drop-head drops only ready ones); purge removes it. Consumer-down
+//! returns and lapsed Get leases are not delayed: only an explicit requeue is.
+//!
 //! # What it leaves out
 //! Bodies (stored by the glue in RocksDB under the message id), routing of dead letters and the
 //! `x-death` history (`deadletter`), consumer priorities, AMQP 1.0 credit, consumer timeouts,
-//! delayed retry, message priorities, and the deletion of a queue whose `x-expires` has passed
+//! message priorities, and the deletion of a queue whose `x-expires` has passed
 //! (decided here by `ExpireQueue`, carried out by the node through the metadata layer; its
 //! messages are not dead-lettered).
 
@@ -91,11 +104,25 @@ pub struct MsgHeader {
     pub expiration_ms: Option<u64>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// How a consumer settles a message. Variants are only ever added last: postcard encodes the
+/// variant index, and committed logs hold them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SettleOutcome {
     Ack,
+    /// Back to the queue; when the queue has `x-requeue-delays`, after the delay its list
+    /// gives for the message's delivery count.
     Requeue,
+    /// Dead-letter with reason `rejected`.
     Reject,
+    /// Back to the queue, but not deliverable before `delay_ms` (0: at once) after the
+    /// settle's `now_ms`, whatever `x-requeue-delays` says.
+    RequeueAfter {
+        delay_ms: u64,
+    },
+    /// As `Reject`, and the death records `detail` (`reason-detail`, `x-last-death-detail`).
+    RejectWithDetail {
+        detail: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -184,7 +211,76 @@ pub enum Command {
         receipts: Vec<(MessageId, Receipt)>,
         outcome: SettleOutcome,
     },
+    /// Start a move task (redrive) out of this queue: up to `max_messages` (0: every) of the
+    /// messages ready now, in dispatch order, to `destination` (empty: each to its
+    /// `x-first-death-queue`), at most `max_per_second` (0: no limit). Answered with
+    /// [`Reply::MoveStarted`]; its task number is this entry's index. Refused while another
+    /// task runs. While a task runs the queue delivers nothing (to consumers or Get), so the
+    /// messages it takes stay ready until [`Command::MoveDone`]. Added last: postcard encodes
+    /// variant indexes.
+    StartMove {
+        now_ms: u64,
+        destination: String,
+        max_messages: u64,
+        max_per_second: u32,
+    },
+    /// These messages of the task are committed in their destination: the ready ones leave
+    /// the queue (also after the task was cancelled: their copies exist). Added last.
+    MoveDone {
+        task: u64,
+        ids: Vec<MessageId>,
+    },
+    /// End a running task: `Cancelled` (by a client) or `Failed` (by the leader, with why).
+    /// Added last.
+    EndMove {
+        task: u64,
+        state: MoveState,
+        detail: String,
+    },
 }
+
+/// Where a move task is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MoveState {
+    Running,
+    Done,
+    Cancelled,
+    Failed,
+}
+
+/// A move task (redrive) out of a queue, kept in the queue's replicated state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveTask {
+    /// The log index of its `StartMove`.
+    pub task: u64,
+    /// Empty: each message to the queue named by its `x-first-death-queue` header.
+    pub destination: String,
+    /// 0: no limit.
+    pub max_per_second: u32,
+    /// How many messages it moves: `max_messages` (0: all), at most what was ready at start.
+    pub total: u64,
+    pub moved: u64,
+    pub state: MoveState,
+    /// Why it failed or was cancelled; empty otherwise.
+    pub detail: String,
+    pub started_ms: u64,
+}
+
+impl MoveTask {
+    /// Messages still to move (0 once it ended).
+    pub fn remaining(&self) -> u64 {
+        if self.state == MoveState::Running {
+            self.total.saturating_sub(self.moved)
+        } else {
+            0
+        }
+    }
+}
+
+/// Ended move tasks a queue remembers (the oldest is forgotten first).
+pub const MAX_ENDED_MOVES: usize = 16;
+/// Longest move destination name, in bytes (a queue name's bound).
+pub const MAX_MOVE_DESTINATION_BYTES: usize = 255;
 
 /// What binds a Get lease to whoever took it: a random token and the authenticated user.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -195,6 +291,12 @@ pub struct Receipt {
 
 /// Most message ids one Settle or DeadLetterSettle may name.
 pub const MAX_IDS_PER_COMMAND: usize = 1 << 16;
+/// Longest `reason_detail` of a reject, in bytes of UTF-8.
+pub const MAX_REASON_DETAIL_BYTES: usize = 1024;
+/// Longest requeue delay, of a settle or of one `x-requeue-delays` entry: 7 days.
+pub const MAX_REQUEUE_DELAY_MS: u64 = 7 * 24 * 3600 * 1000;
+/// Most entries of `x-requeue-delays`.
+pub const MAX_REQUEUE_DELAYS: usize = 32;
 /// Longest idempotency key of an Enqueue.
 pub const MAX_DEDUP_KEY_BYTES: usize = 1024;
 
@@ -204,7 +306,9 @@ impl Command {
     /// without being applied. Whatever depends on the state is left to apply.
     pub fn validate(&self) -> Result<(), String> {
         match self {
-            Command::Settle { ids, .. } | Command::DeadLetterSettle { ids }
+            Command::Settle { ids, .. }
+            | Command::DeadLetterSettle { ids }
+            | Command::MoveDone { ids, .. }
                 if ids.len() > MAX_IDS_PER_COMMAND =>
             {
                 Err(format!(
@@ -221,9 +325,64 @@ impl Command {
             Command::Checkout { consumer, .. } if *consumer == GET_CONSUMER => {
                 Err(format!("consumer: id {GET_CONSUMER} is reserved for get"))
             }
+            Command::Settle { outcome, .. } | Command::SettleReceipts { outcome, .. } => {
+                outcome.validate()
+            }
+            Command::UpdateConfig { config, .. } => check_requeue_delays(&config.requeue_delays_ms),
+            Command::StartMove { destination, .. }
+                if destination.len() > MAX_MOVE_DESTINATION_BYTES =>
+            {
+                Err(format!(
+                    "destination: {} bytes, more than {MAX_MOVE_DESTINATION_BYTES}",
+                    destination.len()
+                ))
+            }
+            Command::EndMove { detail, .. } if detail.len() > MAX_REASON_DETAIL_BYTES => {
+                Err(format!(
+                    "detail: {} bytes, more than {MAX_REASON_DETAIL_BYTES}",
+                    detail.len()
+                ))
+            }
             _ => Ok(()),
         }
     }
+}
+
+impl SettleOutcome {
+    /// The bounds of a settle's options: `reason_detail` at most [`MAX_REASON_DETAIL_BYTES`],
+    /// `delay_ms` at most [`MAX_REQUEUE_DELAY_MS`].
+    pub fn validate(&self) -> Result<(), String> {
+        match self {
+            SettleOutcome::RejectWithDetail { detail }
+                if detail.len() > MAX_REASON_DETAIL_BYTES =>
+            {
+                Err(format!(
+                    "reason_detail: {} bytes, more than {MAX_REASON_DETAIL_BYTES}",
+                    detail.len()
+                ))
+            }
+            SettleOutcome::RequeueAfter { delay_ms } if *delay_ms > MAX_REQUEUE_DELAY_MS => Err(
+                format!("delay_ms: {delay_ms} ms, more than {MAX_REQUEUE_DELAY_MS} (7 days)"),
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The bounds of a queue's requeue delays (see [`QueueConfig::requeue_delays_ms`]).
+pub fn check_requeue_delays(delays: &[u64]) -> Result<(), String> {
+    if delays.len() > MAX_REQUEUE_DELAYS {
+        return Err(format!(
+            "requeue-delays: {} delays, more than {MAX_REQUEUE_DELAYS}",
+            delays.len()
+        ));
+    }
+    if let Some(d) = delays.iter().find(|d| **d > MAX_REQUEUE_DELAY_MS) {
+        return Err(format!(
+            "requeue-delays: {d} ms, more than {MAX_REQUEUE_DELAY_MS} (7 days)"
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -265,6 +424,10 @@ pub enum Reply {
     QueueExpiry {
         expired: bool,
     },
+    /// Answer to [`Command::StartMove`]: the task's number. Added last.
+    MoveStarted {
+        task: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -290,6 +453,8 @@ pub enum Effect {
         reason: Reason,
         strategy: Strategy,
         died_at_ms: u64,
+        /// The consumer's `reason_detail` of a reject.
+        detail: Option<String>,
     },
     /// Message gone for good: every replica deletes the body.
     DeleteBody { id: MessageId },
@@ -305,6 +470,9 @@ pub struct Counts {
     pub consumers: u64,
     pub ready_bytes: u64,
     pub held_bytes: u64,
+    /// Requeued with a delay that has not passed yet: in the queue, not deliverable.
+    pub delayed: u64,
+    pub delayed_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -313,6 +481,21 @@ pub struct HeldDeadLetter {
     pub reason: Reason,
     pub died_at_ms: u64,
     pub size_bytes: u64,
+    /// The consumer's `reason_detail` of a reject.
+    pub detail: Option<String>,
+}
+
+/// A ready message as [`QueueState::browse`] shows it, without taking it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Browsed {
+    /// 0-based position among the ready messages, in dispatch order.
+    pub position: u64,
+    pub id: MessageId,
+    pub delivery_count: u32,
+    /// Delivered at least once before.
+    pub redelivered: bool,
+    /// The `now_ms` of the command that enqueued it.
+    pub enqueued_ms: u64,
 }
 
 /// Where a live message is.
@@ -324,6 +507,10 @@ pub enum Location {
         consumer: ConsumerId,
     },
     Held,
+    /// Requeued with a delay: deliverable from `due_ms` on.
+    Delayed {
+        due_ms: u64,
+    },
 }
 
 /// Cumulative counters; part of the replicated state.
@@ -411,7 +598,10 @@ enum Place {
         seq: u64,
         reason: Reason,
         died_at_ms: u64,
+        detail: Option<String>,
     },
+    /// Requeued with a delay; `(due_ms, seq)` is its key in `delayed`.
+    Delayed { due_ms: u64, seq: u64 },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -421,6 +611,8 @@ struct Msg {
     delivery_count: u32,
     /// Delivered at least once (to a consumer or a Get).
     delivered: bool,
+    /// The (state) time of the enqueue; ids and enqueue times grow together.
+    enqueued_ms: u64,
     place: Place,
 }
 
@@ -463,8 +655,14 @@ pub struct QueueState {
     returns: BTreeMap<u64, MessageId>,
     /// Ready, never returned, in id order.
     fresh: BTreeSet<MessageId>,
+    /// The ids of `returns` (so the oldest ready message is found in O(log n)).
+    returned_ids: BTreeSet<MessageId>,
     ready_bytes: u64,
-    /// (deadline, id) of every ready message with a deadline.
+    /// Requeued with a delay: (due, seq) -> id. Released to the tail of `returns` in this
+    /// order when due, so equal delays keep their order.
+    delayed: BTreeMap<(u64, u64), MessageId>,
+    delayed_bytes: u64,
+    /// (deadline, id) of every ready or delayed message with a deadline.
     expiries: BTreeSet<(u64, MessageId)>,
     consumers: BTreeMap<ConsumerId, Consumer>,
     /// Round-robin: the next consumer to serve is the first with credit at or after this id.
@@ -486,6 +684,11 @@ pub struct QueueState {
     /// [`QueueState::restore_receipts`].
     #[serde(skip)]
     receipts: BTreeMap<MessageId, Receipt>,
+    /// Move tasks by task number: the running one (at most one) and the last
+    /// [`MAX_ENDED_MOVES`] ended ones. Not serialized with the rest, as `receipts`: see
+    /// [`QueueState::moves`] and [`QueueState::restore_moves`].
+    #[serde(skip)]
+    moves: BTreeMap<u64, MoveTask>,
 }
 
 impl QueueState {
@@ -499,7 +702,10 @@ impl QueueState {
             msgs: BTreeMap::new(),
             returns: BTreeMap::new(),
             fresh: BTreeSet::new(),
+            returned_ids: BTreeSet::new(),
             ready_bytes: 0,
+            delayed: BTreeMap::new(),
+            delayed_bytes: 0,
             expiries: BTreeSet::new(),
             consumers: BTreeMap::new(),
             cursor: 0,
@@ -512,6 +718,7 @@ impl QueueState {
             dedup_order: VecDeque::new(),
             stats: Stats::default(),
             receipts: BTreeMap::new(),
+            moves: BTreeMap::new(),
         }
     }
 
@@ -540,8 +747,12 @@ impl QueueState {
             | Command::UpdateConfig { now_ms, .. }
             | Command::ExpireQueue { now_ms, .. }
             | Command::GetWithReceipt { now_ms, .. }
-            | Command::SettleReceipts { now_ms, .. } => (*now_ms).max(self.clock_ms),
-            Command::DeadLetterSettle { .. } | Command::Purge => self.clock_ms,
+            | Command::SettleReceipts { now_ms, .. }
+            | Command::StartMove { now_ms, .. } => (*now_ms).max(self.clock_ms),
+            Command::DeadLetterSettle { .. }
+            | Command::Purge
+            | Command::MoveDone { .. }
+            | Command::EndMove { .. } => self.clock_ms,
         };
         self.clock_ms = now;
         let uses_queue = matches!(
@@ -638,15 +849,31 @@ impl QueueState {
                     .queue_expiry_due_ms(leader_since_ms)
                     .is_some_and(|due_ms| now_ms >= due_ms),
             },
+            Command::StartMove {
+                destination,
+                max_messages,
+                max_per_second,
+                ..
+            } => self.start_move(index, now, destination, max_messages, max_per_second),
+            Command::MoveDone { task, ids } => self.move_done(task, &ids, &mut fx),
+            Command::EndMove {
+                task,
+                state,
+                detail,
+            } => self.end_move(task, state, detail),
         };
         // A refused command changes nothing but time (it acts as an Expire at `now`).
         if uses_queue && !matches!(reply, Reply::Error { .. }) {
             self.last_used_ms = now;
         }
+        // A move task that this command ended or completed gives the queue back to its
+        // consumers in this same apply.
+        self.finish_moves();
         self.assign(&mut fx);
         // TTL 0 (deadline == now): whatever no consumer took in this apply expires now.
         self.expire_ready(now, &mut fx);
         self.trim(now, &mut fx);
+        self.finish_moves();
         (reply, fx)
     }
 
@@ -699,17 +926,65 @@ impl QueueState {
             consumers: self.consumers.len() as u64,
             ready_bytes: self.ready_bytes,
             held_bytes: self.held_bytes,
+            delayed: self.delayed.len() as u64,
+            delayed_bytes: self.delayed_bytes,
         }
     }
 
-    /// Earliest ready-message expiry or Get-lease deadline: when the leader should propose Expire.
+    /// Earliest ready-message expiry, Get-lease deadline or delayed message's due time: when
+    /// the leader should propose Expire (which releases due delayed messages). O(log n).
     pub fn next_deadline(&self) -> Option<u64> {
         let expiry = self.expiries.first().map(|(d, _)| *d);
         let lease = self.leases.first().map(|(d, _)| *d);
-        match (expiry, lease) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let delayed = self.delayed.first_key_value().map(|((due, _), _)| *due);
+        [expiry, lease, delayed].into_iter().flatten().min()
+    }
+
+    /// The delay a `Requeue` without one gives a message that has now failed `delivery_count`
+    /// times (>= 1): the `x-requeue-delays` entry for that count, the last one repeating; 0
+    /// without the setting.
+    pub fn requeue_delay_ms(&self, delivery_count: u32) -> u64 {
+        let delays = &self.config.requeue_delays_ms;
+        let i = (delivery_count.max(1) as usize - 1).min(delays.len().saturating_sub(1));
+        delays.get(i).copied().unwrap_or(0)
+    }
+
+    /// The ready messages at positions `offset..offset + limit` in dispatch order, without
+    /// taking them, stopping before the message that would take the page's stored size past
+    /// `max_bytes` (the first one always comes). O(offset + limit).
+    pub fn browse(&self, offset: u64, limit: usize, max_bytes: u64) -> Vec<Browsed> {
+        let mut bytes = 0u64;
+        self.returns
+            .values()
+            .chain(self.fresh.iter())
+            .enumerate()
+            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+            .take(limit)
+            .take_while(|(position, id)| {
+                bytes = bytes.saturating_add(self.msgs[id].header.size_bytes);
+                *position as u64 == offset || bytes <= max_bytes
+            })
+            .map(|(position, id)| {
+                let m = &self.msgs[id];
+                Browsed {
+                    position: position as u64,
+                    id: *id,
+                    delivery_count: m.delivery_count,
+                    redelivered: m.delivered,
+                    enqueued_ms: m.enqueued_ms,
+                }
+            })
+            .collect()
+    }
+
+    /// When the oldest ready message was enqueued (ids grow with enqueue time, so it is the
+    /// smallest ready id). O(log n).
+    pub fn oldest_ready_enqueued_ms(&self) -> Option<u64> {
+        let oldest = match (self.fresh.first(), self.returned_ids.first()) {
+            (Some(a), Some(b)) => Some(*a.min(b)),
+            (a, b) => a.or(b).copied(),
+        }?;
+        Some(self.msgs[&oldest].enqueued_ms)
     }
 
     /// Dead letters held for at-least-once transfer, in death order.
@@ -719,7 +994,10 @@ impl QueueState {
             .map(|id| {
                 let m = &self.msgs[id];
                 let Place::Held {
-                    reason, died_at_ms, ..
+                    reason,
+                    died_at_ms,
+                    ref detail,
+                    ..
                 } = m.place
                 else {
                     unreachable!("held index names message {id} that is not held")
@@ -729,6 +1007,7 @@ impl QueueState {
                     reason,
                     died_at_ms,
                     size_bytes: m.header.size_bytes,
+                    detail: detail.clone(),
                 }
             })
             .collect()
@@ -762,6 +1041,7 @@ impl QueueState {
             Place::Ready { .. } => Location::Ready,
             Place::Unacked { consumer, .. } => Location::Unacked { consumer },
             Place::Held { .. } => Location::Held,
+            Place::Delayed { due_ms, .. } => Location::Delayed { due_ms },
         })
     }
 
@@ -810,6 +1090,21 @@ impl QueueState {
             .collect();
     }
 
+    /// Every move task the queue remembers, by task number.
+    pub fn moves(&self) -> &BTreeMap<u64, MoveTask> {
+        &self.moves
+    }
+
+    /// The running move task, if any.
+    pub fn running_move(&self) -> Option<&MoveTask> {
+        self.moves.values().find(|t| t.state == MoveState::Running)
+    }
+
+    /// Puts back the move tasks a snapshot carried.
+    pub fn restore_moves(&mut self, moves: BTreeMap<u64, MoveTask>) {
+        self.moves = moves;
+    }
+
     /// Stable hash of the whole state (FNV-1a over its `Debug` form, which uses ordered
     /// collections only), for replica-agreement checks.
     pub fn digest(&self) -> u64 {
@@ -828,6 +1123,8 @@ impl QueueState {
         let mut unacked: BTreeMap<ConsumerId, BTreeSet<MessageId>> = BTreeMap::new();
         let mut held = BTreeMap::new();
         let mut returns = BTreeMap::new();
+        let mut delayed = BTreeMap::new();
+        let mut delayed_bytes = 0u64;
         for (id, m) in &self.msgs {
             if *id > self.last_index {
                 return Err(format!(
@@ -874,7 +1171,20 @@ impl QueueState {
                     held_bytes += m.header.size_bytes;
                     held.insert(seq, *id);
                 }
+                Place::Delayed { due_ms, seq } => {
+                    delayed_bytes += m.header.size_bytes;
+                    delayed.insert((due_ms, seq), *id);
+                    if let Some(d) = m.deadline_ms {
+                        expiries.insert((d, *id));
+                    }
+                }
             }
+        }
+        if delayed != self.delayed || delayed_bytes != self.delayed_bytes {
+            return Err("delayed index disagrees with messages".into());
+        }
+        if self.returned_ids != returns.values().copied().collect::<BTreeSet<_>>() {
+            return Err("returned ids disagree with the returns queue".into());
         }
         if ready != self.ready_len() || ready_bytes != self.ready_bytes {
             return Err(format!(
@@ -887,7 +1197,7 @@ impl QueueState {
             return Err("returns index disagrees with messages".into());
         }
         if expiries != self.expiries {
-            return Err("expiry index disagrees with ready messages".into());
+            return Err("expiry index disagrees with ready and delayed messages".into());
         }
         if leases != self.leases {
             return Err("lease index disagrees with messages".into());
@@ -911,7 +1221,8 @@ impl QueueState {
         if let Some((cid, _)) = unacked.first_key_value() {
             return Err(format!("messages held by unknown consumer {cid}"));
         }
-        if self.ready_len() > 0 && self.next_consumer().is_some() {
+        // (A running move task holds the ready messages.)
+        if self.ready_len() > 0 && self.next_consumer().is_some() && self.running_move().is_none() {
             return Err("a consumer has credit while messages are ready".into());
         }
         if self.publishers.len() != self.publishers_by_use.len()
@@ -961,13 +1272,17 @@ impl QueueState {
             deadline_ms,
             delivery_count: 0,
             delivered: false,
+            enqueued_ms: now,
             place: Place::Ready { returned: None },
         };
 
         // Exact limits for the reject overflows: refuse a message that would be ready and would
-        // take the queue over a limit. One a waiting consumer takes at once never counts.
+        // take the queue over a limit. One a waiting consumer takes at once never counts (and
+        // none is taken while a move task holds deliveries).
         if self.config.overflow != Overflow::DropHead {
-            let taken_at_once = self.ready_len() == 0 && self.next_consumer().is_some();
+            let taken_at_once = self.ready_len() == 0
+                && self.next_consumer().is_some()
+                && self.running_move().is_none();
             if !taken_at_once && let Some(detail) = self.would_exceed(size) {
                 self.stats.rejected_publishes_total += 1;
                 if self.config.overflow == Overflow::RejectPublish {
@@ -975,7 +1290,7 @@ impl QueueState {
                 }
                 self.stats.enqueued_total += 1;
                 self.msgs.insert(index, msg);
-                self.kill(index, Reason::Maxlen, now, fx);
+                self.kill(index, Reason::Maxlen, None, now, fx);
                 return Reply::RejectedDeadLettered { id: index, detail };
             }
         }
@@ -1053,14 +1368,20 @@ impl QueueState {
         }
         for id in ids {
             self.detach_unacked(*id);
-            match outcome {
+            match &outcome {
                 SettleOutcome::Ack => {
                     self.msgs.remove(id);
                     self.stats.acked_total += 1;
                     fx.push(Effect::DeleteBody { id: *id });
                 }
-                SettleOutcome::Requeue => self.return_failed(*id, now, fx),
-                SettleOutcome::Reject => self.kill(*id, Reason::Rejected, now, fx),
+                SettleOutcome::Requeue => self.return_failed(*id, now, None, fx),
+                SettleOutcome::RequeueAfter { delay_ms } => {
+                    self.return_failed(*id, now, Some(*delay_ms), fx)
+                }
+                SettleOutcome::Reject => self.kill(*id, Reason::Rejected, None, now, fx),
+                SettleOutcome::RejectWithDetail { detail } => {
+                    self.kill(*id, Reason::Rejected, Some(detail.clone()), now, fx)
+                }
             }
         }
         Reply::Ok
@@ -1112,7 +1433,7 @@ impl QueueState {
         // Returned in id order, as rabbit_fifo does; the consumer record is already gone, so
         // there is nothing to detach from.
         for id in c.checked_out {
-            self.return_failed(id, now, fx);
+            self.return_failed(id, now, Some(0), fx);
         }
     }
 
@@ -1123,6 +1444,12 @@ impl QueueState {
                     "get is not supported on queue '{}' with single active consumer",
                     self.config.name
                 ),
+            };
+        }
+        if self.running_move().is_some() {
+            return Reply::Got {
+                delivery: None,
+                message_count: self.ready_len(),
             };
         }
         let Some(id) = self.ready_head() else {
@@ -1181,10 +1508,12 @@ impl QueueState {
         fx.push(Effect::DeleteBody { id });
     }
 
+    /// Ready and delayed messages go (delayed ones are ready messages that wait).
     fn purge(&mut self, fx: &mut Vec<Effect>) -> Reply {
-        let ids = self.ready_ids();
+        let mut ids = self.ready_ids();
+        ids.extend(self.delayed.values().copied());
         for id in &ids {
-            self.detach_ready(*id);
+            self.detach_waiting(*id);
             self.msgs.remove(id);
             fx.push(Effect::DeleteBody { id: *id });
         }
@@ -1205,7 +1534,10 @@ impl QueueState {
             for id in held.into_values() {
                 let m = self.msgs.remove(&id).expect("held message exists");
                 let Place::Held {
-                    reason, died_at_ms, ..
+                    reason,
+                    died_at_ms,
+                    detail,
+                    ..
                 } = m.place
                 else {
                     unreachable!("held index names message {id} that is not held")
@@ -1215,8 +1547,116 @@ impl QueueState {
                     reason,
                     strategy: now_strategy,
                     died_at_ms,
+                    detail,
                 });
             }
+        }
+    }
+
+    fn start_move(
+        &mut self,
+        index: u64,
+        now: u64,
+        destination: String,
+        max_messages: u64,
+        max_per_second: u32,
+    ) -> Reply {
+        if let Some(t) = self.running_move() {
+            return Reply::Error {
+                detail: format!(
+                    "queue '{}' already has a running move task ({})",
+                    self.config.name, t.task
+                ),
+            };
+        }
+        let ready = self.ready_len();
+        let total = if max_messages == 0 {
+            ready
+        } else {
+            max_messages.min(ready)
+        };
+        self.moves.insert(
+            index,
+            MoveTask {
+                task: index,
+                destination,
+                max_per_second,
+                total,
+                moved: 0,
+                state: MoveState::Running,
+                detail: String::new(),
+                started_ms: now,
+            },
+        );
+        Reply::MoveStarted { task: index }
+    }
+
+    /// Ready messages named leave (their copies are committed in the destination); the rest
+    /// (already gone, or taken after a cancel) are left alone.
+    fn move_done(&mut self, task: u64, ids: &[MessageId], fx: &mut Vec<Effect>) -> Reply {
+        if !self.moves.contains_key(&task) {
+            return Reply::Error {
+                detail: format!("no move task {task}"),
+            };
+        }
+        let mut moved = 0u64;
+        for &id in ids {
+            if matches!(
+                self.msgs.get(&id).map(|m| &m.place),
+                Some(Place::Ready { .. })
+            ) {
+                self.detach_ready(id);
+                self.msgs.remove(&id);
+                fx.push(Effect::DeleteBody { id });
+                moved += 1;
+            }
+        }
+        let t = self.moves.get_mut(&task).expect("task exists");
+        t.moved += moved;
+        Reply::Ok
+    }
+
+    fn end_move(&mut self, task: u64, state: MoveState, detail: String) -> Reply {
+        let Some(t) = self.moves.get_mut(&task) else {
+            return Reply::Error {
+                detail: format!("no move task {task}"),
+            };
+        };
+        if matches!(state, MoveState::Running | MoveState::Done) {
+            return Reply::Error {
+                detail: format!("a move task cannot be ended as {state:?}"),
+            };
+        }
+        if t.state == MoveState::Running {
+            t.state = state;
+            t.detail = detail;
+        }
+        Reply::Ok
+    }
+
+    /// A running task is done once it moved its total or nothing is ready any more; only the
+    /// last [`MAX_ENDED_MOVES`] ended tasks are kept.
+    fn finish_moves(&mut self) {
+        let ready = self.ready_len();
+        for t in self.moves.values_mut() {
+            if t.state == MoveState::Running && (t.moved >= t.total || ready == 0) {
+                t.state = MoveState::Done;
+            }
+        }
+        while self
+            .moves
+            .values()
+            .filter(|t| t.state != MoveState::Running)
+            .count()
+            > MAX_ENDED_MOVES
+        {
+            let oldest = self
+                .moves
+                .values()
+                .find(|t| t.state != MoveState::Running)
+                .map(|t| t.task)
+                .expect("an ended task exists");
+            self.moves.remove(&oldest);
         }
     }
 
@@ -1229,12 +1669,30 @@ impl QueueState {
                 break;
             }
             self.detach_unacked(id);
-            self.return_failed(id, now, fx);
+            self.return_failed(id, now, Some(0), fx);
+        }
+        // Delayed messages whose time has come join the tail of the returns queue, in
+        // (due, requeue) order.
+        while let Some((&(due_ms, seq), &id)) = self.delayed.first_key_value() {
+            if due_ms > now {
+                break;
+            }
+            self.delayed.remove(&(due_ms, seq));
+            let pos = self.next_seq();
+            let m = self.msgs.get_mut(&id).expect("delayed message exists");
+            m.place = Place::Ready {
+                returned: Some(pos),
+            };
+            self.delayed_bytes -= m.header.size_bytes;
+            self.ready_bytes += m.header.size_bytes;
+            self.returns.insert(pos, id);
+            self.returned_ids.insert(id);
         }
         self.expire_ready(now, fx);
     }
 
-    /// Dead-letter (reason expired) every ready message whose deadline <= now, in queue order.
+    /// Dead-letter (reason expired) every ready or delayed message whose deadline <= now, in
+    /// queue order (delayed ones last, in their order).
     fn expire_ready(&mut self, now: u64, fx: &mut Vec<Effect>) {
         let due: Vec<MessageId> = self
             .expiries
@@ -1248,13 +1706,16 @@ impl QueueState {
             due.into_iter().map(|id| (self.queue_pos(id), id)).collect();
         due.sort_unstable();
         for (_, id) in due {
-            self.detach_ready(id);
-            self.kill(id, Reason::Expired, now, fx);
+            self.detach_waiting(id);
+            self.kill(id, Reason::Expired, None, now, fx);
         }
     }
 
     /// Give ready messages to consumers with credit, round-robin, one at a time, in FIFO order.
     fn assign(&mut self, fx: &mut Vec<Effect>) {
+        if self.running_move().is_some() {
+            return; // a move task takes the ready messages
+        }
         while let Some(id) = self.ready_head() {
             let Some(cid) = self.next_consumer() else {
                 break;
@@ -1296,7 +1757,7 @@ impl QueueState {
                 break; // only held dead letters left over the limit: nothing drop-head can drop
             };
             self.detach_ready(id);
-            self.kill(id, Reason::Maxlen, now, fx);
+            self.kill(id, Reason::Maxlen, None, now, fx);
         }
     }
 
@@ -1315,9 +1776,16 @@ impl QueueState {
     }
 
     /// A failed delivery comes back: count it; past the delivery limit it dies, past its
-    /// deadline it expires, otherwise it joins the tail of the returns queue.
+    /// deadline it expires, otherwise it joins the tail of the returns queue, or waits
+    /// `delay_ms` in the delayed set first (None: the queue's `x-requeue-delays` decide).
     /// The message must already be detached from its holder.
-    fn return_failed(&mut self, id: MessageId, now: u64, fx: &mut Vec<Effect>) {
+    fn return_failed(
+        &mut self,
+        id: MessageId,
+        now: u64,
+        delay_ms: Option<u64>,
+        fx: &mut Vec<Effect>,
+    ) {
         self.stats.returned_total += 1;
         let m = self.msgs.get_mut(&id).expect("returned message exists");
         m.delivery_count = m.delivery_count.saturating_add(1);
@@ -1326,11 +1794,25 @@ impl QueueState {
             .delivery_limit
             .is_some_and(|limit| u64::from(m.delivery_count) > limit);
         if over_limit {
-            self.kill(id, Reason::DeliveryLimit, now, fx);
+            self.kill(id, Reason::DeliveryLimit, None, now, fx);
             return;
         }
         if m.deadline_ms.is_some_and(|d| d <= now) {
-            self.kill(id, Reason::Expired, now, fx);
+            self.kill(id, Reason::Expired, None, now, fx);
+            return;
+        }
+        let delivery_count = m.delivery_count;
+        let delay_ms = delay_ms.unwrap_or_else(|| self.requeue_delay_ms(delivery_count));
+        if delay_ms > 0 {
+            let due_ms = now.saturating_add(delay_ms);
+            let seq = self.next_seq();
+            let m = self.msgs.get_mut(&id).expect("returned message exists");
+            m.place = Place::Delayed { due_ms, seq };
+            self.delayed_bytes += m.header.size_bytes;
+            if let Some(d) = m.deadline_ms {
+                self.expiries.insert((d, id));
+            }
+            self.delayed.insert((due_ms, seq), id);
             return;
         }
         let pos = self.next_seq();
@@ -1343,11 +1825,19 @@ impl QueueState {
             self.expiries.insert((d, id));
         }
         self.returns.insert(pos, id);
+        self.returned_ids.insert(id);
     }
 
     /// A message dies. It must already be detached (or never placed). Disabled/AtMostOnce: it
     /// leaves the state; AtLeastOnce: it is held.
-    fn kill(&mut self, id: MessageId, reason: Reason, now: u64, fx: &mut Vec<Effect>) {
+    fn kill(
+        &mut self,
+        id: MessageId,
+        reason: Reason,
+        detail: Option<String>,
+        now: u64,
+        fx: &mut Vec<Effect>,
+    ) {
         let strategy = self.config.dead_letter_strategy;
         self.stats.count_dead_letter(reason, strategy);
         fx.push(Effect::DeadLetter {
@@ -1355,6 +1845,7 @@ impl QueueState {
             reason,
             strategy,
             died_at_ms: now,
+            detail: detail.clone(),
         });
         if strategy == Strategy::AtLeastOnce {
             let seq = self.next_seq();
@@ -1363,6 +1854,7 @@ impl QueueState {
                 seq,
                 reason,
                 died_at_ms: now,
+                detail,
             };
             self.held_bytes += m.header.size_bytes;
             self.held.insert(seq, id);
@@ -1379,6 +1871,7 @@ impl QueueState {
         match returned {
             Some(pos) => {
                 self.returns.remove(&pos);
+                self.returned_ids.remove(&id);
             }
             None => {
                 self.fresh.remove(&id);
@@ -1388,6 +1881,27 @@ impl QueueState {
             self.expiries.remove(&(d, id));
         }
         self.ready_bytes -= m.header.size_bytes;
+    }
+
+    fn detach_delayed(&mut self, id: MessageId) {
+        let m = &self.msgs[&id];
+        let Place::Delayed { due_ms, seq } = m.place else {
+            unreachable!("message {id} is not delayed")
+        };
+        self.delayed.remove(&(due_ms, seq));
+        if let Some(d) = m.deadline_ms {
+            self.expiries.remove(&(d, id));
+        }
+        self.delayed_bytes -= m.header.size_bytes;
+    }
+
+    /// Detach a message that waits in the queue: ready or delayed.
+    fn detach_waiting(&mut self, id: MessageId) {
+        if matches!(self.msgs[&id].place, Place::Delayed { .. }) {
+            self.detach_delayed(id);
+        } else {
+            self.detach_ready(id);
+        }
     }
 
     fn detach_unacked(&mut self, id: MessageId) {
@@ -1426,6 +1940,7 @@ impl QueueState {
             Place::Ready {
                 returned: Some(pos),
             } => (0, pos),
+            Place::Delayed { seq, .. } => (2, seq),
             _ => (1, id),
         }
     }
@@ -1443,17 +1958,18 @@ impl QueueState {
                 .sum::<u64>()
     }
 
+    /// Ready, delayed and held messages count against the length limits.
     fn is_over_limit(&self) -> bool {
-        let count = self.ready_len() + self.held.len() as u64;
-        let bytes = self.ready_bytes + self.held_bytes;
+        let count = self.ready_len() + self.held.len() as u64 + self.delayed.len() as u64;
+        let bytes = self.ready_bytes + self.held_bytes + self.delayed_bytes;
         self.config.max_length.is_some_and(|l| count > l)
             || self.config.max_length_bytes.is_some_and(|l| bytes > l)
     }
 
     /// Which limit one more ready message of `size` bytes would break, as a refusal detail.
     fn would_exceed(&self, size: u64) -> Option<String> {
-        let count = self.ready_len() + self.held.len() as u64 + 1;
-        let bytes = self.ready_bytes + self.held_bytes + size;
+        let count = self.ready_len() + self.held.len() as u64 + self.delayed.len() as u64 + 1;
+        let bytes = self.ready_bytes + self.held_bytes + self.delayed_bytes + size;
         let name = &self.config.name;
         if let Some(l) = self.config.max_length
             && count > l

@@ -188,6 +188,10 @@ pub struct QueueConfig {
     pub policy: Option<String>,
     /// Why a requested setting could not take effect (e.g. at-least-once with drop-head).
     pub note: Option<String>,
+    /// `x-requeue-delays` / policy `requeue-delays`: the delay of a requeue that names none,
+    /// by delivery count (entry n-1 after the n-th failed delivery, the last one repeating).
+    /// Empty: requeue at once.
+    pub requeue_delays_ms: Vec<u64>,
 }
 
 impl QueueConfig {
@@ -208,6 +212,7 @@ impl QueueConfig {
             single_active_consumer: false,
             policy: None,
             note: None,
+            requeue_delays_ms: Vec::new(),
         }
     }
 }

@@ -165,6 +165,7 @@ fn repeat_death_merges_and_moves_to_front() {
             exchange: "orders".into(),
             routing_keys: keys(&["rk", "c1", "c2"]),
             original_expiration: Some("5000".into()),
+            reason_detail: None,
         }
     );
     assert_eq!((h[1].queue.as_str(), h[1].count), ("q2", 1));
@@ -246,6 +247,7 @@ fn death_value_round_trips() {
         exchange: "e".into(),
         routing_keys: keys(&["a", "b"]),
         original_expiration: Some("10".into()),
+        reason_detail: None,
     };
     assert_eq!(Death::from_value(&d.to_value()), Some(d.clone()));
     let mut no_ttl = d;
@@ -335,6 +337,7 @@ fn self_loop_through_the_default_exchange() {
         arguments: [("x-dead-letter-exchange".to_string(), s(""))].into(),
         passive: false,
         nodes: vec![1],
+        owner: None,
     });
     assert!(matches!(
         reply,
@@ -372,4 +375,61 @@ fn dead_letter_keys_match_route_keys_of_the_publish() {
     let msg = published();
     let (_, rks) = dead_letter(&msg, "q", Reason::Rejected, 0, "dlx", None);
     assert_eq!(rks, routing_keys(&msg.routing_key, &msg.properties.headers));
+}
+
+// ----- reason detail of a reject -----
+
+#[test]
+fn reject_detail_goes_into_the_death_record_and_last_death_header() {
+    let m = published();
+    let (copy, _) = dead_letter_with_detail(
+        &m,
+        "q1",
+        Reason::Rejected,
+        Some("missing customer id"),
+        5_000,
+        "dlx",
+        None,
+    );
+    let h = deaths(&copy);
+    assert_eq!(h[0].reason_detail.as_deref(), Some("missing customer id"));
+    assert_eq!(
+        copy.properties.headers.get(X_LAST_DEATH_DETAIL),
+        Some(&Value::String("missing customer id".into()))
+    );
+    // A repeat rejection with another detail replaces it; one without keeps the entry's but
+    // the last-death header follows the latest death.
+    let (again, _) = dead_letter_with_detail(
+        &copy,
+        "q1",
+        Reason::Rejected,
+        Some("still missing"),
+        6_000,
+        "dlx",
+        None,
+    );
+    let h = deaths(&again);
+    assert_eq!((h.len(), h[0].count), (1, 2));
+    assert_eq!(h[0].reason_detail.as_deref(), Some("still missing"));
+    let (third, _) = dead_letter(&again, "q1", Reason::Rejected, 7_000, "dlx", None);
+    let h = deaths(&third);
+    assert_eq!(h[0].count, 3);
+    assert_eq!(h[0].reason_detail.as_deref(), Some("still missing"));
+    assert_eq!(third.properties.headers.get(X_LAST_DEATH_DETAIL), None);
+    // Another {queue, reason} pair has its own (no) detail.
+    let (other, _) = dead_letter(&again, "q2", Reason::Expired, 7_000, "dlx", None);
+    let h = deaths(&other);
+    assert_eq!(
+        (h[0].queue.as_str(), h[0].reason_detail.as_deref()),
+        ("q2", None)
+    );
+    assert_eq!(h[1].reason_detail.as_deref(), Some("still missing"));
+}
+
+#[test]
+fn a_publishers_last_death_detail_is_stripped() {
+    let mut headers = Table::new();
+    headers.insert(X_LAST_DEATH_DETAIL.into(), Value::String("forged".into()));
+    strip_client_death_headers(&mut headers);
+    assert!(headers.is_empty());
 }

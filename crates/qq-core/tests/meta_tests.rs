@@ -59,6 +59,7 @@ fn declare_queue_cmd(vhost: &str, name: &str, arguments: Table) -> MetaCommand {
         arguments,
         passive: false,
         nodes: NODES.to_vec(),
+        owner: None,
     }
 }
 fn declare_queue(state: &mut MetaState, name: &str, arguments: Table) -> QueueMeta {
@@ -77,6 +78,7 @@ fn declare_exchange_cmd(name: &str, kind: &str) -> MetaCommand {
         internal: false,
         arguments: Table::new(),
         passive: false,
+        owner: None,
     }
 }
 fn bind_cmd(queue: &str, exchange: &str, key: &str, arguments: Table) -> MetaCommand {
@@ -842,6 +844,7 @@ fn passive_exchange_declare() {
         internal: false,
         arguments: Table::new(),
         passive: true,
+        owner: None,
     };
     let e = err(&mut state, passive("nope"));
     assert_eq!(e.kind, ErrorKind::NotFound);
@@ -1005,6 +1008,7 @@ fn members_are_spread_and_sized() {
         arguments: Table::new(),
         passive: false,
         nodes,
+        owner: None,
     };
     assert_eq!(a.apply(cmd(vec![3, 1, 2])), b.apply(cmd(vec![1, 2, 3])));
     // A single-node cluster.
@@ -1016,6 +1020,7 @@ fn members_are_spread_and_sized() {
             arguments: Table::new(),
             passive: false,
             nodes: vec![7],
+            owner: None,
         },
     )
     .0
@@ -1032,7 +1037,8 @@ fn members_are_spread_and_sized() {
                 name: "none".into(),
                 arguments: Table::new(),
                 passive: false,
-                nodes: vec![]
+                nodes: vec![],
+                owner: None,
             }
         )
         .kind,
@@ -1690,4 +1696,216 @@ fn binding_order_is_total_and_consistent() {
     assert_eq!(x, x.clone());
     assert!(b("a", "z", "z", Table::new()) < b("b", "a", "a", Table::new()));
     assert!(b("a", "q", "k", Table::new()) < b("a", "q", "k", table(&[("a", l(1))])));
+}
+
+fn owned_queue(vhost: &str, name: &str, owner: &str) -> MetaCommand {
+    match declare_queue_cmd(vhost, name, Table::new()) {
+        MetaCommand::DeclareQueue {
+            vhost,
+            name,
+            arguments,
+            passive,
+            nodes,
+            ..
+        } => MetaCommand::DeclareQueue {
+            vhost,
+            name,
+            arguments,
+            passive,
+            nodes,
+            owner: Some(owner.into()),
+        },
+        _ => unreachable!(),
+    }
+}
+fn owned_exchange(vhost: &str, name: &str, owner: &str) -> MetaCommand {
+    MetaCommand::DeclareExchange {
+        vhost: vhost.into(),
+        name: name.into(),
+        kind: "direct".into(),
+        durable: true,
+        auto_delete: false,
+        internal: false,
+        arguments: Table::new(),
+        passive: false,
+        owner: Some(owner.into()),
+    }
+}
+
+#[test]
+fn vhost_limits_cap_queues_and_exchanges_cluster_wide() {
+    let mut state = MetaState::new();
+    let limits = Limits {
+        max_queues: Some(2),
+        max_exchanges: Some(1),
+        ..Limits::default()
+    };
+    ok(
+        &mut state,
+        MetaCommand::SetVhostLimits {
+            vhost: "/".into(),
+            limits,
+        },
+    );
+    assert_eq!(state.vhost_limits("/"), limits);
+    ok(&mut state, owned_queue("/", "q1", "guest"));
+    ok(&mut state, owned_queue("/", "q2", "guest"));
+    let e = err(&mut state, owned_queue("/", "q3", "guest"));
+    assert_eq!(e.kind, ErrorKind::ResourceExhausted);
+    assert_eq!(
+        e.message,
+        "cannot declare queue 'q3': queue limit (max-queues) in vhost '/' (2) is reached"
+    );
+    // At the limit, redeclaring an existing queue and a passive declare still answer.
+    ok(&mut state, owned_queue("/", "q1", "guest"));
+    // Internal declares (no owner) count against the vhost too.
+    let e = err(&mut state, declare_queue_cmd("/", "q3", Table::new()));
+    assert_eq!(e.kind, ErrorKind::ResourceExhausted);
+    ok(
+        &mut state,
+        MetaCommand::DeleteQueue {
+            vhost: "/".into(),
+            name: "q2".into(),
+        },
+    );
+    ok(&mut state, owned_queue("/", "q3", "guest"));
+
+    // The amq.* exchanges do not count.
+    ok(&mut state, owned_exchange("/", "x1", "guest"));
+    let e = err(&mut state, owned_exchange("/", "x2", "guest"));
+    assert_eq!(e.kind, ErrorKind::ResourceExhausted);
+    assert_eq!(
+        e.message,
+        "exchange limit (max-exchanges) in vhost '/' (1) is reached"
+    );
+    ok(&mut state, owned_exchange("/", "x1", "guest"));
+
+    // Clearing, and unknown vhosts.
+    ok(
+        &mut state,
+        MetaCommand::SetVhostLimits {
+            vhost: "/".into(),
+            limits: Limits::default(),
+        },
+    );
+    ok(&mut state, owned_queue("/", "q4", "guest"));
+    assert_eq!(state.all_vhost_limits().count(), 0);
+    let e = err(
+        &mut state,
+        MetaCommand::SetVhostLimits {
+            vhost: "nope".into(),
+            limits,
+        },
+    );
+    assert_eq!(e.kind, ErrorKind::NotFound);
+}
+
+#[test]
+fn user_limits_count_what_the_user_declared_in_every_vhost() {
+    let mut state = MetaState::new();
+    ok(&mut state, MetaCommand::PutVhost { name: "b".into() });
+    ok(
+        &mut state,
+        MetaCommand::PutUser {
+            name: "bob".into(),
+            password_hash: b"x".to_vec(),
+            salt: Vec::new(),
+            tags: Vec::new(),
+        },
+    );
+    ok(
+        &mut state,
+        MetaCommand::SetUserLimits {
+            user: "bob".into(),
+            limits: Limits {
+                max_queues: Some(2),
+                max_exchanges: Some(0),
+                ..Limits::default()
+            },
+        },
+    );
+    ok(&mut state, owned_queue("/", "q1", "bob"));
+    ok(&mut state, owned_queue("b", "q1", "bob"));
+    let e = err(&mut state, owned_queue("b", "q2", "bob"));
+    assert_eq!(e.kind, ErrorKind::ResourceExhausted);
+    assert_eq!(
+        e.message,
+        "cannot declare queue 'q2': queue limit (max-queues) of user 'bob' (2) is reached"
+    );
+    // Another user is not limited by bob's queues.
+    ok(&mut state, owned_queue("b", "q2", "guest"));
+    let e = err(&mut state, owned_exchange("b", "x", "bob"));
+    assert_eq!(
+        e.message,
+        "exchange limit (max-exchanges) of user 'bob' (0) is reached"
+    );
+    // A re-put of the user keeps its limits; deleting it drops them.
+    ok(
+        &mut state,
+        MetaCommand::PutUser {
+            name: "bob".into(),
+            password_hash: b"y".to_vec(),
+            salt: Vec::new(),
+            tags: Vec::new(),
+        },
+    );
+    assert_eq!(state.user_limits("bob").max_queues, Some(2));
+    ok(&mut state, MetaCommand::DeleteUser { name: "bob".into() });
+    assert!(state.user_limits("bob").is_unlimited());
+    let e = err(
+        &mut state,
+        MetaCommand::SetUserLimits {
+            user: "bob".into(),
+            limits: Limits::default(),
+        },
+    );
+    assert_eq!(e.kind, ErrorKind::NotFound);
+}
+
+// ------------------------------------------------------------------ requeue delays
+
+fn longs(items: &[i64]) -> Value {
+    Value::List(items.iter().map(|n| l(*n)).collect())
+}
+
+#[test]
+fn requeue_delays_are_validated_as_argument_and_policy_key() {
+    validate_queue_arguments(&table(&[(
+        "x-requeue-delays",
+        longs(&[0, 1000, 604_800_000]),
+    )]))
+    .unwrap();
+    validate_queue_arguments(&table(&[("x-requeue-delays", longs(&[]))])).unwrap();
+    validate_policy_definition(&table(&[("requeue-delays", longs(&[5000]))])).unwrap();
+    let cases: Vec<(Value, &str)> = vec![
+        (l(1000), "got long"),
+        (s("1000,2000"), "got string"),
+        (longs(&[1000, -1]), "entry 1 is -1"),
+        (longs(&[604_800_001]), "entry 0 is 604800001"),
+        (Value::List(vec![s("1")]), "entry 0 is '1'"),
+        (longs(&[1; 33]), "33 delays, at most 32"),
+    ];
+    for (value, why) in cases {
+        let e = validate_queue_arguments(&table(&[("x-requeue-delays", value.clone())]))
+            .expect_err(&format!("{value:?}"));
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.message.starts_with("x-requeue-delays: "), "{e}");
+        assert!(e.message.contains(why), "{value:?}: {e}");
+        let e = validate_policy_definition(&table(&[("requeue-delays", value.clone())]))
+            .expect_err(&format!("{value:?}"));
+        assert!(e.message.starts_with("requeue-delays: "), "{e}");
+        assert!(e.message.contains(why), "{value:?}: {e}");
+    }
+}
+
+#[test]
+fn requeue_delays_argument_wins_over_policy() {
+    let p = policy("p", ".*", 0, table(&[("requeue-delays", longs(&[10, 20]))]));
+    let c = effective_config("/", "q", &Table::new(), Some(&p));
+    assert_eq!(c.requeue_delays_ms, vec![10, 20]);
+    let args = table(&[("x-requeue-delays", longs(&[5]))]);
+    let c = effective_config("/", "q", &args, Some(&p));
+    assert_eq!(c.requeue_delays_ms, vec![5]);
+    let c = effective_config("/", "q", &Table::new(), None);
+    assert!(c.requeue_delays_ms.is_empty());
 }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use qq_core::queue::{
-    Command, Effect, GET_CONSUMER, Location, MsgHeader, QueueState, Reply, SettleOutcome,
+    Command, Effect, GET_CONSUMER, Location, MoveState, MsgHeader, QueueState, Reply, SettleOutcome,
 };
 use qq_core::types::{ConsumerId, MessageId, Overflow, QueueConfig, Strategy as DlStrategy};
 
@@ -73,6 +73,17 @@ enum Op {
         dt: u64,
         config: QueueConfig,
     },
+    /// A move task of up to `max` messages (0: all ready).
+    StartMove {
+        dt: u64,
+        max: u64,
+    },
+    /// The running (or last) task's MoveDone for some ready messages, plus maybe a stray id.
+    MoveDone {
+        picks: Vec<usize>,
+        stray: Option<MessageId>,
+    },
+    CancelMove,
 }
 
 fn outcome() -> impl Strategy<Value = SettleOutcome> {
@@ -80,6 +91,9 @@ fn outcome() -> impl Strategy<Value = SettleOutcome> {
         3 => Just(SettleOutcome::Ack),
         2 => Just(SettleOutcome::Requeue),
         1 => Just(SettleOutcome::Reject),
+        2 => prop_oneof![Just(0u64), 1u64..150]
+            .prop_map(|delay_ms| SettleOutcome::RequeueAfter { delay_ms }),
+        1 => "[a-z é]{0,12}".prop_map(|detail| SettleOutcome::RejectWithDetail { detail }),
     ]
 }
 
@@ -111,9 +125,14 @@ fn config() -> impl Strategy<Value = QueueConfig> {
             Just(Some(30)),
             Just(Some(150))
         ],
+        prop_oneof![
+            2 => Just(Vec::new()),
+            1 => Just(vec![30u64]),
+            1 => Just(vec![0u64, 40, 90]),
+        ],
     )
         .prop_map(
-            |(max_len, max_bytes, overflow, strategy, limit, ttl, sac, expires)| {
+            |(max_len, max_bytes, overflow, strategy, limit, ttl, sac, expires, delays)| {
                 let mut c = QueueConfig::new("/", "q");
                 c.max_length = max_len;
                 c.max_length_bytes = max_bytes;
@@ -123,6 +142,7 @@ fn config() -> impl Strategy<Value = QueueConfig> {
                 c.message_ttl_ms = ttl;
                 c.single_active_consumer = sac;
                 c.expires_ms = expires;
+                c.requeue_delays_ms = delays;
                 c
             },
         )
@@ -158,6 +178,10 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(picks, stray)| Op::DeadLetterSettle { picks, stray }),
         1 => Just(Op::Purge),
         1 => (dt(), config()).prop_map(|(dt, config)| Op::UpdateConfig { dt, config }),
+        1 => (dt(), 0u64..4).prop_map(|(dt, max)| Op::StartMove { dt, max }),
+        2 => (prop::collection::vec(any::<usize>(), 0..3), prop::option::weighted(0.2, 0u64..80))
+            .prop_map(|(picks, stray)| Op::MoveDone { picks, stray }),
+        1 => Just(Op::CancelMove),
     ]
 }
 
@@ -173,6 +197,11 @@ fn pick_ids(candidates: &[MessageId], picks: &[usize]) -> Vec<MessageId> {
         }
     }
     out
+}
+
+/// The newest move task's number (0, unknown, when there is none).
+fn last_task(s: &QueueState) -> u64 {
+    s.moves().keys().next_back().copied().unwrap_or(0)
 }
 
 /// Turn an abstract step into a command against the current state.
@@ -272,6 +301,25 @@ fn resolve(s: &QueueState, op: &Op) -> Command {
             now_ms: t + dt,
             config,
         },
+        Op::StartMove { dt, max } => Command::StartMove {
+            now_ms: t + dt,
+            destination: "elsewhere".into(),
+            max_messages: max,
+            max_per_second: 0,
+        },
+        Op::MoveDone { picks, stray } => {
+            let mut ids = pick_ids(&s.ready_ids(), &picks);
+            ids.extend(stray);
+            Command::MoveDone {
+                task: last_task(s),
+                ids,
+            }
+        }
+        Op::CancelMove => Command::EndMove {
+            task: last_task(s),
+            state: MoveState::Cancelled,
+            detail: "cancelled".into(),
+        },
     }
 }
 
@@ -283,6 +331,8 @@ struct Model {
     delivered: BTreeSet<MessageId>,
     /// Largest id ever handed out on a first delivery.
     last_first_delivery: MessageId,
+    /// Requeued with a delay: not to be delivered before this time.
+    not_before: BTreeMap<MessageId, u64>,
 }
 
 impl Model {
@@ -297,12 +347,16 @@ impl Model {
 
     fn leave(&mut self, id: MessageId) -> Result<(), TestCaseError> {
         prop_assert!(self.live.remove(&id), "id {id} left but was not live");
+        self.not_before.remove(&id);
         self.gone.insert(id);
         Ok(())
     }
 
-    fn deliver(&mut self, id: MessageId, redelivered: bool) -> Result<(), TestCaseError> {
+    fn deliver(&mut self, id: MessageId, redelivered: bool, now: u64) -> Result<(), TestCaseError> {
         prop_assert!(self.live.contains(&id), "delivered {id} that is not live");
+        if let Some(due) = self.not_before.remove(&id) {
+            prop_assert!(now >= due, "delayed {id} delivered at {now}, before {due}");
+        }
         prop_assert_eq!(
             redelivered,
             self.delivered.contains(&id),
@@ -336,7 +390,7 @@ fn check_step(
             delivery: Some(d), ..
         } => {
             prop_assert_eq!(d.consumer, GET_CONSUMER);
-            model.deliver(d.id, d.redelivered)?;
+            model.deliver(d.id, d.redelivered, s.clock_ms())?;
         }
         Reply::Error { .. } => {
             // A refused command changes nothing but the time: it acts exactly as an Expire.
@@ -349,7 +403,13 @@ fn check_step(
             prop_assert!(
                 matches!(
                     cmd,
-                    Command::Settle { .. } | Command::Get { .. } | Command::ConsumerDown { .. }
+                    Command::Settle { .. }
+                        | Command::Get { .. }
+                        | Command::ConsumerDown { .. }
+                        // a second task while one runs; an unknown task
+                        | Command::StartMove { .. }
+                        | Command::MoveDone { .. }
+                        | Command::EndMove { .. }
                 ),
                 "unexpected refusal of {:?}",
                 cmd
@@ -402,6 +462,28 @@ fn check_step(
     } else {
         prop_assert!(s.config().expires_ms.is_none() || s.counts().consumers > 0);
     }
+    // A running move task holds the ready messages: nothing is delivered while one runs (it
+    // started before this step and still runs after it), and MoveDone removes only ready ones.
+    if before.running_move().is_some() && s.running_move().is_some() {
+        let delivered = effects.iter().any(|e| matches!(e, Effect::Deliver(_)))
+            || matches!(
+                reply,
+                Reply::Got {
+                    delivery: Some(_),
+                    ..
+                }
+            );
+        prop_assert!(!delivered, "delivered while a move task runs");
+    }
+    if let Command::MoveDone { ids, .. } = cmd {
+        for e in effects {
+            if let Effect::DeleteBody { id } = e
+                && ids.contains(id)
+            {
+                prop_assert_eq!(before.location(*id), Some(Location::Ready));
+            }
+        }
+    }
     if let Command::Settle { ids, .. } = cmd
         && !matches!(reply, Reply::Error { .. })
     {
@@ -411,13 +493,67 @@ fn check_step(
             prop_assert!(held, "settled {} that was not unacked", id);
         }
     }
+    // A requeue that names a delay puts each message that did not die in this step out of
+    // reach until the settle's time + the delay; the queue's delays by delivery count too.
+    if let Command::Settle { ids, outcome, .. } = cmd
+        && !matches!(reply, Reply::Error { .. })
+    {
+        let died: BTreeSet<MessageId> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::DeadLetter { id, .. } => Some(*id),
+                _ => None,
+            })
+            .collect();
+        for id in ids.iter().filter(|id| !died.contains(id)) {
+            let delay = match outcome {
+                SettleOutcome::RequeueAfter { delay_ms } => Some(*delay_ms),
+                // x-requeue-delays by the count after this failure (entry n-1, the last
+                // repeating); Get leases do not show their count, only the due time is checked.
+                SettleOutcome::Requeue => before
+                    .pending_deliveries()
+                    .iter()
+                    .find(|d| d.id == *id)
+                    .map(|d| {
+                        let delays = &before.config().requeue_delays_ms;
+                        let i = (d.delivery_count as usize).min(delays.len().saturating_sub(1));
+                        delays.get(i).copied().unwrap_or(0)
+                    }),
+                _ => continue,
+            };
+            match (delay, s.location(*id)) {
+                (Some(0), loc) => prop_assert!(
+                    !matches!(loc, Some(Location::Delayed { .. })),
+                    "requeue after 0 delayed {}",
+                    id
+                ),
+                (Some(d), loc) => {
+                    prop_assert_eq!(
+                        loc,
+                        Some(Location::Delayed {
+                            due_ms: s.clock_ms() + d
+                        }),
+                        "requeue after {} of {}",
+                        d,
+                        id
+                    );
+                    model.not_before.insert(*id, s.clock_ms() + d);
+                }
+                (None, Some(Location::Delayed { due_ms })) => {
+                    prop_assert!(due_ms > s.clock_ms());
+                    model.not_before.insert(*id, due_ms);
+                }
+                (None, _) => {}
+            }
+        }
+    }
     for e in effects {
         match e {
             Effect::Deliver(d) => {
                 prop_assert_ne!(d.consumer, GET_CONSUMER);
                 prop_assert!(d.lease_deadline_ms.is_none());
                 prop_assert!(d.delivery_count == 0 || d.redelivered);
-                model.deliver(d.id, d.redelivered)?;
+                model.deliver(d.id, d.redelivered, s.clock_ms())?;
             }
             Effect::DeadLetter { id, strategy, .. } => {
                 prop_assert!(model.live.contains(id), "dead letter {id} is not live");
@@ -442,6 +578,7 @@ fn check_step(
         prop_assert!(loc.is_some());
         let key = match loc {
             Some(Location::Unacked { .. }) => Some(Location::Unacked { consumer: 0 }),
+            Some(Location::Delayed { .. }) => Some(Location::Delayed { due_ms: 0 }),
             other => other,
         };
         *per_place.entry(key).or_default() += 1;
@@ -454,6 +591,24 @@ fn check_step(
     prop_assert_eq!(counts.ready, n(Location::Ready));
     prop_assert_eq!(counts.unacked, n(Location::Unacked { consumer: 0 }));
     prop_assert_eq!(counts.held, n(Location::Held));
+    prop_assert_eq!(counts.delayed, n(Location::Delayed { due_ms: 0 }));
+    // Browse shows exactly the ready messages, in dispatch order, with their positions; the
+    // oldest ready message is the one enqueued first.
+    let browsed = s.browse(0, usize::MAX, u64::MAX);
+    prop_assert_eq!(
+        browsed.iter().map(|b| b.id).collect::<Vec<_>>(),
+        s.ready_ids()
+    );
+    prop_assert!(
+        browsed
+            .iter()
+            .enumerate()
+            .all(|(i, b)| b.position == i as u64)
+    );
+    prop_assert_eq!(
+        s.oldest_ready_enqueued_ms(),
+        browsed.iter().map(|b| b.enqueued_ms).min()
+    );
     prop_assert_eq!(counts.ready_bytes, ready_bytes);
     prop_assert_eq!(counts.ready as usize, s.ready_ids().len());
     prop_assert_eq!(counts.held as usize, s.held_dead_letters().len());
@@ -471,8 +626,9 @@ fn check_step(
             prop_assert!(prefetch == 0 || unacked <= prefetch, "prefetch exceeded");
         }
     }
-    // Work-conserving: with messages ready, no eligible consumer has credit.
-    if counts.ready > 0 && !s.config().single_active_consumer {
+    // Work-conserving: with messages ready, no eligible consumer has credit (unless a move
+    // task holds the ready messages).
+    if counts.ready > 0 && !s.config().single_active_consumer && s.running_move().is_none() {
         for (c, (prefetch, unacked)) in &consumers {
             prop_assert!(
                 *prefetch != 0 && unacked >= prefetch,
@@ -494,9 +650,11 @@ fn check_step(
 
     // Limits.
     let c = s.config();
-    let over = c.max_length.is_some_and(|l| counts.ready + counts.held > l)
+    let over = c
+        .max_length
+        .is_some_and(|l| counts.ready + counts.held + counts.delayed > l)
         || c.max_length_bytes
-            .is_some_and(|l| counts.ready_bytes + counts.held_bytes > l);
+            .is_some_and(|l| counts.ready_bytes + counts.held_bytes + counts.delayed_bytes > l);
     if c.overflow == Overflow::DropHead {
         prop_assert!(
             !over || counts.ready == 0,
@@ -519,7 +677,7 @@ fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<()
     let mut snapshot = None;
     for (step, (gap, op)) in ops.iter().enumerate() {
         if step == snapshot_at {
-            snapshot = Some(postcard::to_allocvec(&s).unwrap());
+            snapshot = Some((postcard::to_allocvec(&s).unwrap(), s.moves().clone()));
         }
         index += gap;
         let cmd = resolve(&s, op);
@@ -529,8 +687,10 @@ fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<()
         log.push((index, cmd));
         outputs.push((reply, effects));
     }
-    let snapshot = snapshot.unwrap_or_else(|| postcard::to_allocvec(&s).unwrap());
+    let (snapshot, moves) =
+        snapshot.unwrap_or_else(|| (postcard::to_allocvec(&s).unwrap(), s.moves().clone()));
     let mut restored: QueueState = postcard::from_bytes(&snapshot).unwrap();
+    restored.restore_moves(moves);
     restored.check_invariants().map_err(TestCaseError::fail)?;
     let from = snapshot_at.min(log.len());
     for ((index, cmd), expected) in log[from..].iter().zip(&outputs[from..]) {

@@ -587,7 +587,8 @@ fn reject_publish_dlx_refuses_and_dead_letters_the_new_message() {
             id: index_before + 1,
             reason: Reason::Maxlen,
             strategy: Strategy::AtMostOnce,
-            died_at_ms: 9
+            died_at_ms: 9,
+            detail: None
         }]
     );
     assert_eq!(q.s.message_ids(), vec![a]);
@@ -651,7 +652,8 @@ fn at_least_once_holds_dead_letters_until_settled() {
             id: m1,
             reason: Reason::Rejected,
             strategy: Strategy::AtLeastOnce,
-            died_at_ms: 20
+            died_at_ms: 20,
+            detail: None
         }]
     );
     let counts = q.s.counts();
@@ -719,13 +721,15 @@ fn leaving_at_least_once_releases_held_dead_letters() {
                 id: b,
                 reason: Reason::Rejected,
                 strategy: Strategy::AtMostOnce,
-                died_at_ms: 5
+                died_at_ms: 5,
+                detail: None
             },
             Effect::DeadLetter {
                 id: a,
                 reason: Reason::Rejected,
                 strategy: Strategy::AtMostOnce,
-                died_at_ms: 5
+                died_at_ms: 5,
+                detail: None
             }
         ]
     );
@@ -1349,4 +1353,281 @@ fn snapshot_round_trip_and_digest() {
     let mut other = q.s.clone();
     other.apply(q.index + 1, Command::Purge);
     assert_ne!(other.digest(), q.s.digest());
+}
+
+// ----- delayed requeue -----
+
+fn requeue_after(delay_ms: u64) -> SettleOutcome {
+    SettleOutcome::RequeueAfter { delay_ms }
+}
+
+#[test]
+fn requeue_with_a_delay_is_not_delivered_before_it() {
+    let mut q = Q::plain();
+    let a = q.publish(0, None);
+    let fx = q.checkout(0, 1, 0);
+    assert_eq!(deliveries(&fx), vec![(1, a)]);
+    let (r, fx) = q.settle(10, 1, &[a], requeue_after(100));
+    assert_eq!(r, Reply::Ok);
+    assert!(
+        deliveries(&fx).is_empty(),
+        "delayed, so not delivered at once"
+    );
+    assert_eq!(q.s.location(a), Some(Location::Delayed { due_ms: 110 }));
+    let c = q.s.counts();
+    assert_eq!(
+        (c.ready, c.unacked, c.delayed, c.delayed_bytes),
+        (0, 0, 1, 10)
+    );
+    assert_eq!(
+        q.s.next_deadline(),
+        Some(110),
+        "the leader's timer is armed for it"
+    );
+    assert!(deliveries(&q.expire(109)).is_empty(), "one ms early");
+    // A command other than Expire that carries the time releases it too.
+    let b = q.publish(50, None);
+    assert_eq!(q.s.location(b), Some(Location::Unacked { consumer: 1 }));
+    let d = full_deliveries(&q.expire(110));
+    assert_eq!(d.len(), 1);
+    assert_eq!(
+        (d[0].id, d[0].redelivered, d[0].delivery_count),
+        (a, true, 1)
+    );
+    assert_eq!(q.s.counts().delayed, 0);
+    assert_eq!(q.s.next_deadline(), None);
+}
+
+#[test]
+fn get_does_not_take_a_delayed_message_before_its_time() {
+    let mut q = Q::plain();
+    let a = q.publish(0, None);
+    let (d, _) = q.get(0, 1_000, false);
+    let d = d.unwrap();
+    let (r, _) = q.settle(5, GET_CONSUMER, &[d.id], requeue_after(50));
+    assert_eq!(r, Reply::Ok);
+    assert_eq!(q.get(54, 1_000, true), (None, 0));
+    let (d, _) = q.get(55, 1_000, true);
+    assert_eq!(d.map(|d| (d.id, d.delivery_count)), Some((a, 1)));
+}
+
+#[test]
+fn delayed_messages_keep_their_order_and_go_before_fresh_ones() {
+    let mut q = Q::plain();
+    let ids: Vec<_> = (0..3).map(|_| q.publish(0, None)).collect();
+    q.checkout(0, 1, 0);
+    // Requeued in the order c, a, b, all with the same delay; a fourth with a shorter one.
+    q.settle(1, 1, &[ids[2], ids[0], ids[1]], requeue_after(100));
+    let (_, fx) = q.apply(Command::ConsumerDown {
+        now_ms: 2,
+        consumer: 1,
+    });
+    assert!(fx.is_empty());
+    let late = q.publish(3, None);
+    assert_eq!(q.s.ready_ids(), vec![late], "the delayed ones wait");
+    q.expire(101);
+    assert_eq!(q.s.ready_ids(), vec![ids[2], ids[0], ids[1], late]);
+    // Browse shows them in that order without taking them.
+    let b = q.s.browse(1, 2, u64::MAX);
+    assert_eq!(
+        b.iter().map(|b| (b.position, b.id)).collect::<Vec<_>>(),
+        vec![(1, ids[0]), (2, ids[1])]
+    );
+    assert!(b.iter().all(|b| b.redelivered && b.delivery_count == 1));
+    assert_eq!(q.s.counts().ready, 4);
+}
+
+#[test]
+fn requeue_delays_follow_the_delivery_count_then_the_delivery_limit() {
+    let mut q = Q::with(|c| {
+        c.requeue_delays_ms = vec![100, 1_000];
+        c.delivery_limit = Some(3);
+        c.dead_letter_strategy = Strategy::AtMostOnce;
+    });
+    let a = q.publish(0, None);
+    q.checkout(0, 1, 0);
+    let mut now = 0;
+    // After failed delivery n the delay is entry n-1; the last one repeats.
+    for expected_delay in [100, 1_000, 1_000] {
+        let (r, fx) = q.settle(now, 1, &[a], SettleOutcome::Requeue);
+        assert_eq!(r, Reply::Ok);
+        assert!(fx.is_empty());
+        assert_eq!(
+            q.s.location(a),
+            Some(Location::Delayed {
+                due_ms: now + expected_delay
+            })
+        );
+        assert!(deliveries(&q.expire(now + expected_delay - 1)).is_empty());
+        now += expected_delay;
+        assert_eq!(deliveries(&q.expire(now)), vec![(1, a)]);
+    }
+    // The fourth failed delivery is past the limit of 3: it dies instead of waiting.
+    let (_, fx) = q.settle(now, 1, &[a], SettleOutcome::Requeue);
+    assert_eq!(dead(&fx), vec![(a, Reason::DeliveryLimit)]);
+    assert_eq!(q.s.location(a), None);
+}
+
+#[test]
+fn a_delay_named_by_the_consumer_overrides_the_queue_delays() {
+    let mut q = Q::with(|c| c.requeue_delays_ms = vec![60_000]);
+    let a = q.publish(0, None);
+    q.checkout(0, 1, 0);
+    let (_, fx) = q.settle(1, 1, &[a], requeue_after(0));
+    assert_eq!(deliveries(&fx), vec![(1, a)], "0: at once");
+    // Returns that are not requeues (consumer down, lapsed lease) are not delayed.
+    let (_, fx) = q.apply(Command::ConsumerDown {
+        now_ms: 2,
+        consumer: 1,
+    });
+    assert!(fx.is_empty());
+    assert_eq!(q.s.location(a), Some(Location::Ready));
+}
+
+#[test]
+fn a_delayed_message_expires_at_its_ttl() {
+    let mut q = Q::with(|c| c.dead_letter_strategy = Strategy::AtMostOnce);
+    let a = q.publish(0, Some(50));
+    q.checkout(0, 1, 0);
+    q.settle(10, 1, &[a], requeue_after(1_000));
+    assert_eq!(q.s.next_deadline(), Some(50), "the TTL comes first");
+    let fx = q.expire(50);
+    assert_eq!(dead(&fx), vec![(a, Reason::Expired)]);
+    assert_eq!(q.s.counts().delayed, 0);
+}
+
+#[test]
+fn delayed_messages_count_against_limits_and_are_purged() {
+    let mut q = Q::with(|c| {
+        c.max_length = Some(1);
+        c.overflow = Overflow::RejectPublish;
+    });
+    let a = q.publish(0, None);
+    q.checkout(0, 1, 1);
+    q.settle(1, 1, &[a], requeue_after(1_000));
+    q.apply(Command::ConsumerDown {
+        now_ms: 1,
+        consumer: 1,
+    });
+    let (r, _) = q.publish_full(2, 10, None);
+    assert!(matches!(r, Reply::Rejected { .. }), "{r:?}");
+    let (r, fx) = q.apply(Command::Purge);
+    assert_eq!(r, Reply::Purged { count: 1 });
+    assert_eq!(deleted(&fx), vec![a]);
+    assert_eq!(q.s.next_deadline(), None);
+}
+
+#[test]
+fn settle_options_out_of_bounds_are_refused_at_apply() {
+    let mut q = Q::plain();
+    let a = q.publish(0, None);
+    q.checkout(0, 1, 0);
+    let before = q.s.clone();
+    for outcome in [
+        SettleOutcome::RejectWithDetail {
+            detail: "x".repeat(1025),
+        },
+        requeue_after(7 * 24 * 3600 * 1000 + 1),
+    ] {
+        let (r, fx) = q.settle(5, 1, &[a], outcome);
+        assert!(matches!(r, Reply::Error { .. }), "{r:?}");
+        assert!(fx.is_empty());
+    }
+    assert_eq!(q.s.location(a), Some(Location::Unacked { consumer: 1 }));
+    assert_eq!(q.s.digest(), before.digest(), "nothing applied");
+    let mut c = QueueConfig::new("/", "q");
+    c.requeue_delays_ms = vec![1; 33];
+    let (r, _) = q.apply(Command::UpdateConfig {
+        now_ms: 5,
+        config: c,
+    });
+    assert!(matches!(r, Reply::Error { .. }), "{r:?}");
+    // At the bound it is accepted.
+    let detail = "é".repeat(512);
+    assert_eq!(detail.len(), 1024);
+    let (r, _) = q.settle(6, 1, &[a], SettleOutcome::RejectWithDetail { detail });
+    assert_eq!(r, Reply::Ok);
+}
+
+// ----- reject with a reason detail -----
+
+#[test]
+fn reject_detail_travels_with_the_dead_letter() {
+    let mut q = Q::with(|c| c.dead_letter_strategy = Strategy::AtMostOnce);
+    let a = q.publish(0, None);
+    q.checkout(0, 1, 0);
+    let detail = "missing customer id".to_string();
+    let (_, fx) = q.settle(
+        3,
+        1,
+        &[a],
+        SettleOutcome::RejectWithDetail {
+            detail: detail.clone(),
+        },
+    );
+    assert_eq!(
+        fx,
+        vec![Effect::DeadLetter {
+            id: a,
+            reason: Reason::Rejected,
+            strategy: Strategy::AtMostOnce,
+            died_at_ms: 3,
+            detail: Some(detail.clone()),
+        }]
+    );
+
+    // At-least-once keeps it with the held dead letter, for a transfer by any later leader.
+    let mut q = Q::with(|c| {
+        c.dead_letter_strategy = Strategy::AtLeastOnce;
+        c.overflow = Overflow::RejectPublish;
+    });
+    let a = q.publish(0, None);
+    q.checkout(0, 1, 0);
+    q.settle(
+        3,
+        1,
+        &[a],
+        SettleOutcome::RejectWithDetail {
+            detail: detail.clone(),
+        },
+    );
+    let held = q.s.held_dead_letters();
+    assert_eq!(held[0].detail.as_deref(), Some(detail.as_str()));
+    let snapshot = postcard::to_allocvec(&q.s).unwrap();
+    let restored: QueueState = postcard::from_bytes(&snapshot).unwrap();
+    assert_eq!(restored.held_dead_letters(), held);
+}
+
+// ----- browse and age -----
+
+#[test]
+fn browse_reads_ready_messages_without_taking_them() {
+    let mut q = Q::plain();
+    let ids: Vec<_> = (0..5).map(|i| q.publish(i * 10, None)).collect();
+    let digest = q.s.digest();
+    let all = q.s.browse(0, 100, u64::MAX);
+    assert_eq!(all.iter().map(|b| b.id).collect::<Vec<_>>(), ids);
+    assert_eq!(
+        all.iter().map(|b| b.enqueued_ms).collect::<Vec<_>>(),
+        vec![0, 10, 20, 30, 40]
+    );
+    assert_eq!(q.s.browse(3, 10, u64::MAX).len(), 2);
+    assert!(q.s.browse(5, 10, u64::MAX).is_empty());
+    assert!(q.s.browse(u64::MAX, 10, u64::MAX).is_empty());
+    // A byte bound cuts the page (messages are 10 bytes here) but never to nothing.
+    assert_eq!(q.s.browse(0, 100, 25).len(), 2);
+    assert_eq!(q.s.browse(0, 100, 30).len(), 3);
+    assert_eq!(q.s.browse(4, 100, 1).len(), 1);
+    assert_eq!(q.s.browse(1, 100, 0).len(), 1);
+    assert_eq!(q.s.digest(), digest, "browsing changes nothing");
+    assert_eq!(q.s.oldest_ready_enqueued_ms(), Some(0));
+    // The oldest ready message by enqueue time, wherever it sits in dispatch order.
+    let (d, _) = q.get(50, 1_000, false);
+    assert_eq!(d.unwrap().id, ids[0]);
+    assert_eq!(q.s.oldest_ready_enqueued_ms(), Some(10));
+    q.apply(Command::Expire { now_ms: 2_000 }); // the lease lapses: ids[0] returns
+    assert_eq!(q.s.ready_ids()[0], ids[0]);
+    assert_eq!(q.s.oldest_ready_enqueued_ms(), Some(0));
+    q.apply(Command::Purge);
+    assert_eq!(q.s.oldest_ready_enqueued_ms(), None);
 }

@@ -8,7 +8,7 @@
 
 use proptest::prelude::*;
 use qq_core::Value;
-use qq_core::meta::{MetaCommand, MetaState};
+use qq_core::meta::{Limits, MetaCommand, MetaState};
 use qq_core::queue::{Command, MsgHeader, QueueState, SettleOutcome};
 use qq_core::types::{Overflow, QueueConfig, Strategy as DlStrategy};
 
@@ -24,6 +24,7 @@ fn queue_templates() -> Vec<Vec<u8>> {
     config.max_length = Some(3);
     config.message_ttl_ms = Some(100);
     config.expires_ms = Some(1000);
+    config.requeue_delays_ms = vec![10, 200];
     let commands = vec![
         Command::Enqueue {
             now_ms: 1_000,
@@ -54,6 +55,20 @@ fn queue_templates() -> Vec<Vec<u8>> {
             consumer: 0,
             ids: vec![3],
             outcome: SettleOutcome::Requeue,
+        },
+        Command::Settle {
+            now_ms: 1_000,
+            consumer: 7,
+            ids: vec![1],
+            outcome: SettleOutcome::RequeueAfter { delay_ms: 300 },
+        },
+        Command::Settle {
+            now_ms: 1_000,
+            consumer: 7,
+            ids: vec![2],
+            outcome: SettleOutcome::RejectWithDetail {
+                detail: "why".into(),
+            },
         },
         Command::ConsumerDown {
             now_ms: 1_000,
@@ -122,6 +137,7 @@ fn meta_templates() -> Vec<Vec<u8>> {
             internal: false,
             arguments: args.clone(),
             passive: false,
+            owner: None,
         },
         MetaCommand::DeleteExchange {
             vhost: "/".into(),
@@ -134,6 +150,7 @@ fn meta_templates() -> Vec<Vec<u8>> {
             arguments: args.clone(),
             passive: false,
             nodes: vec![1, 2, 3],
+            owner: None,
         },
         MetaCommand::DeleteQueue {
             vhost: "/".into(),
@@ -164,6 +181,22 @@ fn meta_templates() -> Vec<Vec<u8>> {
         MetaCommand::ClearPolicy {
             vhost: "/".into(),
             name: "p".into(),
+        },
+        MetaCommand::SetVhostLimits {
+            vhost: "/".into(),
+            limits: Limits {
+                max_queues: Some(1),
+                max_exchanges: Some(0),
+                max_connections: None,
+                max_consumers: Some(u64::MAX),
+            },
+        },
+        MetaCommand::SetUserLimits {
+            user: "u".into(),
+            limits: Limits {
+                max_queues: Some(0),
+                ..Limits::default()
+            },
         },
     ];
     commands

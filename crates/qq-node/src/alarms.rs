@@ -101,7 +101,18 @@ impl Alarms {
             .store(bounds.memory_high_watermark_bytes, Ordering::Relaxed);
         self.disk_limit
             .store(bounds.disk_free_limit_bytes, Ordering::Relaxed);
-        match rss_bytes() {
+        // Above the watermark, first hand freed heap back to the OS: memory freed by deleted
+        // queues and drained messages stays resident with glibc's allocator otherwise, and
+        // the alarm would never clear.
+        let rss = rss_bytes().map(|rss| {
+            if rss > bounds.memory_high_watermark_bytes {
+                release_free_heap();
+                rss_bytes().unwrap_or(rss)
+            } else {
+                rss
+            }
+        });
+        match rss {
             Ok(rss) => {
                 self.rss_bytes.store(rss, Ordering::Relaxed);
                 let over = rss > bounds.memory_high_watermark_bytes;
@@ -171,7 +182,8 @@ fn proc_kb(path: &str, key: &str) -> std::io::Result<u64> {
         .ok_or_else(|| std::io::Error::other(format!("no '{key}' in {path}")))
 }
 
-fn rss_bytes() -> std::io::Result<u64> {
+/// This process's resident memory (VmRSS), in bytes.
+pub fn rss_bytes() -> std::io::Result<u64> {
     proc_kb("/proc/self/status", "VmRSS:")
 }
 
@@ -228,5 +240,14 @@ mod tests {
         assert!(rss_bytes().unwrap() > 0);
         assert!(total_memory_bytes().unwrap() > 0);
         assert!(free_disk_bytes(&std::env::temp_dir()).unwrap() > 0);
+    }
+}
+
+/// Returns the allocator's free pages to the OS (glibc's `malloc_trim`); elsewhere a no-op.
+fn release_free_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator; it takes no pointers.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }

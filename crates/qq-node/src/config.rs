@@ -87,6 +87,15 @@ pub struct Config {
     /// flow control instead of growing the node's memory).
     #[serde(default = "default_prefetch_zero_cap")]
     pub prefetch_zero_cap: u32,
+    /// Most client connections the node holds at once; a connection beyond it is closed as
+    /// soon as it is accepted (logged). RabbitMQ's `connection_max`.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Most Consume and PublishStream calls open at once on one client connection; one more is
+    /// RESOURCE_EXHAUSTED. (HTTP/2 itself allows at most `max_streams_per_connection` + 256
+    /// concurrent calls per connection; a client past that waits.)
+    #[serde(default = "default_max_streams_per_connection")]
+    pub max_streams_per_connection: usize,
     /// Most header entries in one message, nested tables' and lists' entries included.
     #[serde(default = "default_max_headers")]
     pub max_headers: usize,
@@ -131,6 +140,15 @@ pub struct Config {
     /// (they then cross the network in clear). Off by default.
     #[serde(default)]
     pub allow_plaintext_auth: bool,
+    /// Where the operator's HTTP endpoint listens (`GET /metrics`, `GET /healthz`; read-only,
+    /// no credentials). Unset: no HTTP server.
+    #[serde(default)]
+    pub http_addr: Option<SocketAddr>,
+    /// Export one series per queue this node leads (`quorumq_queue_*{vhost,queue}`) and per
+    /// Raft group it hosts. Off: only per-node sums, so a node with many queues keeps a
+    /// bounded number of series.
+    #[serde(default = "default_per_queue_metrics")]
+    pub per_queue_metrics: bool,
 }
 
 fn default_max_message_bytes() -> usize {
@@ -141,6 +159,12 @@ fn default_max_inflight() -> usize {
 }
 fn default_max_prefetch() -> u32 {
     DEFAULT_MAX_PREFETCH
+}
+fn default_max_connections() -> usize {
+    4096
+}
+fn default_max_streams_per_connection() -> usize {
+    128
 }
 fn default_prefetch_zero_cap() -> u32 {
     DEFAULT_PREFETCH_ZERO_CAP
@@ -175,6 +199,9 @@ fn default_snapshot_entries() -> u64 {
 fn default_dead_letter_retry_ms() -> u64 {
     3000
 }
+fn default_per_queue_metrics() -> bool {
+    true
+}
 fn default_loopback_users() -> Vec<String> {
     vec!["guest".to_string()]
 }
@@ -205,6 +232,9 @@ pub struct Args {
     /// Data directory.
     #[arg(long, env = "QQ_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// HTTP address for /metrics and /healthz, e.g. 127.0.0.1:7301.
+    #[arg(long, env = "QQ_HTTP_ADDR")]
+    pub http_addr: Option<SocketAddr>,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -236,6 +266,9 @@ impl Config {
         }
         if let Some(addr) = args.cluster_addr {
             table.insert("cluster_addr".into(), toml::Value::String(addr.to_string()));
+        }
+        if let Some(addr) = args.http_addr {
+            table.insert("http_addr".into(), toml::Value::String(addr.to_string()));
         }
         if let Some(adv) = &args.advertise {
             table.insert("advertise".into(), toml::Value::String(adv.clone()));
@@ -319,6 +352,11 @@ impl Config {
                 self.listen
             );
         }
+        if let Some(http) = self.http_addr
+            && (http == self.listen || http == self.cluster_addr)
+        {
+            bail!("http_addr: must differ from listen and cluster_addr ({http})");
+        }
         self.validate_tls()?;
         if !seen.contains_key(&self.node_id) {
             bail!(
@@ -334,6 +372,12 @@ impl Config {
         }
         if self.max_prefetch == 0 {
             bail!("max_prefetch: must be >= 1");
+        }
+        if self.max_connections == 0 {
+            bail!("max_connections: must be >= 1");
+        }
+        if self.max_streams_per_connection == 0 || self.max_streams_per_connection > 65_536 {
+            bail!("max_streams_per_connection: must be between 1 and 65536");
         }
         if self.prefetch_zero_cap == 0 || self.prefetch_zero_cap > self.max_prefetch {
             bail!(

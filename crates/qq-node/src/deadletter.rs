@@ -20,7 +20,7 @@
 //!
 //! Must not: decide when to transfer (the leader actor does) or read a clock for a decision.
 
-use qq_core::deadletter::{dead_letter, deaths, is_cycle};
+use qq_core::deadletter::{dead_letter_with_detail, deaths, is_cycle};
 use qq_core::queue::{Command, MsgHeader, Reply};
 use qq_core::{Message, MessageId, QueueConfig, Reason};
 use qq_raft::GroupId;
@@ -42,8 +42,15 @@ pub enum TransferError {
     Unavailable(String),
 }
 
-/// A dead letter to transfer: (id, reason, died at, message).
-type Letter = (MessageId, Reason, u64, Message);
+/// A dead letter to transfer.
+struct Letter {
+    id: MessageId,
+    reason: Reason,
+    died_at_ms: u64,
+    /// The consumer's `reason_detail` of a reject.
+    detail: Option<String>,
+    message: Message,
+}
 
 #[derive(Clone)]
 pub struct DeadLetters {
@@ -76,17 +83,24 @@ impl DeadLetters {
         config: &QueueConfig,
         letter: &Letter,
     ) -> Result<Vec<Routed>, TransferError> {
-        let (id, reason, died_at_ms, message) = letter;
+        let Letter {
+            id,
+            reason,
+            died_at_ms,
+            detail,
+            message,
+        } = letter;
         let Some(dlx) = config.dead_letter_exchange.as_deref() else {
             return Err(TransferError::NoRoute(format!(
                 "queue '{}' has no dead-letter exchange",
                 config.name
             )));
         };
-        let (copy, keys) = dead_letter(
+        let (copy, keys) = dead_letter_with_detail(
             message,
             &config.name,
             *reason,
+            detail.as_deref(),
             *died_at_ms,
             dlx,
             config.dead_letter_routing_key.as_deref(),
@@ -116,7 +130,7 @@ impl DeadLetters {
         };
         let key = format!("dl:{group}:{id}:{count}");
         // A cycle without a rejection in it: the copy is dropped for that target.
-        Ok(targets
+        let routed: Vec<Routed> = targets
             .into_iter()
             .filter(|t| !is_cycle(&copy, &t.name))
             .map(|t| Routed {
@@ -124,7 +138,15 @@ impl DeadLetters {
                 name: t.name,
                 request: enqueue::request(&header, &encoded, key.clone()),
             })
-            .collect())
+            .collect();
+        // Every target a cycle: no route. At-most-once drops it; at-least-once keeps it held
+        // until the topology gives it a target (SEMANTICS.md, routing a dead letter, point 4).
+        if routed.is_empty() {
+            return Err(TransferError::NoRoute(format!(
+                "every queue exchange '{dlx}' routes to for keys {keys:?} is a dead-letter cycle"
+            )));
+        }
+        Ok(routed)
     }
 
     /// Transfer dead letters (in the order they died). Returns, per dead letter, whether every
@@ -141,11 +163,11 @@ impl DeadLetters {
             match self.prepare(group, config, letter) {
                 Ok(routed) => {
                     copies.push(routed);
-                    outcome.push((letter.0, Ok(())));
+                    outcome.push((letter.id, Ok(())));
                 }
                 Err(e) => {
                     copies.push(Vec::new());
-                    outcome.push((letter.0, Err(e)));
+                    outcome.push((letter.id, Err(e)));
                 }
             }
         }
@@ -169,7 +191,13 @@ impl DeadLetters {
 
     /// At-most-once: one attempt; a failure means the dead letter is dropped.
     pub async fn publish_at_most_once(&self, job: DeadLetterJob) -> Result<(), String> {
-        let letters = vec![(job.id, job.reason, job.died_at_ms, job.message)];
+        let letters = vec![Letter {
+            id: job.id,
+            reason: job.reason,
+            died_at_ms: job.died_at_ms,
+            detail: job.detail,
+            message: job.message,
+        }];
         for (id, result) in self.transfer(job.group, &job.config, letters).await {
             if let Err(e) = result {
                 return Err(format!(
@@ -189,7 +217,13 @@ impl DeadLetters {
         let mut letters = Vec::new();
         for h in held.into_iter().take(TRANSFER_BATCH) {
             match machine.read_message(h.id) {
-                Ok(m) => letters.push((h.id, h.reason, h.died_at_ms, m)),
+                Ok(message) => letters.push(Letter {
+                    id: h.id,
+                    reason: h.reason,
+                    died_at_ms: h.died_at_ms,
+                    detail: h.detail,
+                    message,
+                }),
                 Err(e) => failure = Some(TransferError::Unavailable(e.to_string())),
             }
         }

@@ -8,7 +8,9 @@
 //! The actor is driven by what the state machine hands it (at-most-once dead letters, "the
 //! metadata changed the queue's configuration") and by the applied-entry notifications of its
 //! queue, and keeps its own timers, armed from the state's deadlines:
-//! - message TTLs and Get leases: propose `Expire { now_ms }` when the earliest is due;
+//! - message TTLs, Get leases and delayed requeues: propose `Expire { now_ms }` when the
+//!   earliest is due (one timer, re-armed from `QueueState::next_deadline` after every
+//!   applied entry, so a new leader picks up the replicated delayed set without a scan);
 //! - x-expires: propose `ExpireQueue { now_ms, leader_since_ms }` when the queue would be
 //!   unused for its expiry; the state machine decides, and if it answers expired the actor
 //!   deletes the queue through the metadata (its messages are not dead-lettered);
@@ -16,7 +18,11 @@
 //!   failed round, retry on a metadata change or after `dead_letter_retry_ms`;
 //! - consumers that no session here serves (their stream ended on an earlier leader, or their
 //!   clean-up failed): `ConsumerDown` at election and every [`CONSUMER_RECONCILE`];
-//! - the queue's configuration in its own log follows the metadata (`UpdateConfig`).
+//! - the queue's configuration in its own log follows the metadata (`UpdateConfig`);
+//! - a running move task (redrive): rounds of [`crate::moves`], one at a time, the next one
+//!   after `moved / max_per_second` seconds; a failed round is retried after a pause, a task
+//!   that cannot go on is ended as Failed (`EndMove`). A new leader picks the replicated task
+//!   up from the state, so a move survives a leader change.
 //!
 //! Time enters the queue's log only through commands stamped here (and by the API).
 //!
@@ -44,6 +50,7 @@ use crate::deadletter::{DeadLetters, Round, TransferError};
 use crate::groups::queue_sm::{LeaderEvent, QueueMachine, QueueRequest};
 use crate::groups::registry::QueueRaft;
 use crate::meta_view::MetaView;
+use crate::moves::{MoveOutcome, Mover};
 use crate::proposer::Proposer;
 
 /// How often a leader looks for consumers in the queue state that no session of its own serves.
@@ -63,6 +70,7 @@ pub struct LeaderContext {
     pub view: MetaView,
     pub dead_letters: DeadLetters,
     pub dead_letter_retry: Duration,
+    pub mover: Mover,
     pub tasks: TaskTracker,
 }
 
@@ -83,6 +91,7 @@ pub async fn watch_leadership(
         match (&actor, leading) {
             (None, true) => {
                 info!("became leader");
+                crate::metrics::became_leader(crate::metrics::QUEUE);
                 let token = stop.child_token();
                 let leader = QueueLeader {
                     ctx: ctx.clone(),
@@ -117,6 +126,7 @@ pub async fn watch_leadership(
 
 type Transfer = Pin<Box<dyn Future<Output = Round> + Send>>;
 type Publish = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+type MoveRound = Pin<Box<dyn Future<Output = (Instant, MoveOutcome)> + Send>>;
 
 /// The leader-only work of one queue while this node leads it.
 pub struct QueueLeader {
@@ -135,6 +145,8 @@ struct Timers {
     transfer_retry: Option<Instant>,
     config_retry: Option<Instant>,
     expire_retry: Option<Instant>,
+    /// The next move round: not before this (rate limit or retry pause).
+    move_next: Option<Instant>,
 }
 
 impl QueueLeader {
@@ -147,6 +159,7 @@ impl QueueLeader {
         let mut timers = Timers::default();
         let mut transfer: Option<Transfer> = None;
         let mut publish: Option<Publish> = None;
+        let mut moving: Option<MoveRound> = None;
         let mut logged_no_route = false;
         let mut logged_drop = false;
 
@@ -159,12 +172,19 @@ impl QueueLeader {
             if transfer.is_none() {
                 transfer = self.next_transfer(&mut timers, &mut logged_no_route);
             }
+            if moving.is_none() {
+                moving = self.next_move(&mut timers);
+            }
             let wake = self.next_wake(&timers);
             tokio::select! {
                 _ = self.cancel.cancelled() => return,
                 round = poll_some(&mut transfer) => {
                     transfer = None;
                     self.after_round(round, &mut timers, &mut logged_no_route);
+                }
+                (started, outcome) = poll_some(&mut moving) => {
+                    moving = None;
+                    self.after_move(started, outcome, &mut timers).await;
                 }
                 published = poll_some(&mut publish) => {
                     publish = None;
@@ -236,6 +256,55 @@ impl QueueLeader {
         timers.transfer_retry = Some(Instant::now() + self.ctx.dead_letter_retry);
     }
 
+    /// A round of the running move task, if there is one and its pause is over.
+    fn next_move(&self, timers: &mut Timers) -> Option<MoveRound> {
+        if timers.move_next.is_some_and(|t| t > Instant::now()) {
+            return None;
+        }
+        timers.move_next = None;
+        self.machine.with_state(|s| s.running_move().map(|_| ()))?;
+        let (mover, machine, group) = (self.ctx.mover.clone(), self.machine.clone(), self.group);
+        Some(Box::pin(async move {
+            let started = Instant::now();
+            (started, mover.round(group, &machine).await)
+        }))
+    }
+
+    async fn after_move(&self, started: Instant, outcome: MoveOutcome, timers: &mut Timers) {
+        match outcome {
+            MoveOutcome::Moved(0) => {
+                // Nothing taken though a task runs (its end not applied yet): look again later.
+                timers.move_next = Some(Instant::now() + PROPOSAL_RETRY);
+            }
+            MoveOutcome::Moved(n) => {
+                let rate = self
+                    .machine
+                    .with_state(|s| s.running_move().map(|t| t.max_per_second))
+                    .unwrap_or(0);
+                if rate > 0 {
+                    let pause = Duration::from_secs_f64(n as f64 / f64::from(rate));
+                    timers.move_next = Some(started + pause);
+                }
+            }
+            MoveOutcome::Retry(why) => {
+                debug!("move round will be retried: {why}");
+                timers.move_next = Some(Instant::now() + PROPOSAL_RETRY);
+            }
+            MoveOutcome::Fail { task, detail } => {
+                warn!(task, "move task failed: {detail}");
+                let cmd = Command::EndMove {
+                    task,
+                    state: qq_core::queue::MoveState::Failed,
+                    detail,
+                };
+                if let Err(e) = self.propose(cmd).await {
+                    debug!("end move not applied: {e}");
+                    timers.move_next = Some(Instant::now() + PROPOSAL_RETRY);
+                }
+            }
+        }
+    }
+
     /// Propose Expire / ExpireQueue if due. Returns true when the queue expired and its
     /// deletion was committed.
     async fn expire_due(&self, timers: &mut Timers) -> bool {
@@ -300,10 +369,15 @@ impl QueueLeader {
             Some(t) => Some(t),
             None => [deadline, queue_due].into_iter().flatten().min().map(at_ms),
         };
-        [expiry, timers.transfer_retry, timers.config_retry]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            expiry,
+            timers.transfer_retry,
+            timers.config_retry,
+            timers.move_next,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     async fn propose(&self, cmd: Command) -> Result<Reply, crate::error::NodeError> {

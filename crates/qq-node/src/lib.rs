@@ -3,6 +3,8 @@
 //! The layers, each importing only the ones below it (docs/architecture.md draws them):
 //!
 //! - [`server`]: wiring and shutdown. Above everything.
+//! - [`observe`]: gRPC health and reflection, `GET /metrics` and `GET /healthz` (reads the node,
+//!   never changes it).
 //! - [`api`]: the client gRPC service as thin adapters (auth, publish, consume, admin,
 //!   status). [`peer`]: the node-to-node service and liveness.
 //! - [`consume`]: consumer sessions on the queue's leader, and their relay from other nodes.
@@ -16,6 +18,7 @@
 //! - [`groups`]: the Raft groups hosted here: state-machine shell, metadata and queue machines,
 //!   registry.
 //! - [`alarms`]: memory and disk alarms that refuse publishes.
+//! - [`metrics`]: event counters and the commit latency histogram (a leaf the layers update).
 //! - [`certs`]: the `qq-node certs` subcommand (cluster CA and node certificates).
 //! - [`config`], [`error`], [`codec`], [`clock`]: leaves.
 
@@ -32,7 +35,10 @@ pub mod error;
 pub mod groups;
 pub mod leader;
 pub mod meta_view;
+pub mod metrics;
+pub mod moves;
 pub mod node;
+pub mod observe;
 pub mod peer;
 pub mod proposer;
 pub mod server;

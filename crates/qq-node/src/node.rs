@@ -115,6 +115,7 @@ impl Node {
             view: view.clone(),
             dead_letters: DeadLetters::new(view.clone(), enqueuer.clone(), proposer.clone()),
             dead_letter_retry: Duration::from_millis(config.dead_letter_retry_ms),
+            mover: crate::moves::Mover::new(view.clone(), enqueuer.clone(), proposer.clone()),
             tasks: tasks.clone(),
         };
         // Measured once before serving, so a node started over its bounds refuses at once.

@@ -15,7 +15,9 @@ use openraft::error::{ClientWriteError, RaftError};
 use qq_core::NodeId;
 use qq_core::meta::{MetaCommand, MetaError, MetaReply};
 use qq_core::queue::{Command, Reply};
-use qq_proto::internal::{ProposeReply, ProposeRequest, QueueInfoReply, QueueInfoRequest};
+use qq_proto::internal::{
+    BrowseQueueRequest, ProposeReply, ProposeRequest, QueueInfoReply, QueueInfoRequest,
+};
 use qq_raft::network::Peers;
 use qq_raft::{GroupId, META_GROUP, Request};
 use std::sync::Arc;
@@ -26,8 +28,9 @@ use crate::clock::now_ms;
 use crate::codec::{decode, encode};
 use crate::error::NodeError;
 use crate::groups::queue_sm::{QueueEntry, QueueReplyOut, QueueRequest, check_entry};
-use crate::groups::registry::{QueueInfoData, Registry};
+use crate::groups::registry::{BrowseData, QueueInfoData, Registry};
 use crate::meta_view::MetaView;
+use crate::metrics;
 
 /// `ProposeReply.code`: this node does not lead the group (`forward_to` may hint who does).
 pub const NOT_LEADER: u32 = 1;
@@ -43,8 +46,15 @@ const META_PROPAGATION_WAIT: Duration = Duration::from_secs(3);
 /// UNAVAILABLE). Its peers may no longer reach this node to commit it.
 const SHUTDOWN_GRACE_FOR_WRITES: Duration = Duration::from_secs(2);
 
-/// How long a leader-only read (queue info) keeps looking for the leader.
+/// How long a leader-only read (queue info, browse) keeps looking for the leader.
 const INFO_DEADLINE: Duration = Duration::from_secs(5);
+
+/// What a leader-only read asks for.
+#[derive(Clone, Copy)]
+enum LeaderRead {
+    Info,
+    Browse { offset: u64, limit: u32 },
+}
 
 /// Why a local proposal did not go through.
 enum LocalError {
@@ -200,6 +210,7 @@ impl Proposer {
             self.stopping.cancelled().await;
             tokio::time::sleep(SHUTDOWN_GRACE_FOR_WRITES).await;
         };
+        let started = std::time::Instant::now();
         let result = tokio::select! {
             r = write => r?,
             _ = shutting_down => {
@@ -207,7 +218,15 @@ impl Proposer {
             }
         };
         match result {
-            Ok(resp) => Ok(resp.data.payload),
+            Ok(resp) => {
+                let kind = if group == META_GROUP {
+                    metrics::META
+                } else {
+                    metrics::QUEUE
+                };
+                metrics::committed(kind, started.elapsed());
+                Ok(resp.data.payload)
+            }
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
             | Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => {
                 Err(LocalError::Forward(f.leader_id))
@@ -341,6 +360,34 @@ impl Proposer {
 
     /// Ask the leader of the group (wherever it is) for its live info.
     pub async fn queue_info(&self, group: GroupId) -> Result<QueueInfoData, NodeError> {
+        self.leader_read(group, LeaderRead::Info, || {
+            self.registry.local_queue_info(group, true)
+        })
+        .await
+    }
+
+    /// Ask the leader of the group for the ready messages at `offset..offset + limit`.
+    pub async fn browse(
+        &self,
+        group: GroupId,
+        offset: u64,
+        limit: u32,
+    ) -> Result<BrowseData, NodeError> {
+        self.leader_read(group, LeaderRead::Browse { offset, limit }, || {
+            self.registry.local_browse(group, offset, limit as usize)
+        })
+        .await
+    }
+
+    /// A read only the group's leader answers: `local` when this node leads, else the
+    /// leader's node over the internal service (the hint, else the members in turn), until
+    /// [`INFO_DEADLINE`].
+    async fn leader_read<T: serde::de::DeserializeOwned>(
+        &self,
+        group: GroupId,
+        read: LeaderRead,
+        local: impl Fn() -> Option<T>,
+    ) -> Result<T, NodeError> {
         let deadline = tokio::time::Instant::now() + INFO_DEADLINE;
         let members = self.group_members(group);
         let mut hint = self.registry.known_leader(group);
@@ -353,14 +400,28 @@ impl Proposer {
                     .unwrap_or(self.id)
             });
             if target == self.id {
-                if let Some(info) = self.registry.local_queue_info(group, true) {
-                    return Ok(info);
+                if let Some(answer) = local() {
+                    return Ok(answer);
                 }
                 hint = self.registry.known_leader(group).filter(|l| *l != self.id);
             } else if let Some(mut client) = self.peers.client(target) {
-                let mut req = tonic::Request::new(QueueInfoRequest { group });
-                req.set_timeout(Duration::from_secs(2));
-                match client.queue_info(req).await {
+                let reply = match read {
+                    LeaderRead::Info => {
+                        let mut req = tonic::Request::new(QueueInfoRequest { group });
+                        req.set_timeout(Duration::from_secs(2));
+                        client.queue_info(req).await
+                    }
+                    LeaderRead::Browse { offset, limit } => {
+                        let mut req = tonic::Request::new(BrowseQueueRequest {
+                            group,
+                            offset,
+                            limit,
+                        });
+                        req.set_timeout(Duration::from_secs(2));
+                        client.browse(req).await
+                    }
+                };
+                match reply {
                     Ok(r) => {
                         let r = r.into_inner();
                         if r.error.is_empty() && r.forward_to == 0 && !r.payload.is_empty() {
@@ -387,6 +448,32 @@ impl Proposer {
         }
     }
 
+    /// Serve `Internal.Browse`: as [`Proposer::serve_queue_info`], with the browsed messages.
+    pub fn serve_browse(&self, group: GroupId, offset: u64, limit: u32) -> QueueInfoReply {
+        let local = self.registry.local_browse(group, offset, limit as usize);
+        self.leader_reply(group, local)
+    }
+
+    /// The reply of a leader-only read: the answer, or where the leader is.
+    fn leader_reply<T: serde::Serialize>(
+        &self,
+        group: GroupId,
+        local: Option<T>,
+    ) -> QueueInfoReply {
+        let mut reply = QueueInfoReply::default();
+        match local {
+            Some(answer) => match encode(&answer) {
+                Ok(b) => reply.payload = b.into(),
+                Err(e) => reply.error = e.to_string(),
+            },
+            None => match self.registry.known_leader(group) {
+                Some(l) if l != self.id => reply.forward_to = l,
+                _ => reply.error = format!("no leader for group {group} known here"),
+            },
+        }
+        reply
+    }
+
     /// Serve `Internal.QueueInfo`. For the metadata group (0) the payload is the metadata index
     /// applied on this node.
     pub fn serve_queue_info(&self, group: GroupId) -> QueueInfoReply {
@@ -397,16 +484,6 @@ impl Proposer {
             }
             return reply;
         }
-        match self.registry.local_queue_info(group, true) {
-            Some(info) => match encode(&info) {
-                Ok(b) => reply.payload = b.into(),
-                Err(e) => reply.error = e.to_string(),
-            },
-            None => match self.registry.known_leader(group) {
-                Some(l) if l != self.id => reply.forward_to = l,
-                _ => reply.error = format!("no leader for group {group} known here"),
-            },
-        }
-        reply
+        self.leader_reply(group, self.registry.local_queue_info(group, true))
     }
 }

@@ -1,11 +1,13 @@
 //! Wiring: start the node, serve the client API and the node-to-node service on their own
 //! listeners, and shut down in order.
 //!
-//! Two servers: `listen` serves only `qq.v1.Broker` (server TLS when `tls_cert` is set, client
+//! Two servers: `listen` serves `qq.v1.Broker` (server TLS when `tls_cert` is set, client
 //! certificates required when `tls_client_ca` is), `cluster_addr` serves only
 //! `qq.internal.v1.Internal` over mutual TLS: a peer must present a certificate from the
 //! cluster CA, or the handshake fails before any request is read (plain text only with
 //! `insecure_cluster`). Nothing of the internal service is reachable on the client port.
+//! Beside the broker, the client port serves gRPC health and reflection, and `http_addr` (when
+//! set) the operator's `GET /metrics` and `GET /healthz` ([`crate::observe`]).
 //!
 //! Shutdown (SIGTERM or Ctrl-C, see `main.rs`): both listeners stop accepting; the node's token
 //! is cancelled, so consumer sessions and publish streams end with UNAVAILABLE, proposals stop
@@ -25,9 +27,13 @@ use tracing::{info, warn};
 
 use tokio_util::sync::CancellationToken;
 
+use futures::StreamExt;
+
 use crate::api::BrokerService;
+use crate::api::conn::Connections;
 use crate::config::Config;
 use crate::node::Node;
+use crate::observe::Observability;
 use crate::peer::liveness::spawn_peer_watches;
 use crate::peer::service::InternalService;
 
@@ -45,6 +51,14 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let incoming = bind(config.listen, "listen").await?;
     let cluster_incoming = bind(config.cluster_addr, "cluster_addr").await?;
+    let http_listener = match config.http_addr {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("http_addr: listen on {addr}: {e}"))?,
+        ),
+        None => None,
+    };
     let client_tls = client_tls(&config)?;
     let cluster_tls = match config.cluster_tls()? {
         Some(t) => Some(
@@ -72,14 +86,32 @@ pub async fn run(
     let client_tls_on = client_tls.is_some();
     // Starting the groups does not wait for peers: Raft RPCs to nodes not yet up are retried.
     let node = Node::start(config).await?;
-    spawn_peer_watches(node.clone());
-    let broker = BrokerServer::new(BrokerService::new(node.clone()))
+    let peer_links = spawn_peer_watches(node.clone());
+    let observe = Observability::start(&node, peer_links).await;
+    let conns = Connections::new(
+        node.config().max_connections,
+        node.config().max_streams_per_connection,
+    );
+    let max_h2_streams = node.config().max_streams_per_connection as u32 + 256;
+    // Every accepted client connection is counted while open; past max_connections it is
+    // closed at once.
+    let incoming = {
+        let conns = conns.clone();
+        incoming.filter_map(move |accepted| {
+            std::future::ready(match accepted {
+                Ok(io) => conns.accept(io).map(Ok),
+                Err(e) => Some(Err(e)),
+            })
+        })
+    };
+    let broker = BrokerServer::new(BrokerService::new(node.clone(), conns))
         .max_decoding_message_size(max_client)
         .max_encoding_message_size(max_client);
     let internal = InternalServer::new(InternalService::new(node.clone()))
         .max_decoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_INTERNAL_MESSAGE_BYTES);
-    info!(node_id = node.id(), %listen, %cluster_addr, client_tls = client_tls_on, "node serving");
+    let http_addr = config_http_addr(&http_listener);
+    info!(node_id = node.id(), %listen, %cluster_addr, http_addr, client_tls = client_tls_on, "node serving");
     let stopping = node.stopping().clone();
     // One shutdown signal, seen by both servers.
     let signal = CancellationToken::new();
@@ -96,10 +128,13 @@ pub async fn run(
     if let Some(tls) = client_tls {
         client_server = client_server.tls_config(tls)?;
     }
-    let client_server = client_server
+    let client_router = client_server
+        .max_concurrent_streams(Some(max_h2_streams))
         .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
         .initial_stream_window_size(HTTP2_STREAM_WINDOW)
-        .add_service(broker)
+        .add_service(broker);
+    let client_server = observe
+        .add_grpc_services(client_router)?
         .serve_with_incoming_shutdown(incoming, signal.clone().cancelled_owned());
     let mut cluster_server = tonic::transport::Server::builder();
     if let Some(tls) = cluster_tls {
@@ -116,13 +151,33 @@ pub async fn run(
         node.stopping().cancelled().await;
         tokio::time::sleep(DRAIN_GRACE).await;
     };
+    let http_server = async {
+        match http_listener {
+            Some(listener) => observe.serve_http(listener, signal.clone()).await,
+            None => Ok(()),
+        }
+    };
     tokio::select! {
-        served = async { tokio::try_join!(client_server, cluster_server) } => { served?; }
+        served = async {
+            tokio::try_join!(
+                async { client_server.await.map_err(anyhow::Error::from) },
+                async { cluster_server.await.map_err(anyhow::Error::from) },
+                http_server,
+            )
+        } => { served?; }
         _ = drain_limit => warn!("requests still open {DRAIN_GRACE:?} after the shutdown signal: closing them"),
     }
     info!("shutting down");
     node.shutdown().await;
     Ok(())
+}
+
+/// The HTTP listener's address for the log, or "none".
+fn config_http_addr(listener: &Option<tokio::net::TcpListener>) -> String {
+    listener
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map_or_else(|| "none".to_string(), |a| a.to_string())
 }
 
 /// A listener for `field`'s address, with TCP_NODELAY on accepted connections.

@@ -3,6 +3,10 @@
 
 pub mod v1 {
     tonic::include_proto!("qq.v1");
+
+    /// The encoded `FileDescriptorSet` of `qq/v1/broker.proto` alone (not the internal
+    /// service), for gRPC server reflection on the client port.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("qq_v1_descriptor");
 }
 
 pub mod internal {

@@ -327,8 +327,8 @@ mod tests {
     use futures::Stream;
     use qq_proto::internal::internal_server::{Internal, InternalServer};
     use qq_proto::internal::{
-        ForwardConsumeRequest, ForwardConsumeResponse, ProposeReply, ProposeRequest,
-        QueueInfoReply, QueueInfoRequest, RaftReply, WatchEvent, WatchRequest,
+        BrowseQueueRequest, ForwardConsumeRequest, ForwardConsumeResponse, ProposeReply,
+        ProposeRequest, QueueInfoReply, QueueInfoRequest, RaftReply, WatchEvent, WatchRequest,
     };
     use tokio::sync::{Notify, mpsc};
     use tonic::{Request, Response, Status, Streaming};
@@ -375,6 +375,13 @@ mod tests {
         async fn queue_info(
             &self,
             _request: Request<QueueInfoRequest>,
+        ) -> Result<Response<QueueInfoReply>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
+
+        async fn browse(
+            &self,
+            _request: Request<BrowseQueueRequest>,
         ) -> Result<Response<QueueInfoReply>, Status> {
             Err(Status::unimplemented("not in this test"))
         }

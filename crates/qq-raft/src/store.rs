@@ -43,6 +43,21 @@
 //! Blocking calls stay off the tokio workers: the fsync runs on the dedicated thread, and async
 //! callers wait on a oneshot channel ([`Store::sync`], [`Store::put_snapshot`]).
 //!
+//! # Storage faults are fail-stop
+//!
+//! A failed write or fsync leaves the WAL in an unknown state (after a failed fsync the kernel
+//! may have dropped the dirty pages: retrying "succeeds" without the data, the PostgreSQL
+//! fsyncgate lesson). So the first write or fsync error calls the store's [`FaultHandler`]
+//! before anything waiting on it is completed; the node's handler ([`exit_on_fault`]) logs the
+//! fault and exits the process with [`STORAGE_FAULT_EXIT_CODE`]. Nothing written after the last
+//! good fsync was confirmed; the node's peers carry on, and the node catches up when it is
+//! started again on a healthy disk.
+//!
+//! WAL recovery mode: `PointInTime`. Every acknowledged write was fsynced, so a crash can only
+//! tear the tail of the WAL, which holds writes nobody was told are durable; recovery replays up
+//! to the first torn record and drops the rest. `AbsoluteConsistency` would refuse to open after
+//! an ordinary crash; `SkipAnyCorruptedRecords` could replay past a hole.
+//!
 //! # What it leaves out
 //!
 //! - No adaptive delay before an fsync (Ra's WAL can wait a little to grow a batch): batching
@@ -64,7 +79,7 @@ use std::thread::JoinHandle;
 use openraft::storage::IOFlushed;
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DB, DBCompressionType,
-    IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions,
+    DBRecoveryMode, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions,
 };
 
 use crate::types::{GroupId, TypeConfig};
@@ -93,6 +108,28 @@ const BLOCK_CACHE_BYTES: usize = 64 << 20;
 const MAX_TOTAL_WAL_BYTES: u64 = 256 << 20;
 /// Most requests completed by one fsync (the drain loop stops there and syncs).
 const MAX_BATCH: usize = 65_536;
+
+/// Exit code of a node stopped by a storage fault (EX_IOERR of sysexits.h).
+pub const STORAGE_FAULT_EXIT_CODE: i32 = 74;
+
+/// Called with a description of the first write or fsync error, before anything that waits on
+/// the failed write is completed. The node's handler never returns ([`exit_on_fault`]); a test's
+/// may, and then the waiters get the error.
+pub type FaultHandler = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Logs the fault and exits the process with [`STORAGE_FAULT_EXIT_CODE`] (fail-stop).
+pub fn exit_on_fault() -> FaultHandler {
+    Arc::new(|fault: &str| {
+        tracing::error!(
+            fault,
+            exit_code = STORAGE_FAULT_EXIT_CODE,
+            "storage fault: stopping the node now (fail-stop); nothing after the last good \
+             fsync was confirmed; start it again on a healthy disk and it catches up from its peers"
+        );
+        eprintln!("qq-node: storage fault: {fault}; exiting with {STORAGE_FAULT_EXIT_CODE}");
+        std::process::exit(STORAGE_FAULT_EXIT_CODE);
+    })
+}
 
 /// Errors of [`Store::open`].
 #[derive(Debug, thiserror::Error)]
@@ -164,6 +201,7 @@ struct Inner {
     db: Arc<DB>,
     path: PathBuf,
     stats: Arc<Stats>,
+    on_fault: FaultHandler,
     /// `Some` until drop; dropping it stops the fsync thread.
     tx: Option<mpsc::Sender<SyncRequest>>,
     thread: Option<JoinHandle<()>>,
@@ -196,8 +234,14 @@ impl fmt::Debug for Store {
 }
 
 impl Store {
-    /// Opens (or creates) the database at `path` and starts its fsync thread.
+    /// Opens (or creates) the database at `path` and starts its fsync thread; a write or fsync
+    /// error exits the process ([`exit_on_fault`]).
     pub fn open(path: &Path) -> Result<Store, StoreError> {
+        Self::open_with(path, exit_on_fault())
+    }
+
+    /// [`Store::open`] with another [`FaultHandler`].
+    pub fn open_with(path: &Path, on_fault: FaultHandler) -> Result<Store, StoreError> {
         let cache = Cache::new_lru_cache(BLOCK_CACHE_BYTES);
 
         let mut db_opts = Options::default();
@@ -211,6 +255,8 @@ impl Store {
         // crash loses only what no one was told is durable.
         db_opts.set_manual_wal_flush(true);
         db_opts.set_compression_type(DBCompressionType::Lz4);
+        // See "Storage faults are fail-stop" above for why PointInTime.
+        db_opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
 
         let cfs = ALL_CFS.iter().map(|name| {
             let mut bbo = BlockBasedOptions::default();
@@ -234,9 +280,10 @@ impl Store {
             let db = db.clone();
             let stats = stats.clone();
             let thread_path = path.to_path_buf();
+            let on_fault = on_fault.clone();
             std::thread::Builder::new()
                 .name("qq-fsync".to_string())
-                .spawn(move || fsync_loop(db, rx, stats, thread_path))
+                .spawn(move || fsync_loop(db, rx, stats, thread_path, on_fault))
                 .map_err(|source| StoreError::FsyncThread {
                     path: path.to_path_buf(),
                     source,
@@ -248,6 +295,7 @@ impl Store {
                 db,
                 path: path.to_path_buf(),
                 stats,
+                on_fault,
                 tx: Some(tx),
                 thread: Some(thread),
             }),
@@ -326,10 +374,11 @@ impl Store {
         opts: &WriteOptions,
         what: impl FnOnce() -> String,
     ) -> io::Result<()> {
-        self.inner
-            .db
-            .write_opt(batch, opts)
-            .map_err(|e| self.err(&what(), e))
+        self.inner.db.write_opt(batch, opts).map_err(|e| {
+            let e = self.err(&what(), e);
+            (self.inner.on_fault)(&e.to_string());
+            e
+        })
     }
 
     pub(crate) fn err(&self, what: &str, e: impl fmt::Display) -> io::Error {
@@ -445,7 +494,13 @@ impl Store {
 }
 
 /// The fsync thread: one `flush_wal(true)` per drained batch of requests.
-fn fsync_loop(db: Arc<DB>, rx: mpsc::Receiver<SyncRequest>, stats: Arc<Stats>, path: PathBuf) {
+fn fsync_loop(
+    db: Arc<DB>,
+    rx: mpsc::Receiver<SyncRequest>,
+    stats: Arc<Stats>,
+    path: PathBuf,
+    on_fault: FaultHandler,
+) {
     let mut batch: Vec<SyncRequest> = Vec::new();
     while let Ok(first) = rx.recv() {
         batch.push(first);
@@ -459,7 +514,11 @@ fn fsync_loop(db: Arc<DB>, rx: mpsc::Receiver<SyncRequest>, stats: Arc<Stats>, p
         let result = db.flush_wal(true);
         stats.fsyncs.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = &result {
-            tracing::error!(path = %path.display(), error = %e, "fsync of rocksdb WAL failed");
+            // Before any waiter hears of it: nothing of this batch may be confirmed.
+            on_fault(&format!(
+                "fsync of the rocksdb WAL at {} failed: {e}",
+                path.display()
+            ));
         }
 
         let n = batch.len() as u64;

@@ -25,11 +25,13 @@ use qq_client::{Client, TlsOptions};
 
 use cmd::admin::{
     BindArgs, DeclareExchangeArgs, DeclareQueueArgs, DeleteExchangeArgs, DeleteQueueArgs,
-    PutUserArgs, SetPermissionsArgs, SetPolicyArgs,
+    LimitsArgs, PutUserArgs, SetPermissionsArgs, SetPolicyArgs,
 };
+use cmd::browse::BrowseArgs;
 use cmd::consume::{ConsumeArgs, GetArgs};
+use cmd::moves::{MoveArgs, TaskArgs};
 use cmd::publish::PublishArgs;
-use cmd::{NameArgs, admin, consume, publish, status};
+use cmd::{NameArgs, admin, browse, consume, moves, publish, status};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -113,10 +115,26 @@ enum Command {
     PutVhost(NameArgs),
     /// Delete a vhost and everything in it.
     DeleteVhost(NameArgs),
+    /// Set a vhost's limits: set-vhost-limits / '{"max-queues": 100, "max-connections": 50}'.
+    SetVhostLimits(LimitsArgs),
+    /// Set a user's limits: set-user-limits bob '{"max-connections": 5, "max-consumers": 20}'.
+    SetUserLimits(LimitsArgs),
+    /// Table of the vhost and user limits that are set.
+    ListLimits,
     /// Nodes, metadata leader and queue leaders.
     Status,
     /// Cluster-wide counters.
     Overview,
+    /// Show ready messages without taking them, with their x-death summary.
+    Browse(BrowseArgs),
+    /// Move messages to another queue, or each back to its x-first-death-queue (redrive).
+    Move(MoveArgs),
+    /// A move task's state and progress.
+    MoveStatus(TaskArgs),
+    /// Table of the vhost's move tasks.
+    ListMoves,
+    /// Cancel a running move task.
+    CancelMove(TaskArgs),
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -172,8 +190,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::SetPermissions(a) => admin::set_permissions(c, a).await,
         Command::PutVhost(a) => admin::put_vhost(c, a).await,
         Command::DeleteVhost(a) => admin::delete_vhost(c, a).await,
+        Command::SetVhostLimits(a) => admin::set_vhost_limits(c, a).await,
+        Command::SetUserLimits(a) => admin::set_user_limits(c, a).await,
+        Command::ListLimits => status::list_limits(c).await,
         Command::Status => status::status(c).await,
         Command::Overview => status::overview(c).await,
+        Command::Browse(a) => browse::browse(c, a).await,
+        Command::Move(a) => moves::start(c, a).await,
+        Command::MoveStatus(a) => moves::status(c, a).await,
+        Command::ListMoves => moves::list(c).await,
+        Command::CancelMove(a) => moves::cancel(c, a).await,
     }
 }
 
@@ -255,7 +281,23 @@ mod tests {
         "qqctl put-vhost v1",
         "qqctl delete-vhost v1",
         "qqctl overview",
+        "qqctl set-vhost-limits shop '{\"max-queues\": 100, \"max-connections\": 50}'",
+        "qqctl set-user-limits alice '{\"max-consumers\": 20}'",
+        "qqctl list-limits",
         "qqctl list-queues --node n:1 --user u --password p --vhost v",
+        "qqctl consume q --reject --reason 'missing customer id' --count 1",
+        "qqctl consume q --requeue --delay-ms 5000 --count 1",
+        "qqctl browse q --offset 10 --limit 5",
+        "qqctl browse orders.dlq",
+        "qqctl move orders.dlq --to orders --max 100 --rate 50",
+        "qqctl move orders.dlq",
+        "qqctl move-status 12.345",
+        "qqctl list-moves",
+        "qqctl cancel-move 12.345",
+        "qqctl declare-queue orders --arg x-dead-letter-exchange= --arg x-dead-letter-routing-key=orders.dlq --arg x-requeue-delays=[1000,10000] --arg x-delivery-limit=3",
+        "qqctl consume orders --count 1 --reject --reason 'missing customer id'",
+        "qqctl consume orders --count 1 --requeue --delay-ms 30000",
+        "qqctl declare-queue jobs --arg x-requeue-delays=[1000,10000,60000] --arg x-delivery-limit=5",
     ];
 
     #[test]
@@ -291,6 +333,10 @@ mod tests {
             s.contains(r#"tags: ["administrator", "monitoring"]"#),
             "{s}"
         );
+        // Regression: the grantee of set-permissions is not the caller (--user).
+        let c = parse("qqctl --vhost shop set-permissions alice --configure '^a'");
+        assert_eq!(c.user, "guest", "the caller stays the default user");
+        assert!(format!("{:?}", c.command).contains(r#"grantee: "alice""#));
         let c = parse("qqctl list-queues --node n:1 --user u --password p --vhost v");
         assert_eq!(
             (c.node, c.user, c.password, c.vhost),
@@ -353,6 +399,10 @@ mod tests {
         for line in [
             "qqctl get q --ack --no-ack",
             "qqctl consume q --reject --requeue",
+            "qqctl consume q --reason why",
+            "qqctl consume q --delay-ms 5",
+            "qqctl consume q --reject --delay-ms 5",
+            "qqctl consume q --requeue --reason why",
             "qqctl publish --key k --body b --count 2",
             "qqctl publish --key k --body b --size 2",
             "qqctl set-policy p x --definition {} --apply-to bogus",

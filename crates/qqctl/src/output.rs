@@ -85,6 +85,7 @@ pub fn queue_json(q: &QueueInfo) -> Json {
             "delivery_limit": e.delivery_limit,
             "single_active_consumer": e.single_active_consumer,
             "note": e.note,
+            "requeue_delays_ms": e.requeue_delays_ms,
         })
     });
     json!({
@@ -98,6 +99,8 @@ pub fn queue_json(q: &QueueInfo) -> Json {
         "messages_ready": q.messages_ready,
         "messages_unacked": q.messages_unacked,
         "messages_dead_letter_held": q.messages_dead_letter_held,
+        "messages_delayed": q.messages_delayed,
+        "oldest_message_age_ms": q.oldest_message_age_ms,
         "consumers": q.consumers,
         "leader": q.leader,
         "members": q.members,

@@ -7,7 +7,8 @@ use anyhow::{Context, bail};
 use qq_client::{Value, ValueExt};
 use serde_json::Value as Json;
 
-/// `key=value` pairs into a typed table: integer → long, true/false → bool, else string.
+/// `key=value` pairs into a typed table: integer → long, true/false → bool, a JSON array in
+/// brackets → list (`x-requeue-delays=[1000,60000]`), else string.
 pub fn parse_pairs(pairs: &[String]) -> anyhow::Result<HashMap<String, Value>> {
     pairs
         .iter()
@@ -28,6 +29,13 @@ fn typed_value(v: &str) -> Value {
         Value::long(n)
     } else if v == "true" || v == "false" {
         Value::bool(v == "true")
+    } else if let Some(list) = v
+        .starts_with('[')
+        .then(|| serde_json::from_str::<Json>(v).ok())
+        .flatten()
+        .filter(Json::is_array)
+    {
+        json_to_value(list)
     } else if v.len() >= 2 && v.starts_with('"') && v.ends_with('"') {
         Value::string(&v[1..v.len() - 1])
     } else {
@@ -70,6 +78,12 @@ mod tests {
         assert_eq!(t["c"].as_str(), Some("reject-publish"));
         assert_eq!(t["d"].as_str(), Some("7"));
         assert!(parse_pairs(&["novalue".into()]).is_err());
+        let t = parse_pairs(&["l=[1000,60000]".into(), "m=[oops".into()]).unwrap();
+        assert_eq!(
+            t["l"],
+            Value::list(vec![Value::long(1000), Value::long(60000)])
+        );
+        assert_eq!(t["m"].as_str(), Some("[oops"));
     }
 
     #[test]

@@ -1252,6 +1252,47 @@ async fn dl_cycles_expiry_loop_dropped_rejection_loop_routes() -> anyhow::Result
         "expired dead-letterings: 3 (r.b) + 2 (c loop, then dropped)"
     );
     assert_eq!(dl_counter(&c, "rejected", "at_most_once").await?, 3);
+
+    info!("--- at-least-once into itself: held (never dropped) until a policy gives a target");
+    c.declare_queue("cyc.dlq", Default::default()).await?;
+    c.declare_queue(
+        "cyc",
+        dl_args(
+            "",
+            vec![
+                ("x-dead-letter-strategy", Value::string("at-least-once")),
+                ("x-overflow", Value::string("reject-publish")),
+                ("x-message-ttl", Value::long(200)),
+            ],
+        ),
+    )
+    .await?;
+    publish_ok(&c, "", "cyc", message("self")).await?;
+    wait_queue(&c, "cyc", "the expired message held", |q| {
+        q.messages_dead_letter_held == 1 && q.messages_ready == 0
+    })
+    .await?;
+    // Retries (dead_letter_retry_ms, 3 s) find only the cycle: it stays held.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let q = c.get_queue("cyc").await?;
+        assert_eq!(
+            q.messages_dead_letter_held, 1,
+            "a held dead letter was dropped: {q:?}"
+        );
+    }
+    let mut def = HashMap::new();
+    def.insert(
+        "dead-letter-routing-key".to_string(),
+        Value::string("cyc.dlq"),
+    );
+    c.set_policy("cyc-out", "^cyc$", "queues", 0, def).await?;
+    wait_queue(&c, "cyc", "the held dead letter transferred", |q| {
+        q.messages == 0 && q.messages_dead_letter_held == 0
+    })
+    .await?;
+    let d = take_exactly(&c, "cyc.dlq", 1).await?.remove(0);
+    assert_eq!(body(&d), "self");
     cluster.stop();
     Ok(())
 }

@@ -7,14 +7,18 @@ mod bad_entries;
 mod bad_input;
 mod consumers;
 mod deadletter;
+mod dlx_workflows;
 mod failover;
 mod limits;
+mod move_tasks;
+mod observe;
 mod policies;
 mod refusals;
 mod routing;
 mod security_auth;
 mod security_tls;
 mod shutdown;
+mod storage_faults;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

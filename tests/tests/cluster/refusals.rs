@@ -72,6 +72,7 @@ async fn refusals_name_the_reason_and_lose_nothing() -> anyhow::Result<()> {
             delivery_tags: vec![tag.unwrap_or_default()],
             multiple: false,
             outcome: 99,
+            ..Default::default()
         })),
     })
     .await?;

@@ -7,12 +7,14 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
-use qq_client::Client;
+use qq_client::{Client, TlsOptions};
 use qq_proto::internal::internal_client::InternalClient;
 use qq_proto::internal::{
     ForwardConsumeRequest, ProposeRequest, RaftKind, RaftRequest, WatchRequest,
 };
-use qq_tests::{TestCluster, info, make_certs, node_binary, tls_channel};
+use qq_tests::{
+    ClusterOptions, RaftSettings, TestCluster, info, make_certs, node_binary, tls_channel,
+};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::drain_exactly;
@@ -50,6 +52,79 @@ async fn publish_and_consume_over_client_tls() -> anyhow::Result<()> {
     ensure!(
         plain.is_err(),
         "plain text to a TLS client port must fail: {plain:?}"
+    );
+    cluster.stop();
+    Ok(())
+}
+
+/// Story: with `tls_client_ca` the client port takes only clients presenting a certificate
+/// from that CA: without one the handshake fails; with one, the Rust client and `qqctl`
+/// (`--ca`, `--cert`, `--key`) publish and consume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_are_required_with_tls_client_ca() -> anyhow::Result<()> {
+    let options = ClusterOptions {
+        client_tls: true,
+        require_client_certs: true,
+        ..Default::default()
+    };
+    let cluster = TestCluster::start_with_options(3, RaftSettings::default(), options).await?;
+    // The harness's client presents node 1's certificate (from the cluster CA).
+    let c = cluster.client(1).await?;
+    c.declare_queue("mtls-q", Default::default()).await?;
+
+    let without_cert = async {
+        let tls = TlsOptions {
+            identity: None,
+            ..cluster.client_tls().cloned().context("client TLS")?
+        };
+        let c = Client::connect_with(cluster.address(2), Some(&tls)).await?;
+        anyhow::Ok(c.cluster_status().await?)
+    }
+    .await;
+    ensure!(
+        without_cert.is_err(),
+        "a client without a certificate must be refused: {without_cert:?}"
+    );
+
+    let qqctl = qq_tests::qqctl_binary()?;
+    let (cert, key) = cluster.tls().node_cert(2);
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&qqctl)
+            .arg("--node")
+            .arg(format!("https://{}", cluster.address(3)))
+            .arg("--ca")
+            .arg(cluster.tls().ca_pem())
+            .arg("--cert")
+            .arg(&cert)
+            .arg("--key")
+            .arg(&key)
+            .args(args)
+            .output()
+            .expect("run qqctl");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, out) = run(&["publish", "--key", "mtls-q", "--body", "over-mtls"]);
+    ensure!(ok, "qqctl publish over mutual TLS failed: {out}");
+    let (ok, out) = run(&["consume", "mtls-q", "--count", "1"]);
+    ensure!(
+        ok && out.contains("over-mtls"),
+        "qqctl consume over mutual TLS: {out}"
+    );
+    // Without --cert qqctl is refused too.
+    let out = std::process::Command::new(&qqctl)
+        .arg("--node")
+        .arg(format!("https://{}", cluster.address(3)))
+        .arg("--ca")
+        .arg(cluster.tls().ca_pem())
+        .arg("status")
+        .output()?;
+    ensure!(
+        !out.status.success(),
+        "qqctl without a client certificate must fail"
     );
     cluster.stop();
     Ok(())

@@ -2,7 +2,7 @@
 //! vhosts. Each handler checks the caller, validates what the metadata machine does not, and
 //! proposes one metadata command; queue purges go to the queue's own group.
 
-use qq_core::meta::{MetaCommand, MetaReply, Perm};
+use qq_core::meta::{Limits, MetaCommand, MetaReply, Perm};
 use qq_core::queue::{Command, Reply};
 use qq_proto::v1 as pb;
 use tonic::{Request, Response, Status};
@@ -46,6 +46,7 @@ pub async fn declare_exchange(api: &Api, request: Request<pb::DeclareExchangeReq
         internal: r.internal,
         arguments,
         passive: false,
+        owner: Some(caller.user),
     })
     .await?;
     empty()
@@ -94,6 +95,7 @@ pub async fn declare_queue(
             arguments,
             passive: false,
             nodes: api.node.peers().ids(),
+            owner: Some(caller.user.clone()),
         };
         match api.meta(cmd).await? {
             MetaReply::QueueDeclared { queue, .. } => queue,
@@ -131,7 +133,7 @@ pub async fn delete_queue(
     let data = info.ok();
     let messages = data
         .as_ref()
-        .map(|d| d.counts.ready + d.counts.unacked + d.counts.held)
+        .map(|d| d.counts.ready + d.counts.unacked + d.counts.held + d.counts.delayed)
         .unwrap_or(0);
     if r.if_unused && data.as_ref().map(|d| d.counts.consumers).unwrap_or(0) > 0 {
         return Err(Status::failed_precondition(format!(
@@ -293,5 +295,49 @@ pub async fn delete_vhost(api: &Api, request: Request<pb::DeleteVhostRequest>) -
     api.admin(&request).await?;
     let name = request.into_inner().name;
     api.meta(MetaCommand::DeleteVhost { name }).await?;
+    empty()
+}
+
+fn limits_from_pb(limits: Option<pb::Limits>) -> Limits {
+    let l = limits.unwrap_or_default();
+    Limits {
+        max_queues: l.max_queues,
+        max_exchanges: l.max_exchanges,
+        max_connections: l.max_connections,
+        max_consumers: l.max_consumers,
+    }
+}
+
+pub fn limits_to_pb(l: &Limits) -> pb::Limits {
+    pb::Limits {
+        max_queues: l.max_queues,
+        max_exchanges: l.max_exchanges,
+        max_connections: l.max_connections,
+        max_consumers: l.max_consumers,
+    }
+}
+
+pub async fn set_vhost_limits(api: &Api, request: Request<pb::SetVhostLimitsRequest>) -> Empty {
+    api.admin(&request).await?;
+    let r = request.into_inner();
+    api.meta(MetaCommand::SetVhostLimits {
+        vhost: vhost(&r.vhost),
+        limits: limits_from_pb(r.limits),
+    })
+    .await?;
+    empty()
+}
+
+pub async fn set_user_limits(api: &Api, request: Request<pb::SetUserLimitsRequest>) -> Empty {
+    api.admin(&request).await?;
+    let r = request.into_inner();
+    if r.user.is_empty() {
+        return Err(Status::invalid_argument("user: a user name is required"));
+    }
+    api.meta(MetaCommand::SetUserLimits {
+        user: r.user,
+        limits: limits_from_pb(r.limits),
+    })
+    .await?;
     empty()
 }

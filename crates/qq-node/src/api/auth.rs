@@ -34,6 +34,7 @@ use tokio::sync::Semaphore;
 use tonic::{Request, Status};
 use tracing::warn;
 
+use super::conn::Connections;
 use super::convert::meta_error_to_status;
 use crate::meta_view::MetaView;
 
@@ -76,12 +77,17 @@ pub struct Auth {
     /// User → the last password verified for it.
     verified: Mutex<HashMap<String, Verified>>,
     verifies: Arc<Semaphore>,
+    /// Connections per user and per vhost are counted here, as requests authenticate and name
+    /// vhosts.
+    conns: Arc<Connections>,
 }
 
 /// An authenticated caller.
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub user: String,
+    /// The connection the request came on (unknown: not counted toward connection limits).
+    pub peer: Option<SocketAddr>,
 }
 
 /// Whether a peer address is loopback (IPv4-mapped IPv6 included); unknown counts as remote.
@@ -151,13 +157,14 @@ fn basic_credentials<T>(req: &Request<T>) -> Result<Option<(String, String)>, St
 }
 
 impl Auth {
-    pub fn new(view: MetaView, settings: AuthSettings) -> Auth {
+    pub fn new(view: MetaView, settings: AuthSettings, conns: Arc<Connections>) -> Auth {
         Auth {
             view,
             settings,
             granted: Mutex::new((0, HashSet::new())),
             verified: Mutex::new(HashMap::new()),
             verifies: Arc::new(Semaphore::new(MAX_CONCURRENT_VERIFIES)),
+            conns,
         }
     }
 
@@ -189,7 +196,9 @@ impl Auth {
             ));
         }
         if self.verify(&user, password).await? {
-            Ok(Caller { user })
+            let limits = self.view.current().user_limits(&user);
+            self.conns.admit_user(peer, &user, limits)?;
+            Ok(Caller { user, peer })
         } else {
             warn!(user = %user, peer = %shown_peer, "login refused: invalid credentials");
             Err(Status::unauthenticated(format!(
@@ -271,7 +280,8 @@ impl Auth {
         if !state.vhost_exists(vhost) {
             return Err(Status::not_found(format!("vhost '{vhost}' not found")));
         }
-        Ok(())
+        self.conns
+            .admit_vhost(caller.peer, vhost, state.vhost_limits(vhost))
     }
 
     /// `perm` on `resource` (an exchange or queue name) in `vhost`.
@@ -294,7 +304,9 @@ impl Auth {
             if granted.0 != version || granted.1.len() > GRANT_CACHE_BOUND {
                 *granted = (version, HashSet::new());
             } else if granted.1.contains(&key) {
-                return Ok(());
+                drop(granted);
+                let limits = self.view.current().vhost_limits(vhost);
+                return self.conns.admit_vhost(caller.peer, vhost, limits);
             }
         }
         let state = self.view.current();
@@ -307,6 +319,8 @@ impl Auth {
         state
             .check_permission(&caller.user, vhost, perm, resource)
             .map_err(|e| meta_error_to_status(&e))?;
+        self.conns
+            .admit_vhost(caller.peer, vhost, state.vhost_limits(vhost))?;
         let mut granted = self.granted.lock().unwrap();
         // Remember the grant only if the metadata did not move on since the version was read.
         if granted.0 == version && self.view.version() == version {

@@ -18,12 +18,14 @@ use tonic::{Request, Response, Status, Streaming};
 use std::sync::Arc;
 
 use super::auth::{Auth, Caller};
-use super::convert::{delivery_pb, settle_outcome, vhost};
+use super::conn::{ConsumerGuard, StreamGuard};
+use super::convert::{delivery_pb, settle_outcome_with, vhost};
 use super::{Api, BoxStream};
 use crate::clock::now_ms;
 use crate::consume::relay::start_session;
 use crate::consume::session::{SessionIn, SessionOut, SubscribeArgs};
 use crate::groups::queue_sm::QueueRequest;
+use crate::metrics::ConsumeStreamGuard;
 
 /// Messages buffered each way between a client's consume stream and its session, at most.
 pub const STREAM_BOUND: usize = 256;
@@ -128,7 +130,7 @@ pub async fn settle(
 ) -> Result<Response<pb::Empty>, Status> {
     let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
-    let outcome = settle_outcome(r.outcome, "outcome")?;
+    let outcome = settle_outcome_with(r.outcome, "", r.reason_detail, r.delay_ms)?;
     let mut by_group: std::collections::BTreeMap<u64, Vec<(u64, Receipt)>> = Default::default();
     for receipt in &r.receipts {
         let (group, id, token) = parse_receipt(receipt).ok_or_else(|| {
@@ -150,7 +152,7 @@ pub async fn settle(
         let cmd = Command::SettleReceipts {
             now_ms: now_ms(),
             receipts,
-            outcome,
+            outcome: outcome.clone(),
         };
         let reply = api
             .node
@@ -170,6 +172,7 @@ pub async fn consume(
 ) -> Result<Response<BoxStream<pb::ConsumeResponse>>, Status> {
     use pb::consume_request::Request as Req;
     let caller = api.auth.caller(&request).await?;
+    let stream_slot = api.conns.open_stream(caller.peer)?;
     let mut input = request.into_inner();
     let first = input.next().await.ok_or_else(|| {
         Status::invalid_argument("subscribe: the first request must be subscribe")
@@ -182,6 +185,14 @@ pub async fn consume(
     let vhost_name = vhost(&sub.vhost);
     let queue_name = sub.queue.clone();
     let args = subscribe_args(api, &caller, sub)?;
+    let state = api.node.view().current();
+    let consumer_slot = api.conns.admit_consumer(
+        &caller.user,
+        state.user_limits(&caller.user),
+        &vhost_name,
+        state.vhost_limits(&vhost_name),
+    )?;
+    drop(state);
     let (in_tx, in_rx) = mpsc::channel::<SessionIn>(STREAM_BOUND);
     let (tx, rx) = mpsc::channel(STREAM_BOUND);
     // Ends the request pump (and so the session) when the response side ends first, e.g. when
@@ -197,11 +208,18 @@ pub async fn consume(
         caller,
         vhost: vhost_name,
         queue: queue_name,
+        _held: (stream_slot, consumer_slot),
     };
     api.node
         .tasks()
         .spawn(pump_responses(out_rx, tx, access, stream_done));
-    Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    // Counted while tonic holds the response stream: until the client goes or the stream ends.
+    let open = ConsumeStreamGuard::open();
+    let responses = ReceiverStream::new(rx).map(move |r| {
+        let _counted = &open;
+        r
+    });
+    Ok(Response::new(Box::pin(responses)))
 }
 
 /// Check a subscribe request and make the session's arguments.
@@ -236,9 +254,9 @@ fn subscribe_args(api: &Api, caller: &Caller, sub: pb::Subscribe) -> Result<Subs
 }
 
 /// Client requests → session input, until either ends or the node stops. A request the
-/// session cannot take (a settle with an unknown outcome) ends the client's stream with
-/// INVALID_ARGUMENT; the session then ends as for a closed stream, so the consumer's unsettled
-/// deliveries return to the queue.
+/// session cannot take (a settle with an unknown outcome or bad options) ends the client's
+/// stream with INVALID_ARGUMENT; the session then ends as for a closed stream, so the
+/// consumer's unsettled deliveries return to the queue.
 async fn pump_requests(
     mut input: Streaming<pb::ConsumeRequest>,
     in_tx: mpsc::Sender<SessionIn>,
@@ -248,17 +266,19 @@ async fn pump_requests(
     use pb::consume_request::Request as Req;
     while let Some(Some(Ok(req))) = stopping.run_until_cancelled(input.next()).await {
         let msg = match req.request {
-            Some(Req::Settle(s)) => match settle_outcome(s.outcome, "settle.outcome") {
-                Ok(outcome) => SessionIn::Settle {
-                    tags: s.delivery_tags,
-                    multiple: s.multiple,
-                    outcome,
-                },
-                Err(status) => {
-                    let _ = answers.send(Err(status)).await;
-                    return;
+            Some(Req::Settle(s)) => {
+                match settle_outcome_with(s.outcome, "settle.", s.reason_detail, s.delay_ms) {
+                    Ok(outcome) => SessionIn::Settle {
+                        tags: s.delivery_tags,
+                        multiple: s.multiple,
+                        outcome,
+                    },
+                    Err(status) => {
+                        let _ = answers.send(Err(status)).await;
+                        return;
+                    }
                 }
-            },
+            }
             Some(Req::Cancel(_)) => SessionIn::Cancel,
             Some(Req::Subscribe(_)) | None => SessionIn::Subscribe(SubscribeArgs {
                 group: 0,
@@ -280,6 +300,8 @@ struct Access {
     caller: Caller,
     vhost: String,
     queue: String,
+    /// The stream's slot on its connection and its consumer count, freed when it ends.
+    _held: (StreamGuard, ConsumerGuard),
 }
 
 /// Session output → the client's stream; an error ends it. Every change of the metadata view

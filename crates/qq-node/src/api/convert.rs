@@ -150,6 +150,7 @@ pub fn meta_error_to_status(e: &MetaError) -> Status {
         ErrorKind::PermissionDenied => Code::PermissionDenied,
         ErrorKind::Unauthenticated => Code::Unauthenticated,
         ErrorKind::AlreadyExists => Code::AlreadyExists,
+        ErrorKind::ResourceExhausted => Code::ResourceExhausted,
     };
     Status::new(code, e.message.clone())
 }
@@ -173,6 +174,41 @@ pub fn settle_outcome(v: i32, field: &str) -> Result<SettleOutcome, Status> {
             "{field}: {v} is not a settle outcome (ACK, REQUEUE or REJECT)"
         ))),
     }
+}
+
+/// The settle outcome of a request with its options: `reason_detail` only with REJECT,
+/// `delay_ms` only with REQUEUE, each within [`SettleOutcome::validate`]'s bounds
+/// (INVALID_ARGUMENT naming the field otherwise). `prefix` names the message holding them
+/// (`""` or `"settle."`).
+pub fn settle_outcome_with(
+    v: i32,
+    prefix: &str,
+    reason_detail: Option<String>,
+    delay_ms: Option<u64>,
+) -> Result<SettleOutcome, Status> {
+    let outcome = match (
+        settle_outcome(v, &format!("{prefix}outcome"))?,
+        reason_detail,
+        delay_ms,
+    ) {
+        (o, None, None) => o,
+        (SettleOutcome::Reject, Some(detail), None) => SettleOutcome::RejectWithDetail { detail },
+        (SettleOutcome::Requeue, None, Some(delay_ms)) => SettleOutcome::RequeueAfter { delay_ms },
+        (_, Some(_), _) => {
+            return Err(Status::invalid_argument(format!(
+                "{prefix}reason_detail: only a REJECT takes a reason detail"
+            )));
+        }
+        (_, None, Some(_)) => {
+            return Err(Status::invalid_argument(format!(
+                "{prefix}delay_ms: only a REQUEUE takes a delay"
+            )));
+        }
+    };
+    outcome
+        .validate()
+        .map_err(|why| Status::invalid_argument(format!("{prefix}{why}")))?;
+    Ok(outcome)
 }
 
 pub fn delivery_pb(tag: u64, receipt: String, redelivered: bool, m: &Message) -> pb::Delivery {

@@ -1,7 +1,8 @@
 //! The client API, `qq.v1.Broker` (docs/api.md), as thin adapters over the node.
 //!
 //! One file per area: [`auth`] (who is calling and what they may do: the only place
-//! permissions are decided), [`publish`], [`consume`] (Get, Settle, Consume), [`admin`]
+//! permissions are decided), [`publish`], [`consume`] (Get, Settle, Consume), [`browse`],
+//! [`moves`] (move tasks), [`admin`]
 //! (declare, delete, bind, policies, users, vhosts) and [`status`] (lists, queue info,
 //! cluster status, overview). Each handler decodes and validates its request (naming the
 //! field), checks the caller, reads the metadata view or calls the domain (proposer, enqueue,
@@ -13,8 +14,11 @@
 
 pub mod admin;
 pub mod auth;
+pub mod browse;
+pub mod conn;
 pub mod consume;
 pub mod convert;
+pub mod moves;
 pub mod publish;
 pub mod status;
 
@@ -29,6 +33,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::instrument;
 
 use self::auth::{Auth, AuthSettings, Caller};
+use self::conn::Connections;
 use self::convert::meta_error_to_status;
 use crate::node::Node;
 
@@ -39,6 +44,7 @@ pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 pub struct Api {
     node: Arc<Node>,
     auth: Arc<Auth>,
+    conns: Arc<Connections>,
 }
 
 impl Api {
@@ -79,7 +85,8 @@ pub struct BrokerService {
 }
 
 impl BrokerService {
-    pub fn new(node: Arc<Node>) -> BrokerService {
+    /// `conns`: the client port's connections (see [`conn`]), counted by the server's accept.
+    pub fn new(node: Arc<Node>, conns: Arc<Connections>) -> BrokerService {
         let config = node.config();
         // With tls_cert the client port serves only TLS (server.rs), so Basic credentials
         // never cross the network in clear.
@@ -88,9 +95,9 @@ impl BrokerService {
             allow_plaintext_auth: config.allow_plaintext_auth,
             client_tls: config.tls_cert.is_some(),
         };
-        let auth = Arc::new(Auth::new(node.view().clone(), settings));
+        let auth = Arc::new(Auth::new(node.view().clone(), settings, conns.clone()));
         BrokerService {
-            api: Api { node, auth },
+            api: Api { node, auth, conns },
         }
     }
 }
@@ -246,5 +253,58 @@ impl Broker for BrokerService {
 
     async fn overview(&self, request: Request<pb::OverviewRequest>) -> Unary<pb::OverviewResponse> {
         status::overview(&self.api, request).await
+    }
+
+    #[instrument(skip_all)]
+    async fn browse(&self, request: Request<pb::BrowseRequest>) -> Unary<pb::BrowseResponse> {
+        browse::browse(&self.api, request).await
+    }
+
+    async fn set_vhost_limits(
+        &self,
+        request: Request<pb::SetVhostLimitsRequest>,
+    ) -> Unary<pb::Empty> {
+        admin::set_vhost_limits(&self.api, request).await
+    }
+
+    async fn set_user_limits(
+        &self,
+        request: Request<pb::SetUserLimitsRequest>,
+    ) -> Unary<pb::Empty> {
+        admin::set_user_limits(&self.api, request).await
+    }
+
+    async fn list_limits(
+        &self,
+        request: Request<pb::ListLimitsRequest>,
+    ) -> Unary<pb::ListLimitsResponse> {
+        status::list_limits(&self.api, request).await
+    }
+
+    #[instrument(skip_all)]
+    async fn start_move_task(
+        &self,
+        request: Request<pb::StartMoveTaskRequest>,
+    ) -> Unary<pb::StartMoveTaskResponse> {
+        moves::start(&self.api, request).await
+    }
+
+    async fn get_move_task(&self, request: Request<pb::GetMoveTaskRequest>) -> Unary<pb::MoveTask> {
+        moves::get(&self.api, request).await
+    }
+
+    async fn list_move_tasks(
+        &self,
+        request: Request<pb::ListMoveTasksRequest>,
+    ) -> Unary<pb::ListMoveTasksResponse> {
+        moves::list(&self.api, request).await
+    }
+
+    #[instrument(skip_all)]
+    async fn cancel_move_task(
+        &self,
+        request: Request<pb::CancelMoveTaskRequest>,
+    ) -> Unary<pb::Empty> {
+        moves::cancel(&self.api, request).await
     }
 }

@@ -311,6 +311,7 @@ pub async fn publish_stream(
 ) -> Result<Response<BoxStream<pb::PublishResponse>>, Status> {
     use futures::FutureExt;
     let caller = api.auth.caller(&request).await?;
+    let stream_slot = api.conns.open_stream(caller.peer)?;
     let mut input = request.into_inner();
     let (tx, rx) = mpsc::channel(STREAM_ANSWERS_BOUND);
     // One batch in flight at a time keeps the stream's order; a batch is everything that
@@ -319,6 +320,7 @@ pub async fn publish_stream(
     let api = api.clone();
     let stopping = api.node.stopping().clone();
     api.node.tasks().clone().spawn(async move {
+        let _stream_slot = stream_slot;
         loop {
             let first = match stopping.run_until_cancelled(input.next()).await {
                 Some(Some(Ok(r))) => r,

@@ -17,6 +17,7 @@ use qq_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use super::Api;
+use super::admin::limits_to_pb;
 use super::convert::{table_to_pb, vhost};
 use crate::groups::registry::QueueInfoData;
 
@@ -38,6 +39,7 @@ fn queue_info_pb(qm: &QueueMeta, data: Option<QueueInfoData>) -> pb::QueueInfo {
         delivery_limit: c.delivery_limit,
         single_active_consumer: c.single_active_consumer,
         note: c.note.clone().unwrap_or_default(),
+        requeue_delays_ms: c.requeue_delays_ms.clone(),
     };
     let mut info = pb::QueueInfo {
         name: qm.name.clone(),
@@ -50,7 +52,13 @@ fn queue_info_pb(qm: &QueueMeta, data: Option<QueueInfoData>) -> pb::QueueInfo {
         ..Default::default()
     };
     if let Some(d) = data {
-        info.messages = d.counts.ready + d.counts.unacked + d.counts.held;
+        info.messages = d.counts.ready + d.counts.unacked + d.counts.held + d.counts.delayed;
+        info.messages_delayed = d.counts.delayed;
+        // Display only: the answering node's clock against the leader-stamped enqueue time.
+        info.oldest_message_age_ms = d
+            .oldest_ready_enqueued_ms
+            .map(|t| crate::clock::now_ms().saturating_sub(t))
+            .unwrap_or(0);
         info.messages_ready = d.counts.ready;
         info.messages_unacked = d.counts.unacked;
         info.messages_dead_letter_held = d.counts.held;
@@ -258,7 +266,7 @@ pub async fn overview(
         }
     }
     for d in infos.into_iter().flatten() {
-        o.messages += d.counts.ready + d.counts.unacked + d.counts.held;
+        o.messages += d.counts.ready + d.counts.unacked + d.counts.held + d.counts.delayed;
         o.messages_ready += d.counts.ready;
         o.messages_unacked += d.counts.unacked;
         o.consumers += d.counts.consumers;
@@ -276,4 +284,29 @@ pub async fn overview(
         })
         .collect();
     Ok(Response::new(o))
+}
+
+/// Every vhost and user with limits set; administrators only.
+pub async fn list_limits(
+    api: &Api,
+    request: Request<pb::ListLimitsRequest>,
+) -> Result<Response<pb::ListLimitsResponse>, Status> {
+    api.admin(&request).await?;
+    let state = api.node.view().current();
+    Ok(Response::new(pb::ListLimitsResponse {
+        vhosts: state
+            .all_vhost_limits()
+            .map(|(vhost, l)| pb::VhostLimits {
+                vhost: vhost.to_string(),
+                limits: Some(limits_to_pb(l)),
+            })
+            .collect(),
+        users: state
+            .all_user_limits()
+            .map(|(user, l)| pb::UserLimits {
+                user: user.to_string(),
+                limits: Some(limits_to_pb(l)),
+            })
+            .collect(),
+    }))
 }

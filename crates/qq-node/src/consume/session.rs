@@ -165,7 +165,7 @@ async fn run_settler(
                     group,
                     consumer,
                     std::mem::take(&mut ids),
-                    outcome,
+                    outcome.clone(),
                 )
                 .await;
                 ids = more;

@@ -20,7 +20,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use qq_core::queue::{Command, Delivery, Effect, QueueState, Receipt, Reply};
+use qq_core::queue::{Command, Delivery, Effect, MoveTask, QueueState, Receipt, Reply};
 use qq_core::{ConsumerId, Message, MessageId, QueueConfig, Reason, Strategy};
 use qq_raft::GroupId;
 use qq_raft::store::Store;
@@ -29,6 +29,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
 use super::shell::{LogId, Machine, Refusals};
+use crate::metrics;
 
 /// What a queue log entry carries: the command, and for an enqueue the encoded message.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -132,6 +133,8 @@ pub struct DeadLetterJob {
     pub id: MessageId,
     pub reason: Reason,
     pub died_at_ms: u64,
+    /// The consumer's `reason_detail` of a reject.
+    pub detail: Option<String>,
     pub message: Message,
 }
 
@@ -178,6 +181,17 @@ struct QueueSnapshot {
     /// receipts existed (it ends after `bodies`) decodes with none.
     #[serde(default, deserialize_with = "receipts_or_none")]
     receipts: BTreeMap<MessageId, Receipt>,
+    /// The move tasks ([`QueueState::moves`]); last, so that an older snapshot (it ends
+    /// before it) decodes with none.
+    #[serde(default, deserialize_with = "moves_or_none")]
+    moves: BTreeMap<u64, MoveTask>,
+}
+
+/// An absent move-task map (an older snapshot ends before it) is an empty one.
+fn moves_or_none<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<u64, MoveTask>, D::Error> {
+    Ok(BTreeMap::deserialize(d).unwrap_or_default())
 }
 
 /// An absent receipts map (an older snapshot ends before it) is an empty one.
@@ -357,6 +371,13 @@ impl QueueMachine {
     fn carry_out(&self, effects: Vec<Effect>) {
         let leader = self.is_leader();
         for effect in effects {
+            if leader
+                && let Effect::DeadLetter {
+                    reason, strategy, ..
+                } = &effect
+            {
+                metrics::dead_lettered(*reason, *strategy);
+            }
             match effect {
                 Effect::Deliver(delivery) if leader => self.deliver(delivery),
                 Effect::Deliver(_) => {}
@@ -366,12 +387,13 @@ impl QueueMachine {
                     reason,
                     strategy,
                     died_at_ms,
+                    detail,
                 } => match strategy {
                     Strategy::AtLeastOnce => {} // held in the state until DeadLetterSettle
                     Strategy::Disabled => self.delete_body(id),
                     Strategy::AtMostOnce => {
                         if leader {
-                            self.hand_dead_letter(id, reason, died_at_ms);
+                            self.hand_dead_letter(id, reason, died_at_ms, detail);
                         }
                         self.delete_body(id);
                     }
@@ -406,7 +428,13 @@ impl QueueMachine {
         }
     }
 
-    fn hand_dead_letter(&self, id: MessageId, reason: Reason, died_at_ms: u64) {
+    fn hand_dead_letter(
+        &self,
+        id: MessageId,
+        reason: Reason,
+        died_at_ms: u64,
+        detail: Option<String>,
+    ) {
         let message = match self.read_message(id) {
             Ok(m) => m,
             Err(e) => {
@@ -421,6 +449,7 @@ impl QueueMachine {
             id,
             reason,
             died_at_ms,
+            detail,
             message,
         };
         if let Some(tx) = self.leader.lock().unwrap().as_ref() {
@@ -503,10 +532,12 @@ impl Machine for QueueMachine {
             }
         }
         let receipts = state.receipts().clone();
+        let moves = state.moves().clone();
         io_encode(&QueueSnapshot {
             state,
             bodies,
             receipts,
+            moves,
         })
     }
 
@@ -531,6 +562,7 @@ impl Machine for QueueMachine {
         self.store.put_bodies(self.group, &bodies)?;
         let mut state = snap.state;
         state.restore_receipts(snap.receipts);
+        state.restore_moves(snap.moves);
         *self.state.lock().unwrap() = state;
         Ok(())
     }
@@ -586,6 +618,7 @@ mod tests {
             state: state.clone(),
             bodies: bodies.clone(),
             receipts: state.receipts().clone(),
+            moves: state.moves().clone(),
         })
         .unwrap();
         let snap: QueueSnapshot = postcard::from_bytes(&current).unwrap();
@@ -604,5 +637,55 @@ mod tests {
         assert!(snap.receipts.is_empty());
         assert_eq!(snap.bodies.len(), 1);
         snap.state.check_invariants().unwrap();
+    }
+
+    /// A queue snapshot as written before move tasks existed.
+    #[derive(Serialize)]
+    struct SnapshotBeforeMoves {
+        state: QueueState,
+        bodies: Vec<(MessageId, serde_bytes::ByteBuf)>,
+        receipts: BTreeMap<MessageId, Receipt>,
+    }
+
+    #[test]
+    fn snapshots_carry_move_tasks_and_older_snapshots_still_decode() {
+        let mut state = leased_state();
+        let reply = state
+            .apply(
+                3,
+                Command::StartMove {
+                    now_ms: 0,
+                    destination: "elsewhere".into(),
+                    max_messages: 0,
+                    max_per_second: 5,
+                },
+            )
+            .0;
+        assert_eq!(reply, Reply::MoveStarted { task: 3 });
+        let bodies = vec![(1, serde_bytes::ByteBuf::from(vec![b'x']))];
+        let current = io_encode(&QueueSnapshot {
+            state: state.clone(),
+            bodies: bodies.clone(),
+            receipts: state.receipts().clone(),
+            moves: state.moves().clone(),
+        })
+        .unwrap();
+        let snap: QueueSnapshot = postcard::from_bytes(&current).unwrap();
+        let mut restored = snap.state;
+        restored.restore_receipts(snap.receipts);
+        restored.restore_moves(snap.moves);
+        assert_eq!(restored, state);
+        // (Nothing is ready, so the task is done at once; it is kept all the same.)
+        assert_eq!(restored.moves().len(), 1);
+
+        let old = io_encode(&SnapshotBeforeMoves {
+            state: state.clone(),
+            bodies,
+            receipts: state.receipts().clone(),
+        })
+        .unwrap();
+        let snap: QueueSnapshot = postcard::from_bytes(&old).unwrap();
+        assert_eq!(&snap.receipts, state.receipts());
+        assert!(snap.moves.is_empty());
     }
 }

@@ -10,9 +10,9 @@ use std::sync::{Arc, RwLock};
 use openraft::async_runtime::WatchReceiver;
 use openraft::{Raft, ServerState};
 use qq_core::NodeId;
-use qq_core::QueueConfig;
 use qq_core::meta::QueueMeta;
-use qq_core::queue::{Counts, Stats};
+use qq_core::queue::{Browsed, Counts, Stats};
+use qq_core::{Message, QueueConfig};
 use qq_raft::{GroupId, META_GROUP, TypeConfig};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -45,6 +45,27 @@ pub struct QueueInfoData {
     pub commit_index: u64,
     pub last_applied: u64,
     pub digest: u64,
+    /// When the oldest ready message was enqueued (leader-stamped ms), if any is ready.
+    pub oldest_ready_enqueued_ms: Option<u64>,
+    /// The queue's move tasks, by task number (running and recently ended).
+    pub moves: Vec<qq_core::queue::MoveTask>,
+}
+
+/// Most messages one browse returns (the client API refuses a larger limit; a peer's request
+/// is cut to it).
+pub const MAX_BROWSE_LIMIT: u32 = 1000;
+
+/// Most bytes of stored messages one browse returns: a page stops before the message that
+/// would pass it (but holds at least one message), so an answer stays well within the gRPC
+/// message bounds of client and node however large the messages are.
+pub const MAX_BROWSE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Ready messages read on a queue's leader without taking them ([`Registry::local_browse`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BrowseData {
+    pub messages: Vec<(Browsed, Message)>,
+    /// Ready messages in the queue when it was read.
+    pub ready: u64,
 }
 
 pub struct Registry {
@@ -135,6 +156,30 @@ impl Registry {
             commit_index: m.local_committed.map(|l| l.index).unwrap_or(0),
             last_applied: m.last_applied.map(|l| l.index).unwrap_or(0),
             digest: state.digest(),
+            oldest_ready_enqueued_ms: state.oldest_ready_enqueued_ms(),
+            moves: state.moves().values().cloned().collect(),
         }))
+    }
+
+    /// The ready messages at positions `offset..offset + limit`, if this node leads the queue,
+    /// cut at [`MAX_BROWSE_BYTES`]. Positions are read under the state's lock, bodies after
+    /// it: a message taken in between has no body any more and is left out.
+    pub fn local_browse(&self, group: GroupId, offset: u64, limit: usize) -> Option<BrowseData> {
+        let g = self.queue(group)?;
+        if g.raft.metrics().borrow_watched().current_leader != Some(self.id) {
+            return None;
+        }
+        let limit = limit.min(MAX_BROWSE_LIMIT as usize);
+        let (browsed, ready) = g.machine.with_state(|state| {
+            (
+                state.browse(offset, limit, MAX_BROWSE_BYTES),
+                state.counts().ready,
+            )
+        });
+        let messages = browsed
+            .into_iter()
+            .filter_map(|b| g.machine.read_message(b.id).ok().map(|m| (b, m)))
+            .collect();
+        Some(BrowseData { messages, ready })
     }
 }

@@ -23,10 +23,15 @@
 //! among the node and the members that accepted, so the survivors of a crash, which reach each
 //! other, pick the same one and do not split the vote. Raft's safety does not depend on any of
 //! this: a wrong call costs at most an unnecessary election.
+//!
+//! The peers whose watch is open right now are published ([`PeerLinks`]) for the node's health
+//! ([`crate::observe::health`]): a node is healthy only while it reaches its metadata leader.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::watch;
 
 use futures::StreamExt;
 use openraft::alias::VoteOf;
@@ -46,20 +51,26 @@ const RETRY: Duration = Duration::from_millis(100);
 /// How long the probe waits for a TCP connection before calling the peer merely unreachable.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// The peers whose watch stream is open now: they answered and have not gone since (a cut
+/// connection is noticed by HTTP/2 keep-alive, within about 15 s).
+pub type PeerLinks = watch::Receiver<BTreeSet<NodeId>>;
+
 /// Start one watch per peer.
-pub fn spawn_peer_watches(node: Arc<Node>) {
+pub fn spawn_peer_watches(node: Arc<Node>) -> PeerLinks {
+    let (links, linked) = watch::channel(BTreeSet::new());
     for peer in node.peers().ids() {
         if peer != node.id() {
             let stopping = node.stopping().clone();
-            let watch = watch_peer(node.clone(), peer);
+            let watch = watch_peer(node.clone(), peer, links.clone());
             node.tasks().spawn(async move {
                 stopping.run_until_cancelled(watch).await;
             });
         }
     }
+    linked
 }
 
-async fn watch_peer(node: Arc<Node>, peer: NodeId) {
+async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet<NodeId>>) {
     let Some(address) = node.peers().address(peer).map(str::to_string) else {
         return;
     };
@@ -73,8 +84,14 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId) {
             if std::mem::take(&mut down) {
                 info!(peer, "peer is serving again");
             }
+            links.send_modify(|open| {
+                open.insert(peer);
+            });
             let mut events = response.into_inner();
             while let Some(Ok(_)) = events.next().await {}
+            links.send_modify(|open| {
+                open.remove(&peer);
+            });
         }
         if probe(&address).await == Probe::Refused {
             if !std::mem::replace(&mut down, true) {

@@ -205,4 +205,16 @@ impl Internal for InternalService {
                 .serve_queue_info(request.into_inner().group),
         ))
     }
+
+    async fn browse(
+        &self,
+        request: Request<BrowseQueueRequest>,
+    ) -> Result<Response<QueueInfoReply>, Status> {
+        let r = request.into_inner();
+        Ok(Response::new(
+            self.node
+                .proposer()
+                .serve_browse(r.group, r.offset, r.limit),
+        ))
+    }
 }

@@ -203,7 +203,10 @@ pub async fn delete_user(client: &Client, a: NameArgs) -> anyhow::Result<()> {
 
 #[derive(Debug, Args)]
 pub struct SetPermissionsArgs {
-    user: String,
+    // Not `user`: that id is the global --user flag, which the positional would overwrite
+    // (the caller would then authenticate as the user being granted).
+    #[arg(value_name = "USER")]
+    grantee: String,
     #[arg(long, default_value = ".*")]
     configure: String,
     #[arg(long, default_value = ".*")]
@@ -220,9 +223,9 @@ pub async fn set_permissions(client: &Client, a: SetPermissionsArgs) -> anyhow::
         client.vhost()
     };
     client
-        .set_permissions(&a.user, on_vhost, &a.configure, &a.write, &a.read)
+        .set_permissions(&a.grantee, on_vhost, &a.configure, &a.write, &a.read)
         .await?;
-    println!("permissions of {} on {on_vhost} set", a.user);
+    println!("permissions of {} on {on_vhost} set", a.grantee);
     Ok(())
 }
 
@@ -236,4 +239,78 @@ pub async fn delete_vhost(client: &Client, a: NameArgs) -> anyhow::Result<()> {
     client.delete_vhost(&a.name).await?;
     println!("vhost {} deleted", a.name);
     Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct LimitsArgs {
+    /// The vhost (set-vhost-limits) or user (set-user-limits).
+    name: String,
+    /// RabbitMQ's JSON, e.g. '{"max-queues": 1024, "max-connections": 10}'; keys
+    /// max-queues, max-exchanges, max-connections, max-consumers; a negative value or a
+    /// missing key is unlimited; '{}' clears them.
+    definition: String,
+}
+
+/// RabbitMQ's limit JSON → the request's limits.
+pub fn parse_limits(definition: &str) -> anyhow::Result<v1::Limits> {
+    let json: Json = serde_json::from_str(definition).context("limits: not JSON")?;
+    let Json::Object(map) = json else {
+        bail!("limits: expected a JSON object, e.g. '{{\"max-queues\": 10}}'");
+    };
+    let mut limits = v1::Limits::default();
+    for (key, value) in map {
+        let n = value
+            .as_i64()
+            .with_context(|| format!("limits: {key}: expected an integer, got {value}"))?;
+        let n = u64::try_from(n).ok();
+        match key.as_str() {
+            "max-queues" => limits.max_queues = n,
+            "max-exchanges" => limits.max_exchanges = n,
+            "max-connections" => limits.max_connections = n,
+            "max-consumers" => limits.max_consumers = n,
+            other => bail!(
+                "limits: unknown limit '{other}' (max-queues, max-exchanges, max-connections, \
+                 max-consumers)"
+            ),
+        }
+    }
+    Ok(limits)
+}
+
+pub async fn set_vhost_limits(client: &Client, a: LimitsArgs) -> anyhow::Result<()> {
+    client
+        .set_vhost_limits(&a.name, parse_limits(&a.definition)?)
+        .await?;
+    println!("limits of vhost {} set", a.name);
+    Ok(())
+}
+
+pub async fn set_user_limits(client: &Client, a: LimitsArgs) -> anyhow::Result<()> {
+    client
+        .set_user_limits(&a.name, parse_limits(&a.definition)?)
+        .await?;
+    println!("limits of user {} set", a.name);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_limits;
+
+    #[test]
+    fn limits_json_as_rabbitmq_writes_it() {
+        let l = parse_limits(r#"{"max-queues": 10, "max-connections": -1, "max-consumers": 0}"#)
+            .unwrap();
+        assert_eq!(l.max_queues, Some(10));
+        assert_eq!(l.max_connections, None, "negative is unlimited");
+        assert_eq!(l.max_consumers, Some(0));
+        assert_eq!(l.max_exchanges, None);
+        assert!(parse_limits("{}").unwrap() == Default::default());
+        let e = parse_limits(r#"{"max-channels": 1}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown limit 'max-channels'"), "{e}");
+        assert!(parse_limits(r#"{"max-queues": "ten"}"#).is_err());
+        assert!(parse_limits("[1]").is_err());
+    }
 }

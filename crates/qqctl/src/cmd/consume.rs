@@ -58,6 +58,14 @@ pub struct ConsumeArgs {
     /// Requeue every delivery (redelivered, x-delivery-count + 1).
     #[arg(long)]
     requeue: bool,
+    /// With --reject: the reason detail recorded in the dead letter's x-death entry
+    /// (reason-detail) and x-last-death-detail header (at most 1024 bytes).
+    #[arg(long, requires = "reject", conflicts_with = "requeue")]
+    reason: Option<String>,
+    /// With --requeue: not delivered again before this many ms (default: the queue's
+    /// x-requeue-delays, else at once).
+    #[arg(long, requires = "requeue", conflicts_with = "reject")]
+    delay_ms: Option<u64>,
 }
 
 pub async fn consume(client: &Client, a: ConsumeArgs) -> anyhow::Result<()> {
@@ -86,8 +94,15 @@ pub async fn consume(client: &Client, a: ConsumeArgs) -> anyhow::Result<()> {
         seen += 1;
     }
     consumer.cancel().await.ok();
-    // Drain until the server confirms the cancel, so settles are not lost with the stream.
-    while let Ok(Some(_)) = consumer.next_timeout(Duration::from_secs(2)).await {}
+    // Drain until the server confirms the cancel, so settles are not lost with the stream; a
+    // settle the server refused (e.g. a --reason too long) ends the stream with its status.
+    loop {
+        match consumer.next_timeout(Duration::from_secs(2)).await {
+            Ok(Some(_)) => continue,
+            Ok(None) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
     eprintln!("{seen} deliveries");
     Ok(())
 }
@@ -95,9 +110,14 @@ pub async fn consume(client: &Client, a: ConsumeArgs) -> anyhow::Result<()> {
 /// Rejects, requeues or (the default) acks one delivery, as the flags say.
 async fn settle(consumer: &Consumer, a: &ConsumeArgs, tag: u64) -> anyhow::Result<()> {
     if a.reject {
-        consumer.nack(tag, false, false).await?;
+        let detail = a.reason.clone();
+        consumer
+            .settle_with(vec![tag], false, SettleOutcome::Reject, detail, None)
+            .await?;
     } else if a.requeue {
-        consumer.nack(tag, false, true).await?;
+        consumer
+            .settle_with(vec![tag], false, SettleOutcome::Requeue, None, a.delay_ms)
+            .await?;
     } else {
         consumer.ack(tag, false).await?;
     }

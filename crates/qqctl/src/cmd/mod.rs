@@ -4,7 +4,9 @@
 use clap::Args;
 
 pub mod admin;
+pub mod browse;
 pub mod consume;
+pub mod moves;
 pub mod publish;
 pub mod status;
 

@@ -193,3 +193,36 @@ pub async fn overview(client: &Client) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+pub async fn list_limits(client: &Client) -> anyhow::Result<()> {
+    fn show(n: Option<u64>) -> String {
+        n.map_or_else(|| "-".to_string(), |n| n.to_string())
+    }
+    let mut rows = vec![row([
+        "scope",
+        "name",
+        "max-queues",
+        "max-exchanges",
+        "max-connections",
+        "max-consumers",
+    ])];
+    let all = client.list_limits().await?;
+    let scoped = all
+        .vhosts
+        .into_iter()
+        .map(|v| ("vhost", v.vhost, v.limits))
+        .chain(all.users.into_iter().map(|u| ("user", u.user, u.limits)));
+    for (scope, name, limits) in scoped {
+        let l = limits.unwrap_or_default();
+        rows.push(vec![
+            scope.to_string(),
+            name,
+            show(l.max_queues),
+            show(l.max_exchanges),
+            show(l.max_connections),
+            show(l.max_consumers),
+        ]);
+    }
+    print_table(&rows);
+    Ok(())
+}

@@ -1,0 +1,337 @@
+//! What `GET /metrics` reads from the node at scrape time: queue depths and consumers of the
+//! queues this node leads, the Raft state of every group it hosts, memory, alarms, health.
+//!
+//! Nothing here is updated per command: each scrape walks the registry of groups once, reading
+//! each group's Raft metrics watch and, for a queue this node leads, its counts under the
+//! state's short lock. A queue is reported only by its leader, so it appears once in the
+//! cluster; with `per_queue_metrics = false` only per-node sums are exported, so the number
+//! of series stays bounded whatever the number of queues.
+//!
+//! Must not: hold a lock of the node while encoding, or change anything.
+
+use std::fmt;
+use std::sync::Arc;
+
+use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::gauge::ConstGauge;
+use qq_core::queue::Counts;
+use tokio::sync::watch;
+
+use crate::alarms::rss_bytes;
+use crate::node::Node;
+
+/// The alarms a node can raise, each exported as 0 or 1.
+const ALARM_KINDS: [&str; 2] = ["memory", "disk"];
+
+/// Raft roles a group on this node can be in, each exported with its count of groups.
+const RAFT_STATES: [(ServerState, &str); 5] = [
+    (ServerState::Leader, "leader"),
+    (ServerState::Follower, "follower"),
+    (ServerState::Candidate, "candidate"),
+    (ServerState::Learner, "learner"),
+    (ServerState::Shutdown, "shutdown"),
+];
+
+/// The scrape-time collector of one node.
+pub struct NodeCollector {
+    node: Arc<Node>,
+    serving: watch::Receiver<bool>,
+}
+
+impl fmt::Debug for NodeCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NodeCollector")
+            .field("node", &self.node.id())
+            .finish()
+    }
+}
+
+impl NodeCollector {
+    pub fn new(node: Arc<Node>, serving: watch::Receiver<bool>) -> NodeCollector {
+        NodeCollector { node, serving }
+    }
+}
+
+/// One Raft group's state as this node sees it.
+struct GroupRow {
+    vhost: String,
+    queue: String,
+    state: ServerState,
+    term: u64,
+    committed: u64,
+    applied: u64,
+    /// Only for a queue this node leads (counts are exact there).
+    counts: Option<Counts>,
+}
+
+/// Everything one scrape reports, read before anything is encoded.
+struct Scrape {
+    groups: Vec<GroupRow>,
+    meta: GroupRow,
+}
+
+impl NodeCollector {
+    fn read(&self) -> Scrape {
+        let registry = self.node.registry();
+        let groups = registry
+            .queues()
+            .into_iter()
+            .map(|g| {
+                let (state, term, committed, applied) = {
+                    let metrics = g.raft.metrics();
+                    let m = metrics.borrow_watched();
+                    (
+                        m.state,
+                        m.current_term,
+                        m.local_committed.as_ref().map_or(0, |l| l.index),
+                        m.last_applied.as_ref().map_or(0, |l| l.index),
+                    )
+                };
+                let counts =
+                    (state == ServerState::Leader).then(|| g.machine.with_state(|s| s.counts()));
+                GroupRow {
+                    vhost: g.meta.vhost.clone(),
+                    queue: g.meta.name.clone(),
+                    state,
+                    term,
+                    committed,
+                    applied,
+                    counts,
+                }
+            })
+            .collect();
+        let metrics = registry.meta_raft().metrics();
+        let m = metrics.borrow_watched();
+        let meta = GroupRow {
+            vhost: String::new(),
+            queue: String::new(),
+            state: m.state,
+            term: m.current_term,
+            committed: m.local_committed.as_ref().map_or(0, |l| l.index),
+            applied: m.last_applied.as_ref().map_or(0, |l| l.index),
+            counts: None,
+        };
+        drop(m);
+        Scrape { groups, meta }
+    }
+}
+
+/// Encodes one gauge family: `name` with `help`, one sample per `(labels, value)`.
+fn gauges<L: EncodeLabelSet>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (L, i64)>,
+) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in samples {
+        ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// A gauge without labels.
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) -> fmt::Result {
+    let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    ConstGauge::new(value).encode(family)
+}
+
+fn int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let scrape = self.read();
+        let led: Vec<(&GroupRow, &Counts)> = scrape
+            .groups
+            .iter()
+            .filter_map(|g| g.counts.as_ref().map(|c| (g, c)))
+            .collect();
+        let sum = |f: fn(&Counts) -> u64| int(led.iter().map(|(_, c)| f(c)).sum());
+
+        // Per node: always, bounded.
+        gauge(
+            &mut encoder,
+            "node_serving",
+            "1 when this node has joined and sees a metadata leader (health SERVING)",
+            i64::from(*self.serving.borrow()),
+        )?;
+        gauge(
+            &mut encoder,
+            "queues_led",
+            "Queues this node leads",
+            int(led.len() as u64),
+        )?;
+        gauge(
+            &mut encoder,
+            "messages_ready",
+            "Ready messages, summed over the queues this node leads",
+            sum(|c| c.ready),
+        )?;
+        gauge(
+            &mut encoder,
+            "messages_unacked",
+            "Unacknowledged deliveries (and Get leases), summed over the queues this node leads",
+            sum(|c| c.unacked),
+        )?;
+        gauge(
+            &mut encoder,
+            "messages_dead_letter_held",
+            "Dead letters held for at-least-once transfer, summed over the queues this node leads",
+            sum(|c| c.held),
+        )?;
+        gauge(
+            &mut encoder,
+            "consumers",
+            "Consumers attached, summed over the queues this node leads",
+            sum(|c| c.consumers),
+        )?;
+        gauges(
+            &mut encoder,
+            "raft_groups",
+            "Raft groups hosted on this node (queues and metadata), by this node's role in them",
+            RAFT_STATES.iter().map(|(state, name)| {
+                let n = scrape
+                    .groups
+                    .iter()
+                    .chain(std::iter::once(&scrape.meta))
+                    .filter(|g| g.state == *state)
+                    .count();
+                ([("state", *name)], int(n as u64))
+            }),
+        )?;
+        gauge(
+            &mut encoder,
+            "raft_apply_lag_entries",
+            "Committed but not yet applied entries, summed over the groups hosted on this node",
+            int(scrape
+                .groups
+                .iter()
+                .chain(std::iter::once(&scrape.meta))
+                .map(|g| g.committed.saturating_sub(g.applied))
+                .sum()),
+        )?;
+        gauge(
+            &mut encoder,
+            "raft_metadata_term",
+            "Raft term of the metadata group on this node",
+            int(scrape.meta.term),
+        )?;
+        gauge(
+            &mut encoder,
+            "raft_metadata_commit_index",
+            "Last committed log index of the metadata group known to this node",
+            int(scrape.meta.committed),
+        )?;
+        gauge(
+            &mut encoder,
+            "raft_metadata_applied_index",
+            "Last log index of the metadata group applied on this node",
+            int(scrape.meta.applied),
+        )?;
+        gauge(
+            &mut encoder,
+            "raft_metadata_leader",
+            "1 when this node leads the metadata group",
+            i64::from(scrape.meta.state == ServerState::Leader),
+        )?;
+        match rss_bytes() {
+            Ok(rss) => gauge(
+                &mut encoder,
+                "process_resident_memory_bytes",
+                "Resident memory of this node's process",
+                int(rss),
+            )?,
+            Err(e) => tracing::debug!("metrics: cannot read RSS: {e}"),
+        }
+        let active = self.node.alarms().active();
+        gauges(
+            &mut encoder,
+            "alarm",
+            "1 while the alarm is set on this node (publishes are refused), else 0",
+            ALARM_KINDS.iter().map(|kind| {
+                (
+                    [("kind", *kind)],
+                    i64::from(active.iter().any(|a| a == kind)),
+                )
+            }),
+        )?;
+
+        if !self.node.config().per_queue_metrics {
+            return Ok(());
+        }
+        // Per queue this node leads.
+        let queue_labels =
+            |g: &'_ GroupRow| [("vhost", g.vhost.clone()), ("queue", g.queue.clone())];
+        let per_queue: [(&str, &str, fn(&Counts) -> u64); 4] = [
+            (
+                "queue_messages_ready",
+                "Ready messages in the queue (reported by its leader)",
+                |c| c.ready,
+            ),
+            (
+                "queue_messages_unacked",
+                "Unacknowledged deliveries and Get leases of the queue (reported by its leader)",
+                |c| c.unacked,
+            ),
+            (
+                "queue_messages_dead_letter_held",
+                "Dead letters the queue holds for at-least-once transfer (reported by its leader)",
+                |c| c.held,
+            ),
+            (
+                "queue_consumers",
+                "Consumers attached to the queue (reported by its leader)",
+                |c| c.consumers,
+            ),
+        ];
+        for (name, help, value) in per_queue {
+            gauges(
+                &mut encoder,
+                name,
+                help,
+                led.iter().map(|(g, c)| (queue_labels(g), int(value(c)))),
+            )?;
+        }
+        // Per Raft group hosted here (leaders and followers: lag shows between them).
+        let per_group: [(&str, &str, fn(&GroupRow) -> u64); 4] = [
+            (
+                "raft_term",
+                "Raft term of the queue's group on this node",
+                |g| g.term,
+            ),
+            (
+                "raft_commit_index",
+                "Last committed log index of the queue's group known to this node",
+                |g| g.committed,
+            ),
+            (
+                "raft_applied_index",
+                "Last log index of the queue's group applied on this node",
+                |g| g.applied,
+            ),
+            (
+                "raft_leader",
+                "1 when this node leads the queue's group",
+                |g| u64::from(g.state == ServerState::Leader),
+            ),
+        ];
+        for (name, help, value) in per_group {
+            gauges(
+                &mut encoder,
+                name,
+                help,
+                scrape
+                    .groups
+                    .iter()
+                    .map(|g| (queue_labels(g), int(value(g)))),
+            )?;
+        }
+        Ok(())
+    }
+}
