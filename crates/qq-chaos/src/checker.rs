@@ -5,11 +5,11 @@
 //!   queue, nor left in a queue at the end. Must be 0.
 //! - **unexpected**: messages seen that were never published. Must be 0.
 //! - **duplicates**: deliveries of a message after a consumer had already settled it (an ack or
-//!   reject that did not commit, allowed by at-least-once), and extra dead-lettered copies of a
-//!   message in the dead-letter queue. A second dead-letter copy is only explainable when the
-//!   publisher itself sent the message twice (it retried after a lost confirm, so the source
-//!   queue may have held two copies); any other copy is a failure of the dead-letter
-//!   idempotency keys.
+//!   reject that did not commit, allowed by at-least-once) are counted; a message *stored*
+//!   twice is a failure: two first deliveries (not redelivered) of one id from its queue, or two
+//!   copies of it in the dead-letter queue. Publishers retry with the same publisher id and
+//!   seq, so the queues' exact dedup must store every retried publish once; and dead-letter
+//!   copies carry idempotency keys.
 //! - **dead-letter correctness**: every message must die the way its queue and id say
 //!   (`chaos.work` rejects by id → `rejected`, `chaos.ttl` → `expired`, `chaos.limit` →
 //!   `delivery_limit`), with an `x-death` entry naming its source queue; nothing else may be
@@ -90,9 +90,12 @@ pub struct Counts {
     pub unexpected: usize,
     /// Deliveries of a message after a consumer had already acked or rejected it.
     pub duplicate_deliveries: usize,
-    /// Extra copies of a message in the dead-letter queue that a publisher retry explains.
-    pub dead_letter_duplicates_from_publisher_retries: usize,
-    /// Extra copies of a message in the dead-letter queue that nothing explains (must be 0).
+    /// Extra first deliveries of one id from its queue: the message was stored twice (must
+    /// be 0).
+    pub stored_duplicates: usize,
+    /// Of those, and of the extra dead-letter copies, how many belong to retried publishes.
+    pub duplicates_of_retried_publishes: usize,
+    /// Extra copies of a message in the dead-letter queue (must be 0).
     pub dead_letter_duplicates: usize,
     /// Dead letters with the wrong reason or source queue, or of messages that should not die.
     pub wrong_dead_letters: usize,
@@ -144,7 +147,15 @@ pub fn check(h: &History) -> Verdict {
     // Consumers: what was acked, and deliveries after a settle that should have been final.
     let mut acked: HashSet<&str> = HashSet::new();
     let mut settled: HashSet<(&str, &str)> = HashSet::new();
+    let mut first_deliveries: HashSet<(&str, &str)> = HashSet::new();
+    let retried = |id: &str| published.get(id).is_some_and(|p| p.attempts > 1);
     for d in &h.deliveries {
+        if !d.redelivered && !first_deliveries.insert((d.queue.as_str(), d.id.as_str())) {
+            c.stored_duplicates += 1;
+            if retried(&d.id) {
+                c.duplicates_of_retried_publishes += 1;
+            }
+        }
         if settled.contains(&(d.queue.as_str(), d.id.as_str())) {
             c.duplicate_deliveries += 1;
         }
@@ -187,10 +198,9 @@ pub fn check(h: &History) -> Verdict {
         if extra == 0 {
             continue;
         }
-        if published.get(id).is_some_and(|p| p.attempts > 1) {
-            c.dead_letter_duplicates_from_publisher_retries += extra;
-        } else {
-            c.dead_letter_duplicates += extra;
+        c.dead_letter_duplicates += extra;
+        if retried(id) {
+            c.duplicates_of_retried_publishes += extra;
         }
     }
     c.dead_lettered = copies.len();
@@ -252,13 +262,21 @@ pub fn check(h: &History) -> Verdict {
             format!("{} messages seen that were never published", c.unexpected),
         ),
         Check::new(
+            "no message stored twice",
+            c.stored_duplicates == 0,
+            format!(
+                "{} messages delivered for the first time twice ({} of all duplicates are \
+                 of retried publishes)",
+                c.stored_duplicates, c.duplicates_of_retried_publishes
+            ),
+        ),
+        Check::new(
             "no duplicate dead letters",
             c.dead_letter_duplicates == 0,
             format!(
-                "{} unexplained extra copies in {} ({} more explained by publisher retries)",
+                "{} extra copies in {}",
                 c.dead_letter_duplicates,
-                crate::workload::DLQ,
-                c.dead_letter_duplicates_from_publisher_retries
+                crate::workload::DLQ
             ),
         ),
         Check::new(
@@ -440,7 +458,7 @@ mod tests {
     }
 
     #[test]
-    fn duplicates_are_counted_and_only_explained_ones_pass() {
+    fn redeliveries_are_counted_and_stored_duplicates_fail() {
         let (mut h, [ack, rej, ..]) = healthy();
         // The ack was lost: the message came back and was acked again. Allowed, counted.
         h.deliveries.push(delivered(&ack, Action::Ack, true));
@@ -454,19 +472,27 @@ mod tests {
         h.dead_letters.push(again);
         assert_eq!(check(&h).counts.dead_letter_duplicates, 0);
 
-        // A second copy: a failure, unless the publisher sent the message twice.
-        h.dead_letters.push(dead(&rej, WORK, "rejected"));
-        let v = check(&h);
-        assert_eq!(v.counts.dead_letter_duplicates, 1);
-        assert!(!v.ok());
+        // A second copy is a failure, also when the publisher sent the message twice: its
+        // retries carry the same publisher id and seq.
         h.publishes
             .iter_mut()
             .find(|p| p.id == rej)
             .unwrap()
             .attempts = 2;
+        h.dead_letters.push(dead(&rej, WORK, "rejected"));
         let v = check(&h);
-        assert_eq!(v.counts.dead_letter_duplicates, 0);
-        assert_eq!(v.counts.dead_letter_duplicates_from_publisher_retries, 1);
-        assert!(v.ok());
+        assert_eq!(v.counts.dead_letter_duplicates, 1);
+        assert_eq!(v.counts.duplicates_of_retried_publishes, 1);
+        assert!(!v.ok());
+    }
+
+    #[test]
+    fn a_message_delivered_first_twice_was_stored_twice() {
+        let (mut h, [ack, ..]) = healthy();
+        assert!(check(&h).ok());
+        h.deliveries.push(delivered(&ack, Action::Ack, false));
+        let v = check(&h);
+        assert_eq!(v.counts.stored_duplicates, 1);
+        assert!(!v.ok());
     }
 }

@@ -221,12 +221,13 @@ pub fn summary(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "lost {}   unexpected {}   duplicate deliveries {}   duplicate dead letters {} (+{} from publisher retries)",
+        "lost {}   unexpected {}   redeliveries after a settle {}   stored twice {}   duplicate dead letters {}   (retried publishes {})",
         c.lost,
         c.unexpected,
         c.duplicate_deliveries,
+        c.stored_duplicates,
         c.dead_letter_duplicates,
-        c.dead_letter_duplicates_from_publisher_retries
+        c.retried
     );
     let t = &r.throughput;
     let _ = writeln!(
@@ -275,8 +276,8 @@ pub fn summary(r: &Report) -> String {
 /// worst unavailability a fault caused.
 pub fn matrix_table(rows: &[(String, Report)]) -> String {
     let mut s = String::from(
-        "| nemesis | faults | confirmed | lost | unexpected | dup. deliveries | dup. dead letters (+ publisher retries) | dead-lettered | longest confirm gap | result |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| nemesis | faults | confirmed | retried | lost | unexpected | redeliveries after settle | stored twice | dup. dead letters | dead-lettered | longest confirm gap | result |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for (name, r) in rows {
         let c = &r.verdict.counts;
@@ -288,14 +289,15 @@ pub fn matrix_table(rows: &[(String, Report)]) -> String {
             .unwrap_or(0);
         let _ = writeln!(
             s,
-            "| {name} | {} | {} | {} | {} | {} | {} (+{}) | {} | {:.1} s | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s | {} |",
             r.faults.len(),
             c.confirmed,
+            c.retried,
             c.lost,
             c.unexpected,
             c.duplicate_deliveries,
+            c.stored_duplicates,
             c.dead_letter_duplicates,
-            c.dead_letter_duplicates_from_publisher_retries,
             c.dead_lettered,
             gap as f64 / 1000.0,
             if r.verdict.ok() { "PASS" } else { "FAIL" }

@@ -18,7 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use qq_client::{Client, Delivery, MessageBuilder, Value, ValueExt, code_name, delivery_headers};
+use qq_client::{
+    Client, Delivery, MessageBuilder, PublishRequest, Value, ValueExt, code_name, delivery_headers,
+};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
@@ -139,6 +141,8 @@ pub struct History {
 
 pub struct Recorder {
     start: Instant,
+    /// Random per run: part of the publisher ids, so two runs never share one.
+    run_id: u64,
     history: Mutex<History>,
 }
 
@@ -146,8 +150,13 @@ impl Recorder {
     pub fn new() -> Recorder {
         Recorder {
             start: Instant::now(),
+            run_id: rand::random(),
             history: Mutex::new(History::default()),
         }
+    }
+
+    pub fn run_id(&self) -> String {
+        format!("{:016x}", self.run_id)
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -280,7 +289,7 @@ pub async fn publisher(
         };
         let (clients, rec, control) = (clients.clone(), rec.clone(), control.clone());
         tasks.spawn(async move {
-            publish_one(p, id, &clients, &rec, &control).await;
+            publish_one(p, seq, id, &clients, &rec, &control).await;
             drop(permit);
         });
         while tasks.try_join_next().is_some() {}
@@ -288,7 +297,16 @@ pub async fn publisher(
     while tasks.join_next().await.is_some() {}
 }
 
-async fn publish_one(p: usize, id: String, clients: &[Client], rec: &Recorder, control: &Control) {
+/// One publish, retried with the same publisher id and seq (`chaos-p<p>-<run>`, `seq`): the
+/// queue stores it once however many attempts reach it, which the checker verifies.
+async fn publish_one(
+    p: usize,
+    seq: u64,
+    id: String,
+    clients: &[Client],
+    rec: &Recorder,
+    control: &Control,
+) {
     let queue = queue_for(&id);
     let start_ms = rec.now_ms();
     let mut body = format!("{id} ").into_bytes();
@@ -300,7 +318,15 @@ async fn publish_one(p: usize, id: String, clients: &[Client], rec: &Recorder, c
         let message = MessageBuilder::new(body.clone())
             .message_id(id.clone())
             .build();
-        match timeout(RPC_TIMEOUT, client.publish("", queue, message)).await {
+        let req = PublishRequest {
+            exchange: String::new(),
+            routing_key: queue.to_string(),
+            message: Some(message),
+            publisher_id: format!("chaos-p{p}-{}", rec.run_id()),
+            publisher_seq: seq,
+            ..Default::default()
+        };
+        match timeout(RPC_TIMEOUT, client.publish_with(req)).await {
             Ok(Ok(confirm)) if confirm.is_confirmed() => break (Some(rec.now_ms()), None),
             Ok(Ok(confirm)) => {
                 let outcome = format!("{:?}: {}", confirm.outcome, confirm.detail);

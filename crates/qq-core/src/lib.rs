@@ -12,8 +12,10 @@
 //! - [`route`]: exchange routing (direct, fanout, topic, headers, default; CC/BCC).
 //! - [`policy`]: queue-argument validation and argument/policy precedence.
 //! - [`deadletter`]: the `x-death` history and dead-letter cycle detection.
+//! - [`dedup`]: the time-based idempotency windows of a queue.
 
 pub mod deadletter;
+pub mod dedup;
 pub mod error;
 pub mod limits;
 pub mod meta;

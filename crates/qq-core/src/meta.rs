@@ -1186,6 +1186,8 @@ impl MetaState {
         Ok(MetaReply::Ok)
     }
 
+    // The fields of MetaCommand::DeclareQueue, passed through one by one.
+    #[allow(clippy::too_many_arguments)]
     fn declare_queue(
         &mut self,
         vhost: &str,

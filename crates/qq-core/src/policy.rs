@@ -13,7 +13,8 @@
 //!   `max-length-bytes`, `message-ttl`, `expires`, the minimum; `delivery-limit`, the minimum
 //!   unless one is negative (then the larger, i.e. the finite one, as RabbitMQ's
 //!   `resolve_delivery_limit`); `overflow`, the policy; `requeue-delays` (a list, no minimum
-//!   to take), the argument. Each key is resolved on its own, so a DLX
+//!   to take) and `dedup-window-ms` (a longer window is the safer one, a shorter the cheaper:
+//!   the application decides), the argument. Each key is resolved on its own, so a DLX
 //!   from an argument combines with a routing key from a policy.
 //!
 //! **No silent fallbacks.** At-least-once dead lettering needs overflow `reject-publish`.
@@ -134,6 +135,13 @@ const SHARED_KEYS: &[(&str, Rule)] = &[
     ),
     ("overflow", Rule::Overflow),
     ("requeue-delays", Rule::Delays),
+    (
+        "dedup-window-ms",
+        Rule::Long {
+            min: crate::dedup::MIN_DEDUP_WINDOW_MS as i64,
+            max: crate::dedup::MAX_DEDUP_WINDOW_MS as i64,
+        },
+    ),
     (
         "delivery-limit",
         Rule::Long {
@@ -443,6 +451,14 @@ pub fn effective_config(
         .or(p)
         .and_then(|v| parse_delays("requeue-delays", v).ok())
         .unwrap_or_default();
+
+    // As requeue-delays: the application's argument wins over a policy.
+    let (a, p) = both(args, policy, "dedup-window-ms");
+    config.dedup_window_ms = a
+        .or(p)
+        .and_then(Value::as_i64)
+        .and_then(|n| u64::try_from(n).ok())
+        .unwrap_or(crate::dedup::DEFAULT_DEDUP_WINDOW_MS);
 
     config.single_active_consumer = matches!(
         args.get("x-single-active-consumer"),

@@ -46,8 +46,10 @@
 //! - Length limits are exact and checked at apply time. `reject-publish` refuses a message that
 //!   would be ready and take the queue over a limit; a message a waiting consumer takes at once
 //!   never counts, so `max-length 0` means "only while a consumer is waiting".
-//! - Refused publishes (`Rejected`, `RejectedDeadLettered`) do not record the publisher's seq nor
-//!   the dedup key: the queue did not accept the message, so a retry is judged again.
+//! - Deduplication is exact within a time window (module [`crate::dedup`]): a publish key or a
+//!   transfer key seen within the queue's dedup window is a `Duplicate`. Refused publishes
+//!   (`Rejected`, `RejectedDeadLettered`) record no key: the queue did not accept the message,
+//!   so a retry is judged again.
 //! - A `Settle` naming an id the consumer does not hold is refused as a whole (`Reply::Error`),
 //!   with no partial effect. A refused command still carries time: its `now_ms` fires due timers
 //!   exactly as an `Expire` would, so what time does never depends on which command carried it.
@@ -76,22 +78,16 @@
 //! (decided here by `ExpireQueue`, carried out by the node through the metadata layer; its
 //! messages are not dead-lettered).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::dedup::{KeyWindow, key_id};
 use crate::types::{ConsumerId, MessageId, NodeId, Overflow, QueueConfig, Reason, Strategy};
 
 /// Consumer id used for messages taken with Get (leases). Real consumers use ids != 0.
 pub const GET_CONSUMER: ConsumerId = 0;
-
-/// How many publishers' last sequence numbers are remembered for deduplication. Beyond this, the
-/// publisher whose last accepted publish is oldest is forgotten.
-pub const PUBLISHER_WINDOW: usize = 10_000;
-
-/// How many dead-letter idempotency keys are remembered; the oldest is forgotten first.
-pub const DEDUP_KEY_WINDOW: usize = 100_000;
 
 /// Most consumers attached to one queue at once.
 pub const MAX_CONSUMERS: usize = 10_000;
@@ -127,13 +123,14 @@ pub enum SettleOutcome {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Command {
-    /// publisher = Some((publisher_id, seq)): a seq <= the last accepted seq of that publisher is
-    /// a Duplicate. dedup_key = Some(k): idempotency key of a dead-letter copy; a key already seen
-    /// (within [`DEDUP_KEY_WINDOW`]) is a Duplicate.
+    /// publish_key = Some(k): a publish's idempotency key (the client's publisher id and seq,
+    /// or the node's own); dedup_key = Some(k): the idempotency key of a dead-letter copy or a
+    /// moved message. A key of either kind already stored within the queue's dedup window is
+    /// a Duplicate (module [`crate::dedup`]; the two kinds are kept apart).
     Enqueue {
         now_ms: u64,
         header: MsgHeader,
-        publisher: Option<(u64, u64)>,
+        publish_key: Option<String>,
         dedup_key: Option<String>,
     },
     /// Attach a consumer or change its prefetch (0 = unlimited). `node` holds its stream.
@@ -320,6 +317,13 @@ impl Command {
                 dedup_key: Some(k), ..
             } if k.len() > MAX_DEDUP_KEY_BYTES => Err(format!(
                 "dedup_key: {} bytes, more than {MAX_DEDUP_KEY_BYTES}",
+                k.len()
+            )),
+            Command::Enqueue {
+                publish_key: Some(k),
+                ..
+            } if k.len() > MAX_DEDUP_KEY_BYTES => Err(format!(
+                "publish_key: {} bytes, more than {MAX_DEDUP_KEY_BYTES}",
                 k.len()
             )),
             Command::Checkout { consumer, .. } if *consumer == GET_CONSUMER => {
@@ -631,12 +635,6 @@ impl Consumer {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct Publisher {
-    last_seq: u64,
-    last_index: u64,
-}
-
 /// The state of one queue. See the module documentation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct QueueState {
@@ -672,11 +670,10 @@ pub struct QueueState {
     /// Held dead letters: death seq -> id.
     held: BTreeMap<u64, MessageId>,
     held_bytes: u64,
-    publishers: BTreeMap<u64, Publisher>,
-    /// last_index -> publisher id, for least-recently-used eviction.
-    publishers_by_use: BTreeMap<u64, u64>,
-    dedup_keys: BTreeSet<String>,
-    dedup_order: VecDeque<String>,
+    /// Publish keys stored within the dedup window.
+    publish_keys: KeyWindow,
+    /// Dead-letter and move idempotency keys stored within the dedup window.
+    transfer_keys: KeyWindow,
     stats: Stats,
     /// The receipt of every Get lease taken with [`Command::GetWithReceipt`]; removed with the
     /// lease. Not serialized with the rest (so snapshots written before receipts existed still
@@ -712,10 +709,8 @@ impl QueueState {
             leases: BTreeSet::new(),
             held: BTreeMap::new(),
             held_bytes: 0,
-            publishers: BTreeMap::new(),
-            publishers_by_use: BTreeMap::new(),
-            dedup_keys: BTreeSet::new(),
-            dedup_order: VecDeque::new(),
+            publish_keys: KeyWindow::default(),
+            transfer_keys: KeyWindow::default(),
             stats: Stats::default(),
             receipts: BTreeMap::new(),
             moves: BTreeMap::new(),
@@ -771,10 +766,10 @@ impl QueueState {
         let reply = match cmd {
             Command::Enqueue {
                 header,
-                publisher,
+                publish_key,
                 dedup_key,
                 ..
-            } => self.enqueue(index, now, header, publisher, dedup_key, &mut fx),
+            } => self.enqueue(index, now, header, publish_key, dedup_key, &mut fx),
             Command::Checkout {
                 consumer,
                 node,
@@ -1225,16 +1220,8 @@ impl QueueState {
         if self.ready_len() > 0 && self.next_consumer().is_some() && self.running_move().is_none() {
             return Err("a consumer has credit while messages are ready".into());
         }
-        if self.publishers.len() != self.publishers_by_use.len()
-            || self.publishers.len() > PUBLISHER_WINDOW
-        {
-            return Err("publisher window disagrees".into());
-        }
-        if self.dedup_keys.len() != self.dedup_order.len()
-            || self.dedup_keys.len() > DEDUP_KEY_WINDOW
-        {
-            return Err("dedup key window disagrees".into());
-        }
+        self.publish_keys.check()?;
+        self.transfer_keys.check()?;
         Ok(())
     }
 
@@ -1245,18 +1232,17 @@ impl QueueState {
         index: u64,
         now: u64,
         header: MsgHeader,
-        publisher: Option<(u64, u64)>,
+        publish_key: Option<String>,
         dedup_key: Option<String>,
         fx: &mut Vec<Effect>,
     ) -> Reply {
-        if let Some((pid, seq)) = publisher
-            && self.publishers.get(&pid).is_some_and(|p| seq <= p.last_seq)
-        {
-            self.stats.duplicates_total += 1;
-            return Reply::Duplicate;
-        }
-        if let Some(key) = &dedup_key
-            && self.dedup_keys.contains(key)
+        let window = self.config.dedup_window_ms;
+        self.publish_keys.forget_expired(self.clock_ms, window);
+        self.transfer_keys.forget_expired(self.clock_ms, window);
+        let publish_id = publish_key.as_deref().map(key_id);
+        let transfer_id = dedup_key.as_deref().map(key_id);
+        if publish_id.is_some_and(|k| self.publish_keys.contains(k))
+            || transfer_id.is_some_and(|k| self.transfer_keys.contains(k))
         {
             self.stats.duplicates_total += 1;
             return Reply::Duplicate;
@@ -1295,11 +1281,11 @@ impl QueueState {
             }
         }
 
-        if let Some((pid, seq)) = publisher {
-            self.remember_publisher(pid, seq, index);
+        if let Some(k) = publish_id {
+            self.publish_keys.remember(self.clock_ms, k);
         }
-        if let Some(key) = dedup_key {
-            self.remember_key(key);
+        if let Some(k) = transfer_id {
+            self.transfer_keys.remember(self.clock_ms, k);
         }
         self.stats.enqueued_total += 1;
         self.msgs.insert(index, msg);
@@ -1987,39 +1973,6 @@ impl QueueState {
     fn next_seq(&mut self) -> u64 {
         self.seq += 1;
         self.seq
-    }
-
-    fn remember_publisher(&mut self, pid: u64, seq: u64, index: u64) {
-        if let Some(p) = self.publishers.get_mut(&pid) {
-            self.publishers_by_use.remove(&p.last_index);
-            p.last_seq = seq;
-            p.last_index = index;
-        } else {
-            if self.publishers.len() >= PUBLISHER_WINDOW {
-                let (_, oldest) = self
-                    .publishers_by_use
-                    .pop_first()
-                    .expect("window is not empty");
-                self.publishers.remove(&oldest);
-            }
-            self.publishers.insert(
-                pid,
-                Publisher {
-                    last_seq: seq,
-                    last_index: index,
-                },
-            );
-        }
-        self.publishers_by_use.insert(index, pid);
-    }
-
-    fn remember_key(&mut self, key: String) {
-        if self.dedup_order.len() >= DEDUP_KEY_WINDOW {
-            let oldest = self.dedup_order.pop_front().expect("window is not empty");
-            self.dedup_keys.remove(&oldest);
-        }
-        self.dedup_keys.insert(key.clone());
-        self.dedup_order.push_back(key);
     }
 }
 

@@ -192,6 +192,9 @@ pub struct QueueConfig {
     /// by delivery count (entry n-1 after the n-th failed delivery, the last one repeating).
     /// Empty: requeue at once.
     pub requeue_delays_ms: Vec<u64>,
+    /// `x-dedup-window-ms` / policy `dedup-window-ms`: how long publish and transfer keys are
+    /// remembered (module [`crate::dedup`]).
+    pub dedup_window_ms: u64,
 }
 
 impl QueueConfig {
@@ -213,6 +216,7 @@ impl QueueConfig {
             policy: None,
             note: None,
             requeue_delays_ms: Vec::new(),
+            dedup_window_ms: crate::dedup::DEFAULT_DEDUP_WINDOW_MS,
         }
     }
 }

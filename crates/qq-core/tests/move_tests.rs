@@ -32,7 +32,7 @@ impl Q {
                     size_bytes: 1,
                     expiration_ms: None,
                 },
-                publisher: None,
+                publish_key: None,
                 dedup_key: None,
             });
             assert!(matches!(r, Reply::Enqueued { .. }), "{r:?}");

@@ -130,9 +130,10 @@ fn config() -> impl Strategy<Value = QueueConfig> {
             1 => Just(vec![30u64]),
             1 => Just(vec![0u64, 40, 90]),
         ],
+        prop_oneof![3 => Just(600_000u64), 1 => Just(1_000), 1 => Just(150)],
     )
         .prop_map(
-            |(max_len, max_bytes, overflow, strategy, limit, ttl, sac, expires, delays)| {
+            |(max_len, max_bytes, overflow, strategy, limit, ttl, sac, expires, delays, window)| {
                 let mut c = QueueConfig::new("/", "q");
                 c.max_length = max_len;
                 c.max_length_bytes = max_bytes;
@@ -143,6 +144,7 @@ fn config() -> impl Strategy<Value = QueueConfig> {
                 c.single_active_consumer = sac;
                 c.expires_ms = expires;
                 c.requeue_delays_ms = delays;
+                c.dedup_window_ms = window;
                 c
             },
         )
@@ -220,7 +222,7 @@ fn resolve(s: &QueueState, op: &Op) -> Command {
                 size_bytes: size,
                 expiration_ms,
             },
-            publisher,
+            publish_key: publisher.map(|(p, seq)| format!("pub{p}\0{seq}")),
             dedup_key: key.map(|k| format!("key-{k}")),
         },
         Op::Checkout {
@@ -333,6 +335,8 @@ struct Model {
     last_first_delivery: MessageId,
     /// Requeued with a delay: not to be delivered before this time.
     not_before: BTreeMap<MessageId, u64>,
+    /// Idempotency keys of stored messages ((publish or transfer, key) -> stored at ms).
+    keys: BTreeMap<(bool, String), u64>,
 }
 
 impl Model {
@@ -384,6 +388,32 @@ fn check_step(
     effects: &[Effect],
     s: &QueueState,
 ) -> Result<(), TestCaseError> {
+    // Dedup: exact within the window, each kind of key on its own.
+    if let Command::Enqueue {
+        publish_key,
+        dedup_key,
+        ..
+    } = cmd
+    {
+        let now = s.clock_ms();
+        let cutoff = now.saturating_sub(s.config().dedup_window_ms);
+        model.keys.retain(|_, at| *at >= cutoff);
+        let keys: Vec<(bool, String)> = [(true, publish_key), (false, dedup_key)]
+            .into_iter()
+            .filter_map(|(kind, k)| k.clone().map(|k| (kind, k)))
+            .collect();
+        let seen = keys.iter().any(|k| model.keys.contains_key(k));
+        prop_assert_eq!(
+            *reply == Reply::Duplicate,
+            seen,
+            "duplicate answer disagrees with the keys seen in the window"
+        );
+        if matches!(reply, Reply::Enqueued { .. }) {
+            for k in keys {
+                model.keys.insert(k, now);
+            }
+        }
+    }
     match reply {
         Reply::Enqueued { id } | Reply::RejectedDeadLettered { id, .. } => model.arrive(*id)?,
         Reply::Got {

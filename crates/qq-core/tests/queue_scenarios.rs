@@ -1,8 +1,8 @@
 //! Scenario tests of the queue state machine, one behaviour per test, through the public API.
 
 use qq_core::queue::{
-    Command, Counts, Delivery, Effect, GET_CONSUMER, Location, MsgHeader, PUBLISHER_WINDOW,
-    QueueState, Receipt, Reply, SettleOutcome,
+    Command, Counts, Delivery, Effect, GET_CONSUMER, Location, MsgHeader, QueueState, Receipt,
+    Reply, SettleOutcome,
 };
 use qq_core::types::{ConsumerId, MessageId, Overflow, QueueConfig, Reason, Strategy};
 
@@ -49,7 +49,7 @@ impl Q {
                 size_bytes: size,
                 expiration_ms,
             },
-            publisher: None,
+            publish_key: None,
             dedup_key: None,
         })
     }
@@ -780,38 +780,36 @@ fn queue_ttl_change_applies_to_later_messages() {
 
 // ----- dedup -----
 
-fn publish_as(q: &mut Q, publisher: Option<(u64, u64)>, key: Option<&str>) -> Reply {
+fn publish_at(q: &mut Q, now_ms: u64, publisher: Option<(u64, u64)>, key: Option<&str>) -> Reply {
     q.apply(Command::Enqueue {
-        now_ms: 0,
+        now_ms,
         header: MsgHeader {
             size_bytes: 1,
             expiration_ms: None,
         },
-        publisher,
+        publish_key: publisher.map(|(p, seq)| format!("user\0p{p}\0{seq}")),
         dedup_key: key.map(str::to_string),
     })
     .0
 }
 
+fn publish_as(q: &mut Q, publisher: Option<(u64, u64)>, key: Option<&str>) -> Reply {
+    publish_at(q, 0, publisher, key)
+}
+
 #[test]
-fn publisher_sequence_numbers_deduplicate() {
+fn publisher_keys_deduplicate_exactly() {
     let mut q = Q::plain();
-    assert!(matches!(
-        publish_as(&mut q, Some((7, 1)), None),
-        Reply::Enqueued { .. }
-    ));
+    let stored = |r: Reply| matches!(r, Reply::Enqueued { .. });
+    assert!(stored(publish_as(&mut q, Some((7, 1)), None)));
     assert_eq!(publish_as(&mut q, Some((7, 1)), None), Reply::Duplicate);
-    assert_eq!(publish_as(&mut q, Some((7, 0)), None), Reply::Duplicate);
-    assert!(matches!(
-        publish_as(&mut q, Some((7, 3)), None),
-        Reply::Enqueued { .. }
-    ));
+    assert!(stored(publish_as(&mut q, Some((7, 3)), None)));
+    // A retry that lost its race with a later publish is stored: exact, not "seq <= last".
+    assert!(stored(publish_as(&mut q, Some((7, 2)), None)));
     assert_eq!(publish_as(&mut q, Some((7, 2)), None), Reply::Duplicate);
-    assert!(matches!(
-        publish_as(&mut q, Some((8, 1)), None),
-        Reply::Enqueued { .. }
-    ));
-    assert_eq!(q.s.counts().ready, 3);
+    assert_eq!(publish_as(&mut q, Some((7, 3)), None), Reply::Duplicate);
+    assert!(stored(publish_as(&mut q, Some((8, 1)), None)));
+    assert_eq!(q.s.counts().ready, 4);
     assert_eq!(q.s.stats().duplicates_total, 3);
 }
 
@@ -837,41 +835,52 @@ fn a_refused_publish_is_not_remembered() {
 }
 
 #[test]
-fn publisher_window_forgets_the_least_recently_used() {
-    let mut s = QueueState::new(QueueConfig::new("/", "q"));
-    let mut index = 0;
-    let mut publish = |s: &mut QueueState, pid: u64, seq: u64| {
-        index += 1;
-        s.apply(
-            index,
-            Command::Enqueue {
-                now_ms: 0,
-                header: MsgHeader {
-                    size_bytes: 1,
-                    expiration_ms: None,
-                },
-                publisher: Some((pid, seq)),
-                dedup_key: None,
-            },
-        )
-        .0
-    };
-    for pid in 0..PUBLISHER_WINDOW as u64 {
-        publish(&mut s, pid, 5);
-    }
-    // Publisher 0 is used again: now publisher 1 is the least recently used.
-    assert!(matches!(publish(&mut s, 0, 6), Reply::Enqueued { .. }));
+fn keys_are_remembered_for_the_dedup_window_of_command_time() {
+    let mut q = Q::with(|c| c.dedup_window_ms = 10_000);
     assert!(matches!(
-        publish(&mut s, 1_000_000, 1),
+        publish_at(&mut q, 1_000, Some((1, 1)), None),
         Reply::Enqueued { .. }
     ));
-    assert_eq!(publish(&mut s, 0, 6), Reply::Duplicate);
-    assert_eq!(publish(&mut s, 2, 5), Reply::Duplicate);
-    assert!(
-        matches!(publish(&mut s, 1, 5), Reply::Enqueued { .. }),
-        "publisher 1 was evicted"
+    assert!(matches!(
+        publish_at(&mut q, 1_000, None, Some("dl/1")),
+        Reply::Enqueued { .. }
+    ));
+    // Still inside the window at its last millisecond.
+    assert_eq!(
+        publish_at(&mut q, 11_000, Some((1, 1)), None),
+        Reply::Duplicate
     );
-    s.check_invariants().unwrap();
+    assert_eq!(
+        publish_at(&mut q, 11_000, None, Some("dl/1")),
+        Reply::Duplicate
+    );
+    // Past it, both kinds are forgotten and stored again.
+    assert!(matches!(
+        publish_at(&mut q, 11_001, Some((1, 1)), None),
+        Reply::Enqueued { .. }
+    ));
+    assert!(matches!(
+        publish_at(&mut q, 11_001, None, Some("dl/1")),
+        Reply::Enqueued { .. }
+    ));
+    q.s.check_invariants().unwrap();
+}
+
+#[test]
+fn publish_and_transfer_keys_are_separate_windows() {
+    let mut q = Q::plain();
+    // The same text as a publish key and as a transfer key are two different keys.
+    let same = "user\0p1\01";
+    assert!(matches!(
+        publish_as(&mut q, Some((1, 1)), None),
+        Reply::Enqueued { .. }
+    ));
+    assert!(matches!(
+        publish_as(&mut q, None, Some(same)),
+        Reply::Enqueued { .. }
+    ));
+    assert_eq!(publish_as(&mut q, None, Some(same)), Reply::Duplicate);
+    assert_eq!(q.s.counts().ready, 2);
 }
 
 #[test]
@@ -891,36 +900,6 @@ fn dedup_keys_deduplicate_dead_letter_copies() {
         Reply::Enqueued { .. }
     ));
     assert_eq!(q.s.counts().ready, 3);
-}
-
-#[test]
-fn dedup_key_window_forgets_the_oldest() {
-    let key_cmd = |k: String| Command::Enqueue {
-        now_ms: 0,
-        header: MsgHeader {
-            size_bytes: 1,
-            expiration_ms: None,
-        },
-        publisher: None,
-        dedup_key: Some(k),
-    };
-    let n = qq_core::queue::DEDUP_KEY_WINDOW as u64;
-    let mut s = QueueState::new(QueueConfig::new("/", "q"));
-    let mut index = 0;
-    for i in 0..=n {
-        index += 1;
-        s.apply(index, key_cmd(format!("k{i}")));
-    }
-    index += 1;
-    assert!(matches!(
-        s.apply(index, key_cmd("k0".into())).0,
-        Reply::Enqueued { .. }
-    ));
-    index += 1;
-    assert_eq!(s.apply(index, key_cmd("k2".into())).0, Reply::Duplicate);
-    index += 1;
-    assert_eq!(s.apply(index, key_cmd(format!("k{n}"))).0, Reply::Duplicate);
-    s.check_invariants().unwrap();
 }
 
 // ----- Get -----
@@ -1329,7 +1308,7 @@ fn message_ids_are_log_indexes() {
                 size_bytes: 3,
                 expiration_ms: None,
             },
-            publisher: None,
+            publish_key: None,
             dedup_key: None,
         },
     );

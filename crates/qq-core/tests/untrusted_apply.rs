@@ -29,13 +29,13 @@ fn queue_templates() -> Vec<Vec<u8>> {
         Command::Enqueue {
             now_ms: 1_000,
             header: header.clone(),
-            publisher: Some((1, 1)),
+            publish_key: Some("p1".into()),
             dedup_key: None,
         },
         Command::Enqueue {
             now_ms: 1_000,
             header,
-            publisher: None,
+            publish_key: None,
             dedup_key: Some("k".into()),
         },
         Command::Checkout {
@@ -262,7 +262,7 @@ fn busy_queue() -> QueueState {
                     size_bytes: 10,
                     expiration_ms: Some(500),
                 },
-                publisher: None,
+                publish_key: None,
                 dedup_key: Some(format!("k{i}")),
             },
         );

@@ -39,14 +39,28 @@ pub struct TargetReply {
     pub reply: Result<Reply, NodeError>,
 }
 
-/// The enqueue command for a message (`encoded`: postcard of the message) under `dedup_key`.
+/// The enqueue command for a dead-letter copy or a moved message (`encoded`: postcard of the
+/// message) under its transfer key `dedup_key`.
 pub fn request(header: &MsgHeader, encoded: &[u8], dedup_key: String) -> QueueRequest {
     QueueRequest {
         cmd: Command::Enqueue {
             now_ms: now_ms(),
             header: header.clone(),
-            publisher: None,
+            publish_key: None,
             dedup_key: Some(dedup_key),
+        },
+        message: Some(encoded.to_vec()),
+    }
+}
+
+/// The enqueue command for a published message under its publish key.
+pub fn publish_request(header: &MsgHeader, encoded: &[u8], publish_key: String) -> QueueRequest {
+    QueueRequest {
+        cmd: Command::Enqueue {
+            now_ms: now_ms(),
+            header: header.clone(),
+            publish_key: Some(publish_key),
+            dedup_key: None,
         },
         message: Some(encoded.to_vec()),
     }
@@ -56,6 +70,9 @@ pub fn request(header: &MsgHeader, encoded: &[u8], dedup_key: String) -> QueueRe
 pub struct Enqueuer {
     proposer: Proposer,
     node_id: NodeId,
+    /// Random per process start, so keys of a restarted node never repeat those of an
+    /// earlier run (not from the wall clock, which can go back).
+    incarnation: u64,
     key_seq: Arc<AtomicU64>,
 }
 
@@ -64,17 +81,18 @@ impl Enqueuer {
         Enqueuer {
             proposer,
             node_id,
-            // Keys of a restarted node do not repeat those of its earlier run.
-            key_seq: Arc::new(AtomicU64::new(now_ms() * 1000)),
+            incarnation: rand::random(),
+            key_seq: Arc::new(AtomicU64::new(0)),
         }
     }
 
-    /// An idempotency key for one publish to one queue: the node's own retries of that
-    /// proposal reuse it, so the queue stores the message once.
+    /// An idempotency key for one publish to one queue when the client gave no publisher id:
+    /// the node's own retries of that proposal reuse it, so the queue stores the message once.
     pub fn next_publish_key(&self) -> String {
         format!(
-            "p{}.{}",
+            "n{}.{:x}.{}",
             self.node_id,
+            self.incarnation,
             self.key_seq.fetch_add(1, Ordering::Relaxed)
         )
     }

@@ -41,5 +41,12 @@ async fn main() -> anyhow::Result<()> {
         }
         tracing::info!("signal received: graceful shutdown");
     };
-    qq_node::server::run(config, shutdown).await
+    // A node that cannot start (or stops on an error) exits at once with status 1, without
+    // waiting for background work the failed start may have left behind.
+    if let Err(e) = qq_node::server::run(config, shutdown).await {
+        tracing::error!("{e:#}");
+        eprintln!("qq-node: {e:#}");
+        std::process::exit(1);
+    }
+    Ok(())
 }

@@ -74,7 +74,8 @@ impl Node {
     pub async fn start(config: Config) -> anyhow::Result<Arc<Node>> {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|e| anyhow::anyhow!("create data_dir {}: {e}", config.data_dir.display()))?;
-        let store = Store::open(&config.data_dir.join("db"))?;
+        let store = Store::open(&config.data_dir.join("db"))
+            .map_err(|e| anyhow::anyhow!("{e}\n\n{}", reseed_advice(&config.data_dir)))?;
         let peers = Peers::new(
             config.peers.iter().map(|p| PeerAddress {
                 id: p.id,
@@ -397,9 +398,34 @@ fn raft_config(config: &Config) -> anyhow::Result<Arc<openraft::Config>> {
         // A node back from a partition must not depose healthy leaders (found by
         // qq-chaos: every group stalled for seconds after each heal without it).
         enable_pre_vote: Some(true),
+        // A node re-seeded with an empty data directory (the procedure its refusal to start
+        // on a damaged directory gives) comes back with an empty log. Without this, every
+        // leader that had replicated to it panics its group's Raft core when it sees the
+        // follower's log behind what it had acknowledged (found by tests/cluster/reseed.rs),
+        // making the group unavailable on that node. With it, the leader starts that
+        // follower's replication over (by snapshot where its log is compacted). The leader
+        // still holds every committed entry, so this loses nothing; the caveat is the one the
+        // procedure states: the wiped node forgot its votes and its acknowledgements, so it
+        // must rejoin only while the other nodes hold a majority of every group.
+        allow_log_reversion: Some(true),
         ..Default::default()
     };
     Ok(Arc::new(raft.validate()?))
+}
+
+/// What to do when the data directory cannot be opened (said in the node's refusal).
+fn reseed_advice(data_dir: &std::path::Path) -> String {
+    let dir = data_dir.display();
+    format!(
+        "The data directory {dir} cannot be opened: it may be corrupt or truncated (a disk \
+         fault, a partial copy, files removed by hand). To re-seed this node from its peers: \
+         keep it stopped, move {dir} aside (keep it to investigate), and start the node again \
+         with the same configuration and an empty data directory. It rejoins the cluster and \
+         catches up from the other nodes (by snapshot where their logs were compacted), \
+         replica by replica. Do this only while the other nodes are up and hold a majority of \
+         every queue (`qqctl status`); re-seeding a node that other nodes depend on for a \
+         majority loses what only it held."
+    )
 }
 
 /// Initialise the cluster's metadata group if this node has the lowest id and nothing was

@@ -29,6 +29,9 @@ use crate::groups::queue_sm::MAX_BATCH;
 /// Answers buffered for a publish stream's client, at most.
 pub const STREAM_ANSWERS_BOUND: usize = 4096;
 
+/// Longest `publisher_id`.
+pub const MAX_PUBLISHER_ID_BYTES: usize = 256;
+
 /// What [`prepare`] decided for one publish.
 enum Prepared {
     /// Answered without enqueueing (unroutable).
@@ -37,13 +40,39 @@ enum Prepared {
         targets: Vec<(u64, String)>,
         header: MsgHeader,
         encoded: Vec<u8>,
+        /// The client's publish key (user, publisher id, seq), if it gave a publisher id.
+        publish_key: Option<String>,
     },
+}
+
+/// The publish key of a request's `(publisher_id, publisher_seq)`, scoped to the caller so
+/// that one user's ids cannot collide with another's.
+fn publish_key(caller: &Caller, req: &pb::PublishRequest) -> Result<Option<String>, Status> {
+    if req.publisher_id.is_empty() {
+        if req.publisher_seq != 0 {
+            return Err(Status::invalid_argument(
+                "publisher_seq: set without a publisher_id",
+            ));
+        }
+        return Ok(None);
+    }
+    if req.publisher_id.len() > MAX_PUBLISHER_ID_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "publisher_id: {} bytes, more than {MAX_PUBLISHER_ID_BYTES}",
+            req.publisher_id.len()
+        )));
+    }
+    Ok(Some(format!(
+        "c{}\0{}\0{}",
+        caller.user, req.publisher_id, req.publisher_seq
+    )))
 }
 
 /// Validate and route one publish.
 fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepared, Status> {
     let vhost = vhost(&req.vhost);
     api.auth.check(caller, &vhost, Perm::Write, &req.exchange)?;
+    let publish_key = publish_key(caller, &req)?;
     if let Some(why) = api.node.alarms().publish_refusal() {
         return Err(Status::resource_exhausted(why));
     }
@@ -114,6 +143,7 @@ fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepar
         targets: targets.into_iter().map(|q| (q.id, q.name)).collect(),
         header,
         encoded,
+        publish_key,
     })
 }
 
@@ -178,7 +208,8 @@ fn unroutable(req: &pb::PublishRequest) -> pb::PublishResponse {
     }
 }
 
-/// `Some(detail)` when the queue refused the message (reject-publish limits).
+/// `Some(detail)` when the queue refused the message (reject-publish limits); a duplicate
+/// is stored already, so it is no refusal.
 fn refusal(queue: &str, reply: &Reply) -> Result<Option<String>, Status> {
     match reply {
         Reply::Enqueued { .. } | Reply::Duplicate => Ok(None),
@@ -191,12 +222,18 @@ fn refusal(queue: &str, reply: &Reply) -> Result<Option<String>, Status> {
     }
 }
 
-fn answer(seq: u64, rejected: Vec<String>) -> pb::PublishResponse {
+/// The answer to a routed publish: REJECTED naming every refusal, else CONFIRMED, with
+/// detail "duplicate" when every target had stored it already.
+fn answer(seq: u64, rejected: Vec<String>, all_duplicates: bool) -> pb::PublishResponse {
     if rejected.is_empty() {
         pb::PublishResponse {
             seq,
             outcome: pb::PublishOutcome::Confirmed as i32,
-            detail: String::new(),
+            detail: if all_duplicates {
+                "duplicate".to_string()
+            } else {
+                String::new()
+            },
             code: 0,
         }
     } else {
@@ -251,6 +288,7 @@ async fn commit(
                 targets,
                 header,
                 encoded,
+                publish_key,
             } => {
                 answers.push((seq, None));
                 copies.push(
@@ -259,11 +297,14 @@ async fn commit(
                         .map(|(target, name)| Routed {
                             target,
                             name,
-                            // A fresh idempotency key: the node's own retries store it once.
-                            request: enqueue::request(
+                            // The client's key, or a fresh one of the node's: a retry (the
+                            // client's, or the node's own) stores the message once.
+                            request: enqueue::publish_request(
                                 &header,
                                 &encoded,
-                                enqueuer.next_publish_key(),
+                                publish_key
+                                    .clone()
+                                    .unwrap_or_else(|| enqueuer.next_publish_key()),
                             ),
                         })
                         .collect(),
@@ -279,12 +320,15 @@ async fn commit(
             continue;
         }
         let mut rejected = Vec::new();
+        let mut all_duplicates = true;
         for t in targets {
-            if let Some(detail) = refusal(&t.name, &t.reply?)? {
+            let reply = t.reply?;
+            all_duplicates &= reply == Reply::Duplicate;
+            if let Some(detail) = refusal(&t.name, &reply)? {
                 rejected.push(detail);
             }
         }
-        out.push(answer(seq, rejected));
+        out.push(answer(seq, rejected, all_duplicates));
     }
     Ok(out)
 }

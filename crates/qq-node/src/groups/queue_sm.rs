@@ -590,7 +590,7 @@ mod tests {
             Command::Enqueue {
                 now_ms: 0,
                 header,
-                publisher: None,
+                publish_key: None,
                 dedup_key: None,
             },
         );

@@ -31,7 +31,7 @@ fn valid_queue_entries() -> Vec<Vec<u8>> {
                 size_bytes: 5,
                 expiration_ms: None,
             },
-            publisher: None,
+            publish_key: None,
             dedup_key: Some("k1".into()),
         },
         message: Some(postcard::to_stdvec(&message).unwrap()),

@@ -1,12 +1,18 @@
 //! `publish`: one message, or `--count` generated ones with a confirmed-rate summary, over
 //! unary publishes or the pipelined PublishStream (`--stream`).
+//!
+//! Every message carries a publisher id (`--publisher-id`, random by default) and its number
+//! as `publisher_seq`, so a retry never stores a message twice: unary publishes that fail
+//! with UNAVAILABLE (a leader change) are retried with the same id and seq, and running the
+//! same command again with the same `--publisher-id` stores nothing new within the queues'
+//! dedup window (the confirms say `duplicate`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use qq_client::{Client, MessageBuilder, PublishOutcome, Value, v1};
+use qq_client::{Client, Confirm, MessageBuilder, PublishOutcome, Value, v1};
 
 use crate::typed::parse_pairs;
 
@@ -42,21 +48,36 @@ pub struct PublishArgs {
     /// Unconfirmed messages in flight with --stream.
     #[arg(long, default_value_t = 256)]
     window: usize,
+    /// Publisher id for deduplication (message i gets publisher_seq i+1). Default: random.
+    #[arg(long)]
+    publisher_id: Option<String>,
 }
 
-/// Count of confirms per outcome.
-type Tally = HashMap<PublishOutcome, u64>;
+/// Attempts of one unary publish that fails with UNAVAILABLE, and the pause between them.
+const ATTEMPTS: u32 = 20;
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
-pub async fn publish(client: &Client, p: PublishArgs) -> anyhow::Result<()> {
+/// Count of confirms per outcome name.
+type Tally = HashMap<String, u64>;
+
+pub async fn publish(client: &Client, mut p: PublishArgs) -> anyhow::Result<()> {
     let headers = parse_pairs(&p.headers)?;
+    if p.publisher_id.is_none() {
+        p.publisher_id = Some(format!("qqctl-{:016x}", rand::random::<u64>()));
+    }
     match p.count {
         None => publish_one(client, &p, &headers).await,
         Some(count) => publish_many(client, &p, &headers, count).await,
     }
 }
 
-/// The request for one message with the given body; everything else comes from the flags.
-fn request(p: &PublishArgs, headers: &HashMap<String, Value>, body: Vec<u8>) -> v1::PublishRequest {
+/// The request for message `i` with the given body; everything else comes from the flags.
+fn request(
+    p: &PublishArgs,
+    headers: &HashMap<String, Value>,
+    i: u64,
+    body: Vec<u8>,
+) -> v1::PublishRequest {
     let mut b = MessageBuilder::new(body).headers(headers.clone());
     if let Some(e) = &p.expiration {
         b = b.expiration(e.clone());
@@ -66,8 +87,30 @@ fn request(p: &PublishArgs, headers: &HashMap<String, Value>, body: Vec<u8>) -> 
         routing_key: p.key.clone(),
         mandatory: p.mandatory,
         message: Some(b.build()),
+        publisher_id: p.publisher_id.clone().unwrap_or_default(),
+        publisher_seq: i + 1,
         ..Default::default()
     }
+}
+
+/// A unary publish, retried with the same publisher id and seq while the cluster answers
+/// UNAVAILABLE (a leader change): the queue stores it once however often it is sent.
+async fn publish_retrying(client: &Client, req: v1::PublishRequest) -> anyhow::Result<Confirm> {
+    let mut attempt = 1;
+    loop {
+        match client.publish_with(req.clone()).await {
+            Err(e) if attempt < ATTEMPTS && is_unavailable(&e) => {
+                attempt += 1;
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
+fn is_unavailable(e: &qq_client::Error) -> bool {
+    e.status()
+        .is_some_and(|s| s.code() == tonic::Code::Unavailable)
 }
 
 async fn publish_one(
@@ -75,14 +118,19 @@ async fn publish_one(
     p: &PublishArgs,
     headers: &HashMap<String, Value>,
 ) -> anyhow::Result<()> {
-    let req = request(p, headers, p.body.clone().unwrap_or_default().into_bytes());
+    let req = request(
+        p,
+        headers,
+        0,
+        p.body.clone().unwrap_or_default().into_bytes(),
+    );
     let confirm = if p.stream {
         let mut publisher = client.publisher(1).await?;
         publisher.send_request(req).await?;
         let confirms = publisher.close().await?;
         confirms.into_iter().next().context("no confirm received")?
     } else {
-        client.publish_with(req).await?
+        publish_retrying(client, req).await?
     };
     print_outcome(confirm.outcome, &confirm.detail);
     Ok(())
@@ -103,7 +151,7 @@ async fn publish_many(
     count: u64,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
-    let requests = (0..count).map(|i| request(p, headers, generated_body(i, p.size)));
+    let requests = (0..count).map(|i| request(p, headers, i, generated_body(i, p.size)));
     let tally = if p.stream {
         publish_streamed(client, p.window, requests).await?
     } else {
@@ -130,11 +178,11 @@ async fn publish_streamed(
     for req in requests {
         publisher.send_request(req).await?;
         for c in publisher.take_confirms() {
-            *tally.entry(c.outcome).or_default() += 1;
+            count(&mut tally, &c);
         }
     }
     for c in publisher.close().await? {
-        *tally.entry(c.outcome).or_default() += 1;
+        count(&mut tally, &c);
     }
     Ok(tally)
 }
@@ -145,19 +193,29 @@ async fn publish_unary(
 ) -> anyhow::Result<Tally> {
     let mut tally = Tally::new();
     for req in requests {
-        let c = client.publish_with(req).await?;
-        *tally.entry(c.outcome).or_default() += 1;
+        let c = publish_retrying(client, req).await?;
+        count(&mut tally, &c);
     }
     Ok(tally)
 }
 
+/// Count a confirm under its outcome, and confirmed duplicates also as DUPLICATE.
+fn count(tally: &mut Tally, c: &Confirm) {
+    *tally
+        .entry(c.outcome.as_str_name().to_string())
+        .or_default() += 1;
+    if c.outcome == PublishOutcome::Confirmed && c.detail == "duplicate" {
+        *tally.entry("DUPLICATE".to_string()).or_default() += 1;
+    }
+}
+
 fn print_rate(count: u64, elapsed: Duration, tally: &Tally) {
     let secs = elapsed.as_secs_f64();
-    let confirmed = tally.get(&PublishOutcome::Confirmed).copied().unwrap_or(0);
-    let mut outcomes: Vec<String> = tally
-        .iter()
-        .map(|(o, n)| format!("{}={n}", o.as_str_name()))
-        .collect();
+    let confirmed = tally
+        .get(PublishOutcome::Confirmed.as_str_name())
+        .copied()
+        .unwrap_or(0);
+    let mut outcomes: Vec<String> = tally.iter().map(|(o, n)| format!("{o}={n}")).collect();
     outcomes.sort();
     println!("{count} messages in {secs:.2} s: {}", outcomes.join(" "));
     println!("{:.0} confirmed msgs/s", confirmed as f64 / secs.max(1e-9));
