@@ -161,6 +161,16 @@ impl Hosts {
         Ok(())
     }
 
+    /// Deletes node `id`'s data directory (the node must be stopped).
+    pub fn wipe(&mut self, id: u64) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.is_running(id), "wipe: node {id} is running");
+        let data = self.dir.join(format!("node{id}"));
+        if data.exists() {
+            std::fs::remove_dir_all(&data).with_context(|| format!("wipe {}", data.display()))?;
+        }
+        Ok(())
+    }
+
     pub fn pid(&self, id: u64) -> Option<u32> {
         self.procs[self.slot(id)].as_ref().map(|c| c.id())
     }

@@ -35,9 +35,12 @@ pub enum Kind {
     Pause,
     /// Delay (50 ms ± 25) and 10 % packet loss on everything one node sends.
     Netem,
+    /// kill -9 of a random node and its data directory deleted; started again, empty, when
+    /// the window ends (the re-seed procedure): it must catch up from the others.
+    WipeRejoin,
 }
 
-pub const ALL: [Kind; 8] = [
+pub const ALL: [Kind; 9] = [
     Kind::PartitionHalves,
     Kind::IsolateLeader,
     Kind::MajoritiesRing,
@@ -46,6 +49,7 @@ pub const ALL: [Kind; 8] = [
     Kind::KillRandom,
     Kind::Pause,
     Kind::Netem,
+    Kind::WipeRejoin,
 ];
 
 impl Kind {
@@ -59,6 +63,7 @@ impl Kind {
             Kind::KillRandom => "kill-random",
             Kind::Pause => "pause",
             Kind::Netem => "netem",
+            Kind::WipeRejoin => "wipe-rejoin",
         }
     }
 }
@@ -225,6 +230,12 @@ pub fn apply(hosts: &mut Hosts, fault: &Planned, leader: Option<u64>) -> anyhow:
             hosts.kill9(victim);
             applied.killed = Some(victim);
             applied.target = format!("node {victim}");
+        }
+        Kind::WipeRejoin => {
+            hosts.kill9(pick);
+            hosts.wipe(pick)?;
+            applied.killed = Some(pick);
+            applied.target = format!("node {pick} wiped");
         }
         Kind::Pause => {
             hosts.pause(target_leader)?;

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use openraft::async_runtime::WatchReceiver;
 use openraft::{BasicNode, Raft, SnapshotPolicy};
 use qq_core::NodeId;
 use qq_core::meta::{MetaEffect, QueueMeta};
@@ -28,7 +29,7 @@ use qq_raft::log_store::LogStore;
 use qq_raft::network::{GroupNetwork, PeerAddress, Peers};
 use qq_raft::store::Store;
 use qq_raft::{GroupId, META_GROUP};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
@@ -65,6 +66,9 @@ pub struct Node {
     leader_ctx: LeaderContext,
     consumer_seq: AtomicU64,
     alarms: Arc<Alarms>,
+    /// Latched true once this node's metadata has caught up with the cluster's (see
+    /// [`Node::meta_synced`]).
+    meta_synced: watch::Sender<bool>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -136,10 +140,12 @@ impl Node {
             leader_ctx,
             consumer_seq: AtomicU64::new(now_ms() * 1000),
             alarms: alarms.clone(),
+            meta_synced: watch::Sender::new(false),
             shutdown,
             tasks,
         });
         node.tasks.spawn(node.clone().supervise(effects));
+        node.tasks.spawn(node.clone().follow_meta_sync());
         let stop = node.shutdown.clone();
         node.tasks
             .spawn(async move { alarms.watch(bounds, stop).await });
@@ -187,6 +193,41 @@ impl Node {
 
     pub fn stopping(&self) -> &CancellationToken {
         &self.shutdown
+    }
+
+    /// Whether this node's metadata has caught up with the cluster's since it started: true
+    /// once it has applied everything the metadata leader had committed when this node heard
+    /// from it, and true from then on. Until then the node does not serve clients (a node that
+    /// starts with an empty or old data directory would otherwise route with what it knows:
+    /// found by qq-chaos's wipe-rejoin, a re-seeded node answered publishes to a queue it did
+    /// not know yet as unroutable, CONFIRMED and dropped). Followers may lag by the usual
+    /// milliseconds afterwards, as before.
+    pub fn meta_synced(&self) -> watch::Receiver<bool> {
+        self.meta_synced.subscribe()
+    }
+
+    /// Latch [`Node::meta_synced`] (no polling: wakes on the metadata group's metrics).
+    async fn follow_meta_sync(self: Arc<Self>) {
+        let mut metrics = self.registry.meta_raft().metrics();
+        loop {
+            let synced = {
+                let m = metrics.borrow_watched();
+                m.current_leader.is_some()
+                    && match (&m.cluster_committed, &m.last_applied) {
+                        (Some(committed), Some(applied)) => applied.index >= committed.index,
+                        _ => false,
+                    }
+            };
+            if synced {
+                info!("metadata caught up with the cluster: serving clients");
+                self.meta_synced.send_replace(true);
+                return;
+            }
+            tokio::select! {
+                changed = metrics.changed() => if changed.is_err() { return },
+                _ = self.shutdown.cancelled() => return,
+            }
+        }
     }
 
     /// A consumer id unique within any queue: node id in the top byte.

@@ -30,7 +30,7 @@ use base64::Engine;
 use qq_core::meta::{MetaCommand, MetaState, Perm, User};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 use tonic::{Request, Status};
 use tracing::warn;
 
@@ -71,6 +71,8 @@ struct Verified {
 
 pub struct Auth {
     view: MetaView,
+    /// Whether this node's metadata has caught up ([`crate::node::Node::meta_synced`]).
+    synced: watch::Receiver<bool>,
     settings: AuthSettings,
     /// Permission checks that passed, valid for one metadata version.
     granted: Mutex<(u64, HashSet<Grant>)>,
@@ -157,9 +159,15 @@ fn basic_credentials<T>(req: &Request<T>) -> Result<Option<(String, String)>, St
 }
 
 impl Auth {
-    pub fn new(view: MetaView, settings: AuthSettings, conns: Arc<Connections>) -> Auth {
+    pub fn new(
+        view: MetaView,
+        synced: watch::Receiver<bool>,
+        settings: AuthSettings,
+        conns: Arc<Connections>,
+    ) -> Auth {
         Auth {
             view,
+            synced,
             settings,
             granted: Mutex::new((0, HashSet::new())),
             verified: Mutex::new(HashMap::new()),
@@ -175,6 +183,13 @@ impl Auth {
 
     /// The authenticated caller: Basic credentials, or `guest` without them.
     pub async fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
+        // Users, permissions and everything a request is about live in the metadata: until
+        // this node has caught up with the cluster's, it would answer from what it knew.
+        if !*self.synced.borrow() {
+            return Err(Status::unavailable(
+                "this node is catching up on the cluster's metadata; retry, or use another node",
+            ));
+        }
         let peer = req.remote_addr();
         let loopback = is_loopback(peer);
         let shown_peer = peer.map_or_else(|| "unknown".to_string(), |a| a.to_string());

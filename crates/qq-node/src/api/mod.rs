@@ -95,7 +95,12 @@ impl BrokerService {
             allow_plaintext_auth: config.allow_plaintext_auth,
             client_tls: config.tls_cert.is_some(),
         };
-        let auth = Arc::new(Auth::new(node.view().clone(), settings, conns.clone()));
+        let auth = Arc::new(Auth::new(
+            node.view().clone(),
+            node.meta_synced(),
+            settings,
+            conns.clone(),
+        ));
         BrokerService {
             api: Api { node, auth, conns },
         }

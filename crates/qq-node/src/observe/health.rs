@@ -1,5 +1,6 @@
-//! Is this node serving? SERVING once it is a voter of the metadata group and sees a metadata
-//! leader it can reach; NOT_SERVING before that, while it sees none (an election), and from
+//! Is this node serving? SERVING once its metadata has caught up with the cluster's
+//! ([`Node::meta_synced`]), it is a voter of the metadata group and sees a metadata leader it
+//! can reach; NOT_SERVING before that, while it sees none (an election), and from
 //! the moment it starts to shut down.
 //!
 //! "Sees a leader" is Raft's `current_leader`, checked against the peer links of
@@ -44,6 +45,7 @@ pub async fn run(
 ) {
     let id = node.id();
     let mut raft_metrics = node.registry().meta_raft().metrics();
+    let mut synced = node.meta_synced();
     let mut was_leader = false;
     let mut published: Option<bool> = None;
     // A node without peers has no link to watch: its sender is gone from the start.
@@ -55,7 +57,7 @@ pub async fn run(
             let leading = m.state == ServerState::Leader;
             let linked = links.borrow();
             (
-                is_serving(id, &voters, m.current_leader, leading, &linked),
+                *synced.borrow() && is_serving(id, &voters, m.current_leader, leading, &linked),
                 leading,
             )
         };
@@ -75,6 +77,8 @@ pub async fn run(
         }
         tokio::select! {
             changed = raft_metrics.changed() => if changed.is_err() { break },
+            // Once caught up it stays so (a latch): stop watching then.
+            _ = synced.changed(), if !*synced.borrow() => {}
             changed = links.changed(), if links_open => links_open = changed.is_ok(),
             _ = node.stopping().cancelled() => break,
         }
