@@ -25,7 +25,12 @@ pub struct Hosts {
     ids: Vec<u64>,
     procs: Vec<Option<Child>>,
     paused: Vec<bool>,
+    /// Each node's data directory is a tmpfs of this many MiB (for the disk-full fault).
+    small_disks: Option<u64>,
 }
+
+/// Exit code of a node stopped by a storage fault (`qq_raft::store::STORAGE_FAULT_EXIT_CODE`).
+pub const STORAGE_FAULT_EXIT_CODE: i32 = 74;
 
 pub fn address(id: u64) -> String {
     format!("{SUBNET}.{id}:{PORT}")
@@ -62,6 +67,7 @@ impl Hosts {
             ids: (1..=n as u64).collect(),
             procs: (0..n).map(|_| None).collect(),
             paused: vec![false; n],
+            small_disks: None,
         };
         hosts.netns("down")?;
         hosts.netns("up")?;
@@ -161,12 +167,72 @@ impl Hosts {
         Ok(())
     }
 
-    /// Deletes node `id`'s data directory (the node must be stopped).
+    fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("node{id}"))
+    }
+
+    /// Deletes node `id`'s data (the node must be stopped).
     pub fn wipe(&mut self, id: u64) -> anyhow::Result<()> {
         anyhow::ensure!(!self.is_running(id), "wipe: node {id} is running");
-        let data = self.dir.join(format!("node{id}"));
-        if data.exists() {
+        let data = self.data_dir(id);
+        if !data.exists() {
+            return Ok(());
+        }
+        if self.small_disks.is_some() {
+            // A mount point: empty it, keep it.
+            for entry in std::fs::read_dir(&data)? {
+                let path = entry?.path();
+                if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                }
+                .with_context(|| format!("wipe {}", path.display()))?;
+            }
+        } else {
             std::fs::remove_dir_all(&data).with_context(|| format!("wipe {}", data.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Puts every node's data directory on a tmpfs of `mib` MiB (before the nodes start), so
+    /// that [`Hosts::fill_disk`] can fill it.
+    pub fn use_small_disks(&mut self, mib: u64) -> anyhow::Result<()> {
+        for id in self.ids.clone() {
+            let data = self.data_dir(id);
+            std::fs::create_dir_all(&data)?;
+            run(Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+                .arg(&data))?;
+        }
+        self.small_disks = Some(mib);
+        Ok(())
+    }
+
+    /// Fills node `id`'s small disk with a ballast file, leaving 64 KiB.
+    pub fn fill_disk(&mut self, id: u64) -> anyhow::Result<()> {
+        anyhow::ensure!(self.small_disks.is_some(), "fill_disk: no small disks");
+        let data = self.data_dir(id);
+        let out = run(Command::new("df")
+            .args(["--output=avail", "-B1"])
+            .arg(&data))?;
+        let avail: u64 = out
+            .lines()
+            .nth(1)
+            .and_then(|l| l.trim().parse().ok())
+            .with_context(|| format!("df of {}: {out}", data.display()))?;
+        let size = avail.saturating_sub(64 * 1024).max(1);
+        run(Command::new("fallocate")
+            .args(["-l", &size.to_string()])
+            .arg(data.join("ballast")))?;
+        Ok(())
+    }
+
+    /// Removes node `id`'s ballast file.
+    pub fn free_disk(&mut self, id: u64) -> anyhow::Result<()> {
+        let ballast = self.data_dir(id).join("ballast");
+        if ballast.exists() {
+            std::fs::remove_file(&ballast)?;
         }
         Ok(())
     }
@@ -205,14 +271,14 @@ impl Hosts {
         Ok(())
     }
 
-    /// A node process that exited by itself (not killed by us) is a finding: returns its id.
-    pub fn find_crashed(&mut self) -> Option<(u64, String)> {
+    /// A node process that exited by itself (not killed by us): its id and exit status.
+    pub fn find_crashed(&mut self) -> Option<(u64, std::process::ExitStatus)> {
         for (slot, proc) in self.procs.iter_mut().enumerate() {
             if let Some(child) = proc
                 && let Ok(Some(status)) = child.try_wait()
             {
                 *proc = None;
-                return Some((slot as u64 + 1, status.to_string()));
+                return Some((slot as u64 + 1, status));
             }
         }
         None
@@ -302,6 +368,14 @@ impl Hosts {
                 let _ = self.resume(id);
             }
             self.kill9(id);
+        }
+        if self.small_disks.take().is_some() {
+            for id in self.ids.clone() {
+                let _ = Command::new("umount")
+                    .arg("-l")
+                    .arg(self.data_dir(id))
+                    .status();
+            }
         }
         let _ = self.netns("down");
     }

@@ -83,6 +83,8 @@ struct Args {
 /// node (until the client's 5 s timeout) do not stop new ones from reaching the new leader:
 /// the confirm gaps then measure the cluster's failover, not the client's window.
 const PUBLISH_CONCURRENCY: usize = 128;
+/// Size of each node's data filesystem (a tmpfs) in runs with the disk-full fault.
+const SMALL_DISK_MIB: u64 = 256;
 
 /// Named scenarios: the short run of `make test`, and every anomaly chaos runs found, kept as a
 /// regression (see README "Chaos testing").
@@ -252,6 +254,9 @@ async fn run_one(setup: &Setup, kinds: &[Kind], out: &std::path::Path) -> anyhow
     let mut hosts = Hosts::create(&setup.script, &setup.node_bin, &out.join("run"), 3)?;
     let mut notes = Vec::new();
     let mut kinds = kinds.to_vec();
+    if kinds.contains(&Kind::DiskFull) {
+        hosts.use_small_disks(SMALL_DISK_MIB)?;
+    }
     if kinds.contains(&Kind::Netem) && !hosts.netem_available() {
         let note =
             "tc netem is not available in this kernel: the netem fault is skipped".to_string();
@@ -352,13 +357,25 @@ async fn chaos(
     let mut term_checks: Vec<Option<Vec<String>>> = Vec::new();
     while rec.elapsed() < run {
         if let Some((id, status)) = hosts.find_crashed() {
-            let msg = format!(
-                "node {id} exited by itself ({status}) at {:?}",
-                rec.elapsed()
-            );
-            println!("!! {msg}");
-            crashes.push(msg);
-            hosts.start(id)?;
+            let full = active
+                .as_ref()
+                .is_some_and(|(a, _, _)| a.disk_full == Some(id));
+            if full && status.code() == Some(hosts::STORAGE_FAULT_EXIT_CODE) {
+                // Fail-stop on its full disk: expected; started again when the disk is freed.
+                println!(
+                    "[{:>5.1}s] node {id} stopped on its full disk (exit {})",
+                    rec.elapsed().as_secs_f64(),
+                    hosts::STORAGE_FAULT_EXIT_CODE
+                );
+            } else {
+                let msg = format!(
+                    "node {id} exited by itself ({status}) at {:?}",
+                    rec.elapsed()
+                );
+                println!("!! {msg}");
+                crashes.push(msg);
+                hosts.start(id)?;
+            }
         }
         let now = rec.elapsed();
         if let Some((applied, until, start_ms)) = &active

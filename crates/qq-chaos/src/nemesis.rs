@@ -38,9 +38,13 @@ pub enum Kind {
     /// kill -9 of a random node and its data directory deleted; started again, empty, when
     /// the window ends (the re-seed procedure): it must catch up from the others.
     WipeRejoin,
+    /// A random node's data filesystem (a small tmpfs) filled up with a ballast file: the node
+    /// raises its disk alarm and refuses publishes, and stops fail-stop (exit 74) when a write
+    /// fails; the ballast is removed and the node started again when the window ends.
+    DiskFull,
 }
 
-pub const ALL: [Kind; 9] = [
+pub const ALL: [Kind; 10] = [
     Kind::PartitionHalves,
     Kind::IsolateLeader,
     Kind::MajoritiesRing,
@@ -50,6 +54,7 @@ pub const ALL: [Kind; 9] = [
     Kind::Pause,
     Kind::Netem,
     Kind::WipeRejoin,
+    Kind::DiskFull,
 ];
 
 impl Kind {
@@ -64,6 +69,7 @@ impl Kind {
             Kind::Pause => "pause",
             Kind::Netem => "netem",
             Kind::WipeRejoin => "wipe-rejoin",
+            Kind::DiskFull => "disk-full",
         }
     }
 }
@@ -165,6 +171,8 @@ pub struct Applied {
     pub paused: Option<u64>,
     /// The node cut off alone from the other two (partition-halves, isolate-leader).
     pub alone: Option<u64>,
+    /// The node whose disk is full (it may stop with a storage fault meanwhile).
+    pub disk_full: Option<u64>,
 }
 
 /// Applies `fault` now. `leader` is the current leader of the queue the fault chose (if known).
@@ -179,6 +187,7 @@ pub fn apply(hosts: &mut Hosts, fault: &Planned, leader: Option<u64>) -> anyhow:
         killed: None,
         paused: None,
         alone: None,
+        disk_full: None,
     };
     match fault.kind {
         Kind::PartitionHalves | Kind::IsolateLeader => {
@@ -231,6 +240,11 @@ pub fn apply(hosts: &mut Hosts, fault: &Planned, leader: Option<u64>) -> anyhow:
             applied.killed = Some(victim);
             applied.target = format!("node {victim}");
         }
+        Kind::DiskFull => {
+            hosts.fill_disk(pick)?;
+            applied.disk_full = Some(pick);
+            applied.target = format!("node {pick} disk full");
+        }
         Kind::WipeRejoin => {
             hosts.kill9(pick);
             hosts.wipe(pick)?;
@@ -257,6 +271,11 @@ pub fn heal(hosts: &mut Hosts, applied: &Applied) -> anyhow::Result<()> {
         hosts.resume(id)?;
     }
     if let Some(id) = applied.killed {
+        hosts.start(id)?;
+    }
+    if let Some(id) = applied.disk_full {
+        hosts.free_disk(id)?;
+        // Started again if it stopped on the full disk (a no-op if it still runs).
         hosts.start(id)?;
     }
     Ok(())
