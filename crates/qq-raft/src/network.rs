@@ -9,6 +9,11 @@
 //! whose certificate chains to the cluster CA and names [`CLUSTER_TLS_NAME`]. Without
 //! [`PeerTls`] (`insecure_cluster = true`) the channels speak plain `http://`.
 //!
+//! An append carries at most [`MAX_APPEND_BYTES`] of entries (at least one entry): the rest
+//! goes in the next request, openraft told so by a `PartialSuccess`. A peer that does not
+//! answer is retried with a growing pause ([`UNREACHABLE_BACKOFF`]), not at once, so a leader
+//! does not keep sending appends or snapshots to a node that is down.
+//!
 //! Left out: streaming/pipelined append (openraft's sequential default is used) and chunked
 //! snapshots (a snapshot travels as one message; the channel's size limit is raised for it).
 
@@ -39,6 +44,33 @@ pub const MAX_INTERNAL_MESSAGE_BYTES: usize = 1024 * 1024 * 1024;
 /// too short when the follower fsyncs inside append_entries (rust-stack-notes pitfall 9).
 const MIN_RPC_TIMEOUT: Duration = Duration::from_secs(3);
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Most bytes of entries (their payloads, plus a little per entry) in one append request;
+/// a single larger entry still goes alone.
+pub const MAX_APPEND_BYTES: usize = 4 * 1024 * 1024;
+/// What an entry costs besides its payload in [`MAX_APPEND_BYTES`] (log id, framing).
+const ENTRY_OVERHEAD_BYTES: usize = 64;
+
+/// Pauses between attempts to reach a peer that did not answer: doubling from 100 ms to 2 s.
+pub const UNREACHABLE_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(2));
+
+/// How many of `entries`, from the first, fit in [`MAX_APPEND_BYTES`] (at least one).
+fn entries_within_budget(entries: &[openraft::alias::EntryOf<TypeConfig>]) -> usize {
+    let mut total = 0usize;
+    for (i, e) in entries.iter().enumerate() {
+        let size = ENTRY_OVERHEAD_BYTES
+            + match &e.payload {
+                openraft::EntryPayload::Normal(r) => r.payload.len(),
+                _ => 0,
+            };
+        if i > 0 && total + size > MAX_APPEND_BYTES {
+            return i;
+        }
+        total += size;
+    }
+    entries.len()
+}
 
 /// The DNS name every node certificate carries (besides its hosts) and that peers check: any
 /// node of the cluster may sit behind any cluster address, its CA is what makes it a member.
@@ -252,15 +284,28 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
 
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(
-            RaftKind::Append,
-            &rpc,
-            option.hard_ttl().max(MIN_RPC_TIMEOUT),
-        )
-        .await
+        // The byte budget: send the first entries that fit; on success, say how far they went.
+        let fit = entries_within_budget(&rpc.entries);
+        let cut = (fit < rpc.entries.len()).then(|| {
+            rpc.entries.truncate(fit);
+            rpc.entries.last().map(|e| e.log_id)
+        });
+        let reply = self
+            .call(
+                RaftKind::Append,
+                &rpc,
+                option.hard_ttl().max(MIN_RPC_TIMEOUT),
+            )
+            .await?;
+        Ok(match (reply, cut) {
+            (AppendEntriesResponse::Success, Some(last)) => {
+                AppendEntriesResponse::PartialSuccess(last)
+            }
+            (reply, _) => reply,
+        })
     }
 
     async fn vote(
@@ -306,8 +351,13 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
         }
     }
 
+    /// Used by openraft after an `Unreachable` error, until the peer answers again.
     fn backoff(&self) -> Option<openraft::network::Backoff> {
-        None
+        let (first, max) = UNREACHABLE_BACKOFF;
+        Some(openraft::network::Backoff::new(std::iter::successors(
+            Some(first),
+            move |d| Some((*d * 2).min(max)),
+        )))
     }
 }
 
@@ -318,6 +368,48 @@ pub struct SnapshotRequest {
     pub meta: openraft::alias::SnapshotMetaOf<TypeConfig>,
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use openraft::EntryPayload;
+    use openraft::vote::RaftLeaderId;
+
+    use super::*;
+    use crate::types::Request;
+
+    fn entry(index: u64, bytes: usize) -> openraft::alias::EntryOf<TypeConfig> {
+        let log_id = openraft::alias::LogIdOf::<TypeConfig>::new(
+            <openraft::alias::LeaderIdOf<TypeConfig>>::new(1, 1).to_committed(),
+            index,
+        );
+        openraft::Entry {
+            log_id,
+            payload: EntryPayload::Normal(Request {
+                payload: vec![0; bytes],
+            }),
+        }
+    }
+
+    #[test]
+    fn appends_stop_at_the_byte_budget_but_carry_at_least_one_entry() {
+        let mib = 1024 * 1024;
+        let small: Vec<_> = (1..=300).map(|i| entry(i, 1024)).collect();
+        assert_eq!(entries_within_budget(&small), 300, "300 KiB fit");
+        let big: Vec<_> = (1..=10).map(|i| entry(i, mib)).collect();
+        assert_eq!(
+            entries_within_budget(&big),
+            3,
+            "4 MiB holds three 1 MiB entries"
+        );
+        let huge = vec![entry(1, 16 * mib), entry(2, 1)];
+        assert_eq!(
+            entries_within_budget(&huge),
+            1,
+            "one larger entry still goes alone"
+        );
+        assert_eq!(entries_within_budget(&[]), 0);
+    }
 }
 
 #[cfg(test)]
