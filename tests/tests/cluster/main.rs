@@ -7,6 +7,7 @@ mod bad_entries;
 mod bad_input;
 mod consumers;
 mod deadletter;
+mod definitions;
 mod dlx_workflows;
 mod failover;
 mod limits;
