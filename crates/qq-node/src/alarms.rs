@@ -156,7 +156,11 @@ impl Alarms {
 fn flip(flag: &AtomicBool, now: bool, name: &str, detail: impl FnOnce() -> String) {
     if flag.swap(now, Ordering::Relaxed) != now {
         if now {
-            warn!(alarm = name, "{name} alarm set: {}; publishes are refused", detail());
+            warn!(
+                alarm = name,
+                "{name} alarm set: {}; publishes are refused",
+                detail()
+            );
         } else {
             info!(
                 alarm = name,

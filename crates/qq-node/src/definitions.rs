@@ -289,7 +289,10 @@ pub fn value_from_json(path: &str, v: &J) -> Result<Value, Status> {
             if let Some(i) = n.as_i64() {
                 Value::Long(i)
             } else if n.is_u64() {
-                return Err(invalid(path, format!("{n} does not fit a signed 64-bit long")));
+                return Err(invalid(
+                    path,
+                    format!("{n} does not fit a signed 64-bit long"),
+                ));
             } else {
                 Value::Double(n.as_f64().unwrap_or(f64::NAN))
             }
@@ -307,7 +310,9 @@ pub fn value_from_json(path: &str, v: &J) -> Result<Value, Status> {
                 let at = format!("{path}.{k}");
                 match k.as_str() {
                     "$bytes" => {
-                        let s = x.as_str().ok_or_else(|| invalid(&at, "must be base64 text"))?;
+                        let s = x
+                            .as_str()
+                            .ok_or_else(|| invalid(&at, "must be base64 text"))?;
                         let b = B64
                             .decode(s)
                             .map_err(|e| invalid(&at, format!("not base64: {e}")))?;
@@ -433,8 +438,8 @@ fn limits_from_json(path: &str, v: Option<&J>) -> Result<Limits, Status> {
 /// Checks an Argon2id PHC string before it is proposed: it must parse, name `argon2id`,
 /// carry a salt and an output, and have parameters argon2 accepts, within the bounds above.
 pub fn validate_phc(field: &str, phc: &str) -> Result<(), Status> {
-    let hash = PasswordHash::new(phc)
-        .map_err(|e| invalid(field, format!("not a PHC string: {e}")))?;
+    let hash =
+        PasswordHash::new(phc).map_err(|e| invalid(field, format!("not a PHC string: {e}")))?;
     if hash.algorithm != ARGON2ID_IDENT {
         return Err(invalid(
             field,
@@ -599,9 +604,8 @@ impl Document {
         }
         let text = std::fs::read(path)
             .map_err(|e| anyhow::anyhow!("definitions_file {}: {e}", path.display()))?;
-        Document::parse(&text).map_err(|s| {
-            anyhow::anyhow!("definitions_file {}: {}", path.display(), s.message())
-        })
+        Document::parse(&text)
+            .map_err(|s| anyhow::anyhow!("definitions_file {}: {}", path.display(), s.message()))
     }
 }
 
@@ -622,10 +626,10 @@ fn parse_item(kind: usize, at: &At<'_>) -> Result<MetaCommand, Status> {
             .map_err(|s| {
                 // An unknown algorithm is the fault of hashing_algorithm, not of the hash.
                 if s.message().contains("hashing_algorithm '") {
-                    Status::invalid_argument(s.message().replace(
-                        &at.field("password_hash"),
-                        &at.field("hashing_algorithm"),
-                    ))
+                    Status::invalid_argument(
+                        s.message()
+                            .replace(&at.field("password_hash"), &at.field("hashing_algorithm")),
+                    )
                 } else {
                     s
                 }
@@ -934,7 +938,9 @@ mod tests {
     fn export_then_parse_and_plan_round_trips() {
         let mut state = MetaState::new();
         let cmds = [
-            MetaCommand::PutVhost { name: "shop".into() },
+            MetaCommand::PutVhost {
+                name: "shop".into(),
+            },
             MetaCommand::DeclareQueue {
                 vhost: "shop".into(),
                 name: "q".into(),
@@ -951,7 +957,10 @@ mod tests {
         let parsed = doc(exported.clone()).unwrap();
         // Everything is already there: nothing to do.
         let steps = plan(&state, &parsed, &[1, 2, 3], None).unwrap();
-        assert!(steps.iter().all(|(_, o)| *o == Outcome::Unchanged), "{steps:?}");
+        assert!(
+            steps.iter().all(|(_, o)| *o == Outcome::Unchanged),
+            "{steps:?}"
+        );
         // Into a fresh state: the result exports the same.
         let mut fresh = MetaState::new();
         for (item, _) in plan(&fresh.clone(), &parsed, &[1, 2, 3], None).unwrap() {
@@ -977,19 +986,40 @@ mod tests {
     #[test]
     fn structural_errors_name_the_path() {
         let e = doc(json!({"users": [{"name": "u", "password_hash": "x"}]})).unwrap_err();
-        assert!(e.message().starts_with("users[0].password_hash: not a PHC string"), "{}", e.message());
+        assert!(
+            e.message()
+                .starts_with("users[0].password_hash: not a PHC string"),
+            "{}",
+            e.message()
+        );
         let e = doc(json!({"users": [{"name": "u", "password_hash": "x",
             "hashing_algorithm": "rabbit_password_hashing_sha256"}]}))
         .unwrap_err();
-        assert!(e.message().starts_with("users[0].hashing_algorithm: "), "{}", e.message());
+        assert!(
+            e.message().starts_with("users[0].hashing_algorithm: "),
+            "{}",
+            e.message()
+        );
         let e = doc(json!({"bindings": [{"source": "x", "destination": "y",
             "destination_type": "exchange"}]}))
         .unwrap_err();
-        assert!(e.message().starts_with("bindings[0].destination_type: "), "{}", e.message());
+        assert!(
+            e.message().starts_with("bindings[0].destination_type: "),
+            "{}",
+            e.message()
+        );
         let e = doc(json!({"qeues": []})).unwrap_err();
-        assert!(e.message().starts_with("qeues: unknown key"), "{}", e.message());
+        assert!(
+            e.message().starts_with("qeues: unknown key"),
+            "{}",
+            e.message()
+        );
         let e = doc(json!({"parameters": [{"component": "shovel"}]})).unwrap_err();
-        assert!(e.message().starts_with("parameters: not supported"), "{}", e.message());
+        assert!(
+            e.message().starts_with("parameters: not supported"),
+            "{}",
+            e.message()
+        );
         let e = Document::parse(&vec![b' '; MAX_DEFINITIONS_BYTES + 1]).unwrap_err();
         assert_eq!(e.code(), Code::ResourceExhausted);
     }
@@ -999,9 +1029,19 @@ mod tests {
         use qq_core::meta::GUEST_PASSWORD_HASH;
         validate_phc("h", GUEST_PASSWORD_HASH).unwrap();
         let argon2i = GUEST_PASSWORD_HASH.replace("$argon2id$", "$argon2i$");
-        assert!(validate_phc("h", &argon2i).unwrap_err().message().contains("not argon2id"));
+        assert!(
+            validate_phc("h", &argon2i)
+                .unwrap_err()
+                .message()
+                .contains("not argon2id")
+        );
         let huge = GUEST_PASSWORD_HASH.replace("m=19456", "m=4000000");
-        assert!(validate_phc("h", &huge).unwrap_err().message().contains("exceed"));
+        assert!(
+            validate_phc("h", &huge)
+                .unwrap_err()
+                .message()
+                .contains("exceed")
+        );
     }
 
     #[test]

@@ -29,9 +29,9 @@ use cmd::admin::{
 };
 use cmd::browse::BrowseArgs;
 use cmd::consume::{ConsumeArgs, GetArgs};
+use cmd::definitions::DefinitionsCommand;
 use cmd::moves::{MoveArgs, TaskArgs};
 use cmd::publish::PublishArgs;
-use cmd::definitions::DefinitionsCommand;
 use cmd::{NameArgs, admin, browse, consume, definitions, moves, publish, status};
 
 #[derive(Debug, Parser)]

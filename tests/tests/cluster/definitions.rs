@@ -37,10 +37,17 @@ fn normalized(text: &str) -> anyhow::Result<J> {
 async fn build_topology(admin: &Client) -> anyhow::Result<()> {
     admin.put_vhost("shop").await?;
     admin
+        .set_permissions("guest", "shop", ".*", ".*", ".*")
+        .await?;
+    admin
         .put_user("alice", "alice-secret", vec!["management".into()])
         .await?;
-    admin.set_permissions("alice", "shop", ".*", ".*", ".*").await?;
-    admin.set_permissions("alice", "/", "^alice\\.", "", "^alice\\.").await?;
+    admin
+        .set_permissions("alice", "shop", ".*", ".*", ".*")
+        .await?;
+    admin
+        .set_permissions("alice", "/", "^alice\\.", "", "^alice\\.")
+        .await?;
     admin
         .set_vhost_limits(
             "shop",
@@ -156,7 +163,11 @@ async fn definitions_round_trip_into_a_fresh_cluster() -> anyhow::Result<()> {
         .with_credentials("alice", "not-her-password")?
         .with_vhost("shop");
     assert_status(wrong.list_queues().await, Code::Unauthenticated, "");
-    let info = admin.clone().with_vhost("shop").get_queue("orders.eu").await?;
+    let info = admin
+        .clone()
+        .with_vhost("shop")
+        .get_queue("orders.eu")
+        .await?;
     ensure!(info.policy == "cap", "policy applied: {:?}", info.policy);
 
     info!("--- importing again changes nothing");
@@ -213,7 +224,10 @@ async fn definitions_round_trip_into_a_fresh_cluster() -> anyhow::Result<()> {
     );
 
     info!("--- bounds and permissions of ImportDefinitions");
-    let huge = format!("{{\"vhosts\": [], \"pad\": \"{}\"}}", "x".repeat(4 * 1024 * 1024));
+    let huge = format!(
+        "{{\"vhosts\": [], \"pad\": \"{}\"}}",
+        "x".repeat(4 * 1024 * 1024)
+    );
     assert_status(
         admin.import_definitions(&huge).await,
         Code::ResourceExhausted,
@@ -236,14 +250,22 @@ async fn definitions_round_trip_into_a_fresh_cluster() -> anyhow::Result<()> {
         .and_then(|u| u["password_hash"].as_str().map(str::to_string))
         .context("alice's hash")?;
     admin.put_user_with_hash("alice2", &hash, vec![]).await?;
-    admin.set_permissions("alice2", "/", ".*", ".*", ".*").await?;
+    admin
+        .set_permissions("alice2", "/", ".*", ".*", ".*")
+        .await?;
     let alice2 = second
         .client(1)
         .await?
         .with_credentials("alice2", "alice-secret")?;
     alice2.list_queues().await.context("alice2 logs in")?;
     assert_status(
-        admin.put_user_with_hash("eve", "$argon2i$v=19$m=8,t=1,p=1$c2FsdHNhbHQ$aGFzaA", vec![]).await,
+        admin
+            .put_user_with_hash(
+                "eve",
+                "$argon2i$v=19$m=8,t=1,p=1$c2FsdHNhbHQ$aGFzaA",
+                vec![],
+            )
+            .await,
         Code::InvalidArgument,
         "password_hash",
     );
@@ -289,7 +311,11 @@ async fn definitions_file_is_imported_at_boot_and_logs_can_be_json() -> anyhow::
         async move { Ok(bob.get_queue("boot.q").await.ok()) }
     })
     .await?;
-    ensure!(queue.policy == "ttl", "policy of boot.q: {:?}", queue.policy);
+    ensure!(
+        queue.policy == "ttl",
+        "policy of boot.q: {:?}",
+        queue.policy
+    );
     bob.publish("", "boot.q", message("after boot")).await?;
     drain_set(&bob, "boot.q", &["after boot"]).await?;
 
@@ -309,9 +335,8 @@ async fn definitions_file_is_imported_at_boot_and_logs_can_be_json() -> anyhow::
                 for (id, log) in &logs {
                     let text = std::fs::read_to_string(log)?;
                     for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                        let v: J = serde_json::from_str(line).with_context(|| {
-                            format!("node {id}: not a JSON log line: {line}")
-                        })?;
+                        let v: J = serde_json::from_str(line)
+                            .with_context(|| format!("node {id}: not a JSON log line: {line}"))?;
                         let f = &v["fields"];
                         if f["message"] == "definitions imported" {
                             imports += 1;
@@ -339,7 +364,10 @@ async fn definitions_file_is_imported_at_boot_and_logs_can_be_json() -> anyhow::
         },
     )
     .await?;
-    info!(?leader_lines, "leader changes (metadata, boot.q) and imports logged");
+    info!(
+        ?leader_lines,
+        "leader changes (metadata, boot.q) and imports logged"
+    );
     cluster.stop();
 
     info!("--- a definitions_file that does not parse stops the node at start");

@@ -16,7 +16,9 @@ pub async fn export(
     let document = export_state(&state);
     let definitions_json = serde_json::to_string_pretty(&document)
         .map_err(|e| Status::internal(format!("definitions: encode: {e}")))?;
-    Ok(Response::new(pb::ExportDefinitionsResponse { definitions_json }))
+    Ok(Response::new(pb::ExportDefinitionsResponse {
+        definitions_json,
+    }))
 }
 
 pub async fn import(
@@ -34,7 +36,14 @@ pub async fn import(
     let doc = Document::parse(text.as_bytes())?;
     let state = api.node.view().current();
     let nodes = api.node.peers().ids();
-    let summary = run(api.node.proposer(), &state, &doc, &nodes, Some(&caller.user)).await?;
+    let summary = run(
+        api.node.proposer(),
+        &state,
+        &doc,
+        &nodes,
+        Some(&caller.user),
+    )
+    .await?;
     Ok(Response::new(pb::ImportDefinitionsResponse {
         counts: summary
             .counts

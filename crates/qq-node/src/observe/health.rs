@@ -65,10 +65,22 @@ pub async fn run(
         if leading && !was_leader {
             metrics::became_leader(metrics::META);
             // One line per leader change of the metadata group (group 0), from the new leader.
-            info!(group = 0, kind = "metadata", leader = id, term, "leader changed");
+            info!(
+                group = 0,
+                kind = "metadata",
+                leader = id,
+                term,
+                "leader changed"
+            );
         }
         if leading && voters_seen.as_ref().is_some_and(|v| *v != voters) {
-            info!(group = 0, kind = "metadata", ?voters, term, "membership changed");
+            info!(
+                group = 0,
+                kind = "metadata",
+                ?voters,
+                term,
+                "membership changed"
+            );
         }
         voters_seen = Some(voters);
         was_leader = leading;

@@ -50,7 +50,10 @@ pub async fn run(client: &Client, command: DefinitionsCommand) -> anyhow::Result
                     .map_err(|e| anyhow::anyhow!("read {}: {e}", a.file.display()))?
             };
             let counts = client.import_definitions(&json).await?;
-            println!("{:<22} {:>8} {:>8} {:>10}", "kind", "created", "updated", "unchanged");
+            println!(
+                "{:<22} {:>8} {:>8} {:>10}",
+                "kind", "created", "updated", "unchanged"
+            );
             for c in counts {
                 println!(
                     "{:<22} {:>8} {:>8} {:>10}",
