@@ -21,6 +21,21 @@ use tonic::Code;
 
 use super::{assert_status, drain_set};
 
+/// Runs `qqctl --node ADDRESS ARGS...` (as guest); its stdout, or an error with its stderr.
+fn qqctl(address: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new(qq_tests::qqctl_binary()?)
+        .arg("--node")
+        .arg(address)
+        .args(args)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "qqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
 /// The document with every array sorted, so two exports compare modulo order.
 fn normalized(text: &str) -> anyhow::Result<J> {
     let mut doc: J = serde_json::from_str(text).context("export is not JSON")?;
@@ -129,6 +144,18 @@ async fn definitions_round_trip_into_a_fresh_cluster() -> anyhow::Result<()> {
         Code::PermissionDenied,
         "administrator",
     );
+    info!("--- qqctl definitions export writes the same document to a file");
+    let files = tempfile::tempdir()?;
+    let file = files.path().join("defs.json");
+    let file_arg = file.display().to_string();
+    qqctl(
+        first.address(1),
+        &["definitions", "export", "--file", &file_arg],
+    )?;
+    assert_eq!(
+        normalized(&std::fs::read_to_string(&file)?)?,
+        normalized(&exported)?
+    );
     first.stop();
 
     info!("--- import into a fresh cluster, export again: the same document");
@@ -170,7 +197,8 @@ async fn definitions_round_trip_into_a_fresh_cluster() -> anyhow::Result<()> {
         .await?;
     ensure!(info.policy == "cap", "policy applied: {:?}", info.policy);
 
-    info!("--- importing again changes nothing");
+    info!("--- importing again (with qqctl, from the file) changes nothing");
+    let table = qqctl(second.address(3), &["definitions", "import", &file_arg])?;
     let counts = admin.import_definitions(&exported).await?;
     for c in &counts {
         ensure!(
@@ -178,6 +206,12 @@ async fn definitions_round_trip_into_a_fresh_cluster() -> anyhow::Result<()> {
             "a second import changed something: {counts:?}"
         );
     }
+    ensure!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["queues", "0", "0", "2"]),
+        "qqctl's import table: {table}"
+    );
 
     info!("--- a bad document is refused with its path and changes nothing");
     let bad = serde_json::json!({
