@@ -198,18 +198,55 @@ impl DropLog {
     }
 
     fn log_if_due(&mut self, group: GroupId) {
-        if self.pending == 0 || self.last_line.is_some_and(|t| t.elapsed() < DROP_LOG_EVERY) {
-            return;
+        if let Some((dropped, latest)) = self.take_due(Instant::now()) {
+            warn!(
+                group,
+                dropped,
+                "at-most-once dead letters dropped: {dropped} since the last such line (latest: {latest})"
+            );
         }
-        warn!(
-            group,
-            dropped = self.pending,
-            "at-most-once dead letters dropped: {} since the last such line (latest: {})",
-            self.pending,
-            self.latest.as_deref().unwrap_or("unknown")
-        );
-        self.pending = 0;
-        self.last_line = Some(Instant::now());
+    }
+
+    /// The count and latest reason to log at `now`, if a line is due: something was dropped
+    /// and the previous line is at least [`DROP_LOG_EVERY`] old.
+    fn take_due(&mut self, now: Instant) -> Option<(u64, String)> {
+        if self.pending == 0
+            || self
+                .last_line
+                .is_some_and(|t| now.saturating_duration_since(t) < DROP_LOG_EVERY)
+        {
+            return None;
+        }
+        self.last_line = Some(now);
+        let latest = self.latest.take().unwrap_or_else(|| "unknown".into());
+        Some((std::mem::take(&mut self.pending), latest))
+    }
+}
+
+#[cfg(test)]
+mod drop_log_tests {
+    use super::*;
+
+    #[test]
+    fn drops_are_logged_at_most_once_a_second_with_their_count() {
+        let t0 = Instant::now();
+        let mut log = DropLog::new(10);
+        assert_eq!(log.take_due(t0), None, "nothing dropped, nothing to say");
+        log.dropped(1, "no route".into());
+        assert_eq!(log.take_due(t0), Some((1, "no route".into())));
+        // Within the second: counted, not logged.
+        for _ in 0..5 {
+            log.dropped(1, "no route".into());
+        }
+        log.count_inbox_drops(13); // 3 more, dropped at the full inbox (10 seen before)
+        assert_eq!(log.take_due(t0 + Duration::from_millis(999)), None);
+        let (n, why) = log
+            .take_due(t0 + DROP_LOG_EVERY)
+            .expect("a line after a second");
+        assert_eq!(n, 8);
+        assert!(why.contains("full"), "{why}");
+        log.count_inbox_drops(13);
+        assert_eq!(log.take_due(t0 + 3 * DROP_LOG_EVERY), None, "nothing new");
     }
 }
 
