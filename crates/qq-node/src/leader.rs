@@ -94,7 +94,12 @@ pub async fn watch_leadership(
             let v: Vec<u64> = m.membership_config.voter_ids().collect();
             (m.state == ServerState::Leader, m.current_term, m.id, v)
         };
-        if voters.as_ref().is_some_and(|v| *v != now_voters) && leading {
+        // The first membership of a new group (from none) is its creation, not a change.
+        if leading
+            && voters
+                .as_ref()
+                .is_some_and(|v| !v.is_empty() && *v != now_voters)
+        {
             info!(group, voters = ?now_voters, term, "membership changed");
         }
         voters = Some(now_voters);
@@ -300,7 +305,6 @@ impl QueueLeader {
                 published = poll_some(&mut publish) => {
                     publish = None;
                     if let Err(e) = published {
-                        debug!("at-most-once dead letter dropped: {e}");
                         drops.dropped(1, e);
                         drops.log_if_due(self.group);
                     }

@@ -9,7 +9,8 @@
 //!   administrators export or import; a document over the bound is RESOURCE_EXHAUSTED.
 //! - `definitions_file` in the node config is imported at boot; a file that does not parse
 //!   stops the node at start, naming the file.
-//! - `log_format = "json"`: every stderr line is a JSON object, with a "leader changed" line.
+//! - `log_format = "json"`: every stderr line is a JSON object; there are "leader changed"
+//!   lines (metadata group and a queue, from the new leader) and one line for an alarm set.
 
 use std::time::Duration;
 
@@ -331,6 +332,8 @@ async fn definitions_file_is_imported_at_boot_and_logs_can_be_json() -> anyhow::
             format!("definitions_file = \"{}\"", good.display()),
             "log_format = \"json\"".into(),
         ],
+        // Node 2 starts in disk alarm (a limit larger than any disk): its log says so.
+        extra_config_for: vec![(2, "disk_free_limit = 1000000000000000000".into())],
         ..Default::default()
     };
     let cluster = TestCluster::start_with_options(3, RaftSettings::default(), options).await?;
@@ -365,7 +368,7 @@ async fn definitions_file_is_imported_at_boot_and_logs_can_be_json() -> anyhow::
         || {
             let logs = logs.clone();
             async move {
-                let (mut metadata, mut queues, mut imports) = (0, 0, 0);
+                let (mut metadata, mut queues, mut imports, mut alarms) = (0, 0, 0, 0);
                 for (id, log) in &logs {
                     let text = std::fs::read_to_string(log)?;
                     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -374,6 +377,10 @@ async fn definitions_file_is_imported_at_boot_and_logs_can_be_json() -> anyhow::
                         let f = &v["fields"];
                         if f["message"] == "definitions imported" {
                             imports += 1;
+                        }
+                        if f["alarm"] == "disk" {
+                            ensure!(*id == 2 && v["level"] == "WARN", "alarm line: {line}");
+                            alarms += 1;
                         }
                         if f["message"] != "leader changed" {
                             continue;
@@ -392,15 +399,17 @@ async fn definitions_file_is_imported_at_boot_and_logs_can_be_json() -> anyhow::
                         }
                     }
                 }
-                Ok((metadata >= 1 && queues >= 1 && imports >= 1)
-                    .then_some((metadata, queues, imports)))
+                Ok(
+                    (metadata >= 1 && queues >= 1 && imports >= 1 && alarms == 1)
+                        .then_some((metadata, queues, imports, alarms)),
+                )
             }
         },
     )
     .await?;
     info!(
         ?leader_lines,
-        "leader changes (metadata, boot.q) and imports logged"
+        "leader changes (metadata, boot.q), imports and alarms logged"
     );
     cluster.stop();
 

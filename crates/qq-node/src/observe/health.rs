@@ -73,7 +73,11 @@ pub async fn run(
                 "leader changed"
             );
         }
-        if leading && voters_seen.as_ref().is_some_and(|v| *v != voters) {
+        if leading
+            && voters_seen
+                .as_ref()
+                .is_some_and(|v| !v.is_empty() && *v != voters)
+        {
             info!(
                 group = 0,
                 kind = "metadata",
