@@ -91,6 +91,27 @@ async fn build_topology(admin: &Client) -> anyhow::Result<()> {
         .await?;
     shop.bind("orders.dlq", "orders.dlx", "", Default::default())
         .await?;
+    shop.declare_exchange("by-region", "headers").await?;
+    shop.bind(
+        "orders.eu",
+        "by-region",
+        "",
+        table([
+            ("x-match", Value::string("all")),
+            ("region", Value::string("eu")),
+            ("weight", Value::double(0.5)),
+        ]),
+    )
+    .await?;
+    admin
+        .set_user_limits(
+            "alice",
+            v1::Limits {
+                max_consumers: Some(7),
+                ..Default::default()
+            },
+        )
+        .await?;
     shop.set_policy(
         "cap",
         "^orders\\.eu$",
@@ -124,6 +145,20 @@ async fn definitions_round_trip_into_a_fresh_cluster() -> anyhow::Result<()> {
     ensure!(
         !exported.contains("alice-secret"),
         "the password itself is not exported"
+    );
+    ensure!(
+        doc["bindings"]
+            .as_array()
+            .is_some_and(|b| b.iter().any(|b| b["source"] == "by-region"
+                && b["arguments"]["weight"] == 0.5
+                && b["arguments"]["x-match"] == "all")),
+        "headers binding with its arguments: {}",
+        doc["bindings"]
+    );
+    ensure!(
+        doc["quorumq_user_limits"][0]["limits"]["max-consumers"] == 7,
+        "user limits: {}",
+        doc["quorumq_user_limits"]
     );
     let queue = doc["queues"]
         .as_array()
