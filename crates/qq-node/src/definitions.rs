@@ -1080,4 +1080,43 @@ mod tests {
         assert!(e.message().contains("queues[0]"), "{}", e.message());
         assert!(e.message().contains("'q'"), "{}", e.message());
     }
+
+    #[test]
+    fn a_rabbitmq_export_imports_where_it_fits() {
+        // The shape of `rabbitmqctl export_definitions` (3.12), without its users.
+        let d = doc(json!({
+            "rabbit_version": "3.12.1", "rabbitmq_version": "3.12.1",
+            "product_name": "RabbitMQ", "product_version": "3.12.1",
+            "vhosts": [{"name": "shop", "limits": [], "metadata": {"description": "", "tags": []}}],
+            "permissions": [{"user": "guest", "vhost": "shop",
+                             "configure": ".*", "write": ".*", "read": ".*"}],
+            "topic_permissions": [], "parameters": [], "global_parameters": [],
+            "policies": [{"vhost": "shop", "name": "dlx", "pattern": "^jobs$",
+                          "apply-to": "queues", "definition": {"dead-letter-exchange": "dead"},
+                          "priority": 0}],
+            "queues": [{"name": "jobs", "vhost": "shop", "durable": true, "auto_delete": false,
+                        "type": "quorum", "arguments": {"x-queue-type": "quorum",
+                        "x-delivery-limit": 5}}],
+            "exchanges": [{"name": "dead", "vhost": "shop", "type": "fanout", "durable": true,
+                           "auto_delete": false, "internal": false, "arguments": {}}],
+            "bindings": [{"source": "dead", "vhost": "shop", "destination": "jobs",
+                          "destination_type": "queue", "routing_key": "", "arguments": {}}],
+        }))
+        .unwrap();
+        let mut state = MetaState::new();
+        for (item, outcome) in plan(&state.clone(), &d, &[1, 2, 3], None).unwrap() {
+            assert_ne!(outcome, Outcome::Unchanged, "{}", item.path);
+            state.apply(item.cmd).0.unwrap();
+        }
+        assert!(state.queue("shop", "jobs").is_some());
+        // A classic queue is refused, naming it.
+        let classic = doc(json!({"queues": [{"name": "c", "vhost": "/",
+            "arguments": {"x-queue-type": "classic"}}]}))
+        .unwrap();
+        let e = plan(&MetaState::new(), &classic, &[1], None).unwrap_err();
+        assert!(e.message().contains("queues[0]"), "{}", e.message());
+        // Tags as one comma-separated string (RabbitMQ before 3.10).
+        let tags = tags_from_json("t", Some(&json!("administrator, monitoring"))).unwrap();
+        assert_eq!(tags, vec!["administrator", "monitoring"]);
+    }
 }
