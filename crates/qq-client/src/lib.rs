@@ -817,9 +817,50 @@ impl Client {
             name: name.into(),
             password: password.into(),
             tags,
+            password_hash: String::new(),
         };
         self.raw().put_user(req).await?;
         Ok(())
+    }
+
+    /// Creates or updates a user with an Argon2id PHC string as `ExportDefinitions` gives it
+    /// (the node validates it), instead of a password.
+    pub async fn put_user_with_hash(
+        &self,
+        name: &str,
+        password_hash: &str,
+        tags: Vec<String>,
+    ) -> Result<()> {
+        let req = v1::PutUserRequest {
+            name: name.into(),
+            password: String::new(),
+            tags,
+            password_hash: password_hash.into(),
+        };
+        self.raw().put_user(req).await?;
+        Ok(())
+    }
+
+    /// The cluster's definitions (users, vhosts, permissions, exchanges, queues, bindings,
+    /// policies, limits) as one JSON document; administrators only.
+    pub async fn export_definitions(&self) -> Result<String> {
+        let r = self
+            .raw()
+            .export_definitions(v1::ExportDefinitionsRequest {})
+            .await?;
+        Ok(r.into_inner().definitions_json)
+    }
+
+    /// Imports a definitions document: all of it is checked first, then what is not already
+    /// there is created; per kind, what was created, updated or already there.
+    pub async fn import_definitions(&self, json: &str) -> Result<Vec<v1::ImportCount>> {
+        let r = self
+            .raw()
+            .import_definitions(v1::ImportDefinitionsRequest {
+                definitions_json: json.into(),
+            })
+            .await?;
+        Ok(r.into_inner().counts)
     }
 
     /// Deletes a user.

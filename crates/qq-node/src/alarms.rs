@@ -156,9 +156,14 @@ impl Alarms {
 fn flip(flag: &AtomicBool, now: bool, name: &str, detail: impl FnOnce() -> String) {
     if flag.swap(now, Ordering::Relaxed) != now {
         if now {
-            warn!("{name} alarm set: {}; publishes are refused", detail());
+            warn!(
+                alarm = name,
+                "{name} alarm set: {}; publishes are refused",
+                detail()
+            );
         } else {
             info!(
+                alarm = name,
                 "{name} alarm cleared: {}; publishes accepted again",
                 detail()
             );

@@ -149,6 +149,32 @@ pub struct Config {
     /// bounded number of series.
     #[serde(default = "default_per_queue_metrics")]
     pub per_queue_metrics: bool,
+    /// A definitions document (`qqctl definitions export`) imported once this node has joined
+    /// and sees a metadata leader (idempotent, so every node may name it). A file that does
+    /// not parse stops the node at start.
+    #[serde(default)]
+    pub definitions_file: Option<PathBuf>,
+    /// `text` (default) or `json`: one JSON object per line on stderr.
+    #[serde(default)]
+    pub log_format: LogFormat,
+}
+
+/// How the node writes its log lines (stderr).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
 }
 
 fn default_max_message_bytes() -> usize {
@@ -235,6 +261,9 @@ pub struct Args {
     /// HTTP address for /metrics and /healthz, e.g. 127.0.0.1:7301.
     #[arg(long, env = "QQ_HTTP_ADDR")]
     pub http_addr: Option<SocketAddr>,
+    /// Log format: text or json (one JSON object per line); overrides `log_format`.
+    #[arg(long, env = "QQ_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -269,6 +298,12 @@ impl Config {
         }
         if let Some(addr) = args.http_addr {
             table.insert("http_addr".into(), toml::Value::String(addr.to_string()));
+        }
+        if let Some(format) = args.log_format {
+            table.insert(
+                "log_format".into(),
+                toml::Value::String(format.as_str().into()),
+            );
         }
         if let Some(adv) = &args.advertise {
             table.insert("advertise".into(), toml::Value::String(adv.clone()));

@@ -47,7 +47,7 @@ use tracing::{Instrument, Span, debug, info, warn};
 
 use crate::clock::now_ms;
 use crate::deadletter::{DeadLetters, Round, TransferError};
-use crate::groups::queue_sm::{LeaderEvent, QueueMachine, QueueRequest};
+use crate::groups::queue_sm::{LEADER_EVENTS_BOUND, LeaderEvent, QueueMachine, QueueRequest};
 use crate::groups::registry::QueueRaft;
 use crate::meta_view::MetaView;
 use crate::moves::{MoveOutcome, Mover};
@@ -86,11 +86,33 @@ pub async fn watch_leadership(
 ) {
     let mut metrics = raft.metrics();
     let mut actor: Option<CancellationToken> = None;
+    // The voters last seen; a change is logged by the leader only, so once per cluster.
+    let mut voters: Option<Vec<u64>> = None;
     loop {
-        let leading = metrics.borrow_watched().state == ServerState::Leader;
+        let (leading, term, me, now_voters) = {
+            let m = metrics.borrow_watched();
+            let v: Vec<u64> = m.membership_config.voter_ids().collect();
+            (m.state == ServerState::Leader, m.current_term, m.id, v)
+        };
+        // The first membership of a new group (from none) is its creation, not a change.
+        if leading
+            && voters
+                .as_ref()
+                .is_some_and(|v| !v.is_empty() && *v != now_voters)
+        {
+            info!(group, voters = ?now_voters, term, "membership changed");
+        }
+        voters = Some(now_voters);
         match (&actor, leading) {
             (None, true) => {
-                info!("became leader");
+                // One line per leader change of the group, from the new leader.
+                let (vhost, queue) = ctx
+                    .view
+                    .current()
+                    .queue_by_id(group)
+                    .map(|q| (q.vhost.clone(), q.name.clone()))
+                    .unwrap_or_default();
+                info!(group, vhost = %vhost, queue = %queue, leader = me, term, "leader changed");
                 crate::metrics::became_leader(crate::metrics::QUEUE);
                 let token = stop.child_token();
                 let leader = QueueLeader {
@@ -139,6 +161,100 @@ pub struct QueueLeader {
     cancel: CancellationToken,
 }
 
+/// Lines about dropped dead letters: at most one per [`DROP_LOG_EVERY`] per queue.
+const DROP_LOG_EVERY: Duration = Duration::from_secs(1);
+
+/// At-most-once dead letters dropped (their republish failed, or the actor's inbox was full),
+/// logged rate-limited: a line says how many were dropped since the previous one.
+struct DropLog {
+    /// Not yet logged.
+    pending: u64,
+    /// The latest reason a republish gave.
+    latest: Option<String>,
+    last_line: Option<Instant>,
+    /// The machine's inbox-drop count already taken into `pending`.
+    inbox_seen: u64,
+}
+
+impl DropLog {
+    fn new(inbox_seen: u64) -> DropLog {
+        DropLog {
+            pending: 0,
+            latest: None,
+            last_line: None,
+            inbox_seen,
+        }
+    }
+
+    fn dropped(&mut self, n: u64, why: String) {
+        self.pending += n;
+        self.latest = Some(why);
+    }
+
+    fn count_inbox_drops(&mut self, total: u64) {
+        let new = total.saturating_sub(self.inbox_seen);
+        self.inbox_seen = total;
+        if new > 0 {
+            self.dropped(
+                new,
+                format!("the leader's queue of dead letters was full ({LEADER_EVENTS_BOUND})"),
+            );
+        }
+    }
+
+    fn log_if_due(&mut self, group: GroupId) {
+        if let Some((dropped, latest)) = self.take_due(Instant::now()) {
+            warn!(
+                group,
+                dropped,
+                "at-most-once dead letters dropped: {dropped} since the last such line (latest: {latest})"
+            );
+        }
+    }
+
+    /// The count and latest reason to log at `now`, if a line is due: something was dropped
+    /// and the previous line is at least [`DROP_LOG_EVERY`] old.
+    fn take_due(&mut self, now: Instant) -> Option<(u64, String)> {
+        if self.pending == 0
+            || self
+                .last_line
+                .is_some_and(|t| now.saturating_duration_since(t) < DROP_LOG_EVERY)
+        {
+            return None;
+        }
+        self.last_line = Some(now);
+        let latest = self.latest.take().unwrap_or_else(|| "unknown".into());
+        Some((std::mem::take(&mut self.pending), latest))
+    }
+}
+
+#[cfg(test)]
+mod drop_log_tests {
+    use super::*;
+
+    #[test]
+    fn drops_are_logged_at_most_once_a_second_with_their_count() {
+        let t0 = Instant::now();
+        let mut log = DropLog::new(10);
+        assert_eq!(log.take_due(t0), None, "nothing dropped, nothing to say");
+        log.dropped(1, "no route".into());
+        assert_eq!(log.take_due(t0), Some((1, "no route".into())));
+        // Within the second: counted, not logged.
+        for _ in 0..5 {
+            log.dropped(1, "no route".into());
+        }
+        log.count_inbox_drops(13); // 3 more, dropped at the full inbox (10 seen before)
+        assert_eq!(log.take_due(t0 + Duration::from_millis(999)), None);
+        let (n, why) = log
+            .take_due(t0 + DROP_LOG_EVERY)
+            .expect("a line after a second");
+        assert_eq!(n, 8);
+        assert!(why.contains("full"), "{why}");
+        log.count_inbox_drops(13);
+        assert_eq!(log.take_due(t0 + 3 * DROP_LOG_EVERY), None, "nothing new");
+    }
+}
+
 /// The actor's timers, as instants (None: not armed).
 #[derive(Default)]
 struct Timers {
@@ -161,7 +277,7 @@ impl QueueLeader {
         let mut publish: Option<Publish> = None;
         let mut moving: Option<MoveRound> = None;
         let mut logged_no_route = false;
-        let mut logged_drop = false;
+        let mut drops = DropLog::new(self.machine.dropped_dead_letters());
 
         self.clean_up_old_consumers().await;
         self.sync_config(&mut timers).await;
@@ -189,12 +305,8 @@ impl QueueLeader {
                 published = poll_some(&mut publish) => {
                     publish = None;
                     if let Err(e) = published {
-                        // Drops are counted in the queue's stats; the log names each once.
-                        if std::mem::replace(&mut logged_drop, true) {
-                            debug!("{e}");
-                        } else {
-                            warn!("dead letter dropped (further drops for this queue are only counted): {e}");
-                        }
+                        drops.dropped(1, e);
+                        drops.log_if_due(self.group);
                     }
                 }
                 event = self.inbox.recv(), if publish.is_none() => match event {
@@ -211,7 +323,11 @@ impl QueueLeader {
                     // The topology may give held dead letters a route now.
                     timers.transfer_retry = None;
                 }
-                _ = cleanup.tick() => self.clean_up_old_consumers().await,
+                _ = cleanup.tick() => {
+                    drops.count_inbox_drops(self.machine.dropped_dead_letters());
+                    drops.log_if_due(self.group);
+                    self.clean_up_old_consumers().await
+                }
                 _ = sleep_until(wake) => {
                     if timers.config_retry.is_some_and(|t| t <= Instant::now()) {
                         self.sync_config(&mut timers).await;

@@ -13,6 +13,7 @@
 //! - [`leader`]: one actor per queue this node leads: all leader-only work.
 //! - [`deadletter`]: republishing dead letters, through [`enqueue`]: committing routed
 //!   messages to every target queue (shared by publish and dead lettering).
+//! - [`definitions`]: the topology as one JSON document (export, checked import).
 //! - [`proposer`]: the one path to a group's leader, local or forwarded.
 //! - [`meta_view`]: the read-only, versioned view of the metadata.
 //! - [`groups`]: the Raft groups hosted here: state-machine shell, metadata and queue machines,
@@ -30,6 +31,7 @@ pub mod codec;
 pub mod config;
 pub mod consume;
 pub mod deadletter;
+pub mod definitions;
 pub mod enqueue;
 pub mod error;
 pub mod groups;

@@ -2,7 +2,7 @@
 //! `qq-node certs ...`: create the cluster CA and a node certificate (see `qq_node::certs`).
 
 use clap::Parser;
-use qq_node::config::{Args, Command, Config};
+use qq_node::config::{Args, Command, Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -10,15 +10,9 @@ async fn main() -> anyhow::Result<()> {
     // First: rustls panics at the first TLS config when it cannot tell which crypto provider
     // to use (both or neither of ring/aws-lc enabled by the dependency graph); say it is ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let args = Args::parse();
     if let Some(Command::Certs(certs)) = &args.command {
+        init_logs(LogFormat::Text);
         if let Err(e) = qq_node::certs::run(certs) {
             eprintln!("qq-node certs: {e:#}");
             std::process::exit(1);
@@ -32,6 +26,7 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(2);
         }
     };
+    init_logs(config.log_format);
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");
@@ -49,4 +44,23 @@ async fn main() -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// Log lines on stderr, as text or one JSON object per line (`log_format`); `RUST_LOG` picks
+/// the level (default: info, openraft's warnings).
+fn init_logs(format: LogFormat) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        // The span's fields (group, queue) go on each line beside the event's own.
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
 }

@@ -23,7 +23,7 @@ use qq_proto::v1::broker_server::BrokerServer;
 use qq_raft::network::{HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_INTERNAL_MESSAGE_BYTES};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use tokio_util::sync::CancellationToken;
 
@@ -32,6 +32,7 @@ use futures::StreamExt;
 use crate::api::BrokerService;
 use crate::api::conn::Connections;
 use crate::config::Config;
+use crate::definitions::{self, Document};
 use crate::node::Node;
 use crate::observe::Observability;
 use crate::peer::liveness::spawn_peer_watches;
@@ -60,6 +61,11 @@ pub async fn run(
         None => None,
     };
     let client_tls = client_tls(&config)?;
+    // A definitions file that does not parse stops the node here, naming the file.
+    let boot_definitions = match &config.definitions_file {
+        Some(path) => Some((path.clone(), Document::load_file(path)?)),
+        None => None,
+    };
     let cluster_tls = match config.cluster_tls()? {
         Some(t) => Some(
             ServerTlsConfig::new()
@@ -88,6 +94,9 @@ pub async fn run(
     let node = Node::start(config).await?;
     let peer_links = spawn_peer_watches(node.clone());
     let observe = Observability::start(&node, peer_links).await;
+    if let Some((path, doc)) = boot_definitions {
+        spawn_boot_import(node.clone(), path, doc, observe.serving());
+    }
     let conns = Connections::new(
         node.config().max_connections,
         node.config().max_streams_per_connection,
@@ -170,6 +179,49 @@ pub async fn run(
     info!("shutting down");
     node.shutdown().await;
     Ok(())
+}
+
+/// Imports `definitions_file` once the node serves (joined, a metadata leader in reach),
+/// retrying while the metadata group is unavailable. Every node may do it: the import is
+/// idempotent.
+fn spawn_boot_import(
+    node: std::sync::Arc<Node>,
+    path: std::path::PathBuf,
+    doc: Document,
+    mut serving: tokio::sync::watch::Receiver<bool>,
+) {
+    let tasks = node.tasks().clone();
+    tasks.spawn(async move {
+        let stop = node.stopping().clone();
+        loop {
+            tokio::select! {
+                r = serving.wait_for(|s| *s) => if r.is_err() { return },
+                _ = stop.cancelled() => return,
+            }
+            let state = node.view().current();
+            let nodes = node.peers().ids();
+            match definitions::import(node.proposer(), &state, &doc, &nodes, None).await {
+                Ok(_) => {
+                    info!(file = %path.display(), "definitions_file imported");
+                    return;
+                }
+                Err(e) if e.code() == tonic::Code::Unavailable => {
+                    warn!(file = %path.display(), "definitions_file: {} (retrying)", e.message());
+                    if stop
+                        .run_until_cancelled(tokio::time::sleep(Duration::from_secs(1)))
+                        .await
+                        .is_none()
+                    {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    error!(file = %path.display(), "definitions_file not imported: {}", e.message());
+                    return;
+                }
+            }
+        }
+    });
 }
 
 /// The HTTP listener's address for the log, or "none".

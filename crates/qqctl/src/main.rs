@@ -29,9 +29,10 @@ use cmd::admin::{
 };
 use cmd::browse::BrowseArgs;
 use cmd::consume::{ConsumeArgs, GetArgs};
+use cmd::definitions::DefinitionsCommand;
 use cmd::moves::{MoveArgs, TaskArgs};
 use cmd::publish::PublishArgs;
-use cmd::{NameArgs, admin, browse, consume, moves, publish, status};
+use cmd::{NameArgs, admin, browse, consume, definitions, moves, publish, status};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -135,6 +136,10 @@ enum Command {
     ListMoves,
     /// Cancel a running move task.
     CancelMove(TaskArgs),
+    /// Export or import definitions (users, vhosts, permissions, exchanges, queues, bindings,
+    /// policies) as one JSON document.
+    #[command(subcommand)]
+    Definitions(DefinitionsCommand),
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -200,6 +205,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::MoveStatus(a) => moves::status(c, a).await,
         Command::ListMoves => moves::list(c).await,
         Command::CancelMove(a) => moves::cancel(c, a).await,
+        Command::Definitions(a) => definitions::run(c, a).await,
     }
 }
 

@@ -8,6 +8,7 @@ mod bad_input;
 mod consumers;
 mod deadletter;
 mod dedup;
+mod definitions;
 mod dlx_workflows;
 mod failover;
 mod limits;

@@ -247,6 +247,23 @@ pub async fn put_user(api: &Api, request: Request<pb::PutUserRequest>) -> Empty 
     if r.name.is_empty() {
         return Err(Status::invalid_argument("name: a user name is required"));
     }
+    if !r.password_hash.is_empty() {
+        if !r.password.is_empty() {
+            return Err(Status::invalid_argument(
+                "password_hash: give either a password or a password_hash, not both",
+            ));
+        }
+        // A hash as ExportDefinitions gives it, checked before it is proposed.
+        let cmd = crate::definitions::put_user_with_hash(
+            "password_hash",
+            r.name,
+            &r.password_hash,
+            crate::definitions::HASHING_ALGORITHM,
+            r.tags,
+        )?;
+        api.meta(cmd).await?;
+        return empty();
+    }
     if r.password.is_empty() {
         return Err(Status::invalid_argument("password: must not be empty"));
     }

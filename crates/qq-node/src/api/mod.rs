@@ -18,6 +18,7 @@ pub mod browse;
 pub mod conn;
 pub mod consume;
 pub mod convert;
+pub mod definitions;
 pub mod moves;
 pub mod publish;
 pub mod status;
@@ -311,5 +312,21 @@ impl Broker for BrokerService {
         request: Request<pb::CancelMoveTaskRequest>,
     ) -> Unary<pb::Empty> {
         moves::cancel(&self.api, request).await
+    }
+
+    #[instrument(skip_all)]
+    async fn export_definitions(
+        &self,
+        request: Request<pb::ExportDefinitionsRequest>,
+    ) -> Unary<pb::ExportDefinitionsResponse> {
+        definitions::export(&self.api, request).await
+    }
+
+    #[instrument(skip_all)]
+    async fn import_definitions(
+        &self,
+        request: Request<pb::ImportDefinitionsRequest>,
+    ) -> Unary<pb::ImportDefinitionsResponse> {
+        definitions::import(&self.api, request).await
     }
 }

@@ -159,7 +159,7 @@ pub struct QueueMachine {
     applied: watch::Sender<u64>,
     /// Body writes of the entry being applied: one RocksDB write per entry, not per message.
     pending: Mutex<PendingBodies>,
-    /// At-most-once dead letters dropped at a full leader inbox (for the log).
+    /// At-most-once dead letters dropped at a full leader inbox (the leader actor logs them).
     dropped_dead_letters: AtomicU64,
     refusals: Refusals,
 }
@@ -428,6 +428,12 @@ impl QueueMachine {
         }
     }
 
+    /// At-most-once dead letters dropped so far because the leader actor's inbox was full
+    /// ([`LEADER_EVENTS_BOUND`]); a running count since this machine started.
+    pub fn dropped_dead_letters(&self) -> u64 {
+        self.dropped_dead_letters.load(Ordering::Relaxed)
+    }
+
     fn hand_dead_letter(
         &self,
         id: MessageId,
@@ -454,15 +460,8 @@ impl QueueMachine {
         };
         if let Some(tx) = self.leader.lock().unwrap().as_ref() {
             if tx.try_send(LeaderEvent::DeadLetter(job)).is_err() {
-                // Logged at the first drop and then at every power of two.
-                let n = self.dropped_dead_letters.fetch_add(1, Ordering::Relaxed) + 1;
-                if n.is_power_of_two() {
-                    warn!(
-                        group = self.group,
-                        dropped = n,
-                        "at-most-once dead letter {id} dropped: the leader's queue of dead letters is full ({LEADER_EVENTS_BOUND})"
-                    );
-                }
+                // Counted here; the leader actor logs the count, rate-limited (no clock here).
+                self.dropped_dead_letters.fetch_add(1, Ordering::Relaxed);
             }
         }
     }

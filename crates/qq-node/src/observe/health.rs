@@ -47,11 +47,12 @@ pub async fn run(
     let mut raft_metrics = node.registry().meta_raft().metrics();
     let mut synced = node.meta_synced();
     let mut was_leader = false;
+    let mut voters_seen: Option<Vec<NodeId>> = None;
     let mut published: Option<bool> = None;
     // A node without peers has no link to watch: its sender is gone from the start.
     let mut links_open = true;
     loop {
-        let (now_serving, leading) = {
+        let (now_serving, leading, term, voters) = {
             let m = raft_metrics.borrow_watched();
             let voters: Vec<NodeId> = m.membership_config.voter_ids().collect();
             let leading = m.state == ServerState::Leader;
@@ -59,11 +60,35 @@ pub async fn run(
             (
                 *synced.borrow() && is_serving(id, &voters, m.current_leader, leading, &linked),
                 leading,
+                m.current_term,
+                voters,
             )
         };
         if leading && !was_leader {
             metrics::became_leader(metrics::META);
+            // One line per leader change of the metadata group (group 0), from the new leader.
+            info!(
+                group = 0,
+                kind = "metadata",
+                leader = id,
+                term,
+                "leader changed"
+            );
         }
+        if leading
+            && voters_seen
+                .as_ref()
+                .is_some_and(|v| !v.is_empty() && *v != voters)
+        {
+            info!(
+                group = 0,
+                kind = "metadata",
+                ?voters,
+                term,
+                "membership changed"
+            );
+        }
+        voters_seen = Some(voters);
         was_leader = leading;
         if published != Some(now_serving) {
             info!(

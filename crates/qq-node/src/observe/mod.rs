@@ -63,6 +63,11 @@ impl Observability {
         }
     }
 
+    /// SERVING (true) or not, as the health services say it.
+    pub fn serving(&self) -> watch::Receiver<bool> {
+        self.serving.clone()
+    }
+
     /// Adds health and reflection to the client port's services.
     pub fn add_grpc_services(&self, router: Router) -> anyhow::Result<Router> {
         let reflection = || {

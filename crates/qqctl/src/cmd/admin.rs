@@ -182,15 +182,22 @@ pub async fn clear_policy(client: &Client, a: NameArgs) -> anyhow::Result<()> {
 #[derive(Debug, Args)]
 pub struct PutUserArgs {
     name: String,
-    #[arg(long = "new-password")]
-    new_password: String,
+    #[arg(long = "new-password", required_unless_present = "password_hash")]
+    new_password: Option<String>,
+    /// Instead of a password: an Argon2id PHC string, as `definitions export` shows it.
+    #[arg(long, conflicts_with = "new_password")]
+    password_hash: Option<String>,
     /// Comma-separated tags (e.g. administrator).
     #[arg(long, value_delimiter = ',')]
     tags: Vec<String>,
 }
 
 pub async fn put_user(client: &Client, a: PutUserArgs) -> anyhow::Result<()> {
-    client.put_user(&a.name, &a.new_password, a.tags).await?;
+    match (&a.new_password, &a.password_hash) {
+        (_, Some(hash)) => client.put_user_with_hash(&a.name, hash, a.tags).await?,
+        (Some(password), None) => client.put_user(&a.name, password, a.tags).await?,
+        (None, None) => anyhow::bail!("put-user: --new-password or --password-hash is required"),
+    }
     println!("user {} saved", a.name);
     Ok(())
 }
