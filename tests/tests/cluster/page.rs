@@ -12,24 +12,19 @@
 //!    a user with access to `/` only does not see the other vhost's queue.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`make deps` installs them): the test fails,
-//! saying so, when they are missing.
+//! saying so, when they are missing. The browser is driven through chromedriver by
+//! [`qq_tests::webdriver`].
 
 use std::collections::HashMap;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
-use fantoccini::{Client as Browser, ClientBuilder, Locator};
-use hyper_util::client::legacy::connect::HttpConnector;
 use qq_client::{Client, Value, ValueExt, message, table};
+use qq_tests::webdriver::Browser;
 use qq_tests::{TestCluster, eventually, info};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(60);
-const CHROMIUM: &str = "/usr/bin/chromium";
-const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
 /// A raw HTTP/1.0 exchange: (status, head, body).
 async fn http(address: &str, request: String) -> anyhow::Result<(u16, String, String)> {
@@ -154,86 +149,6 @@ async fn the_page_without_a_session_redirects_to_login() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// chromedriver on a free port, stopped on drop.
-struct Driver {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn required(path: &str, package: &str) -> anyhow::Result<PathBuf> {
-    let p = Path::new(path);
-    if !p.exists() {
-        bail!(
-            "{path} not found: the management page test needs Debian's {package}; `make deps` \
-             installs it (apt-get install chromium chromium-driver)"
-        );
-    }
-    Ok(p.to_path_buf())
-}
-
-/// Starts chromedriver and a headless Chromium session with a fresh profile in `profile`.
-async fn browser(profile: &Path) -> anyhow::Result<(Driver, Browser)> {
-    let chromium = required(CHROMIUM, "chromium")?;
-    let chromedriver = required(CHROMEDRIVER, "chromium-driver")?;
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let log = std::fs::File::create(profile.join("chromedriver.log"))?;
-    let child = Command::new(&chromedriver)
-        .arg(format!("--port={port}"))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("start {}", chromedriver.display()))?;
-    let driver = Driver { child, port };
-    let user_data = profile.join("chromium-profile");
-    let caps: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_value(serde_json::json!({
-            "browserName": "chrome",
-            "goog:chromeOptions": {
-                "binary": chromium,
-                "args": [
-                    "--headless",
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--disable-quic",
-                    "--no-first-run",
-                    "--disable-background-networking",
-                    "--disable-component-update",
-                    "--disable-sync",
-                    "--disable-dev-shm-usage",
-                    "--window-size=1400,1000",
-                    format!("--user-data-dir={}", user_data.display()),
-                ]
-            }
-        }))?;
-    let url = format!("http://127.0.0.1:{}", driver.port);
-    let session = eventually("chromedriver to start a Chromium session", WAIT, || {
-        let caps = caps.clone();
-        let url = url.clone();
-        async move {
-            let b = ClientBuilder::new(HttpConnector::new())
-                .capabilities(caps)
-                .connect(&url)
-                .await
-                .with_context(|| {
-                    format!(
-                        "chromedriver log: {}",
-                        qq_tests::tail(&profile.join("chromedriver.log"), 20)
-                    )
-                })?;
-            Ok(Some(b))
-        }
-    })
-    .await?;
-    Ok((driver, session))
-}
-
 /// Opens `url` and returns the text of the element at `css` once `check` accepts it (views
 /// reload themselves, so each try loads the page again).
 async fn text_when(
@@ -246,7 +161,7 @@ async fn text_when(
     let check = &check;
     eventually(what, WAIT, || async move {
         b.goto(url).await?;
-        let text = b.find(Locator::Css(css)).await?.text().await?;
+        let text = b.text(css).await?;
         if check(&text) {
             Ok(Some(text))
         } else {
@@ -258,15 +173,9 @@ async fn text_when(
 
 async fn log_in(b: &Browser, base: &str, user: &str, password: &str) -> anyhow::Result<()> {
     b.goto(&format!("{base}/login")).await?;
-    b.find(Locator::Id("username"))
-        .await?
-        .send_keys(user)
-        .await?;
-    b.find(Locator::Id("password"))
-        .await?
-        .send_keys(password)
-        .await?;
-    b.find(Locator::Id("login")).await?.click().await?;
+    b.find("#username").await?.send_keys(user).await?;
+    b.find("#password").await?.send_keys(password).await?;
+    b.find("#login").await?.click().await?;
     Ok(())
 }
 
@@ -343,7 +252,7 @@ async fn declare_topology(admin: &Client) -> anyhow::Result<()> {
 async fn a_browser_sees_the_dead_lettering_topology_on_the_page() -> anyhow::Result<()> {
     let profile = tempfile::Builder::new().prefix("qq-page-").tempdir()?;
     // Before the cluster: a missing browser fails at once, naming `make deps`.
-    let (_driver, b) = browser(profile.path()).await?;
+    let b = Browser::start(profile.path()).await?;
     let cluster = TestCluster::start(3).await?;
     let admin = cluster.client(1).await?;
     info!("--- a dead-lettering topology, a policy, a rejected message, another vhost");
@@ -352,23 +261,19 @@ async fn a_browser_sees_the_dead_lettering_topology_on_the_page() -> anyhow::Res
 
     info!("--- no session: the page sends the browser to /login; a wrong password is refused");
     b.goto(&format!("{base}/")).await?;
-    let at = b.current_url().await?;
-    ensure!(at.path() == "/login", "at {at}");
+    let at = b.path().await?;
+    ensure!(at == "/login", "at {at}");
     log_in(&b, &base, "guest", "not-the-password").await?;
-    let error = b.find(Locator::Id("error")).await?.text().await?;
+    let error = b.text("#error").await?;
     ensure!(
         error.contains("invalid credentials for user 'guest'"),
         "{error}"
     );
-    ensure!(b.current_url().await?.path() == "/login");
+    ensure!(b.path().await? == "/login");
 
     info!("--- the administrator logs in and sees the nodes");
     log_in(&b, &base, "guest", "guest").await?;
-    ensure!(
-        b.current_url().await?.path() == "/",
-        "after login: {}",
-        b.current_url().await?
-    );
+    ensure!(b.path().await? == "/", "after login: {}", b.url().await?);
     let nodes = text_when(
         &b,
         &format!("{base}/"),
@@ -384,7 +289,7 @@ async fn a_browser_sees_the_dead_lettering_topology_on_the_page() -> anyhow::Res
     )
     .await?;
     ensure!(nodes.contains("this node"), "{nodes}");
-    let health = b.find(Locator::Id("health")).await?.text().await?;
+    let health = b.text("#health").await?;
     ensure!(health == "SERVING", "{health}");
 
     info!("--- the queues, with their feature tags");
@@ -402,20 +307,12 @@ async fn a_browser_sees_the_dead_lettering_topology_on_the_page() -> anyhow::Res
     )
     .await?;
     info!(%features, "page.work");
-    let capped = b
-        .find(Locator::Css("tr[data-queue='page.capped'] td.features"))
-        .await?
-        .text()
-        .await?;
+    let capped = b.text("tr[data-queue='page.capped'] td.features").await?;
     ensure!(
         capped.split_whitespace().any(|w| w == "Lim") && capped.contains("Pol cap"),
         "page.capped: {capped:?}"
     );
-    let dlq_row = b
-        .find(Locator::Css("tr[data-queue='page.dlq']"))
-        .await?
-        .text()
-        .await?;
+    let dlq_row = b.text("tr[data-queue='page.dlq']").await?;
     ensure!(!dlq_row.contains("DLX"), "page.dlq has no DLX: {dlq_row:?}");
 
     info!("--- one queue: effective settings and who set them, the dead-letter target");
@@ -432,11 +329,7 @@ async fn a_browser_sees_the_dead_lettering_topology_on_the_page() -> anyhow::Res
         settings.contains("message-ttl 600000 ms argument"),
         "{settings}"
     );
-    let target = b
-        .find(Locator::Id("dead-letter-target"))
-        .await?
-        .text()
-        .await?;
+    let target = b.text("#dead-letter-target").await?;
     ensure!(
         target.contains("page.dlx") && target.contains("page.dead") && target.contains("page.dlq"),
         "{target}"
@@ -466,7 +359,7 @@ async fn a_browser_sees_the_dead_lettering_topology_on_the_page() -> anyhow::Res
         cells == ["rejected", "page.work", "1", "1"],
         "x-death row: {reasons:?}"
     );
-    let details = b.find(Locator::Id("x-death-details")).await?.text().await?;
+    let details = b.text("#x-death-details").await?;
     ensure!(details.contains("missing customer id"), "{details}");
     if let Ok(path) = std::env::var("QQ_PAGE_SCREENSHOT") {
         std::fs::write(&path, b.screenshot().await?)?;
@@ -509,21 +402,18 @@ async fn a_browser_sees_the_dead_lettering_topology_on_the_page() -> anyhow::Res
     .await?;
 
     info!("--- a user with access to / only does not see it");
-    b.find(Locator::Css("header form button"))
-        .await?
-        .click()
-        .await?;
-    ensure!(b.current_url().await?.path() == "/login", "logged out");
+    b.find("header form button").await?.click().await?;
+    ensure!(b.path().await? == "/login", "logged out");
     log_in(&b, &base, "viewer", "viewer-pw").await?;
     let mine = text_when(&b, &queues_url, "#queues", "viewer's queues", |t| {
         t.contains("page.work")
     })
     .await?;
     ensure!(!mine.contains("other.secret"), "{mine}");
-    let vhosts = b.find(Locator::Css("p.vhosts")).await?.text().await?;
+    let vhosts = b.text("p.vhosts").await?;
     ensure!(!vhosts.contains("other"), "viewer's vhost list: {vhosts}");
     b.goto(&format!("{base}/queues?vhost=other")).await?;
-    let refused = b.find(Locator::Id("error")).await?.text().await?;
+    let refused = b.text("#error").await?;
     ensure!(
         refused.contains("PermissionDenied") && refused.contains("refused for user 'viewer'"),
         "{refused}"
@@ -544,7 +434,7 @@ async fn a_browser_sees_the_dead_lettering_topology_on_the_page() -> anyhow::Res
         "viewer's totals: {totals:?}"
     );
 
-    b.close().await?;
+    drop(b);
     cluster.stop();
     Ok(())
 }
