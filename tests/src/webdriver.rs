@@ -6,8 +6,8 @@
 //! every target directory (about an hour on the 2-core machines). The handful of commands the
 //! test needs are a few JSON requests over HTTP/1.1 on loopback.
 //!
-//! Bounded: every command has [`COMMAND_TIMEOUT`]; an answer is read to its end (chromedriver
-//! closes the connection: `Connection: close`) up to [`MAX_ANSWER_BYTES`].
+//! Bounded: every command has [`COMMAND_TIMEOUT`]; an answer is read to its Content-Length
+//! (or last chunk), up to [`MAX_ANSWER_BYTES`].
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -82,6 +82,37 @@ fn parse_answer(raw: &[u8]) -> anyhow::Result<(u16, Vec<u8>)> {
     Ok((status, body))
 }
 
+/// Reads one HTTP answer: to its Content-Length, its last chunk, or the end of the stream
+/// (chromedriver may keep the connection open despite `Connection: close`).
+async fn read_answer(stream: &mut tokio::net::TcpStream) -> anyhow::Result<Vec<u8>> {
+    let mut raw = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+            let body = raw.len() - (end + 4);
+            let length = head.lines().find_map(|l| {
+                l.strip_prefix("content-length:")
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+            });
+            if length.is_some_and(|n| body >= n) {
+                return Ok(raw);
+            }
+            if head.contains("transfer-encoding: chunked") && raw.ends_with(b"\r\n0\r\n\r\n") {
+                return Ok(raw);
+            }
+        }
+        if raw.len() as u64 > MAX_ANSWER_BYTES {
+            bail!("WebDriver answer larger than {MAX_ANSWER_BYTES} bytes");
+        }
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(raw);
+        }
+        raw.extend_from_slice(&buf[..n]);
+    }
+}
+
 /// One HTTP/1.1 request to `address`; the JSON answer.
 async fn request(
     address: &str,
@@ -105,12 +136,7 @@ async fn request(
         text.push_str("\r\n");
         text.push_str(&payload);
         stream.write_all(text.as_bytes()).await?;
-        let mut raw = Vec::new();
-        (&mut stream)
-            .take(MAX_ANSWER_BYTES)
-            .read_to_end(&mut raw)
-            .await?;
-        anyhow::Ok(raw)
+        read_answer(&mut stream).await
     };
     let raw = tokio::time::timeout(COMMAND_TIMEOUT, exchange)
         .await
@@ -309,7 +335,8 @@ impl Drop for Browser {
                 "DELETE /session/{} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
                 self.session, self.address
             );
-            let _ = s.read_to_end(&mut Vec::new());
+            // One read: the answer (chromedriver may keep the connection open).
+            let _ = s.read(&mut [0u8; 4096]);
         }
         let _ = self.driver.kill();
         let _ = self.driver.wait();

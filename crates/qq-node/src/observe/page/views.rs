@@ -255,12 +255,13 @@ pub fn feature_tags(q: &QueueMeta, policy: Option<&Policy>) -> String {
                 source_text(source, policy.map(|p| p.name.as_str()))
             );
             out.push_str(&tag(name, &title));
+            out.push(' ');
         }
     }
     if let Some(p) = &q.config.policy {
         out.push_str(&tag(&format!("Pol {p}"), &format!("policy {p}")));
     }
-    out
+    out.trim_end().to_string()
 }
 
 /// One row of the queues table.
