@@ -149,6 +149,13 @@ async fn request(
     Ok((status, value))
 }
 
+/// Fails, naming `make deps`, unless Debian's chromium and chromium-driver are installed.
+pub fn check_installed() -> anyhow::Result<()> {
+    required(CHROMIUM, "chromium")?;
+    required(CHROMEDRIVER, "chromium-driver")?;
+    Ok(())
+}
+
 impl Browser {
     /// Starts chromedriver on a free port and a headless Chromium session with its profile in
     /// `dir` (the driver's log too). Fails, naming `make deps`, when either is missing.

@@ -171,6 +171,19 @@ async fn text_when(
     .await
 }
 
+/// Waits until a navigation (a form's submit) has reached `path`.
+async fn wait_path(b: &Browser, path: &str) -> anyhow::Result<()> {
+    eventually(&format!("the browser at {path}"), WAIT, || async {
+        let at = b.path().await?;
+        if at == path {
+            Ok(Some(()))
+        } else {
+            bail!("at {at}")
+        }
+    })
+    .await
+}
+
 async fn log_in(b: &Browser, base: &str, user: &str, password: &str) -> anyhow::Result<()> {
     b.goto(&format!("{base}/login")).await?;
     b.find("#username").await?.send_keys(user).await?;
@@ -251,9 +264,11 @@ async fn declare_topology(admin: &Client) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_sees_the_dead_lettering_topology_on_the_page() -> anyhow::Result<()> {
     let profile = tempfile::Builder::new().prefix("qq-page-").tempdir()?;
-    // Before the cluster: a missing browser fails at once, naming `make deps`.
-    let b = Browser::start(profile.path()).await?;
+    // A missing browser fails at once, naming `make deps`.
+    qq_tests::webdriver::check_installed()?;
+    // The cluster first: Chromium's own connections could take a port the cluster chose.
     let cluster = TestCluster::start(3).await?;
+    let b = Browser::start(profile.path()).await?;
     let admin = cluster.client(1).await?;
     info!("--- a dead-lettering topology, a policy, a rejected message, another vhost");
     declare_topology(&admin).await?;
@@ -264,7 +279,11 @@ async fn a_browser_sees_the_dead_lettering_topology_on_the_page() -> anyhow::Res
     let at = b.path().await?;
     ensure!(at == "/login", "at {at}");
     log_in(&b, &base, "guest", "not-the-password").await?;
-    let error = b.text("#error").await?;
+    // The click submits the form; the answer is a new page (still /login).
+    let error = eventually("the login error", WAIT, || async {
+        Ok(b.text("#error").await.ok())
+    })
+    .await?;
     ensure!(
         error.contains("invalid credentials for user 'guest'"),
         "{error}"
@@ -273,7 +292,7 @@ async fn a_browser_sees_the_dead_lettering_topology_on_the_page() -> anyhow::Res
 
     info!("--- the administrator logs in and sees the nodes");
     log_in(&b, &base, "guest", "guest").await?;
-    ensure!(b.path().await? == "/", "after login: {}", b.url().await?);
+    wait_path(&b, "/").await?;
     let nodes = text_when(
         &b,
         &format!("{base}/"),
@@ -403,8 +422,9 @@ async fn a_browser_sees_the_dead_lettering_topology_on_the_page() -> anyhow::Res
 
     info!("--- a user with access to / only does not see it");
     b.find("header form button").await?.click().await?;
-    ensure!(b.path().await? == "/login", "logged out");
+    wait_path(&b, "/login").await?;
     log_in(&b, &base, "viewer", "viewer-pw").await?;
+    wait_path(&b, "/").await?;
     let mine = text_when(&b, &queues_url, "#queues", "viewer's queues", |t| {
         t.contains("page.work")
     })
