@@ -9,6 +9,7 @@
 //! Bounded: every command has [`COMMAND_TIMEOUT`]; an answer is read to its Content-Length
 //! (or last chunk), up to [`MAX_ANSWER_BYTES`].
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -167,7 +168,10 @@ impl Browser {
             .port();
         let log_path = dir.join("chromedriver.log");
         let log = std::fs::File::create(&log_path)?;
+        // Its own process group, so the drop can end Chromium with it even when no session
+        // was established (a Chromium whose session request timed out).
         let driver = Command::new(&chromedriver)
+            .process_group(0)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(log)
@@ -345,6 +349,12 @@ impl Drop for Browser {
             // One read: the answer (chromedriver may keep the connection open).
             let _ = s.read(&mut [0u8; 4096]);
         }
+        // The whole group: chromedriver and any Chromium it started.
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.driver.id())])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
