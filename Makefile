@@ -17,7 +17,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 all: build
 
 # System packages the build needs (protoc for the proto crate, libclang for RocksDB's bindgen)
-# and the tests may use (iptables, iproute2 for the chaos hosts, DejaVu Sans for the charts).
+# and the tests may use (iptables, iproute2 for the chaos hosts, DejaVu Sans for the charts,
+# headless Chromium and chromedriver for the management page's browser test).
 # Installs only what is missing.
 deps:
 	@missing=""; \
@@ -29,6 +30,8 @@ deps:
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	command -v tc >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing="$$missing fonts-dejavu-core"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	[ -x /usr/bin/chromedriver ] || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		$(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; \
@@ -107,6 +110,8 @@ bench-deps:
 	@missing=""; \
 	command -v perf >/dev/null 2>&1 || missing="$$missing linux-perf"; \
 	[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing="$$missing fonts-dejavu-core"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	[ -x /usr/bin/chromedriver ] || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		$(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; \

@@ -37,6 +37,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
+pub mod webdriver;
+
 use anyhow::{Context, anyhow, bail, ensure};
 use qq_client::{Client, TlsOptions};
 use qq_proto::internal::internal_client::InternalClient;

@@ -504,3 +504,188 @@ pub fn effective_config(
     config.note = (!notes.is_empty()).then(|| notes.join("; "));
     config
 }
+
+/// Where the effective value of one setting came from ([`setting_sources`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettingSource {
+    /// Neither an argument nor the policy sets it: the broker's default.
+    Default,
+    /// The queue's `x-` argument.
+    Argument,
+    /// The policy's definition.
+    Policy,
+    /// Both give the same value (a minimum or maximum of two equal values).
+    Both,
+}
+
+/// The settings [`effective_config`] resolves, by their policy key, in display order.
+pub const SETTING_KEYS: [&str; 11] = [
+    "dead-letter-exchange",
+    "dead-letter-routing-key",
+    "dead-letter-strategy",
+    "message-ttl",
+    "expires",
+    "max-length",
+    "max-length-bytes",
+    "overflow",
+    "delivery-limit",
+    "requeue-delays",
+    "single-active-consumer",
+];
+
+/// For each of [`SETTING_KEYS`], where [`effective_config`] took its value from, by the same
+/// precedence rules (argument wins for dead-letter keys and requeue delays, the minimum for
+/// lengths and TTLs, the policy for overflow, the finite minimum for the delivery limit).
+/// Inputs are assumed validated, as for [`effective_config`].
+pub fn setting_sources(
+    args: &Table,
+    policy: Option<&Policy>,
+) -> Vec<(&'static str, SettingSource)> {
+    fn pick<T: Ord>(a: Option<T>, p: Option<T>, smaller: bool) -> SettingSource {
+        match (a, p) {
+            (Some(a), Some(p)) if a == p => SettingSource::Both,
+            (Some(a), Some(p)) => {
+                if (a < p) == smaller {
+                    SettingSource::Argument
+                } else {
+                    SettingSource::Policy
+                }
+            }
+            (Some(_), None) => SettingSource::Argument,
+            (None, Some(_)) => SettingSource::Policy,
+            (None, None) => SettingSource::Default,
+        }
+    }
+    let first = |a: bool, p: bool| {
+        if a {
+            SettingSource::Argument
+        } else if p {
+            SettingSource::Policy
+        } else {
+            SettingSource::Default
+        }
+    };
+    SETTING_KEYS
+        .iter()
+        .map(|&key| {
+            let (a, p) = both(args, policy, key);
+            let source = match key {
+                "dead-letter-exchange" | "dead-letter-routing-key" | "dead-letter-strategy" => {
+                    first(
+                        a.and_then(Value::as_str).is_some(),
+                        p.and_then(Value::as_str).is_some(),
+                    )
+                }
+                "message-ttl" | "expires" | "max-length" | "max-length-bytes" => {
+                    let non_negative = |v: Option<&Value>| {
+                        v.and_then(Value::as_i64)
+                            .and_then(|n| u64::try_from(n).ok())
+                    };
+                    pick(non_negative(a), non_negative(p), true)
+                }
+                "overflow" => {
+                    let parses = |v: Option<&Value>| {
+                        v.and_then(Value::as_str).and_then(parse_overflow).is_some()
+                    };
+                    if parses(p) {
+                        SettingSource::Policy
+                    } else if parses(a) {
+                        SettingSource::Argument
+                    } else {
+                        SettingSource::Default
+                    }
+                }
+                "delivery-limit" => {
+                    let (a, p) = (a.and_then(Value::as_i64), p.and_then(Value::as_i64));
+                    // Either negative (unlimited): the larger wins, as in effective_config.
+                    let smaller = !(a.is_some_and(|a| a < 0) || p.is_some_and(|p| p < 0));
+                    pick(a, p, smaller)
+                }
+                "requeue-delays" => first(a.is_some(), p.is_some()),
+                "single-active-consumer" => {
+                    first(args.contains_key("x-single-active-consumer"), false)
+                }
+                _ => SettingSource::Default,
+            };
+            (key, source)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod setting_source_tests {
+    use super::*;
+
+    fn policy(definition: &[(&str, Value)]) -> Policy {
+        Policy {
+            name: "p".into(),
+            pattern: ".*".into(),
+            apply_to: "queues".into(),
+            priority: 0,
+            definition: definition
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        }
+    }
+
+    fn source_of(args: &Table, policy: Option<&Policy>, key: &str) -> SettingSource {
+        setting_sources(args, policy)
+            .into_iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, s)| s)
+            .unwrap()
+    }
+
+    #[test]
+    fn sources_follow_the_precedence_of_effective_config() {
+        let args: Table = [
+            ("x-dead-letter-exchange", Value::String("dlx".into())),
+            ("x-max-length", Value::Long(10)),
+            ("x-message-ttl", Value::Long(5_000)),
+            ("x-delivery-limit", Value::Long(3)),
+            ("x-overflow", Value::String("drop-head".into())),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let p = policy(&[
+            ("dead-letter-exchange", Value::String("other".into())),
+            ("dead-letter-routing-key", Value::String("k".into())),
+            ("max-length", Value::Long(5)),
+            ("message-ttl", Value::Long(5_000)),
+            ("delivery-limit", Value::Long(-1)),
+            ("overflow", Value::String("reject-publish".into())),
+        ]);
+        let c = effective_config("/", "q", &args, Some(&p));
+        use SettingSource::*;
+        // Argument wins for the exchange; the key only the policy gives.
+        assert_eq!(c.dead_letter_exchange.as_deref(), Some("dlx"));
+        assert_eq!(source_of(&args, Some(&p), "dead-letter-exchange"), Argument);
+        assert_eq!(c.dead_letter_routing_key.as_deref(), Some("k"));
+        assert_eq!(
+            source_of(&args, Some(&p), "dead-letter-routing-key"),
+            Policy
+        );
+        assert_eq!(source_of(&args, Some(&p), "dead-letter-strategy"), Default);
+        // The minimum: the policy's 5; equal TTLs: both.
+        assert_eq!(c.max_length, Some(5));
+        assert_eq!(source_of(&args, Some(&p), "max-length"), Policy);
+        assert_eq!(source_of(&args, Some(&p), "message-ttl"), Both);
+        // A negative (unlimited) delivery limit: the finite argument wins.
+        assert_eq!(c.delivery_limit, Some(3));
+        assert_eq!(source_of(&args, Some(&p), "delivery-limit"), Argument);
+        // Overflow: the policy.
+        assert_eq!(source_of(&args, Some(&p), "overflow"), Policy);
+        assert_eq!(source_of(&args, Some(&p), "expires"), Default);
+        // Without the policy every set key is the argument's.
+        assert_eq!(source_of(&args, None, "max-length"), Argument);
+        assert_eq!(source_of(&args, None, "overflow"), Argument);
+        assert_eq!(source_of(&args, None, "dead-letter-routing-key"), Default);
+        assert_eq!(
+            setting_sources(&args, None).len(),
+            SETTING_KEYS.len(),
+            "one source per key"
+        );
+    }
+}

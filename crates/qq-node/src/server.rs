@@ -7,7 +7,8 @@
 //! cluster CA, or the handshake fails before any request is read (plain text only with
 //! `insecure_cluster`). Nothing of the internal service is reachable on the client port.
 //! Beside the broker, the client port serves gRPC health and reflection, and `http_addr` (when
-//! set) the operator's `GET /metrics` and `GET /healthz` ([`crate::observe`]).
+//! set) the operator's `GET /metrics` and `GET /healthz` and the management page
+//! ([`crate::observe`]).
 //!
 //! Shutdown (SIGTERM or Ctrl-C, see `main.rs`): both listeners stop accepting; the node's token
 //! is cancelled, so consumer sessions and publish streams end with UNAVAILABLE, proposals stop
@@ -113,7 +114,9 @@ pub async fn run(
             })
         })
     };
-    let broker = BrokerServer::new(BrokerService::new(node.clone(), conns))
+    let broker_service = BrokerService::new(node.clone(), conns);
+    let page_api = broker_service.api();
+    let broker = BrokerServer::new(broker_service)
         .max_decoding_message_size(max_client)
         .max_encoding_message_size(max_client);
     let internal = InternalServer::new(InternalService::new(node.clone()))
@@ -162,7 +165,7 @@ pub async fn run(
     };
     let http_server = async {
         match http_listener {
-            Some(listener) => observe.serve_http(listener, signal.clone()).await,
+            Some(listener) => observe.serve_http(listener, page_api, signal.clone()).await,
             None => Ok(()),
         }
     };

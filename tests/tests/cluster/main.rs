@@ -14,6 +14,7 @@ mod failover;
 mod limits;
 mod move_tasks;
 mod observe;
+mod page;
 mod policies;
 mod refusals;
 mod reseed;

@@ -11,6 +11,8 @@
 //! of the password (compared in constant time) and a digest of the user's stored record (a
 //! password change or a deleted user misses). Misses verify in `spawn_blocking` behind a
 //! semaphore of [`MAX_CONCURRENT_VERIFIES`]. A wrong password is logged at WARN with the peer.
+//! The management page's login form ([`Auth::login_http`]) goes through the same checks and the
+//! same verify bound; its transport is always plain HTTP.
 //!
 //! **Authorization.** Permission checks read the metadata view; grants that passed are cached
 //! for one metadata version (compiling the permission regexes on every publish was the top cost
@@ -82,6 +84,15 @@ pub struct Auth {
     /// Connections per user and per vhost are counted here, as requests authenticate and name
     /// vhosts.
     conns: Arc<Connections>,
+}
+
+/// Where credentials came from ([`Auth::authenticate`]).
+#[derive(Debug, Clone, Copy)]
+enum Transport {
+    /// The gRPC client port; `basic`: the request carried Basic credentials.
+    ClientPort { basic: bool },
+    /// The management page's login form on `http_addr` (always plain HTTP).
+    Http,
 }
 
 /// An authenticated caller.
@@ -183,6 +194,41 @@ impl Auth {
 
     /// The authenticated caller: Basic credentials, or `guest` without them.
     pub async fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
+        let (user, password, basic) = match basic_credentials(req)? {
+            Some((u, p)) => (u, p, true),
+            None => ("guest".to_string(), "guest".to_string(), false),
+        };
+        self.authenticate(
+            user,
+            password,
+            req.remote_addr(),
+            Transport::ClientPort { basic },
+        )
+        .await
+    }
+
+    /// A login on the management page (`http_addr`, plain HTTP) by `peer`: the same rules and
+    /// the same verification as the client port's (loopback-only users, no password over
+    /// plain text from a remote address unless `allow_plaintext_auth`, Argon2id behind the
+    /// verify bound, a wrong password logged with the peer). The caller it returns has no
+    /// client-port connection (`peer` None), so nothing is counted toward connection limits.
+    pub async fn login_http(
+        &self,
+        user: &str,
+        password: String,
+        peer: Option<SocketAddr>,
+    ) -> Result<Caller, Status> {
+        self.authenticate(user.to_string(), password, peer, Transport::Http)
+            .await
+    }
+
+    async fn authenticate(
+        &self,
+        user: String,
+        password: String,
+        peer: Option<SocketAddr>,
+        transport: Transport,
+    ) -> Result<Caller, Status> {
         // Users, permissions and everything a request is about live in the metadata: until
         // this node has caught up with the cluster's, it would answer from what it knew.
         if !*self.synced.borrow() {
@@ -190,36 +236,62 @@ impl Auth {
                 "this node is catching up on the cluster's metadata; retry, or use another node",
             ));
         }
-        let peer = req.remote_addr();
         let loopback = is_loopback(peer);
         let shown_peer = peer.map_or_else(|| "unknown".to_string(), |a| a.to_string());
-        let (user, password, basic) = match basic_credentials(req)? {
-            Some((u, p)) => (u, p, true),
-            None => ("guest".to_string(), "guest".to_string(), false),
+        let via = match transport {
+            Transport::ClientPort { .. } => "client port",
+            Transport::Http => "http page",
         };
         if !loopback && self.settings.loopback_users.iter().any(|u| *u == user) {
-            warn!(user = %user, peer = %shown_peer, "login refused: loopback-only user from a remote address");
+            warn!(user = %user, peer = %shown_peer, via, "login refused: loopback-only user from a remote address");
             return Err(Status::unauthenticated(format!(
                 "user '{user}' can only connect via localhost"
             )));
         }
-        if basic && !loopback && !self.settings.client_tls && !self.settings.allow_plaintext_auth {
-            warn!(user = %user, peer = %shown_peer, "login refused: basic credentials over plain text");
-            return Err(Status::unauthenticated(
-                "authorization: basic credentials over plain text from a non-loopback address are \
-                 refused; use TLS on the client port or set allow_plaintext_auth = true",
-            ));
+        let plain_text = match transport {
+            Transport::ClientPort { basic } => basic && !self.settings.client_tls,
+            Transport::Http => true,
+        };
+        if plain_text && !loopback && !self.settings.allow_plaintext_auth {
+            warn!(user = %user, peer = %shown_peer, via, "login refused: credentials over plain text");
+            return Err(Status::unauthenticated(match transport {
+                Transport::ClientPort { .. } => {
+                    "authorization: basic credentials over plain text from a non-loopback address \
+                     are refused; use TLS on the client port or set allow_plaintext_auth = true"
+                }
+                Transport::Http => {
+                    "login: the page is plain HTTP and a password from a non-loopback address is \
+                     refused; reach it through loopback (e.g. an SSH tunnel) or set \
+                     allow_plaintext_auth = true"
+                }
+            }));
         }
         if self.verify(&user, password).await? {
-            let limits = self.view.current().user_limits(&user);
-            self.conns.admit_user(peer, &user, limits)?;
-            Ok(Caller { user, peer })
+            match transport {
+                Transport::ClientPort { .. } => {
+                    let limits = self.view.current().user_limits(&user);
+                    self.conns.admit_user(peer, &user, limits)?;
+                    Ok(Caller { user, peer })
+                }
+                Transport::Http => Ok(Caller { user, peer: None }),
+            }
         } else {
-            warn!(user = %user, peer = %shown_peer, "login refused: invalid credentials");
+            warn!(user = %user, peer = %shown_peer, via, "login refused: invalid credentials");
             Err(Status::unauthenticated(format!(
                 "invalid credentials for user '{user}'"
             )))
         }
+    }
+
+    /// A digest of `user`'s stored password record (None: no such user). A page session keeps
+    /// the one of its login and ends when it changes (password changed, user deleted).
+    pub fn credential_stamp(&self, user: &str) -> Option<[u8; 32]> {
+        self.view.current().user(user).map(record_digest)
+    }
+
+    /// Whether `user` is tagged `administrator`.
+    pub fn is_administrator(&self, state: &MetaState, user: &str) -> bool {
+        Self::is_admin(state, user)
     }
 
     /// Whether `password` is `user`'s: from the cache, else verified off the async workers.

@@ -17,7 +17,9 @@ use qq_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use super::Api;
+use super::auth::Caller;
 use super::convert::{message_to_pb, vhost};
+use crate::groups::registry::BrowseData;
 pub use crate::groups::registry::MAX_BROWSE_LIMIT;
 
 /// The number of messages a browse without a limit returns.
@@ -29,19 +31,7 @@ pub async fn browse(
 ) -> Result<Response<pb::BrowseResponse>, Status> {
     let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
-    let vhost = vhost(&r.vhost);
-    api.auth.check(&caller, &vhost, Perm::Read, &r.queue)?;
-    let qm = api.queue_meta(&vhost, &r.queue)?;
-    let limit = match r.limit {
-        0 => DEFAULT_BROWSE_LIMIT,
-        n if n > MAX_BROWSE_LIMIT => {
-            return Err(Status::invalid_argument(format!(
-                "limit: {n} is more than {MAX_BROWSE_LIMIT} messages per browse"
-            )));
-        }
-        n => n,
-    };
-    let data = api.node.proposer().browse(qm.id, r.offset, limit).await?;
+    let data = browse_of(api, &caller, &vhost(&r.vhost), &r.queue, r.offset, r.limit).await?;
     let messages = data
         .messages
         .into_iter()
@@ -67,4 +57,28 @@ pub async fn browse(
         messages,
         message_count: data.ready,
     }))
+}
+
+/// Ready messages of `queue` in vhost `v` from position `offset`, at most `limit` (0: the
+/// default), if `caller` may read the queue.
+pub(crate) async fn browse_of(
+    api: &Api,
+    caller: &Caller,
+    v: &str,
+    queue: &str,
+    offset: u64,
+    limit: u32,
+) -> Result<BrowseData, Status> {
+    api.auth.check(caller, v, Perm::Read, queue)?;
+    let qm = api.queue_meta(v, queue)?;
+    let limit = match limit {
+        0 => DEFAULT_BROWSE_LIMIT,
+        n if n > MAX_BROWSE_LIMIT => {
+            return Err(Status::invalid_argument(format!(
+                "limit: {n} is more than {MAX_BROWSE_LIMIT} messages per browse"
+            )));
+        }
+        n => n,
+    };
+    Ok(api.node.proposer().browse(qm.id, offset, limit).await?)
 }

@@ -49,6 +49,15 @@ pub struct Api {
 }
 
 impl Api {
+    /// Who is calling and what they may do (the management page logs in through it too).
+    pub(crate) fn auth(&self) -> &Arc<Auth> {
+        &self.auth
+    }
+
+    pub(crate) fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
     /// Propose a metadata command; a refusal becomes its status.
     async fn meta(&self, cmd: MetaCommand) -> Result<MetaReply, Status> {
         self.node
@@ -105,6 +114,12 @@ impl BrokerService {
         BrokerService {
             api: Api { node, auth, conns },
         }
+    }
+
+    /// The handlers' shared state, for the management page on `http_addr`
+    /// ([`crate::observe::page`]), which reads through the same functions.
+    pub fn api(&self) -> Api {
+        self.api.clone()
     }
 }
 

@@ -18,13 +18,14 @@ use tonic::{Request, Response, Status};
 
 use super::Api;
 use super::admin::limits_to_pb;
+use super::auth::Caller;
 use super::convert::{table_to_pb, vhost};
 use crate::groups::registry::QueueInfoData;
 
 /// How long `ClusterStatus` waits for each peer's answer.
 const REACH_TIMEOUT: Duration = Duration::from_millis(800);
 
-fn queue_info_pb(qm: &QueueMeta, data: Option<QueueInfoData>) -> pb::QueueInfo {
+pub(crate) fn queue_info_pb(qm: &QueueMeta, data: Option<QueueInfoData>) -> pb::QueueInfo {
     let c = &qm.config;
     let effective = pb::EffectiveConfig {
         dead_letter_exchange: c.dead_letter_exchange.clone().unwrap_or_default(),
@@ -77,23 +78,27 @@ pub async fn list_policies(
     request: Request<pb::ListPoliciesRequest>,
 ) -> Result<Response<pb::ListPoliciesResponse>, Status> {
     let caller = api.auth.caller(&request).await?;
-    let v = vhost(&request.get_ref().vhost);
-    api.auth.require_visible(&caller, &v)?;
-    let policies = api
+    let policies = policies_of(api, &caller, &vhost(&request.get_ref().vhost))?;
+    Ok(Response::new(pb::ListPoliciesResponse { policies }))
+}
+
+/// The policies of vhost `v`, if `caller` may see it.
+pub(crate) fn policies_of(api: &Api, caller: &Caller, v: &str) -> Result<Vec<pb::Policy>, Status> {
+    api.auth.require_visible(caller, v)?;
+    Ok(api
         .node
         .view()
         .current()
-        .policies(&v)
+        .policies(v)
         .map(|p| pb::Policy {
-            vhost: v.clone(),
+            vhost: v.to_string(),
             name: p.name.clone(),
             pattern: p.pattern.clone(),
             apply_to: p.apply_to.clone(),
             priority: p.priority,
             definition: table_to_pb(&p.definition),
         })
-        .collect();
-    Ok(Response::new(pb::ListPoliciesResponse { policies }))
+        .collect())
 }
 
 pub async fn list_queues(
@@ -101,8 +106,22 @@ pub async fn list_queues(
     request: Request<pb::ListQueuesRequest>,
 ) -> Result<Response<pb::ListQueuesResponse>, Status> {
     let caller = api.auth.caller(&request).await?;
-    let v = vhost(&request.get_ref().vhost);
-    api.auth.require_visible(&caller, &v)?;
+    let queues = queues_of(api, &caller, &vhost(&request.get_ref().vhost))
+        .await?
+        .into_iter()
+        .map(|(q, d)| queue_info_pb(&q, d))
+        .collect();
+    Ok(Response::new(pb::ListQueuesResponse { queues }))
+}
+
+/// The queues of vhost `v`, if `caller` may see it, each with its leader's live information
+/// (None: the leader did not answer).
+pub(crate) async fn queues_of(
+    api: &Api,
+    caller: &Caller,
+    v: &str,
+) -> Result<Vec<(QueueMeta, Option<QueueInfoData>)>, Status> {
+    api.auth.require_visible(caller, v)?;
     let queues: Vec<QueueMeta> = api
         .node
         .view()
@@ -113,12 +132,11 @@ pub async fn list_queues(
         .collect();
     let proposer = api.node.proposer();
     let infos = join_all(queues.iter().map(|q| proposer.queue_info(q.id))).await;
-    let queues = queues
-        .iter()
+    Ok(queues
+        .into_iter()
         .zip(infos)
-        .map(|(q, d)| queue_info_pb(q, d.ok()))
-        .collect();
-    Ok(Response::new(pb::ListQueuesResponse { queues }))
+        .map(|(q, d)| (q, d.ok()))
+        .collect())
 }
 
 pub async fn get_queue(
@@ -127,11 +145,21 @@ pub async fn get_queue(
 ) -> Result<Response<pb::QueueInfo>, Status> {
     let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
-    let v = vhost(&r.vhost);
-    api.auth.require_visible(&caller, &v)?;
-    let qm = api.queue_meta(&v, &r.name)?;
-    let data = api.node.proposer().queue_info(qm.id).await?;
+    let (qm, data) = queue_of(api, &caller, &vhost(&r.vhost), &r.name).await?;
     Ok(Response::new(queue_info_pb(&qm, Some(data))))
+}
+
+/// Queue `name` of vhost `v`, if `caller` may see the vhost, with its leader's information.
+pub(crate) async fn queue_of(
+    api: &Api,
+    caller: &Caller,
+    v: &str,
+    name: &str,
+) -> Result<(QueueMeta, QueueInfoData), Status> {
+    api.auth.require_visible(caller, v)?;
+    let qm = api.queue_meta(v, name)?;
+    let data = api.node.proposer().queue_info(qm.id).await?;
+    Ok((qm, data))
 }
 
 pub async fn list_exchanges(
@@ -139,15 +167,24 @@ pub async fn list_exchanges(
     request: Request<pb::ListExchangesRequest>,
 ) -> Result<Response<pb::ListExchangesResponse>, Status> {
     let caller = api.auth.caller(&request).await?;
-    let v = vhost(&request.get_ref().vhost);
-    api.auth.require_visible(&caller, &v)?;
-    let exchanges = api
+    let exchanges = exchanges_of(api, &caller, &vhost(&request.get_ref().vhost))?;
+    Ok(Response::new(pb::ListExchangesResponse { exchanges }))
+}
+
+/// The exchanges of vhost `v`, if `caller` may see it.
+pub(crate) fn exchanges_of(
+    api: &Api,
+    caller: &Caller,
+    v: &str,
+) -> Result<Vec<pb::ExchangeInfo>, Status> {
+    api.auth.require_visible(caller, v)?;
+    Ok(api
         .node
         .view()
         .current()
-        .exchanges(&v)
+        .exchanges(v)
         .map(|x| pb::ExchangeInfo {
-            vhost: v.clone(),
+            vhost: v.to_string(),
             name: x.name.clone(),
             r#type: x.kind.as_str().to_string(),
             durable: x.durable,
@@ -155,8 +192,7 @@ pub async fn list_exchanges(
             internal: x.internal,
             arguments: table_to_pb(&x.arguments),
         })
-        .collect();
-    Ok(Response::new(pb::ListExchangesResponse { exchanges }))
+        .collect())
 }
 
 pub async fn list_bindings(
@@ -164,22 +200,30 @@ pub async fn list_bindings(
     request: Request<pb::ListBindingsRequest>,
 ) -> Result<Response<pb::ListBindingsResponse>, Status> {
     let caller = api.auth.caller(&request).await?;
-    let v = vhost(&request.get_ref().vhost);
-    api.auth.require_visible(&caller, &v)?;
-    let bindings = api
+    let bindings = bindings_of(api, &caller, &vhost(&request.get_ref().vhost))?;
+    Ok(Response::new(pb::ListBindingsResponse { bindings }))
+}
+
+/// The bindings of vhost `v`, if `caller` may see it.
+pub(crate) fn bindings_of(
+    api: &Api,
+    caller: &Caller,
+    v: &str,
+) -> Result<Vec<pb::BindingInfo>, Status> {
+    api.auth.require_visible(caller, v)?;
+    Ok(api
         .node
         .view()
         .current()
-        .bindings(&v)
+        .bindings(v)
         .map(|b| pb::BindingInfo {
-            vhost: v.clone(),
+            vhost: v.to_string(),
             exchange: b.source.clone(),
             queue: b.destination.clone(),
             routing_key: b.routing_key.clone(),
             arguments: table_to_pb(&b.arguments),
         })
-        .collect();
-    Ok(Response::new(pb::ListBindingsResponse { bindings }))
+        .collect())
 }
 
 pub async fn cluster_status(
@@ -187,6 +231,11 @@ pub async fn cluster_status(
     request: Request<pb::ClusterStatusRequest>,
 ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
     let caller = api.auth.caller(&request).await?;
+    Ok(Response::new(cluster_status_of(api, &caller).await))
+}
+
+/// The cluster as this node sees it, with the queues of the vhosts `caller` may see.
+pub(crate) async fn cluster_status_of(api: &Api, caller: &Caller) -> pb::ClusterStatusResponse {
     let node = &api.node;
     let peers = node.peers();
     let reach = join_all(peers.ids().into_iter().map(|id| async move {
@@ -213,7 +262,7 @@ pub async fn cluster_status(
     let state = node.view().current();
     let queues = state
         .queues()
-        .filter(|q| api.auth.may_see(&state, &caller, &q.vhost))
+        .filter(|q| api.auth.may_see(&state, caller, &q.vhost))
         .map(|q| {
             let local = registry.local_queue_info(q.id, false);
             pb::QueueLeader {
@@ -228,13 +277,13 @@ pub async fn cluster_status(
             }
         })
         .collect();
-    Ok(Response::new(pb::ClusterStatusResponse {
+    pb::ClusterStatusResponse {
         nodes,
         metadata_leader: registry.known_leader(0).unwrap_or(0),
         queues,
         node_id: node.id(),
         alarms: node.alarms().active(),
-    }))
+    }
 }
 
 pub async fn overview(
@@ -242,10 +291,15 @@ pub async fn overview(
     request: Request<pb::OverviewRequest>,
 ) -> Result<Response<pb::OverviewResponse>, Status> {
     let caller = api.auth.caller(&request).await?;
+    Ok(Response::new(overview_of(api, &caller).await))
+}
+
+/// Message and dead-letter totals over the queues of the vhosts `caller` may see.
+pub(crate) async fn overview_of(api: &Api, caller: &Caller) -> pb::OverviewResponse {
     let state = api.node.view().current();
     let metas: Vec<QueueMeta> = state
         .queues()
-        .filter(|q| api.auth.may_see(&state, &caller, &q.vhost))
+        .filter(|q| api.auth.may_see(&state, caller, &q.vhost))
         .cloned()
         .collect();
     let proposer = api.node.proposer();
@@ -283,7 +337,7 @@ pub async fn overview(
             count,
         })
         .collect();
-    Ok(Response::new(o))
+    o
 }
 
 /// Every vhost and user with limits set; administrators only.

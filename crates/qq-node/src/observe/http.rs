@@ -1,9 +1,12 @@
 //! The operator's HTTP endpoint on `http_addr`: `GET /metrics` (Prometheus / OpenMetrics
-//! text) and `GET /healthz` (200 when the node is SERVING, 503 otherwise).
+//! text) and `GET /healthz` (200 when the node is SERVING, 503 otherwise), both without
+//! credentials, and the management page ([`super::page`]: `/`, `/login`, ...), which needs a
+//! login.
 //!
-//! It is an attack surface reachable without credentials, so it is small: two read-only
-//! routes (any other path is 404, any other method 405), no request bodies (a request that
-//! declares one larger than [`MAX_BODY_BYTES`] is refused with 413 before it is read),
+//! It is an attack surface reachable without credentials, so it is small: read-only routes
+//! (any other path is 404, any other method 405; the page's only bodies are its login and
+//! logout forms), small request bodies (a request that declares one larger than
+//! [`MAX_BODY_BYTES`], or sends a chunked one, is refused with 413 before it is read),
 //! at most [`MAX_IN_FLIGHT`] requests at once (more get 503 at once: a scrape of many queues
 //! costs CPU), at most [`MAX_CONNECTIONS`] connections (more wait in the kernel's backlog),
 //! each closed after [`MAX_CONNECTION_LIFETIME`] (a client that opens connections and says
@@ -20,6 +23,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::connect_info::Connected;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
@@ -35,8 +39,9 @@ use tracing::warn;
 
 /// Requests served at once; more are answered 503 without waiting.
 pub const MAX_IN_FLIGHT: usize = 8;
-/// Largest request body accepted (the routes read none).
-pub const MAX_BODY_BYTES: usize = 1024;
+/// Largest request body accepted: the page's login form (a user name and a password,
+/// URL-encoded); the other routes read none.
+pub const MAX_BODY_BYTES: usize = 4096;
 /// Connections served at once; more are accepted as these close.
 pub const MAX_CONNECTIONS: usize = 32;
 /// A connection is closed this long after it was accepted, whatever it is doing (Prometheus
@@ -52,11 +57,23 @@ struct HttpState {
     in_flight: Arc<Semaphore>,
 }
 
-/// Serve until `stop` is cancelled (then finish the requests in flight).
+/// The peer address of a request (`ConnectInfo<Peer>`), for the page's login rules.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub SocketAddr);
+
+impl Connected<axum::serve::IncomingStream<'_, BoundedListener>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, BoundedListener>) -> Peer {
+        Peer(*stream.remote_addr())
+    }
+}
+
+/// Serve until `stop` is cancelled (then finish the requests in flight). `page`: the
+/// management page's routes, under the same bounds.
 pub async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
     serving: watch::Receiver<bool>,
+    page: Router,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
     let state = HttpState {
@@ -67,14 +84,15 @@ pub async fn serve(
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        .with_state(state.clone())
+        .merge(page)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn_with_state(state.clone(), bounded))
-        .with_state(state);
+        .layer(middleware::from_fn_with_state(state, bounded));
     let listener = BoundedListener {
         inner: listener,
         slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
     };
-    axum::serve(listener, app)
+    axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
         .with_graceful_shutdown(stop.cancelled_owned())
         .await
 }
@@ -134,7 +152,7 @@ async fn healthz(State(state): State<HttpState>) -> Response {
 }
 
 /// The TCP listener with [`MAX_CONNECTIONS`] and [`MAX_CONNECTION_LIFETIME`].
-struct BoundedListener {
+pub struct BoundedListener {
     inner: TcpListener,
     slots: Arc<Semaphore>,
 }
@@ -177,7 +195,7 @@ impl axum::serve::Listener for BoundedListener {
 
 /// An accepted connection: holds its slot, and fails every read and write once its lifetime
 /// is over (hyper then closes it).
-struct BoundedConnection {
+pub struct BoundedConnection {
     stream: TcpStream,
     _slot: OwnedSemaphorePermit,
     deadline: Pin<Box<Sleep>>,

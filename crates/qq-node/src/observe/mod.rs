@@ -7,6 +7,7 @@
 //!   client port, describing `qq.v1.Broker` and the health service only (the internal service
 //!   is not on that port and is not described).
 //! - [`http`]: `GET /metrics` and `GET /healthz` on `http_addr`.
+//! - [`page`]: the management page on `http_addr` (login with the broker's users).
 //! - [`collector`]: the scrape-time collector of per-queue and per-node state, next to the
 //!   event instruments of [`crate::metrics`].
 //!
@@ -19,6 +20,7 @@
 pub mod collector;
 pub mod health;
 pub mod http;
+pub mod page;
 
 use std::sync::Arc;
 
@@ -31,6 +33,7 @@ use tonic::transport::server::Router;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
 
+use crate::api::Api;
 use crate::metrics::{self, DeadLetterLabels};
 use crate::node::Node;
 use crate::peer::liveness::PeerLinks;
@@ -81,14 +84,17 @@ impl Observability {
             .add_service(reflection().build_v1alpha()?))
     }
 
-    /// Serves `GET /metrics` and `GET /healthz` on `listener` until `stop`.
+    /// Serves `GET /metrics`, `GET /healthz` and the management page (reading through `api`)
+    /// on `listener` until `stop`.
     pub async fn serve_http(
         &self,
         listener: TcpListener,
+        api: Api,
         stop: CancellationToken,
     ) -> anyhow::Result<()> {
         let registry = Arc::new(self.registry());
-        http::serve(listener, registry, self.serving.clone(), stop)
+        let page = page::router(api, self.serving.clone());
+        http::serve(listener, registry, self.serving.clone(), page, stop)
             .await
             .map_err(|e| anyhow::anyhow!("http_addr: serve: {e}"))
     }
