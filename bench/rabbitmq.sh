@@ -58,7 +58,8 @@ prepare() {
         echo "QQBENCHCOOKIE$(date +%s%N)" | tr -dc 'A-Z0-9' >"$HOME/.erlang.cookie"
         chmod 400 "$HOME/.erlang.cookie"
     fi
-    echo '[].' >"$run_dir/enabled_plugins"
+    # The shovel plugin for scenario 10 (move rate), where a dynamic shovel moves a backlog.
+    echo '[rabbitmq_shovel].' >"$run_dir/enabled_plugins"
     echo '[].' >"$run_dir/advanced.config"
     : >"$run_dir/rabbitmq-env.conf"
     cat >"$run_dir/rabbitmq.conf" <<CONF

@@ -124,6 +124,19 @@ impl Cluster {
         }
     }
 
+    /// `rabbitmqctl` against RabbitMQ node `node` (0-based); its standard output.
+    pub fn rabbitmqctl(&self, node: usize, args: &[&str]) -> Result<String> {
+        match self {
+            Cluster::Qq(_) => bail!("rabbitmqctl asked of the quorumq cluster"),
+            Cluster::Rabbit(c) => {
+                let n = (node + 1).to_string();
+                let mut all = vec!["ctl", n.as_str()];
+                all.extend_from_slice(args);
+                c.script(&all)
+            }
+        }
+    }
+
     /// Waits until every node runs and answers (starting any node that is down).
     pub async fn ensure_up(&mut self, timeout: Duration) -> Result<()> {
         for node in 0..NODES {

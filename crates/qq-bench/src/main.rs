@@ -5,7 +5,8 @@
 //! `qq-client`) and RabbitMQ (Debian's rabbitmq-server, `bench/rabbitmq.sh`, AMQP 0-9-1 on
 //! 127.0.0.1:5681-5683 with lapin) — and runs the seven scenarios of issue 5 against both (and
 //! scenario 8, memory under pressure, against quorumq; scenario 9, idle CPU with a million
-//! delayed messages, against quorumq when named),
+//! delayed messages, against quorumq when named; scenario 10, the rate of moving a backlog to
+//! another node's queue, a move task against RabbitMQ's shovel),
 //! alternating which system goes first. It prints one table (each figure for both systems and
 //! their ratio, with the issue's targets), and writes a JSON record, a Markdown summary and a
 //! PNG of latency percentiles to `bench/results/`.
@@ -16,7 +17,7 @@
 //!
 //! Layout: [`cluster`] starts, kills and measures the server processes; [`driver`] is one
 //! client interface over both brokers; [`load`] holds the publisher and consumer loops;
-//! [`scenarios`] the seven scenarios; [`memory`] scenario 8; [`delayed`] scenario 9; [`profile`] samples the quorumq leader with perf;
+//! [`scenarios`] the seven scenarios; [`memory`] scenario 8; [`delayed`] scenario 9; [`moves`] scenario 10; [`profile`] samples the quorumq leader with perf;
 //! [`report`] the table, files and plot.
 //!
 //! Deliberately left out: anything that would favour one side. Both clients run in this one
@@ -28,6 +29,7 @@ mod delayed;
 mod driver;
 mod load;
 mod memory;
+mod moves;
 mod profile;
 mod report;
 mod scenarios;
@@ -68,8 +70,9 @@ struct Args {
     quick: bool,
     /// Scenarios to run, e.g. `1,2` (1 throughput, 2 latency, 3 many queues, 4 dead-letter
     /// rate, 5 failover, 6 backlog memory, 7 restart recovery, 8 memory under pressure:
-    /// quorumq only, 9 idle CPU with delayed messages: quorumq only, not run unless named).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8")]
+    /// quorumq only, 9 idle CPU with delayed messages: quorumq only, not run unless named,
+    /// 10 move rate: a move task against a shovel).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8,10")]
     scenarios: Vec<u8>,
     /// Run only one side: `quorumq` or `rabbitmq`.
     #[arg(long)]
@@ -92,6 +95,9 @@ struct Args {
     /// Delayed messages of scenario 9 (default 1 000 000; --quick 20 000).
     #[arg(long)]
     delayed: Option<u64>,
+    /// Messages moved in scenario 10 (default 100 000; --quick 20 000).
+    #[arg(long)]
+    move_messages: Option<u64>,
     /// Seconds of measurement in scenario 1.
     #[arg(long)]
     throughput_secs: Option<f64>,
@@ -132,6 +138,9 @@ async fn main() -> Result<()> {
     if let Some(n) = args.delayed {
         settings.delayed_messages = n;
     }
+    if let Some(n) = args.move_messages {
+        settings.move_messages = n;
+    }
     if let Some(s) = args.throughput_secs {
         settings.throughput_s = s;
     }
@@ -140,7 +149,7 @@ async fn main() -> Result<()> {
         .scenarios
         .iter()
         .copied()
-        .filter(|n| (1..=9).contains(n))
+        .filter(|n| (1..=10).contains(n))
         .collect();
     wanted.sort_unstable();
     wanted.dedup();
@@ -316,6 +325,7 @@ async fn run_all(
                 5 => scenarios::failover(cl, settings).await,
                 8 => memory::memory_bounds(cl, settings).await,
                 9 => delayed::delayed_idle_cpu(cl, settings).await,
+                10 => moves::move_rate(cl, settings).await,
                 _ => {
                     scenarios::backlog(cl, settings, wanted.contains(&6), wanted.contains(&7)).await
                 }

@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::System;
 use crate::scenarios::{Better, Latency, Outcome, PLOT_PERCENTILES};
 
-pub const SCENARIO_NAMES: [&str; 9] = [
+pub const SCENARIO_NAMES: [&str; 10] = [
     "throughput, 1 queue",
     "latency at fixed rate",
     "many queues",
@@ -22,6 +22,7 @@ pub const SCENARIO_NAMES: [&str; 9] = [
     "restart recovery",
     "memory under pressure",
     "idle CPU, delayed messages",
+    "move rate",
 ];
 
 pub fn scenario_name(n: u8) -> &'static str {

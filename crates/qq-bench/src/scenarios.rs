@@ -44,6 +44,8 @@ pub struct Settings {
     pub delayed_messages: u64,
     /// Scenario 9: 3-second CPU samples per measurement.
     pub idle_cpu_samples: usize,
+    /// Scenario 10: messages in the backlog that is moved.
+    pub move_messages: u64,
     /// Scenario 8 (memory under pressure).
     pub memory: MemorySizes,
 }
@@ -79,6 +81,7 @@ impl Settings {
             backlog_messages: 1_000_000,
             delayed_messages: 1_000_000,
             idle_cpu_samples: 20,
+            move_messages: 100_000,
             memory: MemorySizes {
                 backlog: 50_000,
                 backlog_body: 4096,
@@ -102,6 +105,7 @@ impl Settings {
             backlog_messages: 20_000,
             delayed_messages: 20_000,
             idle_cpu_samples: 5,
+            move_messages: 20_000,
             memory: MemorySizes {
                 backlog: 10_000,
                 hold: Duration::from_secs(4),
@@ -244,7 +248,7 @@ pub(crate) async fn declare_on(
     }
 }
 
-async fn delete_queues(cl: &Cluster, queues: &[String]) {
+pub(crate) async fn delete_queues(cl: &Cluster, queues: &[String]) {
     for node in 0..NODES {
         if let Ok(conn) = Conn::connect(cl.system(), node).await {
             for q in queues {
