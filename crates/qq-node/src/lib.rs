@@ -13,6 +13,8 @@
 //! - [`leader`]: one actor per queue this node leads: all leader-only work.
 //! - [`deadletter`]: republishing dead letters, through [`enqueue`]: committing routed
 //!   messages to every target queue (shared by publish and dead lettering).
+//! - [`membership`]: queue members added, deleted, leaders moved (through each queue's Raft
+//!   group first, then recorded in the metadata); QuorumCritical.
 //! - [`proposer`]: the one path to a group's leader, local or forwarded.
 //! - [`meta_view`]: the read-only, versioned view of the metadata.
 //! - [`groups`]: the Raft groups hosted here: state-machine shell, metadata and queue machines,
@@ -34,6 +36,7 @@ pub mod enqueue;
 pub mod error;
 pub mod groups;
 pub mod leader;
+pub mod membership;
 pub mod meta_view;
 pub mod metrics;
 pub mod moves;

@@ -386,6 +386,13 @@ mod tests {
             Err(Status::unimplemented("not in this test"))
         }
 
+        async fn group_op(
+            &self,
+            _request: Request<ProposeRequest>,
+        ) -> Result<Response<ProposeReply>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
+
         type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
 
         async fn watch(

@@ -10,6 +10,7 @@ mod deadletter;
 mod dlx_workflows;
 mod failover;
 mod limits;
+mod membership;
 mod move_tasks;
 mod observe;
 mod policies;

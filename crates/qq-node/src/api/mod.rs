@@ -18,6 +18,7 @@ pub mod browse;
 pub mod conn;
 pub mod consume;
 pub mod convert;
+pub mod members;
 pub mod moves;
 pub mod publish;
 pub mod status;
@@ -306,5 +307,34 @@ impl Broker for BrokerService {
         request: Request<pb::CancelMoveTaskRequest>,
     ) -> Unary<pb::Empty> {
         moves::cancel(&self.api, request).await
+    }
+
+    // Membership changes (issue 15).
+    async fn add_member(&self, request: Request<pb::MemberRequest>) -> Unary<pb::MemberChange> {
+        members::add_member(&self.api, request).await
+    }
+    async fn delete_member(&self, request: Request<pb::MemberRequest>) -> Unary<pb::MemberChange> {
+        members::delete_member(&self.api, request).await
+    }
+    async fn grow_queues(&self, request: Request<pb::GrowQueuesRequest>) -> Unary<pb::MemberChanges> {
+        members::grow(&self.api, request).await
+    }
+    async fn shrink_queues(
+        &self,
+        request: Request<pb::ShrinkQueuesRequest>,
+    ) -> Unary<pb::MemberChanges> {
+        members::shrink(&self.api, request).await
+    }
+    async fn rebalance_leaders(
+        &self,
+        request: Request<pb::RebalanceLeadersRequest>,
+    ) -> Unary<pb::RebalanceLeadersResponse> {
+        members::rebalance(&self.api, request).await
+    }
+    async fn quorum_critical(
+        &self,
+        request: Request<pb::QuorumCriticalRequest>,
+    ) -> Unary<pb::QuorumCriticalResponse> {
+        members::quorum_critical(&self.api, request).await
     }
 }

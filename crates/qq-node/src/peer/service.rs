@@ -125,6 +125,16 @@ impl Internal for InternalService {
         ))
     }
 
+    async fn group_op(
+        &self,
+        request: Request<ProposeRequest>,
+    ) -> Result<Response<ProposeReply>, Status> {
+        let r = request.into_inner();
+        Ok(Response::new(
+            crate::membership::serve_group_op(&self.node, r.group, &r.payload).await,
+        ))
+    }
+
     type ConsumeStream = BoxStream<ForwardConsumeResponse>;
     type WatchStream = BoxStream<WatchEvent>;
 

@@ -6,6 +6,7 @@ use clap::Args;
 pub mod admin;
 pub mod browse;
 pub mod consume;
+pub mod members;
 pub mod moves;
 pub mod publish;
 pub mod status;
