@@ -1254,6 +1254,7 @@ impl MetaState {
         Ok(MetaReply::Ok)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn declare_queue(
         &mut self,
         vhost: &str,

@@ -201,7 +201,11 @@ pub async fn add_member(
     let qm = loop {
         let qm = current_queue(node, vhost, name)?;
         if qm.members.contains(&target) {
-            return Ok(change(&qm, "unchanged", format!("node {target} is already a member")));
+            return Ok(change(
+                &qm,
+                "unchanged",
+                format!("node {target} is already a member"),
+            ));
         }
         if qm.learners.contains(&target) {
             break qm;
@@ -283,7 +287,11 @@ pub async fn delete_member(
     loop {
         let qm = current_queue(node, vhost, name)?;
         if !qm.members.contains(&target) && !qm.learners.contains(&target) {
-            return Ok(change(&qm, "unchanged", format!("node {target} is not a member")));
+            return Ok(change(
+                &qm,
+                "unchanged",
+                format!("node {target} is not a member"),
+            ));
         }
         if qm.members == [target] {
             return Err(MemberError::Meta(MetaError::failed_precondition(format!(
@@ -363,12 +371,10 @@ pub async fn grow(
         .collect();
     let mut changes = Vec::with_capacity(queues.len());
     for qm in queues {
-        changes.push(
-            match add_member(node, &qm.vhost, &qm.name, target).await {
-                Ok(c) => c,
-                Err(e) => failed(&qm, &e),
-            },
-        );
+        changes.push(match add_member(node, &qm.vhost, &qm.name, target).await {
+            Ok(c) => c,
+            Err(e) => failed(&qm, &e),
+        });
     }
     Ok(changes)
 }
@@ -464,7 +470,9 @@ pub async fn quorum_critical(
 /// Move queue leaders so each node leads about as many queues as the others: while some
 /// queue's leader leads at least two more queues than another member of that queue, hand
 /// the leadership to the member leading fewest. Returns the moves tried, each with its result.
-pub async fn rebalance(node: &Node) -> Result<(Vec<LeaderMove>, BTreeMap<NodeId, u32>), MemberError> {
+pub async fn rebalance(
+    node: &Node,
+) -> Result<(Vec<LeaderMove>, BTreeMap<NodeId, u32>), MemberError> {
     let queues: Vec<QueueMeta> = node.view().current().queues().cloned().collect();
     let mut leaders: Vec<(QueueMeta, NodeId)> = Vec::with_capacity(queues.len());
     for qm in queues {
@@ -642,7 +650,9 @@ pub async fn serve_group_op(node: &Node, group: GroupId, payload: &[u8]) -> Prop
     reply
 }
 
-fn write_outcome<T>(r: Result<T, RaftError<qq_raft::TypeConfig, ClientWriteError<qq_raft::TypeConfig>>>) -> Result<T, OpOutcome> {
+fn write_outcome<T>(
+    r: Result<T, RaftError<qq_raft::TypeConfig, ClientWriteError<qq_raft::TypeConfig>>>,
+) -> Result<T, OpOutcome> {
     match r {
         Ok(v) => Ok(v),
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
@@ -715,7 +725,8 @@ async fn serve_local(node: &Node, group: GroupId, op: GroupOp) -> OpOutcome {
             let ids: BTreeSet<NodeId> = [target].into();
             match tokio::time::timeout(
                 CHANGE_TIMEOUT,
-                g.raft.change_membership(ChangeMembers::AddVoterIds(ids), false),
+                g.raft
+                    .change_membership(ChangeMembers::AddVoterIds(ids), false),
             )
             .await
             {

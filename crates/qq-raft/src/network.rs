@@ -288,6 +288,21 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
         .await
     }
 
+    /// Leadership transfer: the leader tells the target (and every voter) to take over; without
+    /// it a transfer would wait for an election timeout and may elect another node.
+    async fn transfer_leader(
+        &mut self,
+        req: openraft::raft::TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<openraft::raft::TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(
+            RaftKind::TransferLeader,
+            &req,
+            option.hard_ttl().max(MIN_RPC_TIMEOUT),
+        )
+        .await
+    }
+
     async fn full_snapshot(
         &mut self,
         vote: VoteOf<TypeConfig>,

@@ -151,10 +151,14 @@ async fn add_and_delete_member_under_load_lose_no_confirmed_message() -> anyhow:
         stop.clone(),
         2000,
     ));
-    eventually("the publisher to get going", Duration::from_secs(30), || {
-        let admin = admin.clone();
-        async move { Ok((admin.get_queue(QUEUE).await?.messages >= 300).then_some(())) }
-    })
+    eventually(
+        "the publisher to get going",
+        Duration::from_secs(30),
+        || {
+            let admin = admin.clone();
+            async move { Ok((admin.get_queue(QUEUE).await?.messages >= 300).then_some(())) }
+        },
+    )
     .await?;
     let added = admin.add_member(QUEUE, outsider).await?;
     assert_eq!(added.outcome, "added", "{added:?}");
@@ -178,14 +182,18 @@ async fn add_and_delete_member_under_load_lose_no_confirmed_message() -> anyhow:
     assert_eq!(deleted.members.len(), 2);
     assert!(!deleted.members.contains(&leader));
     let new_leader = cluster.leader_of_except(QUEUE, leader).await?;
-    info!(leader, new_leader, "leadership moved off the deleted member");
+    info!(
+        leader,
+        new_leader, "leadership moved off the deleted member"
+    );
     stop.store(true, Ordering::Relaxed);
     let (confirmed, published) = load.await??;
-    info!(
-        confirmed = confirmed.len(),
-        published, "publisher stopped"
+    info!(confirmed = confirmed.len(), published, "publisher stopped");
+    ensure!(
+        confirmed.len() >= 2000,
+        "too few confirmed: {}",
+        confirmed.len()
     );
-    ensure!(confirmed.len() >= 2000, "too few confirmed: {}", confirmed.len());
 
     info!("--- the deleted member's replica stops; the added one has caught up");
     let on_deleted = cluster.client(leader).await?;
@@ -196,7 +204,11 @@ async fn add_and_delete_member_under_load_lose_no_confirmed_message() -> anyhow:
             let c = on_deleted.clone();
             async move {
                 let s = c.cluster_status().await?;
-                let q = s.queues.iter().find(|q| q.name == QUEUE).context("listed")?;
+                let q = s
+                    .queues
+                    .iter()
+                    .find(|q| q.name == QUEUE)
+                    .context("listed")?;
                 Ok((!q.local_member).then_some(()))
             }
         },
@@ -252,19 +264,22 @@ async fn grow_and_shrink_by_pattern() -> anyhow::Result<()> {
     let one = table([("x-quorum-initial-group-size", Value::long(1))]);
     for name in ["grow.a", "grow.b", "grow.c", "other.d"] {
         admin.declare_queue(name, one.clone()).await?;
-        admin.publish("", name, message(format!("in {name}"))).await?;
+        admin
+            .publish("", name, message(format!("in {name}")))
+            .await?;
     }
     let node = 2;
 
     info!("--- grow node {node} onto every queue matching ^grow\\.");
     let changes = admin.grow_queues(node, r"^grow\.", "").await?;
     let names: BTreeSet<&str> = changes.iter().map(|c| c.queue.as_str()).collect();
-    assert_eq!(names, BTreeSet::from(["grow.a", "grow.b", "grow.c"]), "{changes:?}");
+    assert_eq!(
+        names,
+        BTreeSet::from(["grow.a", "grow.b", "grow.c"]),
+        "{changes:?}"
+    );
     for c in &changes {
-        assert!(
-            c.outcome == "added" || c.outcome == "unchanged",
-            "{c:?}"
-        );
+        assert!(c.outcome == "added" || c.outcome == "unchanged", "{c:?}");
         assert!(c.members.contains(&node), "{c:?}");
         assert_eq!(members_of(&admin, &c.queue).await?, c.members);
     }

@@ -50,7 +50,11 @@ pub async fn delete_member(
     member(api, request, false).await
 }
 
-async fn member(api: &Api, request: Request<pb::MemberRequest>, add: bool) -> Unary<pb::MemberChange> {
+async fn member(
+    api: &Api,
+    request: Request<pb::MemberRequest>,
+    add: bool,
+) -> Unary<pb::MemberChange> {
     api.admin(&request).await?;
     let r = request.into_inner();
     let vhost = vhost_of(r.vhost);

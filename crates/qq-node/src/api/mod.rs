@@ -316,7 +316,10 @@ impl Broker for BrokerService {
     async fn delete_member(&self, request: Request<pb::MemberRequest>) -> Unary<pb::MemberChange> {
         members::delete_member(&self.api, request).await
     }
-    async fn grow_queues(&self, request: Request<pb::GrowQueuesRequest>) -> Unary<pb::MemberChanges> {
+    async fn grow_queues(
+        &self,
+        request: Request<pb::GrowQueuesRequest>,
+    ) -> Unary<pb::MemberChanges> {
         members::grow(&self.api, request).await
     }
     async fn shrink_queues(

@@ -92,6 +92,13 @@ impl Internal for InternalService {
                         };
                         reply($raft.install_full_snapshot(s.vote, snapshot).await)
                     }
+                    RaftKind::TransferLeader => reply(
+                        $raft
+                            .handle_transfer_leader(decode::<
+                                openraft::raft::TransferLeaderRequest<TypeConfig>,
+                            >(&r.payload)?)
+                            .await,
+                    ),
                     RaftKind::Unspecified => {
                         return Err(Status::invalid_argument("kind: unspecified"))
                     }
