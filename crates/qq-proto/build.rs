@@ -11,10 +11,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .bytes(".")
         .file_descriptor_set_path(out_dir.join("qq_v1_descriptor.bin"))
-        .compile_protos(&[root.join("qq/v1/broker.proto")], std::slice::from_ref(&root))?;
-    tonic_prost_build::configure()
-        .bytes(".")
-        .compile_protos(&[root.join("qq/v1/internal.proto")], std::slice::from_ref(&root))?;
+        .compile_protos(
+            &[root.join("qq/v1/broker.proto")],
+            std::slice::from_ref(&root),
+        )?;
+    tonic_prost_build::configure().bytes(".").compile_protos(
+        &[root.join("qq/v1/internal.proto")],
+        std::slice::from_ref(&root),
+    )?;
     println!("cargo:rerun-if-changed={}", root.display());
     Ok(())
 }

@@ -239,6 +239,37 @@ async fn add_and_delete_member_under_load_lose_no_confirmed_message() -> anyhow:
     }
     info!(received = seen.len(), "every confirmed message received");
 
+    info!("--- qqctl check-quorum-critical: non-zero for a member of a two-member queue");
+    let qqctl = qq_tests::qqctl_binary()?;
+    let qqctl_run = |args: &[&str]| {
+        std::process::Command::new(&qqctl)
+            .arg("--node")
+            .arg(cluster.address(1))
+            .args(args)
+            .output()
+    };
+    let critical_node = deleted.members[0].to_string();
+    let out = qqctl_run(&["check-quorum-critical", &critical_node])?;
+    assert!(
+        !out.status.success(),
+        "a member of a two-member queue is critical: {out:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(QUEUE),
+        "{out:?}"
+    );
+    let out = qqctl_run(&["add-member", QUEUE, &leader.to_string()])?;
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("added"),
+        "{out:?}"
+    );
+    let out = qqctl_run(&["check-quorum-critical", &critical_node])?;
+    assert!(
+        out.status.success(),
+        "three members again: not critical: {out:?}"
+    );
+
     info!("--- the last member cannot be deleted");
     admin
         .declare_queue(

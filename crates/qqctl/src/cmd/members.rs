@@ -13,13 +13,15 @@ pub struct MemberArgs {
     /// The queue (in the vhost given with --vhost).
     queue: String,
     /// The node id.
-    node: u64,
+    #[arg(value_name = "NODE")]
+    node_id: u64,
 }
 
 #[derive(Debug, Args)]
 pub struct GrowArgs {
     /// The node id to add.
-    node: u64,
+    #[arg(value_name = "NODE")]
+    node_id: u64,
     /// A regex matched against queue names (unanchored); default: every queue.
     #[arg(default_value = "")]
     pattern: String,
@@ -31,7 +33,8 @@ pub struct GrowArgs {
 #[derive(Debug, Args)]
 pub struct NodeArgs {
     /// The node id.
-    node: u64,
+    #[arg(value_name = "NODE")]
+    node_id: u64,
 }
 
 fn line(c: &MemberChange) -> String {
@@ -58,21 +61,21 @@ fn print_changes(changes: &[MemberChange]) -> anyhow::Result<()> {
 }
 
 pub async fn add_member(c: &Client, a: MemberArgs) -> anyhow::Result<()> {
-    println!("{}", line(&c.add_member(&a.queue, a.node).await?));
+    println!("{}", line(&c.add_member(&a.queue, a.node_id).await?));
     Ok(())
 }
 
 pub async fn delete_member(c: &Client, a: MemberArgs) -> anyhow::Result<()> {
-    println!("{}", line(&c.delete_member(&a.queue, a.node).await?));
+    println!("{}", line(&c.delete_member(&a.queue, a.node_id).await?));
     Ok(())
 }
 
 pub async fn grow(c: &Client, a: GrowArgs) -> anyhow::Result<()> {
-    print_changes(&c.grow_queues(a.node, &a.pattern, &a.in_vhost).await?)
+    print_changes(&c.grow_queues(a.node_id, &a.pattern, &a.in_vhost).await?)
 }
 
 pub async fn shrink(c: &Client, a: NodeArgs) -> anyhow::Result<()> {
-    print_changes(&c.shrink_queues(a.node).await?)
+    print_changes(&c.shrink_queues(a.node_id).await?)
 }
 
 pub async fn rebalance(c: &Client) -> anyhow::Result<()> {
@@ -97,7 +100,7 @@ pub async fn rebalance(c: &Client) -> anyhow::Result<()> {
 }
 
 pub async fn check_quorum_critical(c: &Client, a: NodeArgs) -> anyhow::Result<()> {
-    let r = c.quorum_critical(a.node).await?;
+    let r = c.quorum_critical(a.node_id).await?;
     for q in &r.queues {
         println!(
             "{}\t{}\tmembers {:?}\tonline {:?}",
@@ -108,12 +111,15 @@ pub async fn check_quorum_critical(c: &Client, a: NodeArgs) -> anyhow::Result<()
         println!("the metadata group would lose its majority");
     }
     if r.queues.is_empty() && !r.metadata {
-        println!("node {} is not quorum critical: it can be stopped", a.node);
+        println!(
+            "node {} is not quorum critical: it can be stopped",
+            a.node_id
+        );
         return Ok(());
     }
     anyhow::bail!(
         "node {} is quorum critical: stopping it would break {} queue(s){}",
-        a.node,
+        a.node_id,
         r.queues.len(),
         if r.metadata { " and the metadata" } else { "" }
     )
