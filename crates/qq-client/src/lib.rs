@@ -938,6 +938,68 @@ impl Client {
             .into_inner())
     }
 
+    // Membership changes (issue 15). Administrators only.
+
+    /// Adds `node` to the replicas of `queue` (in the client's vhost).
+    pub async fn add_member(&self, queue: &str, node: u64) -> Result<v1::MemberChange> {
+        let req = v1::MemberRequest {
+            vhost: self.vhost.clone(),
+            queue: queue.into(),
+            node,
+        };
+        Ok(self.raw().add_member(req).await?.into_inner())
+    }
+
+    /// Removes `node` from the replicas of `queue` (in the client's vhost).
+    pub async fn delete_member(&self, queue: &str, node: u64) -> Result<v1::MemberChange> {
+        let req = v1::MemberRequest {
+            vhost: self.vhost.clone(),
+            queue: queue.into(),
+            node,
+        };
+        Ok(self.raw().delete_member(req).await?.into_inner())
+    }
+
+    /// Adds `node` to every queue whose name matches `pattern` (in `vhost`; empty: every
+    /// vhost).
+    pub async fn grow_queues(
+        &self,
+        node: u64,
+        pattern: &str,
+        vhost: &str,
+    ) -> Result<Vec<v1::MemberChange>> {
+        let req = v1::GrowQueuesRequest {
+            node,
+            pattern: pattern.into(),
+            vhost: vhost.into(),
+        };
+        Ok(self.raw().grow_queues(req).await?.into_inner().changes)
+    }
+
+    /// Removes `node` from every queue where it is a member and not the last one.
+    pub async fn shrink_queues(&self, node: u64) -> Result<Vec<v1::MemberChange>> {
+        let req = v1::ShrinkQueuesRequest { node };
+        Ok(self.raw().shrink_queues(req).await?.into_inner().changes)
+    }
+
+    /// Moves queue leaders so each node leads about as many as the others.
+    pub async fn rebalance_leaders(&self) -> Result<v1::RebalanceLeadersResponse> {
+        Ok(self
+            .raw()
+            .rebalance_leaders(v1::RebalanceLeadersRequest {})
+            .await?
+            .into_inner())
+    }
+
+    /// The queues that would lose their majority if `node` stopped now.
+    pub async fn quorum_critical(&self, node: u64) -> Result<v1::QuorumCriticalResponse> {
+        Ok(self
+            .raw()
+            .quorum_critical(v1::QuorumCriticalRequest { node })
+            .await?
+            .into_inner())
+    }
+
     fn fill_vhost(&self, vhost: &mut String) {
         if vhost.is_empty() {
             vhost.clone_from(&self.vhost);

@@ -172,12 +172,24 @@ pub struct QueueMeta {
     pub name: String,
     /// The arguments it was declared with (fixed for its lifetime).
     pub arguments: Table,
-    /// Its Raft group; `members[0]` is the initial leader.
+    /// Its Raft group's voters; `members[0]` is the initial leader.
     pub members: Vec<NodeId>,
     /// Effective configuration, recomputed on every policy change.
     pub config: QueueConfig,
     /// The user who declared it (counted against that user's `max-queues`).
     pub owner: Option<String>,
+    /// Nodes being added (`AddMember`): they run a replica that catches up as a Raft learner,
+    /// but are not members (not counted for quorum, not asked to lead) until a
+    /// [`MetaCommand::SetQueueMembers`] records them after the Raft change committed.
+    #[serde(default)]
+    pub learners: Vec<NodeId>,
+}
+
+impl QueueMeta {
+    /// Every node that runs a replica of the queue: members, then learners.
+    pub fn replicas(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.members.iter().chain(self.learners.iter()).copied()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -290,6 +302,9 @@ pub enum MetaCommand {
         nodes: Vec<NodeId>,
         /// The declaring user, for user limits; `None` from internal callers.
         owner: Option<String>,
+        /// The node the client declared on, the first member (initial leader) under
+        /// `x-queue-leader-locator` `client-local` (ignored if not among `nodes`).
+        origin: Option<NodeId>,
     },
     /// `if_unused`/`if_empty` are checked by the node against the live queue before proposing.
     DeleteQueue {
@@ -331,6 +346,19 @@ pub enum MetaCommand {
     SetUserLimits {
         user: String,
         limits: Limits,
+    },
+    // Membership changes (AddMember, DeleteMember, GrowQueues, ShrinkQueues).
+    /// Records a queue's replicas after (members) or before (learners) a change of its Raft
+    /// group, proposed by the node doing the change. Applied only if the queue `id` still has
+    /// exactly `expected` members (FAILED_PRECONDITION otherwise: another change came first).
+    /// `members` may not be empty, nor repeat a node, nor share one with `learners`.
+    SetQueueMembers {
+        vhost: String,
+        name: String,
+        id: QueueId,
+        expected: Vec<NodeId>,
+        members: Vec<NodeId>,
+        learners: Vec<NodeId>,
     },
 }
 
@@ -454,6 +482,20 @@ impl MetaCommand {
             }
             MetaCommand::SetVhostLimits { vhost, .. } => name("vhost", vhost),
             MetaCommand::SetUserLimits { user, .. } => name("user", user),
+            MetaCommand::SetQueueMembers {
+                vhost,
+                name: n,
+                expected,
+                members,
+                learners,
+                ..
+            } => {
+                name("vhost", vhost)?;
+                name("name", n)?;
+                check_len("expected", expected.len(), MAX_COMMAND_ITEMS, "nodes")?;
+                check_len("members", members.len(), MAX_COMMAND_ITEMS, "nodes")?;
+                check_len("learners", learners.len(), MAX_COMMAND_ITEMS, "nodes")
+            }
         }
     }
 }
@@ -515,6 +557,15 @@ pub enum MetaEffect {
     QueueDeleted(QueueMeta),
     /// Propose the new `config` in the queue's own log.
     QueueConfigChanged(QueueMeta),
+    /// Its members or learners changed: start the replica on a node that gained one, stop it
+    /// (and drop its data) on a node that lost it.
+    QueueMembersChanged(QueueMeta),
+}
+
+/// Where a new queue may go: every cluster node, and the node the client declared on.
+struct Placement {
+    nodes: Vec<NodeId>,
+    origin: Option<NodeId>,
 }
 
 /// Everything that lives in one vhost.
@@ -948,12 +999,13 @@ impl MetaState {
                 passive,
                 nodes,
                 owner,
+                origin,
             } => self.declare_queue(
                 &vhost,
                 &name,
                 arguments,
                 passive,
-                nodes,
+                Placement { nodes, origin },
                 owner,
                 &mut effects,
             ),
@@ -997,6 +1049,22 @@ impl MetaState {
             }
             MetaCommand::SetVhostLimits { vhost, limits } => self.set_vhost_limits(vhost, limits),
             MetaCommand::SetUserLimits { user, limits } => self.set_user_limits(user, limits),
+            MetaCommand::SetQueueMembers {
+                vhost,
+                name,
+                id,
+                expected,
+                members,
+                learners,
+            } => self.set_queue_members(
+                &vhost,
+                &name,
+                id,
+                &expected,
+                members,
+                learners,
+                &mut effects,
+            ),
         };
         (result, effects)
     }
@@ -1194,10 +1262,14 @@ impl MetaState {
         name: &str,
         arguments: Table,
         passive: bool,
-        mut nodes: Vec<NodeId>,
+        placement: Placement,
         owner: Option<String>,
         effects: &mut Vec<MetaEffect>,
     ) -> Result<MetaReply, MetaError> {
+        let Placement { mut nodes, origin } = placement;
+        nodes.sort_unstable();
+        nodes.dedup();
+        let least_leading = self.least_leading(&nodes);
         let next_id = self.next_queue_id;
         let owned = owner.as_deref().map_or(0, |u| {
             self.count_owned(u, |v| v.queues.values().map(|q| &q.owner))
@@ -1240,8 +1312,6 @@ impl MetaState {
         );
         policy::check_declared_strategy(&arguments, &config)?;
 
-        nodes.sort_unstable();
-        nodes.dedup();
         if nodes.is_empty() {
             return Err(MetaError::failed_precondition(
                 "no cluster nodes to place the queue on",
@@ -1253,7 +1323,15 @@ impl MetaState {
             .and_then(|n| usize::try_from(n).ok())
             .unwrap_or(DEFAULT_GROUP_SIZE)
             .min(nodes.len());
-        let start = (next_id % nodes.len() as u64) as usize;
+        let locator = arguments
+            .get("x-queue-leader-locator")
+            .and_then(Value::as_str);
+        let first = match locator {
+            Some("client-local") => origin.and_then(|o| nodes.iter().position(|n| *n == o)),
+            Some("balanced") => Some(least_leading),
+            _ => None,
+        };
+        let start = first.unwrap_or((next_id % nodes.len() as u64) as usize);
         let members = (0..group_size)
             .map(|i| nodes[(start + i) % nodes.len()])
             .collect();
@@ -1266,6 +1344,7 @@ impl MetaState {
             members,
             config,
             owner,
+            learners: Vec::new(),
         };
         v.queues.insert(name.to_string(), queue.clone());
         self.queue_ids
@@ -1276,6 +1355,63 @@ impl MetaState {
             queue,
             created: true,
         })
+    }
+
+    /// The index in `nodes` (sorted) of the node that is the first member (initial or
+    /// rebalanced leader) of the fewest queues; the lowest id on a tie. Replicated state only.
+    fn least_leading(&self, nodes: &[NodeId]) -> usize {
+        let mut led: BTreeMap<NodeId, usize> = nodes.iter().map(|n| (*n, 0)).collect();
+        for q in self.queues() {
+            if let Some(c) = q.members.first().and_then(|f| led.get_mut(f)) {
+                *c += 1;
+            }
+        }
+        let mut best = 0;
+        for (i, n) in nodes.iter().enumerate() {
+            if led[n] < led[&nodes[best]] {
+                best = i;
+            }
+        }
+        best
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn set_queue_members(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        id: QueueId,
+        expected: &[NodeId],
+        members: Vec<NodeId>,
+        learners: Vec<NodeId>,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        let v = self.vhost_mut(vhost)?;
+        let Some(q) = v.queues.get_mut(name).filter(|q| q.id == id) else {
+            return Err(queue_not_found(vhost, name));
+        };
+        if q.members != expected {
+            return Err(MetaError::failed_precondition(format!(
+                "queue '{name}' in vhost '{vhost}': its members changed meanwhile \
+                 (now {:?}, expected {expected:?}); try again",
+                q.members
+            )));
+        }
+        if members.is_empty() {
+            return Err(MetaError::failed_precondition(format!(
+                "queue '{name}' in vhost '{vhost}': cannot remove its last member"
+            )));
+        }
+        let mut seen = BTreeSet::new();
+        if let Some(n) = members.iter().chain(&learners).find(|n| !seen.insert(**n)) {
+            return Err(MetaError::invalid(format!(
+                "members: node {n} is listed twice (members and learners are distinct)"
+            )));
+        }
+        q.members = members;
+        q.learners = learners;
+        effects.push(MetaEffect::QueueMembersChanged(q.clone()));
+        Ok(MetaReply::Ok)
     }
 
     /// How many of the objects `of` lists in every vhost belong to `user`.

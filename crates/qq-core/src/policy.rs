@@ -96,6 +96,8 @@ enum Rule {
     },
     Bool,
     QueueType,
+    /// `client-local` or `balanced` (`x-queue-leader-locator`).
+    LeaderLocator,
     /// A list of at most [`MAX_REQUEUE_DELAYS`] longs, each in `0..=MAX_REQUEUE_DELAY_MS`.
     Delays,
 }
@@ -162,6 +164,7 @@ const ARGUMENT_ONLY_KEYS: &[(&str, Rule)] = &[
     ),
     ("x-single-active-consumer", Rule::Bool),
     ("x-queue-type", Rule::QueueType),
+    ("x-queue-leader-locator", Rule::LeaderLocator),
 ];
 
 /// Arguments RabbitMQ knows for other queue types and refuses on a quorum queue.
@@ -199,6 +202,7 @@ fn describe_rule(rule: Rule) -> String {
         Rule::Long { .. } => "a long".into(),
         Rule::Bool => "a bool".into(),
         Rule::QueueType => "'quorum' (only quorum queues exist)".into(),
+        Rule::LeaderLocator => "client-local or balanced".into(),
         Rule::Delays => format!(
             "a list of at most {MAX_REQUEUE_DELAYS} delays in ms, each a long between 0 and \
              {MAX_REQUEUE_DELAY_MS} (7 days)"
@@ -260,6 +264,7 @@ fn check(key: &str, rule: Rule, value: &Value) -> Result<(), MetaError> {
         (Rule::Long { min, max }, Value::Long(n)) => (min..=max).contains(n),
         (Rule::Bool, Value::Bool(_)) => true,
         (Rule::QueueType, Value::String(s)) => s == "quorum",
+        (Rule::LeaderLocator, Value::String(s)) => s == "client-local" || s == "balanced",
         _ => false,
     };
     if ok {
@@ -267,7 +272,10 @@ fn check(key: &str, rule: Rule, value: &Value) -> Result<(), MetaError> {
     }
     let got = match (rule, value) {
         // Wrong type: say which type; right type, bad value: show the value.
-        (Rule::String | Rule::Strategy | Rule::Overflow | Rule::QueueType, Value::String(_))
+        (
+            Rule::String | Rule::Strategy | Rule::Overflow | Rule::QueueType | Rule::LeaderLocator,
+            Value::String(_),
+        )
         | (Rule::Long { .. }, Value::Long(_)) => show_value(value),
         _ => value.type_name().to_string(),
     };

@@ -338,6 +338,7 @@ fn self_loop_through_the_default_exchange() {
         passive: false,
         nodes: vec![1],
         owner: None,
+        origin: None,
     });
     assert!(matches!(
         reply,

@@ -60,6 +60,7 @@ fn declare_queue_cmd(vhost: &str, name: &str, arguments: Table) -> MetaCommand {
         passive: false,
         nodes: NODES.to_vec(),
         owner: None,
+        origin: None,
     }
 }
 fn declare_queue(state: &mut MetaState, name: &str, arguments: Table) -> QueueMeta {
@@ -1009,6 +1010,7 @@ fn members_are_spread_and_sized() {
         passive: false,
         nodes,
         owner: None,
+        origin: None,
     };
     assert_eq!(a.apply(cmd(vec![3, 1, 2])), b.apply(cmd(vec![1, 2, 3])));
     // A single-node cluster.
@@ -1021,6 +1023,7 @@ fn members_are_spread_and_sized() {
             passive: false,
             nodes: vec![7],
             owner: None,
+            origin: None,
         },
     )
     .0
@@ -1039,6 +1042,7 @@ fn members_are_spread_and_sized() {
                 passive: false,
                 nodes: vec![],
                 owner: None,
+                origin: None,
             }
         )
         .kind,
@@ -1714,6 +1718,7 @@ fn owned_queue(vhost: &str, name: &str, owner: &str) -> MetaCommand {
             passive,
             nodes,
             owner: Some(owner.into()),
+            origin: None,
         },
         _ => unreachable!(),
     }
@@ -1908,4 +1913,117 @@ fn requeue_delays_argument_wins_over_policy() {
     assert_eq!(c.requeue_delays_ms, vec![5]);
     let c = effective_config("/", "q", &Table::new(), None);
     assert!(c.requeue_delays_ms.is_empty());
+}
+
+// ------------------------------------------------------------------ membership
+
+fn set_members(
+    q: &QueueMeta,
+    expected: &[NodeId],
+    members: &[NodeId],
+    learners: &[NodeId],
+) -> MetaCommand {
+    MetaCommand::SetQueueMembers {
+        vhost: q.vhost.clone(),
+        name: q.name.clone(),
+        id: q.id,
+        expected: expected.to_vec(),
+        members: members.to_vec(),
+        learners: learners.to_vec(),
+    }
+}
+
+#[test]
+fn set_queue_members_records_learners_then_members() {
+    let mut state = MetaState::new();
+    let q = declare_queue(
+        &mut state,
+        "q",
+        table(&[("x-quorum-initial-group-size", l(2))]),
+    );
+    assert_eq!(q.members.len(), 2);
+    assert!(q.learners.is_empty());
+    let extra = *NODES.iter().find(|n| !q.members.contains(n)).unwrap();
+    let (_, effects) = ok(
+        &mut state,
+        set_members(&q, &q.members, &q.members, &[extra]),
+    );
+    let now = state.queue("/", "q").unwrap().clone();
+    assert_eq!(now.learners, vec![extra]);
+    assert_eq!(effects, vec![MetaEffect::QueueMembersChanged(now.clone())]);
+    assert_eq!(now.replicas().count(), 3);
+    let mut grown = q.members.clone();
+    grown.push(extra);
+    ok(&mut state, set_members(&now, &q.members, &grown, &[]));
+    let now = state.queue("/", "q").unwrap().clone();
+    assert_eq!(now.members, grown);
+    assert!(now.learners.is_empty());
+}
+
+#[test]
+fn set_queue_members_refuses_stale_last_and_duplicate() {
+    let mut state = MetaState::new();
+    let q = declare_queue(&mut state, "q", Table::new());
+    // Stale expectation: another change came first.
+    let e = err(&mut state, set_members(&q, &[9], &[1], &[]));
+    assert_eq!(e.kind, ErrorKind::FailedPrecondition);
+    assert!(e.message.contains("members changed"), "{}", e.message);
+    // The last member cannot go.
+    let e = err(&mut state, set_members(&q, &q.members, &[], &[]));
+    assert_eq!(e.kind, ErrorKind::FailedPrecondition);
+    assert!(e.message.contains("last member"), "{}", e.message);
+    // A node both member and learner.
+    let e = err(&mut state, set_members(&q, &q.members, &[1], &[1]));
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    // Wrong id: not found.
+    let mut other = q.clone();
+    other.id += 100;
+    let e = err(&mut state, set_members(&other, &q.members, &[1], &[]));
+    assert_eq!(e.kind, ErrorKind::NotFound);
+}
+
+#[test]
+fn leader_locator_places_the_first_member() {
+    let mut state = MetaState::new();
+    for (i, origin) in [3, 2, 1, 3].into_iter().enumerate() {
+        let cmd = MetaCommand::DeclareQueue {
+            vhost: "/".into(),
+            name: format!("local{i}"),
+            arguments: table(&[("x-queue-leader-locator", s("client-local"))]),
+            passive: false,
+            nodes: NODES.to_vec(),
+            owner: None,
+            origin: Some(origin),
+        };
+        match ok(&mut state, cmd).0 {
+            MetaReply::QueueDeclared { queue, .. } => assert_eq!(queue.members[0], origin),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // Node 3 is first of two queues, 2 and 1 of one each: balanced picks 1 (lowest id on a
+    // tie), then 2, then 1, 2, 3 evenly.
+    let mut firsts = Vec::new();
+    for i in 0..5 {
+        let q = declare_queue(
+            &mut state,
+            &format!("bal{i}"),
+            table(&[("x-queue-leader-locator", s("balanced"))]),
+        );
+        firsts.push(q.members[0]);
+    }
+    assert_eq!(firsts, vec![1, 2, 1, 2, 3]);
+    let e = err(
+        &mut state,
+        declare_queue_cmd(
+            "/",
+            "bad",
+            table(&[("x-queue-leader-locator", s("random"))]),
+        ),
+    );
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(
+        e.message.contains("x-queue-leader-locator"),
+        "{}",
+        e.message
+    );
 }

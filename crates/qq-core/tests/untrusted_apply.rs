@@ -151,6 +151,7 @@ fn meta_templates() -> Vec<Vec<u8>> {
             passive: false,
             nodes: vec![1, 2, 3],
             owner: None,
+            origin: None,
         },
         MetaCommand::DeleteQueue {
             vhost: "/".into(),

@@ -689,6 +689,8 @@ fn parse_item(kind: usize, at: &At<'_>) -> Result<MetaCommand, Status> {
                 passive: false,
                 nodes: Vec::new(),
                 owner: None,
+                // An imported queue is placed as if declared with no client-local node.
+                origin: None,
             }
         }
         "bindings" => {
@@ -948,6 +950,7 @@ mod tests {
                 passive: false,
                 nodes: vec![1, 2, 3],
                 owner: None,
+                origin: None,
             },
         ];
         for c in cmds {
@@ -1071,6 +1074,7 @@ mod tests {
                 passive: false,
                 nodes: vec![1],
                 owner: None,
+                origin: None,
             })
             .0
             .unwrap();

@@ -14,6 +14,8 @@
 //! - [`deadletter`]: republishing dead letters, through [`enqueue`]: committing routed
 //!   messages to every target queue (shared by publish and dead lettering).
 //! - [`definitions`]: the topology as one JSON document (export, checked import).
+//! - [`membership`]: queue members added, deleted, leaders moved (through each queue's Raft
+//!   group first, then recorded in the metadata); QuorumCritical.
 //! - [`proposer`]: the one path to a group's leader, local or forwarded.
 //! - [`meta_view`]: the read-only, versioned view of the metadata.
 //! - [`groups`]: the Raft groups hosted here: state-machine shell, metadata and queue machines,
@@ -36,6 +38,7 @@ pub mod enqueue;
 pub mod error;
 pub mod groups;
 pub mod leader;
+pub mod membership;
 pub mod meta_view;
 pub mod metrics;
 pub mod moves;

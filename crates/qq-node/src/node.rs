@@ -314,6 +314,18 @@ impl Node {
                     g.machine.notify_config_changed();
                 }
             }
+            MetaEffect::QueueMembersChanged(qm) => {
+                let Some(qm) = current.queue_by_id(qm.id).cloned() else {
+                    return true;
+                };
+                let mine = qm.replicas().any(|n| n == self.id);
+                match (mine, self.registry.queue(qm.id).is_some()) {
+                    (true, false) => return self.start_queue_group(qm).await,
+                    (false, true) => self.stop_queue_group(qm.id).await,
+                    (true, true) => self.registry.update_meta(qm),
+                    (false, false) => {}
+                }
+            }
         }
         true
     }
@@ -324,7 +336,7 @@ impl Node {
             .view
             .current()
             .queues()
-            .filter(|q| q.members.contains(&self.id))
+            .filter(|q| q.replicas().any(|n| n == self.id))
             .cloned()
             .collect();
         let wanted_ids: std::collections::HashSet<GroupId> = wanted.iter().map(|q| q.id).collect();
@@ -416,7 +428,7 @@ impl Node {
 
     async fn stop_queue_group(&self, group: GroupId) {
         if let Some(g) = self.registry.remove(group) {
-            info!(group, queue = %g.meta.name, "queue deleted: stopping its group");
+            info!(group, queue = %g.meta.name, "queue deleted or replica removed here: stopping its group, deleting its data");
             g.stop.cancel();
             g.machine.cancel_consumers("queue deleted", false);
             let _ = g.raft.shutdown().await;

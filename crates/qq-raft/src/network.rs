@@ -333,6 +333,21 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
         .await
     }
 
+    /// Leadership transfer: the leader tells the target (and every voter) to take over; without
+    /// it a transfer would wait for an election timeout and may elect another node.
+    async fn transfer_leader(
+        &mut self,
+        req: openraft::raft::TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<openraft::raft::TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(
+            RaftKind::TransferLeader,
+            &req,
+            option.hard_ttl().max(MIN_RPC_TIMEOUT),
+        )
+        .await
+    }
+
     async fn full_snapshot(
         &mut self,
         vote: VoteOf<TypeConfig>,
@@ -475,6 +490,13 @@ mod tests {
             &self,
             _request: Request<BrowseQueueRequest>,
         ) -> Result<Response<QueueInfoReply>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
+
+        async fn group_op(
+            &self,
+            _request: Request<ProposeRequest>,
+        ) -> Result<Response<ProposeReply>, Status> {
             Err(Status::unimplemented("not in this test"))
         }
 

@@ -140,6 +140,18 @@ enum Command {
     /// policies) as one JSON document.
     #[command(subcommand)]
     Definitions(DefinitionsCommand),
+    /// Add a node to a queue's replicas: add-member QUEUE NODE.
+    AddMember(cmd::members::MemberArgs),
+    /// Remove a node from a queue's replicas (never the last): delete-member QUEUE NODE.
+    DeleteMember(cmd::members::MemberArgs),
+    /// Add a node to every queue matching a regex: grow NODE [PATTERN].
+    Grow(cmd::members::GrowArgs),
+    /// Remove a node from every queue where it is not the last member: shrink NODE.
+    Shrink(cmd::members::NodeArgs),
+    /// Move queue leaders so each node leads about as many queues.
+    Rebalance,
+    /// Exit non-zero if stopping NODE now would break a queue's (or the metadata's) majority.
+    CheckQuorumCritical(cmd::members::NodeArgs),
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -206,6 +218,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ListMoves => moves::list(c).await,
         Command::CancelMove(a) => moves::cancel(c, a).await,
         Command::Definitions(a) => definitions::run(c, a).await,
+        Command::AddMember(a) => cmd::members::add_member(c, a).await,
+        Command::DeleteMember(a) => cmd::members::delete_member(c, a).await,
+        Command::Grow(a) => cmd::members::grow(c, a).await,
+        Command::Shrink(a) => cmd::members::shrink(c, a).await,
+        Command::Rebalance => cmd::members::rebalance(c).await,
+        Command::CheckQuorumCritical(a) => cmd::members::check_quorum_critical(c, a).await,
     }
 }
 

@@ -12,6 +12,7 @@ mod definitions;
 mod dlx_workflows;
 mod failover;
 mod limits;
+mod membership;
 mod move_tasks;
 mod observe;
 mod page;

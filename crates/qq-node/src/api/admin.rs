@@ -96,6 +96,7 @@ pub async fn declare_queue(
             passive: false,
             nodes: api.node.peers().ids(),
             owner: Some(caller.user.clone()),
+            origin: Some(api.node.id()),
         };
         match api.meta(cmd).await? {
             MetaReply::QueueDeclared { queue, .. } => queue,

@@ -19,6 +19,7 @@ pub mod conn;
 pub mod consume;
 pub mod convert;
 pub mod definitions;
+pub mod members;
 pub mod moves;
 pub mod publish;
 pub mod status;
@@ -343,5 +344,37 @@ impl Broker for BrokerService {
         request: Request<pb::ImportDefinitionsRequest>,
     ) -> Unary<pb::ImportDefinitionsResponse> {
         definitions::import(&self.api, request).await
+    }
+
+    // Membership changes (issue 15).
+    async fn add_member(&self, request: Request<pb::MemberRequest>) -> Unary<pb::MemberChange> {
+        members::add_member(&self.api, request).await
+    }
+    async fn delete_member(&self, request: Request<pb::MemberRequest>) -> Unary<pb::MemberChange> {
+        members::delete_member(&self.api, request).await
+    }
+    async fn grow_queues(
+        &self,
+        request: Request<pb::GrowQueuesRequest>,
+    ) -> Unary<pb::MemberChanges> {
+        members::grow(&self.api, request).await
+    }
+    async fn shrink_queues(
+        &self,
+        request: Request<pb::ShrinkQueuesRequest>,
+    ) -> Unary<pb::MemberChanges> {
+        members::shrink(&self.api, request).await
+    }
+    async fn rebalance_leaders(
+        &self,
+        request: Request<pb::RebalanceLeadersRequest>,
+    ) -> Unary<pb::RebalanceLeadersResponse> {
+        members::rebalance(&self.api, request).await
+    }
+    async fn quorum_critical(
+        &self,
+        request: Request<pb::QuorumCriticalRequest>,
+    ) -> Unary<pb::QuorumCriticalResponse> {
+        members::quorum_critical(&self.api, request).await
     }
 }

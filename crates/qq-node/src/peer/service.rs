@@ -92,6 +92,13 @@ impl Internal for InternalService {
                         };
                         reply($raft.install_full_snapshot(s.vote, snapshot).await)
                     }
+                    RaftKind::TransferLeader => reply(
+                        $raft
+                            .handle_transfer_leader(decode::<
+                                openraft::raft::TransferLeaderRequest<TypeConfig>,
+                            >(&r.payload)?)
+                            .await,
+                    ),
                     RaftKind::Unspecified => {
                         return Err(Status::invalid_argument("kind: unspecified"))
                     }
@@ -122,6 +129,16 @@ impl Internal for InternalService {
                 .proposer()
                 .serve_propose(r.group, r.payload.to_vec())
                 .await?,
+        ))
+    }
+
+    async fn group_op(
+        &self,
+        request: Request<ProposeRequest>,
+    ) -> Result<Response<ProposeReply>, Status> {
+        let r = request.into_inner();
+        Ok(Response::new(
+            crate::membership::serve_group_op(&self.node, r.group, &r.payload).await,
         ))
     }
 

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod browse;
 pub mod consume;
 pub mod definitions;
+pub mod members;
 pub mod moves;
 pub mod publish;
 pub mod status;

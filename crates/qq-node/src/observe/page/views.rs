@@ -618,6 +618,7 @@ mod tests {
             config: policy::effective_config("/", name, &arguments, policy),
             arguments,
             members: vec![1, 2, 3],
+            learners: Vec::new(),
             owner: None,
         }
     }
