@@ -124,8 +124,8 @@ quorumq is up (user guest, password guest; any node answers any request):
 
 $(for n in "${nodes[@]}"; do
     printf '  node %s  gRPC %s (qq.v1.Broker, health, reflection)\n' "$n" "${grpc_addr[$n]}"
-    printf '          metrics http://%s/metrics   health http://%s/healthz\n' \
-        "${http_addr[$n]}" "${http_addr[$n]}"
+    printf '          page http://%s/   metrics http://%s/metrics   health http://%s/healthz\n' \
+        "${http_addr[$n]}" "${http_addr[$n]}" "${http_addr[$n]}"
 done)
 
 Nodes talk to each other on 127.0.0.1:7201-7203 over mutual TLS (certificates in

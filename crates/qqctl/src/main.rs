@@ -322,6 +322,16 @@ mod tests {
         "qqctl consume orders --count 1 --reject --reason 'missing customer id'",
         "qqctl consume orders --count 1 --requeue --delay-ms 30000",
         "qqctl declare-queue jobs --arg x-requeue-delays=[1000,10000,60000] --arg x-delivery-limit=5",
+        "qqctl publish --key eu-orders --count 100 --publisher-id batch-42",
+        "qqctl check-quorum-critical 3",
+        "qqctl add-member eu-orders 3",
+        "qqctl delete-member eu-orders 3",
+        "qqctl grow 3 '^eu-'",
+        "qqctl shrink 3",
+        "qqctl rebalance",
+        "qqctl declare-queue local --arg x-queue-leader-locator=client-local",
+        "qqctl definitions export --file defs.json",
+        "qqctl definitions import defs.json",
     ];
 
     #[test]
