@@ -1023,9 +1023,15 @@ impl QueueState {
 
     /// Ready ids in dispatch order (returns first, then never-returned by id).
     pub fn ready_ids(&self) -> Vec<MessageId> {
+        self.first_ready_ids(usize::MAX)
+    }
+
+    /// The first `n` ready messages in dispatch order, without walking the rest.
+    pub fn first_ready_ids(&self, n: usize) -> Vec<MessageId> {
         self.returns
             .values()
             .chain(self.fresh.iter())
+            .take(n)
             .copied()
             .collect()
     }

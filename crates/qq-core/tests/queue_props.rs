@@ -641,6 +641,9 @@ fn check_step(
     );
     prop_assert_eq!(counts.ready_bytes, ready_bytes);
     prop_assert_eq!(counts.ready as usize, s.ready_ids().len());
+    // A move round takes the head of the ready messages without walking the rest.
+    let head: Vec<MessageId> = s.ready_ids().into_iter().take(3).collect();
+    prop_assert_eq!(s.first_ready_ids(3), head);
     prop_assert_eq!(counts.held as usize, s.held_dead_letters().len());
     prop_assert_eq!(counts.consumers as usize, s.consumers().len());
 

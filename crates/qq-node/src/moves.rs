@@ -79,7 +79,7 @@ impl Mover {
         let Some((task, ids, vhost)) = machine.with_state(|s| {
             let t = s.running_move()?.clone();
             let n = Mover::batch_size(&t);
-            let ids: Vec<MessageId> = s.ready_ids().into_iter().take(n).collect();
+            let ids: Vec<MessageId> = s.first_ready_ids(n);
             Some((t, ids, s.config().vhost.clone()))
         }) else {
             return MoveOutcome::Moved(0);
