@@ -42,25 +42,26 @@ pub struct TargetReply {
 /// The enqueue command for a dead-letter copy or a moved message (`encoded`: postcard of the
 /// message) under its transfer key `dedup_key`.
 pub fn request(header: &MsgHeader, encoded: &[u8], dedup_key: String) -> QueueRequest {
-    QueueRequest {
-        cmd: Command::Enqueue {
-            now_ms: now_ms(),
-            header: header.clone(),
-            publish_key: None,
-            dedup_key: Some(dedup_key),
-        },
-        message: Some(encoded.to_vec()),
-    }
+    enqueue(header, encoded, None, Some(dedup_key))
 }
 
 /// The enqueue command for a published message under its publish key.
 pub fn publish_request(header: &MsgHeader, encoded: &[u8], publish_key: String) -> QueueRequest {
+    enqueue(header, encoded, Some(publish_key), None)
+}
+
+fn enqueue(
+    header: &MsgHeader,
+    encoded: &[u8],
+    publish_key: Option<String>,
+    dedup_key: Option<String>,
+) -> QueueRequest {
     QueueRequest {
         cmd: Command::Enqueue {
             now_ms: now_ms(),
             header: header.clone(),
-            publish_key: Some(publish_key),
-            dedup_key: None,
+            publish_key,
+            dedup_key,
         },
         message: Some(encoded.to_vec()),
     }

@@ -88,7 +88,7 @@ async fn publisher_ids_store_each_message_once() -> anyhow::Result<()> {
                 retried = Some(confirm);
                 break;
             }
-            Err(e) if e.status().is_some_and(|s| s.code() == Code::Unavailable) => {
+            Err(e) if e.code() == Code::Unavailable => {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(e) => return Err(e.into()),

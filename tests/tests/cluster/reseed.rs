@@ -127,10 +127,7 @@ async fn a_damaged_node_refuses_to_start_and_reseeds_from_its_peers() -> anyhow:
                 None => break,
             },
             // A leader election between nodes 1 and 3 may still be under way.
-            Err(e)
-                if e.status()
-                    .is_some_and(|s| s.code() == tonic::Code::Unavailable) =>
-            {
+            Err(e) if e.code() == tonic::Code::Unavailable => {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(e) => return Err(e.into()),

@@ -99,18 +99,13 @@ async fn publish_retrying(client: &Client, req: v1::PublishRequest) -> anyhow::R
     let mut attempt = 1;
     loop {
         match client.publish_with(req.clone()).await {
-            Err(e) if attempt < ATTEMPTS && is_unavailable(&e) => {
+            Err(e) if attempt < ATTEMPTS && e.code() == tonic::Code::Unavailable => {
                 attempt += 1;
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
             other => return Ok(other?),
         }
     }
-}
-
-fn is_unavailable(e: &qq_client::Error) -> bool {
-    e.status()
-        .is_some_and(|s| s.code() == tonic::Code::Unavailable)
 }
 
 async fn publish_one(
