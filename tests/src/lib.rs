@@ -254,6 +254,9 @@ pub struct ClusterOptions {
     /// Nodes configured but not started (start them with [`TestCluster::start_node`]). When
     /// not empty, `start_with_options` does not wait for the cluster to form.
     pub not_started: Vec<u64>,
+    /// Nodes that join the running cluster later (JoinNode): configured and not started; the
+    /// other nodes' configs do not list them, their own lists every node.
+    pub joiners: Vec<u64>,
 }
 
 /// An IPv4 address of this host that is not loopback, for tests of what a node allows remote
@@ -361,17 +364,26 @@ impl TestCluster {
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        let peers: Vec<String> = addresses
+        let peers: Vec<(u64, String)> = addresses
             .iter()
             .zip(&cluster_addresses)
             .enumerate()
             .map(|(i, (a, c))| {
-                format!(
-                    "    {{ id = {}, address = \"{a}\", cluster_address = \"{c}\" }},",
-                    i + 1
+                let id = i as u64 + 1;
+                (
+                    id,
+                    format!("    {{ id = {id}, address = \"{a}\", cluster_address = \"{c}\" }},"),
                 )
             })
             .collect();
+        let peers_of = |id: u64| -> String {
+            peers
+                .iter()
+                .filter(|(p, _)| options.joiners.contains(&id) || !options.joiners.contains(p))
+                .map(|(_, line)| line.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
         let tls = ClusterTls {
             ca_dir: dir.path().join("ca"),
             node_dirs: (1..=n)
@@ -428,7 +440,7 @@ impl TestCluster {
                  election_timeout_min_ms = {election_timeout_min_ms}\n\
                  election_timeout_max_ms = {election_timeout_max_ms}\n\
                  snapshot_after_entries = {snapshot_after_entries}\n",
-                peers.join("\n"),
+                peers_of(id),
                 data_dir.display()
             );
             let only_here = options
@@ -472,7 +484,7 @@ impl TestCluster {
         };
         info!(dir = %cluster.path().display(), nodes = n, "--- starting a {n}-node cluster");
         for id in 1..=n as u64 {
-            if !options.not_started.contains(&id) {
+            if !options.not_started.contains(&id) && !options.joiners.contains(&id) {
                 cluster.spawn(id)?;
             }
         }

@@ -1000,6 +1000,24 @@ impl Client {
             .into_inner())
     }
 
+    /// Lets node `id` (started, empty, configured with the cluster's peers and itself) join
+    /// the running cluster. `address`: its client address; `cluster_address`: its node-to-node
+    /// address. Returns why nothing changed, or an empty string.
+    pub async fn join_node(&self, id: u64, address: &str, cluster_address: &str) -> Result<String> {
+        let req = v1::JoinNodeRequest {
+            id,
+            address: address.into(),
+            cluster_address: cluster_address.into(),
+        };
+        Ok(self.raw().join_node(req).await?.into_inner().detail)
+    }
+
+    /// Forgets the stopped node `id` for good: its queue replicas are deleted first.
+    pub async fn forget_node(&self, id: u64) -> Result<Vec<v1::MemberChange>> {
+        let req = v1::ForgetNodeRequest { id };
+        Ok(self.raw().forget_node(req).await?.into_inner().changes)
+    }
+
     fn fill_vhost(&self, vhost: &mut String) {
         if vhost.is_empty() {
             vhost.clone_from(&self.vhost);

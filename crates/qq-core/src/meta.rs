@@ -360,6 +360,20 @@ pub enum MetaCommand {
         members: Vec<NodeId>,
         learners: Vec<NodeId>,
     },
+    // Cluster membership (JoinNode, ForgetNode).
+    /// A node joins the cluster: every node adds it to its peers. Refused if `id` joined
+    /// before or was forgotten (an id is never reused). Recorded before the node enters the
+    /// metadata group's Raft membership, so every node can reach it by then.
+    JoinNode {
+        id: NodeId,
+        address: String,
+        cluster_address: String,
+    },
+    /// A node leaves the cluster for good: every node drops it from its peers. Refused while
+    /// it still holds a replica of any queue (FAILED_PRECONDITION naming them).
+    ForgetNode {
+        id: NodeId,
+    },
 }
 
 /// Longest text field (pattern, routing key, permission regex, tag) a command may carry.
@@ -496,6 +510,23 @@ impl MetaCommand {
                 check_len("members", members.len(), MAX_COMMAND_ITEMS, "nodes")?;
                 check_len("learners", learners.len(), MAX_COMMAND_ITEMS, "nodes")
             }
+            MetaCommand::JoinNode {
+                id,
+                address,
+                cluster_address,
+            } => {
+                if *id == 0 {
+                    return Err(MetaError::invalid("id: a node id must be at least 1"));
+                }
+                name("address", address)?;
+                name("cluster_address", cluster_address)
+            }
+            MetaCommand::ForgetNode { id } => {
+                if *id == 0 {
+                    return Err(MetaError::invalid("id: a node id must be at least 1"));
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -560,6 +591,15 @@ pub enum MetaEffect {
     /// Its members or learners changed: start the replica on a node that gained one, stop it
     /// (and drop its data) on a node that lost it.
     QueueMembersChanged(QueueMeta),
+    /// A node joined or was forgotten: bring the peer set in line with [`MetaState`].
+    NodesChanged,
+}
+
+/// The addresses of a node that joined the running cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAddrs {
+    pub address: String,
+    pub cluster_address: String,
 }
 
 /// Where a new queue may go: every cluster node, and the node the client declared on.
@@ -647,6 +687,10 @@ pub struct MetaState {
     /// Set limits only; a missing entry is unlimited. Removed with the vhost or user.
     vhost_limits: BTreeMap<String, Limits>,
     user_limits: BTreeMap<String, Limits>,
+    /// Nodes that joined after the cluster formed (the founding nodes are in every node's
+    /// configuration), and nodes forgotten for good (founding ones included).
+    joined: BTreeMap<NodeId, NodeAddrs>,
+    forgotten: BTreeSet<NodeId>,
 }
 
 impl Default for MetaState {
@@ -765,7 +809,19 @@ impl MetaState {
             queue_ids: BTreeMap::new(),
             vhost_limits: BTreeMap::new(),
             user_limits: BTreeMap::new(),
+            joined: BTreeMap::new(),
+            forgotten: BTreeSet::new(),
         }
+    }
+
+    /// Nodes that joined the running cluster, with their addresses.
+    pub fn joined_nodes(&self) -> &BTreeMap<NodeId, NodeAddrs> {
+        &self.joined
+    }
+
+    /// Nodes forgotten for good.
+    pub fn forgotten_nodes(&self) -> &BTreeSet<NodeId> {
+        &self.forgotten
     }
 
     // ---------------------------------------------------------------- queries
@@ -1065,8 +1121,69 @@ impl MetaState {
                 learners,
                 &mut effects,
             ),
+            MetaCommand::JoinNode {
+                id,
+                address,
+                cluster_address,
+            } => self.join_node(id, address, cluster_address, &mut effects),
+            MetaCommand::ForgetNode { id } => self.forget_node(id, &mut effects),
         };
         (result, effects)
+    }
+
+    fn join_node(
+        &mut self,
+        id: NodeId,
+        address: String,
+        cluster_address: String,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        if self.forgotten.contains(&id) {
+            return Err(MetaError::failed_precondition(format!(
+                "id: node {id} was forgotten; a forgotten id is never reused, choose a new one"
+            )));
+        }
+        let addrs = NodeAddrs {
+            address,
+            cluster_address,
+        };
+        match self.joined.get(&id) {
+            Some(known) if *known == addrs => return Ok(MetaReply::Ok),
+            Some(_) => {
+                return Err(MetaError::new(
+                    ErrorKind::AlreadyExists,
+                    format!("id: node {id} already joined with other addresses"),
+                ));
+            }
+            None => {}
+        }
+        self.joined.insert(id, addrs);
+        effects.push(MetaEffect::NodesChanged);
+        Ok(MetaReply::Ok)
+    }
+
+    fn forget_node(
+        &mut self,
+        id: NodeId,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        let holding: Vec<String> = self
+            .queues()
+            .filter(|q| q.replicas().any(|n| n == id))
+            .take(10)
+            .map(|q| format!("{}/{}", q.vhost, q.name))
+            .collect();
+        if !holding.is_empty() {
+            return Err(MetaError::failed_precondition(format!(
+                "id: node {id} still holds replicas of {} (shrink them first)",
+                holding.join(", ")
+            )));
+        }
+        self.joined.remove(&id);
+        if self.forgotten.insert(id) {
+            effects.push(MetaEffect::NodesChanged);
+        }
+        Ok(MetaReply::Ok)
     }
 
     fn vhost_mut(&mut self, vhost: &str) -> Result<&mut Vhost, MetaError> {
@@ -1304,13 +1421,15 @@ impl MetaState {
                 .admit(Counted::Queues, Scope::User(u), owned)
                 .map_err(|e| declare_refused(name, e))?;
         }
-        let config = policy::effective_config(
-            vhost,
-            name,
-            &arguments,
-            policy::matching_policy(v.policies.values(), name),
-        );
+        let matching = policy::matching_policy(v.policies.values(), name);
+        let config = policy::effective_config(vhost, name, &arguments, matching);
         policy::check_declared_strategy(&arguments, &config)?;
+        // The argument wins over the policy (RabbitMQ's rabbit_queue_location).
+        let locator = arguments
+            .get("x-queue-leader-locator")
+            .or_else(|| matching.and_then(|p| p.definition.get("queue-leader-locator")))
+            .and_then(Value::as_str)
+            .map(str::to_string);
 
         if nodes.is_empty() {
             return Err(MetaError::failed_precondition(
@@ -1323,10 +1442,7 @@ impl MetaState {
             .and_then(|n| usize::try_from(n).ok())
             .unwrap_or(DEFAULT_GROUP_SIZE)
             .min(nodes.len());
-        let locator = arguments
-            .get("x-queue-leader-locator")
-            .and_then(Value::as_str);
-        let first = match locator {
+        let first = match locator.as_deref() {
             Some("client-local") => origin.and_then(|o| nodes.iter().position(|n| *n == o)),
             Some("balanced") => Some(least_leading),
             _ => None,

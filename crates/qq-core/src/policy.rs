@@ -137,6 +137,9 @@ const SHARED_KEYS: &[(&str, Rule)] = &[
     ),
     ("overflow", Rule::Overflow),
     ("requeue-delays", Rule::Delays),
+    // Where a new queue's first leader goes; read once, at declare (the argument wins, as in
+    // RabbitMQ's rabbit_queue_location).
+    ("queue-leader-locator", Rule::LeaderLocator),
     (
         "dedup-window-ms",
         Rule::Long {
@@ -164,7 +167,6 @@ const ARGUMENT_ONLY_KEYS: &[(&str, Rule)] = &[
     ),
     ("x-single-active-consumer", Rule::Bool),
     ("x-queue-type", Rule::QueueType),
-    ("x-queue-leader-locator", Rule::LeaderLocator),
 ];
 
 /// Arguments RabbitMQ knows for other queue types and refuses on a quorum queue.

@@ -2027,3 +2027,119 @@ fn leader_locator_places_the_first_member() {
         e.message
     );
 }
+
+#[test]
+fn leader_locator_policy_key_and_the_argument_wins() {
+    let mut state = MetaState::new();
+    ok(
+        &mut state,
+        MetaCommand::SetPolicy {
+            vhost: "/".into(),
+            name: "local".into(),
+            pattern: "^loc".into(),
+            apply_to: "queues".into(),
+            priority: 0,
+            definition: table(&[("queue-leader-locator", s("client-local"))]),
+        },
+    );
+    let declare = |name: &str, arguments: Table, origin: NodeId| MetaCommand::DeclareQueue {
+        vhost: "/".into(),
+        name: name.into(),
+        arguments,
+        passive: false,
+        nodes: NODES.to_vec(),
+        owner: None,
+        origin: Some(origin),
+    };
+    for (i, origin) in [2, 3, 2].into_iter().enumerate() {
+        match ok(
+            &mut state,
+            declare(&format!("loc{i}"), Table::new(), origin),
+        )
+        .0
+        {
+            MetaReply::QueueDeclared { queue, .. } => assert_eq!(queue.members[0], origin),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // Node 2 leads two, node 3 one, node 1 none: balanced (the argument) picks node 1.
+    let args = table(&[("x-queue-leader-locator", s("balanced"))]);
+    match ok(&mut state, declare("loc-balanced", args, 2)).0 {
+        MetaReply::QueueDeclared { queue, .. } => assert_eq!(queue.members[0], 1),
+        other => panic!("unexpected {other:?}"),
+    }
+    let e = err(
+        &mut state,
+        MetaCommand::SetPolicy {
+            vhost: "/".into(),
+            name: "bad".into(),
+            pattern: ".*".into(),
+            apply_to: "queues".into(),
+            priority: 0,
+            definition: table(&[("queue-leader-locator", s("random"))]),
+        },
+    );
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(e.message.contains("queue-leader-locator"), "{}", e.message);
+}
+
+#[test]
+fn nodes_join_and_are_forgotten_for_good() {
+    let mut state = MetaState::new();
+    let join = |id: NodeId, address: &str| MetaCommand::JoinNode {
+        id,
+        address: address.into(),
+        cluster_address: format!("{address}0"),
+    };
+    let (_, effects) = ok(&mut state, join(4, "h:7104"));
+    assert_eq!(effects, vec![MetaEffect::NodesChanged]);
+    assert_eq!(state.joined_nodes()[&4].address, "h:7104");
+    // The same join again changes nothing; other addresses for the id are refused.
+    let (_, effects) = ok(&mut state, join(4, "h:7104"));
+    assert!(effects.is_empty());
+    assert_eq!(
+        err(&mut state, join(4, "h:9")).kind,
+        ErrorKind::AlreadyExists
+    );
+    assert_eq!(
+        err(&mut state, join(0, "h:9")).kind,
+        ErrorKind::InvalidArgument
+    );
+
+    // A node holding a replica cannot be forgotten.
+    let cmd = MetaCommand::DeclareQueue {
+        vhost: "/".into(),
+        name: "on4".into(),
+        arguments: table(&[("x-quorum-initial-group-size", l(1))]),
+        passive: false,
+        nodes: vec![4],
+        owner: None,
+        origin: None,
+    };
+    let q = match ok(&mut state, cmd).0 {
+        MetaReply::QueueDeclared { queue, .. } => queue,
+        other => panic!("unexpected {other:?}"),
+    };
+    assert_eq!(q.members, vec![4]);
+    let e = err(&mut state, MetaCommand::ForgetNode { id: 4 });
+    assert_eq!(e.kind, ErrorKind::FailedPrecondition);
+    assert!(e.message.contains("/on4"), "{}", e.message);
+    ok(&mut state, delete_queue_cmd("on4"));
+
+    let (_, effects) = ok(&mut state, MetaCommand::ForgetNode { id: 4 });
+    assert_eq!(effects, vec![MetaEffect::NodesChanged]);
+    assert!(state.joined_nodes().is_empty());
+    assert!(state.forgotten_nodes().contains(&4));
+    // A founding node (never joined) can be forgotten too; a forgotten id never rejoins.
+    ok(&mut state, MetaCommand::ForgetNode { id: 3 });
+    let e = err(&mut state, join(4, "h:7104"));
+    assert_eq!(e.kind, ErrorKind::FailedPrecondition);
+    assert!(e.message.contains("forgotten"), "{}", e.message);
+}
+
+fn delete_queue_cmd(name: &str) -> MetaCommand {
+    MetaCommand::DeleteQueue {
+        vhost: "/".into(),
+        name: name.into(),
+    }
+}

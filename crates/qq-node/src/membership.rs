@@ -27,11 +27,12 @@ use std::time::Duration;
 use futures::future::join_all;
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::{BasicNode, ChangeMembers, ServerState};
+use openraft::storage::RaftStateMachine;
+use openraft::{BasicNode, ChangeMembers, Raft, ServerState};
 use qq_core::NodeId;
 use qq_core::meta::{ErrorKind, MetaCommand, MetaError, QueueMeta};
 use qq_proto::internal::{ProposeReply, ProposeRequest, QueueInfoRequest};
-use qq_raft::GroupId;
+use qq_raft::{GroupId, META_GROUP};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -418,7 +419,10 @@ pub async fn online_nodes(node: &Node) -> BTreeSet<NodeId> {
         let Some(mut client) = peers.client(id) else {
             return (id, false);
         };
-        let mut req = tonic::Request::new(QueueInfoRequest { group: 0 });
+        let mut req = tonic::Request::new(QueueInfoRequest {
+            group: 0,
+            with_digest: false,
+        });
         req.set_timeout(PROBE_TIMEOUT);
         (id, client.queue_info(req).await.is_ok())
     }))
@@ -549,6 +553,23 @@ async fn reorder_first(node: &Node, qm: &QueueMeta, first: NodeId) {
 
 /// Carry out `op` on the group's leader, wherever it is, until [`OP_DEADLINE`].
 pub async fn group_op(node: &Node, qm: &QueueMeta, op: GroupOp) -> Result<String, NodeError> {
+    let label = format!("queue '{}'", qm.name);
+    group_op_on(node, qm.id, &qm.members, &label, op).await
+}
+
+/// Carry out `op` on the metadata group's leader.
+async fn meta_op(node: &Node, op: GroupOp) -> Result<String, NodeError> {
+    let members = node.peers().ids();
+    group_op_on(node, META_GROUP, &members, "the metadata", op).await
+}
+
+async fn group_op_on(
+    node: &Node,
+    group: GroupId,
+    members: &[NodeId],
+    label: &str,
+    op: GroupOp,
+) -> Result<String, NodeError> {
     let deadline = tokio::time::Instant::now()
         + OP_DEADLINE
         + match op {
@@ -556,8 +577,7 @@ pub async fn group_op(node: &Node, qm: &QueueMeta, op: GroupOp) -> Result<String
             _ => CHANGE_TIMEOUT,
         };
     let payload = encode(&op)?;
-    let members = qm.members.clone();
-    let mut hint = node.registry().known_leader(qm.id);
+    let mut hint = node.registry().known_leader(group);
     let mut attempt = 0usize;
     let mut last: String;
     loop {
@@ -566,9 +586,9 @@ pub async fn group_op(node: &Node, qm: &QueueMeta, op: GroupOp) -> Result<String
         }
         let target = hint.unwrap_or_else(|| members[attempt % members.len()]);
         let outcome = if target == node.id() {
-            serve_local(node, qm.id, op.clone()).await
+            serve_local(node, group, op.clone()).await
         } else {
-            remote(node, target, qm.id, payload.clone()).await
+            remote(node, target, group, payload.clone()).await
         };
         hint = None;
         match outcome {
@@ -583,8 +603,7 @@ pub async fn group_op(node: &Node, qm: &QueueMeta, op: GroupOp) -> Result<String
         attempt += 1;
         if tokio::time::Instant::now() >= deadline {
             return Err(NodeError::Unavailable(format!(
-                "queue '{}': membership operation not carried out: {last} (safe to retry)",
-                qm.name
+                "{label}: membership operation not carried out: {last} (safe to retry)"
             )));
         }
         tokio::time::sleep(Duration::from_millis((50 * attempt as u64).min(500))).await;
@@ -664,11 +683,22 @@ fn write_outcome<T>(
 
 /// Run `op` here if this node leads the group.
 async fn serve_local(node: &Node, group: GroupId, op: GroupOp) -> OpOutcome {
+    if group == META_GROUP {
+        return serve_on(node, node.registry().meta_raft(), op).await;
+    }
     let Some(g) = node.registry().queue(group) else {
         return OpOutcome::NotHere;
     };
+    serve_on(node, &g.raft, op).await
+}
+
+/// Run `op` on `raft` if it leads its group.
+async fn serve_on<SM>(node: &Node, raft: &Raft<qq_raft::TypeConfig, SM>, op: GroupOp) -> OpOutcome
+where
+    SM: RaftStateMachine<qq_raft::TypeConfig>,
+{
     let (state, leader, voters, in_group) = {
-        let m = g.raft.metrics().borrow_watched().clone();
+        let m = raft.metrics().borrow_watched().clone();
         let membership = m.membership_config.membership().clone();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let in_group: BTreeSet<NodeId> = membership.nodes().map(|(id, _)| *id).collect();
@@ -679,7 +709,7 @@ async fn serve_local(node: &Node, group: GroupId, op: GroupOp) -> OpOutcome {
     }
     let me = node.id();
     let hand_over = |to: NodeId| {
-        let raft = g.raft.clone();
+        let raft = raft.clone();
         async move {
             if let Err(e) = raft.trigger().transfer_leader(to).await {
                 return OpOutcome::Failed(format!("transfer leadership: {e}"));
@@ -701,12 +731,21 @@ async fn serve_local(node: &Node, group: GroupId, op: GroupOp) -> OpOutcome {
             if voters.contains(&target) {
                 return OpOutcome::Done(format!("node {target} is already a voter"));
             }
-            let Some(addr) = node.peers().address(target).map(str::to_string) else {
-                return OpOutcome::Failed(format!("node {target} is not in the cluster"));
+            let addr = match node.peers().address(target) {
+                Some(a) => a,
+                None => {
+                    // A node that just joined: its record may be applied here but not yet
+                    // acted on, or not applied yet (then the caller retries).
+                    node.sync_peers();
+                    match node.peers().address(target) {
+                        Some(a) => a,
+                        None => return OpOutcome::NotLeader(None),
+                    }
+                }
             };
             match tokio::time::timeout(
                 CATCH_UP_TIMEOUT,
-                g.raft.add_learner(target, BasicNode { addr }, true),
+                raft.add_learner(target, BasicNode { addr }, true),
             )
             .await
             {
@@ -725,8 +764,7 @@ async fn serve_local(node: &Node, group: GroupId, op: GroupOp) -> OpOutcome {
             let ids: BTreeSet<NodeId> = [target].into();
             match tokio::time::timeout(
                 CHANGE_TIMEOUT,
-                g.raft
-                    .change_membership(ChangeMembers::AddVoterIds(ids), false),
+                raft.change_membership(ChangeMembers::AddVoterIds(ids), false),
             )
             .await
             {
@@ -754,8 +792,7 @@ async fn serve_local(node: &Node, group: GroupId, op: GroupOp) -> OpOutcome {
             } else {
                 return OpOutcome::Done(format!("node {target} is not in the group"));
             };
-            match tokio::time::timeout(CHANGE_TIMEOUT, g.raft.change_membership(change, false))
-                .await
+            match tokio::time::timeout(CHANGE_TIMEOUT, raft.change_membership(change, false)).await
             {
                 Err(_) => OpOutcome::Failed(format!(
                     "removing node {target} did not commit within {}s",
@@ -777,4 +814,105 @@ async fn serve_local(node: &Node, group: GroupId, op: GroupOp) -> OpOutcome {
             hand_over(to).await
         }
     }
+}
+
+/// Longest address a joining node may give, in bytes.
+const MAX_ADDRESS_BYTES: usize = 255;
+
+fn check_address(field: &str, address: &str) -> Result<(), MemberError> {
+    let valid = address.len() <= MAX_ADDRESS_BYTES
+        && address.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+        });
+    if valid {
+        return Ok(());
+    }
+    Err(MemberError::Meta(MetaError::invalid(format!(
+        "{field}: '{}' is not host:port (at most {MAX_ADDRESS_BYTES} bytes)",
+        address.chars().take(MAX_ADDRESS_BYTES).collect::<String>()
+    ))))
+}
+
+/// Let node `id` join the running cluster: record it in the metadata (every node adds it to
+/// its peers), then make it a learner of the metadata group, wait until it caught up, and a
+/// voter. It hosts no queue replicas until some are added (AddMember, GrowQueues) or new
+/// queues are placed on it. Idempotent: joining a node that is already a voter with the same
+/// addresses changes nothing.
+pub async fn join_node(
+    node: &Node,
+    id: NodeId,
+    address: &str,
+    cluster_address: &str,
+) -> Result<String, MemberError> {
+    if id == 0 {
+        return Err(MemberError::Meta(MetaError::invalid(
+            "id: a node id must be at least 1",
+        )));
+    }
+    check_address("address", address)?;
+    check_address("cluster_address", cluster_address)?;
+    if node.peers().contains(id) && !node.view().current().joined_nodes().contains_key(&id) {
+        let voters = meta_voters(node);
+        if voters.contains(&id) {
+            return Ok(format!("node {id} is already a member of the cluster"));
+        }
+    }
+    node.proposer()
+        .propose_meta(MetaCommand::JoinNode {
+            id,
+            address: address.to_string(),
+            cluster_address: cluster_address.to_string(),
+        })
+        .await??;
+    node.sync_peers();
+    let detail = meta_op(node, GroupOp::AddVoter { node: id }).await?;
+    info!(
+        node = id,
+        address, cluster_address, "node joined the cluster"
+    );
+    Ok(detail)
+}
+
+/// Forget node `id` for good: its queue replicas are deleted (a queue of which it is the last
+/// member refuses), it leaves the metadata group, and every node drops it from its peers. The
+/// node must be stopped first (as RabbitMQ's forget_cluster_node), and cannot forget itself.
+pub async fn forget_node(node: &Node, id: NodeId) -> Result<Vec<Change>, MemberError> {
+    check_cluster_node(node, id)?;
+    if id == node.id() {
+        return Err(MemberError::Meta(MetaError::failed_precondition(format!(
+            "id: node {id} is the node serving this request; forget it from another node"
+        ))));
+    }
+    if online_nodes(node).await.contains(&id) {
+        return Err(MemberError::Meta(MetaError::failed_precondition(format!(
+            "id: node {id} is still running; stop it first (a running node would keep \
+             claiming its replicas)"
+        ))));
+    }
+    let changes = shrink(node, id).await?;
+    if let Some(c) = changes.iter().find(|c| c.outcome != "deleted") {
+        return Err(MemberError::Meta(MetaError::failed_precondition(format!(
+            "id: node {id} still holds a replica of queue '{}' in vhost '{}': {}",
+            c.queue, c.vhost, c.detail
+        ))));
+    }
+    meta_op(node, GroupOp::Remove { node: id }).await?;
+    node.proposer()
+        .propose_meta(MetaCommand::ForgetNode { id })
+        .await??;
+    node.sync_peers();
+    info!(node = id, queues = changes.len(), "node forgotten");
+    Ok(changes)
+}
+
+/// The voters of the metadata group as this node knows them.
+fn meta_voters(node: &Node) -> BTreeSet<NodeId> {
+    node.registry()
+        .meta_raft()
+        .metrics()
+        .borrow_watched()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect()
 }

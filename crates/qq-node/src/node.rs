@@ -326,12 +326,43 @@ impl Node {
                     (false, false) => {}
                 }
             }
+            MetaEffect::NodesChanged => self.sync_peers(),
         }
         true
     }
 
-    /// Make the running queue groups match the metadata. False if a group failed to start.
+    /// Bring the peer set in line with the metadata: the founding nodes of this node's
+    /// configuration, less those forgotten, plus those that joined since.
+    pub fn sync_peers(&self) {
+        let state = self.view.current();
+        let forgotten = state.forgotten_nodes();
+        let joined = state.joined_nodes();
+        let founding = self
+            .config
+            .peers
+            .iter()
+            .filter(|p| !forgotten.contains(&p.id) && !joined.contains_key(&p.id))
+            .map(|p| PeerAddress {
+                id: p.id,
+                address: p.address.clone(),
+                cluster_address: p.cluster_address.clone(),
+            });
+        let later = joined.iter().map(|(id, a)| PeerAddress {
+            id: *id,
+            address: a.address.clone(),
+            cluster_address: a.cluster_address.clone(),
+        });
+        match self.peers.set(founding.chain(later).collect::<Vec<_>>()) {
+            Ok(true) => info!(peers = ?self.peers.ids(), "cluster nodes changed"),
+            Ok(false) => {}
+            Err(e) => warn!("cluster nodes: {e}"),
+        }
+    }
+
+    /// Make the peers and the running queue groups match the metadata. False if a group
+    /// failed to start.
     async fn reconcile(&self) -> bool {
+        self.sync_peers();
         let wanted: Vec<QueueMeta> = self
             .view
             .current()
@@ -404,7 +435,7 @@ impl Node {
                     (
                         *id,
                         BasicNode {
-                            addr: self.peers.address(*id).unwrap_or_default().to_string(),
+                            addr: self.peers.address(*id).unwrap_or_default(),
                         },
                     )
                 })

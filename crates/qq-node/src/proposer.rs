@@ -52,7 +52,7 @@ const INFO_DEADLINE: Duration = Duration::from_secs(5);
 /// What a leader-only read asks for.
 #[derive(Clone, Copy)]
 enum LeaderRead {
-    Info,
+    Info { with_digest: bool },
     Browse { offset: u64, limit: u32 },
 }
 
@@ -341,7 +341,10 @@ impl Proposer {
                     let Some(mut client) = self.peers.client(id) else {
                         break;
                     };
-                    let mut req = tonic::Request::new(QueueInfoRequest { group: META_GROUP });
+                    let mut req = tonic::Request::new(QueueInfoRequest {
+                        group: META_GROUP,
+                        with_digest: false,
+                    });
                     req.set_timeout(Duration::from_millis(500));
                     match client.queue_info(req).await {
                         Ok(r) => decode::<u64>(&r.into_inner().payload).ok(),
@@ -358,10 +361,26 @@ impl Proposer {
         }
     }
 
-    /// Ask the leader of the group (wherever it is) for its live info.
+    /// Ask the leader of the group (wherever it is) for its live info, without the state
+    /// digest (see [`Proposer::queue_info_with_digest`]).
     pub async fn queue_info(&self, group: GroupId) -> Result<QueueInfoData, NodeError> {
-        self.leader_read(group, LeaderRead::Info, || {
-            self.registry.local_queue_info(group, true)
+        self.queue_info_read(group, false).await
+    }
+
+    /// As [`Proposer::queue_info`], with the digest of the whole queue state: linear in the
+    /// queue's size, under the state's lock, so only for reads a person or a checker asks for
+    /// (GetQueue), never for polls.
+    pub async fn queue_info_with_digest(&self, group: GroupId) -> Result<QueueInfoData, NodeError> {
+        self.queue_info_read(group, true).await
+    }
+
+    async fn queue_info_read(
+        &self,
+        group: GroupId,
+        with_digest: bool,
+    ) -> Result<QueueInfoData, NodeError> {
+        self.leader_read(group, LeaderRead::Info { with_digest }, || {
+            self.registry.local_queue_info(group, true, with_digest)
         })
         .await
     }
@@ -406,8 +425,8 @@ impl Proposer {
                 hint = self.registry.known_leader(group).filter(|l| *l != self.id);
             } else if let Some(mut client) = self.peers.client(target) {
                 let reply = match read {
-                    LeaderRead::Info => {
-                        let mut req = tonic::Request::new(QueueInfoRequest { group });
+                    LeaderRead::Info { with_digest } => {
+                        let mut req = tonic::Request::new(QueueInfoRequest { group, with_digest });
                         req.set_timeout(Duration::from_secs(2));
                         client.queue_info(req).await
                     }
@@ -476,7 +495,7 @@ impl Proposer {
 
     /// Serve `Internal.QueueInfo`. For the metadata group (0) the payload is the metadata index
     /// applied on this node.
-    pub fn serve_queue_info(&self, group: GroupId) -> QueueInfoReply {
+    pub fn serve_queue_info(&self, group: GroupId, with_digest: bool) -> QueueInfoReply {
         let mut reply = QueueInfoReply::default();
         if group == META_GROUP {
             if let Ok(b) = encode(&self.view.applied_index()) {
@@ -484,6 +503,9 @@ impl Proposer {
             }
             return reply;
         }
-        self.leader_reply(group, self.registry.local_queue_info(group, true))
+        self.leader_reply(
+            group,
+            self.registry.local_queue_info(group, true, with_digest),
+        )
     }
 }

@@ -18,7 +18,7 @@
 //! snapshots (a snapshot travels as one message; the channel's size limit is raised for it).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
@@ -29,6 +29,7 @@ use openraft::raft::{
 use openraft::{BasicNode, alias::SnapshotOf, alias::VoteOf};
 use qq_proto::internal::{RaftKind, RaftRequest, internal_client::InternalClient};
 use serde::{Serialize, de::DeserializeOwned};
+use tokio::sync::watch;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::types::{GroupId, TypeConfig};
@@ -119,11 +120,19 @@ pub struct PeerAddress {
 /// proposals to the other's groups until neither could replicate to the other.
 #[derive(Clone)]
 pub struct Peers {
-    inner: Arc<BTreeMap<u64, PeerChannels>>,
+    inner: Arc<PeersInner>,
+}
+
+struct PeersInner {
+    map: RwLock<BTreeMap<u64, Arc<PeerChannels>>>,
+    tls: Option<PeerTls>,
+    /// Bumped on every change of the peer set (a node joined or was forgotten).
+    changed: watch::Sender<u64>,
 }
 
 struct PeerChannels {
     address: String,
+    cluster_address: String,
     raft: Channel,
     work: Channel,
 }
@@ -136,61 +145,89 @@ impl Peers {
         tls: Option<&PeerTls>,
     ) -> Result<Peers, NetError> {
         let mut map = BTreeMap::new();
-        for PeerAddress {
-            id,
-            address: addr,
-            cluster_address,
-        } in peers
-        {
-            let scheme = if tls.is_some() { "https" } else { "http" };
-            let mut endpoint = Endpoint::from_shared(format!("{scheme}://{cluster_address}"))
-                .map_err(|e| {
-                    NetError(format!(
-                        "peer {id} cluster address '{cluster_address}': {e}"
-                    ))
-                })?;
-            if let Some(tls) = tls {
-                endpoint = endpoint
-                    .tls_config(tls.client_config())
-                    .map_err(|e| NetError(format!("peer {id} TLS: {e}")))?;
-            }
-            let endpoint = endpoint
-                .tcp_nodelay(true)
-                .connect_timeout(Duration::from_secs(2))
-                // Large windows: bulk replication, and h2's budget for small DATA frames (gRPC
-                // unary replies are small) scales with the connection window; at the 64 KiB
-                // default, hundreds of concurrent small replies trip its flood guard (GOAWAY
-                // ENHANCE_YOUR_CALM "too_many_data_frames").
-                .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
-                .initial_stream_window_size(HTTP2_STREAM_WINDOW)
-                .http2_keep_alive_interval(Duration::from_secs(5))
-                .keep_alive_timeout(Duration::from_secs(10));
-            map.insert(
-                id,
-                PeerChannels {
-                    raft: endpoint.connect_lazy(),
-                    work: endpoint.connect_lazy(),
-                    address: addr,
-                },
-            );
+        for peer in peers {
+            map.insert(peer.id, Arc::new(PeerChannels::connect(&peer, tls)?));
         }
         Ok(Peers {
-            inner: Arc::new(map),
+            inner: Arc::new(PeersInner {
+                map: RwLock::new(map),
+                tls: tls.cloned(),
+                changed: watch::Sender::new(0),
+            }),
         })
     }
 
+    /// Make the peer set exactly `peers` (a node joined or was forgotten): channels of peers
+    /// whose addresses did not change are kept. True if anything changed.
+    pub fn set(&self, peers: impl IntoIterator<Item = PeerAddress>) -> Result<bool, NetError> {
+        let wanted: BTreeMap<u64, PeerAddress> = peers.into_iter().map(|p| (p.id, p)).collect();
+        let mut map = self.inner.map.write().expect("peers lock poisoned");
+        let mut changed = false;
+        map.retain(|id, _| {
+            let keep = wanted.contains_key(id);
+            changed |= !keep;
+            keep
+        });
+        for (id, peer) in wanted {
+            let same = map.get(&id).is_some_and(|c| {
+                c.address == peer.address && c.cluster_address == peer.cluster_address
+            });
+            if !same {
+                map.insert(
+                    id,
+                    Arc::new(PeerChannels::connect(&peer, self.inner.tls.as_ref())?),
+                );
+                changed = true;
+            }
+        }
+        drop(map);
+        if changed {
+            self.inner.changed.send_modify(|v| *v += 1);
+        }
+        Ok(changed)
+    }
+
+    /// Notified whenever the peer set changes.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.changed.subscribe()
+    }
+
+    fn get(&self, id: u64) -> Option<Arc<PeerChannels>> {
+        self.inner
+            .map
+            .read()
+            .expect("peers lock poisoned")
+            .get(&id)
+            .cloned()
+    }
+
     pub fn ids(&self) -> Vec<u64> {
-        self.inner.keys().copied().collect()
+        self.inner
+            .map
+            .read()
+            .expect("peers lock poisoned")
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    pub fn contains(&self, id: u64) -> bool {
+        self.get(id).is_some()
     }
 
     /// Node `id`'s client address (what status and redirects show).
-    pub fn address(&self, id: u64) -> Option<&str> {
-        self.inner.get(&id).map(|p| p.address.as_str())
+    pub fn address(&self, id: u64) -> Option<String> {
+        self.get(id).map(|p| p.address.clone())
+    }
+
+    /// Node `id`'s cluster address (its node-to-node service).
+    pub fn cluster_address(&self, id: u64) -> Option<String> {
+        self.get(id).map(|p| p.cluster_address.clone())
     }
 
     /// A client of the internal service on `id`, for forwarded work.
     pub fn client(&self, id: u64) -> Option<InternalClient<Channel>> {
-        self.inner.get(&id).map(|p| internal_client(&p.work))
+        self.get(id).map(|p| internal_client(&p.work))
     }
 
     /// A client of the internal service on `id`, on the Raft connection, for the liveness
@@ -201,7 +238,46 @@ impl Peers {
 
     /// A client of the internal service on `id`, on the connection reserved for Raft.
     fn raft_client(&self, id: u64) -> Option<InternalClient<Channel>> {
-        self.inner.get(&id).map(|p| internal_client(&p.raft))
+        self.get(id).map(|p| internal_client(&p.raft))
+    }
+}
+
+impl PeerChannels {
+    fn connect(peer: &PeerAddress, tls: Option<&PeerTls>) -> Result<PeerChannels, NetError> {
+        let PeerAddress {
+            id,
+            address,
+            cluster_address,
+        } = peer;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut endpoint =
+            Endpoint::from_shared(format!("{scheme}://{cluster_address}")).map_err(|e| {
+                NetError(format!(
+                    "peer {id} cluster address '{cluster_address}': {e}"
+                ))
+            })?;
+        if let Some(tls) = tls {
+            endpoint = endpoint
+                .tls_config(tls.client_config())
+                .map_err(|e| NetError(format!("peer {id} TLS: {e}")))?;
+        }
+        let endpoint = endpoint
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(2))
+            // Large windows: bulk replication, and h2's budget for small DATA frames (gRPC
+            // unary replies are small) scales with the connection window; at the 64 KiB
+            // default, hundreds of concurrent small replies trip its flood guard (GOAWAY
+            // ENHANCE_YOUR_CALM "too_many_data_frames").
+            .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
+            .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(10));
+        Ok(PeerChannels {
+            raft: endpoint.connect_lazy(),
+            work: endpoint.connect_lazy(),
+            address: address.clone(),
+            cluster_address: cluster_address.clone(),
+        })
     }
 }
 

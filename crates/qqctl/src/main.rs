@@ -152,6 +152,10 @@ enum Command {
     Rebalance,
     /// Exit non-zero if stopping NODE now would break a queue's (or the metadata's) majority.
     CheckQuorumCritical(cmd::members::NodeArgs),
+    /// Let a started, empty node join the cluster: join-node NODE ADDRESS CLUSTER_ADDRESS.
+    JoinNode(cmd::members::JoinArgs),
+    /// Forget a stopped node for good (its queue replicas are deleted first): forget-node NODE.
+    ForgetNode(cmd::members::NodeArgs),
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -224,6 +228,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Shrink(a) => cmd::members::shrink(c, a).await,
         Command::Rebalance => cmd::members::rebalance(c).await,
         Command::CheckQuorumCritical(a) => cmd::members::check_quorum_critical(c, a).await,
+        Command::JoinNode(a) => cmd::members::join_node(c, a).await,
+        Command::ForgetNode(a) => cmd::members::forget_node(c, a).await,
     }
 }
 
@@ -332,6 +338,9 @@ mod tests {
         "qqctl declare-queue local --arg x-queue-leader-locator=client-local",
         "qqctl definitions export --file defs.json",
         "qqctl definitions import defs.json",
+        "qqctl join-node 4 127.0.0.1:7104 127.0.0.1:7204",
+        "qqctl grow 4 '.*'",
+        "qqctl forget-node 4",
     ];
 
     #[test]

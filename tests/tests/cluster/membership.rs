@@ -22,12 +22,12 @@ use tonic::Code;
 
 use super::{assert_status, body, wait_caught_up};
 
-const QUEUE: &str = "members.orders";
+pub(super) const QUEUE: &str = "members.orders";
 /// Unconfirmed publishes in flight on the publisher's stream.
 const WINDOW: usize = 100;
 
 /// The queue's members as the metadata records them (ClusterStatus of any node).
-async fn members_of(client: &Client, queue: &str) -> anyhow::Result<Vec<u64>> {
+pub(super) async fn members_of(client: &Client, queue: &str) -> anyhow::Result<Vec<u64>> {
     let status = client.cluster_status().await?;
     status
         .queues
@@ -39,7 +39,7 @@ async fn members_of(client: &Client, queue: &str) -> anyhow::Result<Vec<u64>> {
 
 /// Publishes m-0, m-1, … on streams (reopened after a failure, as a real publisher does) until
 /// `stop`, then returns the ids confirmed. At least `min` messages are published.
-async fn publish_until(
+pub(super) async fn publish_until(
     client: Client,
     stop: Arc<AtomicBool>,
     min: usize,
@@ -89,6 +89,35 @@ async fn publish_until(
         }
     }
     Ok((confirmed, next))
+}
+
+/// Consumes QUEUE until every `confirmed` message was received (each body `m-<id>` with an id
+/// below `published`); returns how many distinct messages arrived.
+pub(super) async fn consume_all(
+    client: &Client,
+    confirmed: &BTreeSet<usize>,
+    published: usize,
+) -> anyhow::Result<usize> {
+    let mut consumer = client.consume(QUEUE, 1000).await?;
+    let mut seen = HashSet::new();
+    let want: HashSet<String> = confirmed.iter().map(|i| format!("m-{i}")).collect();
+    while !want.is_subset(&seen) {
+        let d = consumer
+            .next_timeout(Duration::from_secs(30))
+            .await?
+            .with_context(|| {
+                format!(
+                    "no delivery for 30 s; missing {} confirmed messages",
+                    want.difference(&seen).count()
+                )
+            })?;
+        let b = body(&d);
+        let id: usize = b.trim_start_matches("m-").parse()?;
+        ensure!(id < published, "a message never published: {b}");
+        seen.insert(b);
+        consumer.ack(d.delivery_tag, false).await?;
+    }
+    Ok(seen.len())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -217,27 +246,8 @@ async fn add_and_delete_member_under_load_lose_no_confirmed_message() -> anyhow:
     wait_caught_up(&cluster.client(outsider).await?, outsider, QUEUE).await?;
 
     info!("--- every confirmed message is delivered");
-    let consumer_client = cluster.client(outsider).await?;
-    let mut consumer = consumer_client.consume(QUEUE, 1000).await?;
-    let mut seen = HashSet::new();
-    let want: HashSet<String> = confirmed.iter().map(|i| format!("m-{i}")).collect();
-    while !want.is_subset(&seen) {
-        let d = consumer
-            .next_timeout(Duration::from_secs(30))
-            .await?
-            .with_context(|| {
-                format!(
-                    "no delivery for 30 s; missing {} confirmed messages",
-                    want.difference(&seen).count()
-                )
-            })?;
-        let b = body(&d);
-        let id: usize = b.trim_start_matches("m-").parse()?;
-        ensure!(id < published, "a message never published: {b}");
-        seen.insert(b);
-        consumer.ack(d.delivery_tag, false).await?;
-    }
-    info!(received = seen.len(), "every confirmed message received");
+    let received = consume_all(&cluster.client(outsider).await?, &confirmed, published).await?;
+    info!(received, "every confirmed message received");
 
     info!("--- qqctl check-quorum-critical: non-zero for a member of a two-member queue");
     let qqctl = qq_tests::qqctl_binary()?;
@@ -403,6 +413,48 @@ async fn leader_locator_and_rebalance() -> anyhow::Result<()> {
     let balanced = table([("x-queue-leader-locator", Value::string("balanced"))]);
     on3.declare_queue("placed.balanced", balanced).await?;
     assert_eq!(members_of(&on3, "placed.balanced").await?[0], 1);
+
+    info!("--- policy key queue-leader-locator places queues; the argument wins over it");
+    let on2 = cluster.client(2).await?;
+    assert_status(
+        on2.set_policy(
+            "bad-locator",
+            "^local\\.",
+            "queues",
+            0,
+            table([("queue-leader-locator", Value::string("random"))]),
+        )
+        .await,
+        Code::InvalidArgument,
+        "queue-leader-locator",
+    );
+    on2.set_policy(
+        "locate-local",
+        "^local\\.",
+        "queues",
+        0,
+        table([("queue-leader-locator", Value::string("client-local"))]),
+    )
+    .await?;
+    for i in 0..3 {
+        let q = format!("local.{i}");
+        on2.declare_queue(&q, table::<&str>([])).await?;
+        assert_eq!(
+            members_of(&on2, &q).await?[0],
+            2,
+            "{q} placed by the policy"
+        );
+    }
+    on2.declare_queue(
+        "local.balanced",
+        table([("x-queue-leader-locator", Value::string("balanced"))]),
+    )
+    .await?;
+    assert_ne!(
+        members_of(&on2, "local.balanced").await?[0],
+        2,
+        "the argument (balanced) wins over the policy (client-local): node 2 leads the most"
+    );
     cluster.stop();
     Ok(())
 }

@@ -141,3 +141,35 @@ pub async fn quorum_critical(
         metadata,
     }))
 }
+
+pub async fn join_node(
+    api: &Api,
+    request: Request<pb::JoinNodeRequest>,
+) -> Unary<pb::JoinNodeResponse> {
+    api.admin(&request).await?;
+    let r = request.into_inner();
+    if r.id == 0 {
+        return Err(Status::invalid_argument("id: a node id is required"));
+    }
+    let detail = membership::join_node(&api.node, r.id, &r.address, &r.cluster_address)
+        .await
+        .map_err(status)?;
+    Ok(Response::new(pb::JoinNodeResponse { detail }))
+}
+
+pub async fn forget_node(
+    api: &Api,
+    request: Request<pb::ForgetNodeRequest>,
+) -> Unary<pb::MemberChanges> {
+    api.admin(&request).await?;
+    let id = request.into_inner().id;
+    if id == 0 {
+        return Err(Status::invalid_argument("id: a node id is required"));
+    }
+    let changes = membership::forget_node(&api.node, id)
+        .await
+        .map_err(status)?;
+    Ok(Response::new(pb::MemberChanges {
+        changes: changes.into_iter().map(to_pb).collect(),
+    }))
+}

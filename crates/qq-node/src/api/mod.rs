@@ -377,4 +377,18 @@ impl Broker for BrokerService {
     ) -> Unary<pb::QuorumCriticalResponse> {
         members::quorum_critical(&self.api, request).await
     }
+
+    async fn join_node(
+        &self,
+        request: Request<pb::JoinNodeRequest>,
+    ) -> Result<Response<pb::JoinNodeResponse>, Status> {
+        members::join_node(&self.api, request).await
+    }
+
+    async fn forget_node(
+        &self,
+        request: Request<pb::ForgetNodeRequest>,
+    ) -> Result<Response<pb::MemberChanges>, Status> {
+        members::forget_node(&self.api, request).await
+    }
 }

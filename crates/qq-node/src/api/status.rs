@@ -158,7 +158,7 @@ pub(crate) async fn queue_of(
 ) -> Result<(QueueMeta, QueueInfoData), Status> {
     api.auth.require_visible(caller, v)?;
     let qm = api.queue_meta(v, name)?;
-    let data = api.node.proposer().queue_info(qm.id).await?;
+    let data = api.node.proposer().queue_info_with_digest(qm.id).await?;
     Ok((qm, data))
 }
 
@@ -245,7 +245,10 @@ pub(crate) async fn cluster_status_of(api: &Api, caller: &Caller) -> pb::Cluster
         let Some(mut client) = peers.client(id) else {
             return (id, false);
         };
-        let mut req = tonic::Request::new(qq_proto::internal::QueueInfoRequest { group: 0 });
+        let mut req = tonic::Request::new(qq_proto::internal::QueueInfoRequest {
+            group: 0,
+            with_digest: false,
+        });
         req.set_timeout(REACH_TIMEOUT);
         (id, client.queue_info(req).await.is_ok())
     }))
@@ -254,7 +257,7 @@ pub(crate) async fn cluster_status_of(api: &Api, caller: &Caller) -> pb::Cluster
         .into_iter()
         .map(|(id, reachable)| pb::NodeStatus {
             id,
-            address: peers.address(id).unwrap_or_default().to_string(),
+            address: peers.address(id).unwrap_or_default(),
             reachable,
         })
         .collect();
@@ -264,7 +267,7 @@ pub(crate) async fn cluster_status_of(api: &Api, caller: &Caller) -> pb::Cluster
         .queues()
         .filter(|q| api.auth.may_see(&state, caller, &q.vhost))
         .map(|q| {
-            let local = registry.local_queue_info(q.id, false);
+            let local = registry.local_queue_info(q.id, false, true);
             pb::QueueLeader {
                 vhost: q.vhost.clone(),
                 name: q.name.clone(),

@@ -55,23 +55,45 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 /// connection is noticed by HTTP/2 keep-alive, within about 15 s).
 pub type PeerLinks = watch::Receiver<BTreeSet<NodeId>>;
 
-/// Start one watch per peer.
+/// Start one watch per peer, and one for each node that joins later (a watch ends when its
+/// peer is forgotten).
 pub fn spawn_peer_watches(node: Arc<Node>) -> PeerLinks {
     let (links, linked) = watch::channel(BTreeSet::new());
-    for peer in node.peers().ids() {
-        if peer != node.id() {
-            let stopping = node.stopping().clone();
-            let watch = watch_peer(node.clone(), peer, links.clone());
-            node.tasks().spawn(async move {
-                stopping.run_until_cancelled(watch).await;
-            });
-        }
-    }
+    let stopping = node.stopping().clone();
+    let tasks = node.tasks().clone();
+    tasks.spawn(async move {
+        stopping
+            .clone()
+            .run_until_cancelled(watch_peer_set(node, links))
+            .await;
+    });
     linked
 }
 
+/// Keep one [`watch_peer`] task per peer as the peer set changes.
+async fn watch_peer_set(node: Arc<Node>, links: watch::Sender<BTreeSet<NodeId>>) {
+    let mut changes = node.peers().subscribe();
+    let mut watched: BTreeSet<NodeId> = BTreeSet::new();
+    loop {
+        let current: BTreeSet<NodeId> = node.peers().ids().into_iter().collect();
+        watched.retain(|p| current.contains(p));
+        for peer in current {
+            if peer != node.id() && watched.insert(peer) {
+                let stopping = node.stopping().clone();
+                let watch = watch_peer(node.clone(), peer, links.clone());
+                node.tasks().spawn(async move {
+                    stopping.run_until_cancelled(watch).await;
+                });
+            }
+        }
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet<NodeId>>) {
-    let Some(address) = node.peers().address(peer).map(str::to_string) else {
+    let Some(address) = node.peers().address(peer) else {
         return;
     };
     let Some(mut client) = node.peers().watch_client(peer) else {
@@ -79,7 +101,8 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
     };
     // Whether the peer refused a connection since its watch last broke (for the log only).
     let mut down = false;
-    loop {
+    // Ends when the peer is forgotten (ForgetNode).
+    while node.peers().contains(peer) {
         if let Ok(response) = client.watch(WatchRequest { from: node.id() }).await {
             if std::mem::take(&mut down) {
                 info!(peer, "peer is serving again");
@@ -105,6 +128,9 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
         }
         tokio::time::sleep(RETRY).await;
     }
+    links.send_modify(|open| {
+        open.remove(&peer);
+    });
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -143,7 +169,7 @@ async fn hand_over_from(node: &Node, dead: NodeId) {
     let others = all.iter().copied().filter(|p| *p != me && *p != dead);
     let answers = futures::future::join_all(others.map(|p| async move {
         let address = node.peers().address(p).unwrap_or_default();
-        (p, probe(address).await)
+        (p, probe(&address).await)
     }))
     .await;
     let reachable: BTreeSet<NodeId> = answers

@@ -216,10 +216,11 @@ impl Internal for InternalService {
         &self,
         request: Request<QueueInfoRequest>,
     ) -> Result<Response<QueueInfoReply>, Status> {
+        let r = request.into_inner();
         Ok(Response::new(
             self.node
                 .proposer()
-                .serve_queue_info(request.into_inner().group),
+                .serve_queue_info(r.group, r.with_digest),
         ))
     }
 

@@ -1,6 +1,7 @@
 //! Membership verbs, in rabbitmq-queues' words where they fit: `add-member`, `delete-member`,
 //! `grow`, `shrink`, `rebalance`, `check-quorum-critical` (exits non-zero when stopping the
-//! node would break a queue's or the metadata's majority).
+//! node would break a queue's or the metadata's majority); and of the cluster itself,
+//! `join-node` and `forget-node` (rabbitmqctl's `forget_cluster_node`).
 
 use clap::Args;
 use qq_client::Client;
@@ -28,6 +29,17 @@ pub struct GrowArgs {
     /// Only queues of this vhost (default: every vhost).
     #[arg(long = "in-vhost", default_value = "")]
     in_vhost: String,
+}
+
+#[derive(Debug, Args)]
+pub struct JoinArgs {
+    /// The new node's id (never used in this cluster before).
+    #[arg(value_name = "NODE")]
+    node_id: u64,
+    /// Its client address, host:port.
+    address: String,
+    /// Its node-to-node (cluster) address, host:port.
+    cluster_address: String,
 }
 
 #[derive(Debug, Args)]
@@ -123,4 +135,26 @@ pub async fn check_quorum_critical(c: &Client, a: NodeArgs) -> anyhow::Result<()
         r.queues.len(),
         if r.metadata { " and the metadata" } else { "" }
     )
+}
+
+pub async fn join_node(c: &Client, a: JoinArgs) -> anyhow::Result<()> {
+    let detail = c
+        .join_node(a.node_id, &a.address, &a.cluster_address)
+        .await?;
+    if detail.is_empty() {
+        println!(
+            "node {} joined the cluster (add replicas with: grow {} PATTERN)",
+            a.node_id, a.node_id
+        );
+    } else {
+        println!("{detail}");
+    }
+    Ok(())
+}
+
+pub async fn forget_node(c: &Client, a: NodeArgs) -> anyhow::Result<()> {
+    let changes = c.forget_node(a.node_id).await?;
+    print_changes(&changes)?;
+    println!("node {} forgotten", a.node_id);
+    Ok(())
 }
