@@ -29,6 +29,9 @@ pub struct FaultReport {
     /// for leader faults).
     pub longest_confirm_gap_ms: u64,
     pub gap_queue: String,
+    /// A procedure's steps with their offsets (rolling-restart).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -97,6 +100,8 @@ pub struct Window {
     pub target: String,
     pub start_ms: u64,
     pub end_ms: u64,
+    /// A procedure's steps (rolling-restart), for the report.
+    pub steps: Vec<String>,
 }
 
 pub fn fault_reports(h: &History, windows: &[Window], publish_end_ms: u64) -> Vec<FaultReport> {
@@ -119,6 +124,7 @@ pub fn fault_reports(h: &History, windows: &[Window], publish_end_ms: u64) -> Ve
                 end_s: w.end_ms as f64 / 1000.0,
                 longest_confirm_gap_ms: gap,
                 gap_queue: queue,
+                steps: w.steps.clone(),
             }
         })
         .collect()
@@ -208,6 +214,9 @@ pub fn summary(r: &Report) -> String {
             f.longest_confirm_gap_ms,
             f.gap_queue
         );
+        for step in &f.steps {
+            let _ = writeln!(s, "      {step}");
+        }
     }
     let _ = writeln!(
         s,
