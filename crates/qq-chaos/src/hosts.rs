@@ -10,9 +10,29 @@ use std::process::{Child, Command, Stdio};
 use anyhow::{Context, bail};
 
 /// Namespaces `qqx1..3` on 10.78.0.1..3 (the runner's own, so a cluster started by hand with
-/// `cluster/netns.sh start` on qqc/10.77.0 is left alone).
+/// `cluster/netns.sh start` on qqc/10.77.0 is left alone). Two runs at once on one machine
+/// need their own: `QQ_CHAOS_NETNS_PREFIX` and `QQ_CHAOS_SUBNET` (e.g. `qqy`, `10.79.0`).
 pub const PREFIX: &str = "qqx";
 pub const SUBNET: &str = "10.78.0";
+
+fn from_env(var: &str, default: &'static str) -> &'static str {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Box::leak(v.into_boxed_str()),
+        _ => default,
+    }
+}
+
+/// The namespace prefix of this run ([`PREFIX`] unless `QQ_CHAOS_NETNS_PREFIX` says).
+pub fn prefix() -> &'static str {
+    static P: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    P.get_or_init(|| from_env("QQ_CHAOS_NETNS_PREFIX", PREFIX))
+}
+
+/// The /24 of this run ([`SUBNET`] unless `QQ_CHAOS_SUBNET` says).
+pub fn subnet() -> &'static str {
+    static S: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    S.get_or_init(|| from_env("QQ_CHAOS_SUBNET", SUBNET))
+}
 pub const PORT: u16 = 7101;
 /// Node-to-node (mutual TLS) port. The iptables faults drop by source address, so they cut
 /// both ports alike.
@@ -33,15 +53,15 @@ pub struct Hosts {
 pub const STORAGE_FAULT_EXIT_CODE: i32 = 74;
 
 pub fn address(id: u64) -> String {
-    format!("{SUBNET}.{id}:{PORT}")
+    format!("{}.{id}:{PORT}", subnet())
 }
 
 pub fn cluster_address(id: u64) -> String {
-    format!("{SUBNET}.{id}:{CLUSTER_PORT}")
+    format!("{}.{id}:{CLUSTER_PORT}", subnet())
 }
 
 fn ns(id: u64) -> String {
-    format!("{PREFIX}{id}")
+    format!("{}{id}", prefix())
 }
 
 fn run(cmd: &mut Command) -> anyhow::Result<String> {
@@ -94,7 +114,7 @@ impl Hosts {
                 .arg("--out")
                 .arg(&tls)
                 .args(["--name", &format!("node{id}"), "--host"])
-                .arg(format!("{SUBNET}.{id}")))?;
+                .arg(format!("{}.{id}", subnet())))?;
             // Debug builds on two cores: the test nodes' timings (fast failover, still loose).
             // The workload connects as guest from the host, which is remote to the nodes'
             // namespaces: lift `loopback_users` on this private, throw-away network.
@@ -121,8 +141,8 @@ impl Hosts {
         run(Command::new("bash")
             .arg(&self.script)
             .arg(cmd)
-            .env("QQ_NETNS_PREFIX", PREFIX)
-            .env("QQ_NETNS_SUBNET", SUBNET)
+            .env("QQ_NETNS_PREFIX", prefix())
+            .env("QQ_NETNS_SUBNET", subnet())
             .env("QQ_NETNS_NODES", self.ids.len().to_string()))
     }
 
@@ -294,7 +314,7 @@ impl Hosts {
             "-A",
             "INPUT",
             "-s",
-            &format!("{SUBNET}.{from}"),
+            &format!("{}.{from}", subnet()),
             "-j",
             "DROP",
         ]))?;
