@@ -42,9 +42,14 @@ pub enum Kind {
     /// raises its disk alarm and refuses publishes, and stops fail-stop (exit 74) when a write
     /// fails; the ballast is removed and the node started again when the window ends.
     DiskFull,
+    /// An operator's membership change: a spare node (a new id each time, on a fourth host,
+    /// empty) is started, joins the cluster and is grown onto every queue; when the window
+    /// ends it is shrunk off again (or not: forget deletes its replicas), stopped and
+    /// forgotten (see `crate::membership`).
+    Membership,
 }
 
-pub const ALL: [Kind; 10] = [
+pub const ALL: [Kind; 11] = [
     Kind::PartitionHalves,
     Kind::IsolateLeader,
     Kind::MajoritiesRing,
@@ -55,6 +60,7 @@ pub const ALL: [Kind; 10] = [
     Kind::Netem,
     Kind::WipeRejoin,
     Kind::DiskFull,
+    Kind::Membership,
 ];
 
 impl Kind {
@@ -70,6 +76,7 @@ impl Kind {
             Kind::Netem => "netem",
             Kind::WipeRejoin => "wipe-rejoin",
             Kind::DiskFull => "disk-full",
+            Kind::Membership => "membership",
         }
     }
 }
@@ -173,6 +180,10 @@ pub struct Applied {
     pub alone: Option<u64>,
     /// The node whose disk is full (it may stop with a storage fault meanwhile).
     pub disk_full: Option<u64>,
+    /// The spare node started by the membership nemesis, and whether it is shrunk off its
+    /// queues before it is stopped (else forget deletes its replicas).
+    pub spare: Option<u64>,
+    pub shrink_first: bool,
 }
 
 /// Applies `fault` now. `leader` is the current leader of the queue the fault chose (if known).
@@ -188,6 +199,8 @@ pub fn apply(hosts: &mut Hosts, fault: &Planned, leader: Option<u64>) -> anyhow:
         paused: None,
         alone: None,
         disk_full: None,
+        spare: None,
+        shrink_first: false,
     };
     match fault.kind {
         Kind::PartitionHalves | Kind::IsolateLeader => {
@@ -260,11 +273,20 @@ pub fn apply(hosts: &mut Hosts, fault: &Planned, leader: Option<u64>) -> anyhow:
             hosts.netem(pick, 50, 10)?;
             applied.target = format!("node {pick}");
         }
+        Kind::Membership => {
+            // Only started here: joining, growing and retiring it are RPCs, which the runner
+            // carries out (`crate::membership`); the seed decides how it leaves.
+            let id = hosts.start_spare()?;
+            applied.spare = Some(id);
+            applied.shrink_first = pick % 2 == 1;
+            applied.target = format!("node {id}");
+        }
     }
     Ok(applied)
 }
 
 /// Undoes `applied`: network faults removed, a paused node resumed, a killed node started.
+/// (A spare node of the membership nemesis is retired by the runner before this.)
 pub fn heal(hosts: &mut Hosts, applied: &Applied) -> anyhow::Result<()> {
     hosts.heal_network()?;
     if let Some(id) = applied.paused {
