@@ -1,7 +1,7 @@
 //! The hosts: network namespaces made by `cluster/netns.sh`, one `qq-node` process in each,
 //! and the faults the nemesis puts between them (iptables rules inside the namespaces,
-//! signals to the processes, `tc netem` qdiscs). Clients run on the host side of the bridge and
-//! always reach every node; faults only ever cut node-to-node traffic.
+//! signals to the processes, `tc netem` qdiscs, graceful stops). Clients run on the host side
+//! of the bridge and always reach every node; faults only ever cut node-to-node traffic.
 //!
 //! The founding nodes 1..=n run on hosts 1..=n (host number = node id). One more host,
 //! [`SPARE_HOST`], is kept for the membership nemesis: it starts a *spare* node there that
@@ -11,7 +11,7 @@
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
@@ -67,6 +67,19 @@ pub struct Hosts {
     spare: Option<Spare>,
     /// The id the next spare node gets (ids are never reused).
     next_spare_id: u64,
+}
+
+/// How often [`Hosts::stop_graceful`] looks whether the node has exited.
+const EXIT_POLL: Duration = Duration::from_millis(50);
+
+/// How a graceful stop ended.
+#[derive(Debug)]
+pub struct Stopped {
+    pub status: std::process::ExitStatus,
+    /// From SIGTERM to the exit.
+    pub took: Duration,
+    /// It had not exited in time and was killed with SIGKILL.
+    pub killed: bool,
 }
 
 /// Exit code of a node stopped by a storage fault (`qq_raft::store::STORAGE_FAULT_EXIT_CODE`).
@@ -409,6 +422,54 @@ impl Hosts {
             let slot = self.slot(id);
             self.paused[slot] = false;
         }
+    }
+
+    /// Stops node `id` as an operator does: SIGTERM (the node drains and exits 0), then waits
+    /// up to `limit` for it to exit; a node still running then gets SIGKILL. `None` when the
+    /// node was not running.
+    pub async fn stop_graceful(
+        &mut self,
+        id: u64,
+        limit: Duration,
+    ) -> anyhow::Result<Option<Stopped>> {
+        let slot = self.slot(id);
+        let Some(child) = self.procs[slot].as_mut() else {
+            return Ok(None);
+        };
+        let pid = child.id();
+        let began = Instant::now();
+        run(Command::new("kill").arg("-TERM").arg(pid.to_string()))?;
+        let stopped = loop {
+            if let Some(status) = child.try_wait().context("wait for qq-node")? {
+                break Stopped {
+                    status,
+                    took: began.elapsed(),
+                    killed: false,
+                };
+            }
+            if began.elapsed() >= limit {
+                let _ = child.kill();
+                let status = child.wait().context("wait for qq-node after SIGKILL")?;
+                break Stopped {
+                    status,
+                    took: began.elapsed(),
+                    killed: true,
+                };
+            }
+            tokio::time::sleep(EXIT_POLL).await;
+        };
+        self.procs[slot] = None;
+        self.paused[slot] = false;
+        Ok(Some(stopped))
+    }
+
+    /// Node `id`'s exit status if its process has exited by itself (it is then no longer
+    /// counted as running); `None` while it runs or when it was not started.
+    pub fn exited(&mut self, id: u64) -> Option<std::process::ExitStatus> {
+        let slot = self.slot(id);
+        let status = self.procs[slot].as_mut()?.try_wait().ok()??;
+        self.procs[slot] = None;
+        Some(status)
     }
 
     fn signal(&self, id: u64, sig: &str) -> anyhow::Result<()> {

@@ -2,9 +2,10 @@
 //!
 //! Starts a three-node cluster in network namespaces (`cluster/netns.sh`), runs a workload of
 //! publishers and consumers on every node through the public gRPC API, lets a seeded nemesis
-//! cut, kill and pause nodes or change the cluster's membership, then heals everything, drains every queue and checks the history:
-//! nothing confirmed lost, nothing unexpected, dead letters where and as the spec says, nothing
-//! held, every replica in the same state. Writes `report.json`, `history.json` and
+//! cut, kill, pause and restart nodes or change the cluster's membership, then heals
+//! everything, drains every queue and checks the history: nothing confirmed lost, nothing
+//! unexpected, dead letters where and as the spec says, nothing held, every replica in the same
+//! state. Writes `report.json`, `history.json` and
 //! `timeline.png` into the output directory and exits non-zero when a check fails.
 //!
 //! ```text
@@ -51,7 +52,8 @@ struct Args {
     #[arg(long, default_value_t = 120)]
     duration: u64,
     /// Comma-separated faults: partition-halves, isolate-leader, majorities-ring, bridge,
-    /// kill-leader, kill-random, pause, netem, wipe-rejoin, disk-full, membership; or `all`.
+    /// kill-leader, kill-random, pause, netem, wipe-rejoin, disk-full, rolling-restart,
+    /// membership; or `all`.
     #[arg(long, default_value = "all")]
     nemesis: String,
     /// A named scenario (sets seed, duration and nemesis): see `--list-scenarios`.
@@ -362,6 +364,12 @@ async fn chaos(
     // rest of the schedule is then shifted by that overrun, so that the quiet gaps after it
     // keep their planned lengths (other faults heal on time and shift nothing).
     let mut behind = Duration::ZERO;
+    // No fault starts before this: MIN_GAP after the last one healed (a rolling restart can
+    // outlast the window the schedule gave it; the faults after it are delayed, never
+    // overlapped).
+    let mut quiet_until = Duration::ZERO;
+    let mut rolling_stops = 0;
+    let mut rolling_findings: Vec<String> = Vec::new();
     let mut term_checks: Vec<Option<Vec<String>>> = Vec::new();
     while rec.elapsed() < run {
         if let Some((id, status)) = hosts.find_crashed() {
@@ -416,24 +424,43 @@ async fn chaos(
                 start_ms: *start_ms,
                 end_ms: rec.now_ms(),
                 steps,
+                procedure: applied.procedure.clone(),
             });
             active = None;
+            quiet_until = rec.elapsed() + nemesis::MIN_GAP;
         }
         let now = rec.elapsed();
         if active.is_none()
+            && now >= quiet_until
             && let Some(fault) = step.next_if(|f| now >= f.at + behind)
         {
             let queue = workload::QUEUES[fault.queue_pick];
             let leader = current_leader(&clients, queue).await;
             let start_ms = rec.now_ms();
-            let applied = nemesis::apply(hosts, fault, leader)?;
-            println!(
-                "[{:>5.1}s] {} {} (queue {queue} leader {leader:?}) for {:.1} s",
-                now.as_secs_f64(),
-                applied.kind,
-                applied.target,
-                fault.length.as_secs_f64()
-            );
+            if fault.kind == Kind::RollingRestart {
+                println!(
+                    "[{:>5.1}s] {} from node {}",
+                    now.as_secs_f64(),
+                    fault.kind,
+                    fault.node_pick
+                );
+            }
+            let applied = nemesis::strike(hosts, &clients, &rec, fault, leader).await?;
+            // A procedure (the rolling restart) is over when strike returns: healed at once.
+            let until = if fault.kind == Kind::RollingRestart {
+                rolling_stops += applied.graceful_stops;
+                rolling_findings.extend(applied.findings.iter().cloned());
+                rec.elapsed()
+            } else {
+                println!(
+                    "[{:>5.1}s] {} {} (queue {queue} leader {leader:?}) for {:.1} s",
+                    now.as_secs_f64(),
+                    applied.kind,
+                    applied.target,
+                    fault.length.as_secs_f64()
+                );
+                now + fault.length
+            };
             if let Some(id) = applied.spare {
                 strike = Some(membership::Strike::begin(
                     clients.clone(),
@@ -443,7 +470,7 @@ async fn chaos(
                     start_ms,
                 ));
             }
-            active = Some((applied, now + fault.length, start_ms));
+            active = Some((applied, until, start_ms));
         }
         if now >= next_progress {
             println!(
@@ -451,10 +478,8 @@ async fn chaos(
                 now.as_secs_f64(),
                 rec.confirmed_count()
             );
-            // Past a long heal (a membership strike) print once, not once per 5 s missed.
-            while next_progress <= now {
-                next_progress += Duration::from_secs(5);
-            }
+            // The next multiple of 5 s (a rolling restart holds the loop up for a while).
+            next_progress = Duration::from_secs(now.as_secs() / 5 * 5 + 5);
         }
         sleep(Duration::from_millis(100)).await;
     }
@@ -471,6 +496,7 @@ async fn chaos(
             start_ms,
             end_ms: rec.now_ms(),
             steps,
+            procedure: applied.procedure.clone(),
         });
     }
 
@@ -580,6 +606,13 @@ async fn chaos(
         crashes,
         "none",
     ));
+    if kinds.contains(&Kind::RollingRestart) {
+        checks.push(Check::all_clear(
+            "rolling restarts: each node exits 0 on SIGTERM in time and serves again",
+            rolling_findings,
+            format!("{rolling_stops} graceful stops, each exited 0 and its node served again"),
+        ));
+    }
 
     // ---- check and report ---------------------------------------------------------------------
     let history = rec.take();

@@ -5,16 +5,26 @@
 //! ([`schedule`]), so the same seed gives the same faults at the same offsets. What a fault hits
 //! can depend on the cluster at that moment (the current leader of the chosen queue); the
 //! report records the node it actually hit.
+//!
+//! One fault is in force at a time. Most are applied at once ([`apply`]) and undone when their
+//! window ends ([`heal`]). The rolling restart is a procedure instead ([`rolling_restart`]): it
+//! stops and starts the nodes one after the other, each stop guarded by the cluster's
+//! QuorumCritical answer, and its window is as long as the procedure takes. The runner awaits
+//! it (the workload runs on meanwhile) and starts no other fault until it is over. The
+//! membership nemesis only starts its spare node here; the runner joins, grows and retires it
+//! (`crate::membership`), and its window lasts until the spare is forgotten.
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use qq_client::Client;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::hosts::Hosts;
+use crate::workload::Recorder;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -42,6 +52,12 @@ pub enum Kind {
     /// raises its disk alarm and refuses publishes, and stops fail-stop (exit 74) when a write
     /// fails; the ballast is removed and the node started again when the window ends.
     DiskFull,
+    /// Every node stopped gracefully (SIGTERM) and started again with its data, one after the
+    /// other, as in a rolling upgrade: a node is stopped only once a live node's QuorumCritical
+    /// says no queue and not the metadata would lose its majority without it (else it is
+    /// skipped), and the next one only once the restarted node serves again. The window lasts
+    /// as long as the whole restart.
+    RollingRestart,
     /// An operator's membership change: a spare node (a new id each time, on a fourth host,
     /// empty) is started, joins the cluster and is grown onto every queue; when the window
     /// ends it is shrunk off again (or not: forget deletes its replicas), stopped and
@@ -49,7 +65,7 @@ pub enum Kind {
     Membership,
 }
 
-pub const ALL: [Kind; 11] = [
+pub const ALL: [Kind; 12] = [
     Kind::PartitionHalves,
     Kind::IsolateLeader,
     Kind::MajoritiesRing,
@@ -60,6 +76,7 @@ pub const ALL: [Kind; 11] = [
     Kind::Netem,
     Kind::WipeRejoin,
     Kind::DiskFull,
+    Kind::RollingRestart,
     Kind::Membership,
 ];
 
@@ -76,6 +93,7 @@ impl Kind {
             Kind::Netem => "netem",
             Kind::WipeRejoin => "wipe-rejoin",
             Kind::DiskFull => "disk-full",
+            Kind::RollingRestart => "rolling-restart",
             Kind::Membership => "membership",
         }
     }
@@ -123,9 +141,18 @@ pub struct Planned {
     pub queue_pick: usize,
 }
 
+/// Time the schedule sets aside for a rolling restart: three graceful stops and restarts of
+/// debug builds took 11-12 s on two cores under the workload (each stop about 2.5 s, the
+/// proposer's write grace; each start about 2 s). A restart that takes longer delays the
+/// faults after it (the runner keeps [`MIN_GAP`] after every fault), it never overlaps them.
+pub const ROLLING_RESTART_WINDOW: Duration = Duration::from_secs(25);
+/// The shortest quiet gap between two faults.
+pub const MIN_GAP: Duration = Duration::from_secs(5);
+
 /// The fault schedule: a quiet warm-up, then faults of the selected kinds (cycled in a seeded
 /// order so that every selected kind strikes when the run is long enough) separated by quiet
-/// gaps; the last fault ends at least `cool_down` before the end.
+/// gaps; the last fault ends at least `cool_down` before the end. A fault lasts 6-12 s, a
+/// rolling restart [`ROLLING_RESTART_WINDOW`].
 pub fn schedule(
     seed: u64,
     kinds: &[Kind],
@@ -151,11 +178,16 @@ pub fn schedule(
                 order.swap(i, j);
             }
         }
-        let length = Duration::from_millis(rng.random_range(6_000..=12_000));
+        let kind = *order.last().expect("refilled above");
+        // Drawn for every kind, so that adding a kind does not change the others' schedules.
+        let mut length = Duration::from_millis(rng.random_range(6_000..=12_000));
+        if kind == Kind::RollingRestart {
+            length = ROLLING_RESTART_WINDOW;
+        }
         if at + length + COOL_DOWN > run {
             break;
         }
-        let kind = order.pop().expect("refilled above");
+        order.pop();
         plan.push(Planned {
             kind,
             at,
@@ -163,6 +195,7 @@ pub fn schedule(
             node_pick: rng.random_range(1..=nodes),
             queue_pick: rng.random_range(0..queues),
         });
+        // At least MIN_GAP.
         at += length + Duration::from_millis(rng.random_range(5_000..=9_000));
     }
     plan
@@ -180,28 +213,65 @@ pub struct Applied {
     pub alone: Option<u64>,
     /// The node whose disk is full (it may stop with a storage fault meanwhile).
     pub disk_full: Option<u64>,
+    /// What a procedure did, step by step with its offsets ("12.3 s node 2: ..."), for the
+    /// report (rolling-restart; the membership nemesis' steps are `membership::Step`s, kept by
+    /// the runner).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub procedure: Vec<String>,
+    /// What went wrong in a procedure that the run must fail on (a node that did not exit 0
+    /// on SIGTERM in time, or did not serve again after its restart).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<String>,
+    /// Nodes a procedure stopped with SIGTERM (rolling-restart).
+    pub graceful_stops: usize,
     /// The spare node started by the membership nemesis, and whether it is shrunk off its
     /// queues before it is stopped (else forget deletes its replicas).
     pub spare: Option<u64>,
     pub shrink_first: bool,
 }
 
+impl Applied {
+    fn new(kind: Kind) -> Applied {
+        Applied {
+            kind,
+            target: String::new(),
+            killed: None,
+            paused: None,
+            alone: None,
+            disk_full: None,
+            procedure: Vec::new(),
+            findings: Vec::new(),
+            graceful_stops: 0,
+            spare: None,
+            shrink_first: false,
+        }
+    }
+}
+
+/// Strikes with `fault` now: [`apply`], or for a rolling restart the whole procedure
+/// ([`rolling_restart`]), which returns when it is over. `leader` is the current leader of the
+/// queue the fault chose (if known).
+pub async fn strike(
+    hosts: &mut Hosts,
+    clients: &[Client],
+    rec: &Recorder,
+    fault: &Planned,
+    leader: Option<u64>,
+) -> anyhow::Result<Applied> {
+    if fault.kind == Kind::RollingRestart {
+        rolling_restart(hosts, clients, rec, fault.node_pick).await
+    } else {
+        apply(hosts, fault, leader)
+    }
+}
+
 /// Applies `fault` now. `leader` is the current leader of the queue the fault chose (if known).
-pub fn apply(hosts: &mut Hosts, fault: &Planned, leader: Option<u64>) -> anyhow::Result<Applied> {
+fn apply(hosts: &mut Hosts, fault: &Planned, leader: Option<u64>) -> anyhow::Result<Applied> {
     let ids = hosts.ids().to_vec();
     let pick = fault.node_pick;
     let others = |n: u64| ids.iter().copied().filter(move |&i| i != n);
     let target_leader = leader.unwrap_or(pick);
-    let mut applied = Applied {
-        kind: fault.kind,
-        target: String::new(),
-        killed: None,
-        paused: None,
-        alone: None,
-        disk_full: None,
-        spare: None,
-        shrink_first: false,
-    };
+    let mut applied = Applied::new(fault.kind);
     match fault.kind {
         Kind::PartitionHalves | Kind::IsolateLeader => {
             let alone = if fault.kind == Kind::PartitionHalves {
@@ -281,8 +351,225 @@ pub fn apply(hosts: &mut Hosts, fault: &Planned, leader: Option<u64>) -> anyhow:
             applied.shrink_first = pick % 2 == 1;
             applied.target = format!("node {id}");
         }
+        Kind::RollingRestart => {
+            anyhow::bail!("rolling-restart is a procedure: struck by rolling_restart, not apply")
+        }
     }
     Ok(applied)
+}
+
+/// How long a node may stay quorum critical before the rolling restart skips it.
+const QUORUM_CLEAR_WAIT: Duration = Duration::from_secs(30);
+/// How often QuorumCritical is asked again while the node is critical.
+const QUORUM_POLL: Duration = Duration::from_millis(250);
+/// How long one QuorumCritical call may take (it probes the peers for up to 1.5 s).
+const QUORUM_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a node may take to exit after SIGTERM before it gets SIGKILL.
+const STOP_WAIT: Duration = Duration::from_secs(20);
+/// How long a restarted node may take to serve again before the rolling restart is aborted.
+const SERVE_WAIT: Duration = Duration::from_secs(60);
+/// How often the restarted node is asked whether it serves.
+const SERVE_POLL: Duration = Duration::from_millis(250);
+/// How long one ClusterStatus call may take.
+const STATUS_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The rolling restart: nodes `first`, `first + 1`, ... (wrapping) in turn. For each: wait until
+/// a live node's QuorumCritical for it lists no queue and not the metadata (up to
+/// [`QUORUM_CLEAR_WAIT`]; a node that stays critical is skipped, not stopped); SIGTERM and wait
+/// for the exit (SIGKILL after [`STOP_WAIT`]); start it again on the same data directory; wait
+/// until it serves (ClusterStatus through its client port answers and names a metadata leader:
+/// a node answers only once its metadata caught up). A node that does not serve within
+/// [`SERVE_WAIT`] ends the procedure: the next node is not stopped.
+///
+/// Every step goes to `steps` (and stdout) with its offset; a graceful stop that did not exit
+/// 0 in time and a node that did not come back go to `findings` as well.
+pub async fn rolling_restart(
+    hosts: &mut Hosts,
+    clients: &[Client],
+    rec: &Recorder,
+    first: u64,
+) -> anyhow::Result<Applied> {
+    let order = restart_order(first, hosts.ids().len() as u64);
+    let mut applied = Applied::new(Kind::RollingRestart);
+    let began = Instant::now();
+    let step = |applied: &mut Applied, text: String| {
+        let line = format!("{:.1} s {text}", rec.elapsed().as_secs_f64());
+        println!(
+            "[{:>5.1}s] rolling-restart: {text}",
+            rec.elapsed().as_secs_f64()
+        );
+        applied.procedure.push(line);
+    };
+    let mut restarted = Vec::new();
+    let mut skipped = Vec::new();
+    let mut aborted = None;
+    for &id in &order {
+        let asked_at = Instant::now();
+        match wait_not_critical(hosts, clients, id).await {
+            Ok(asked) => step(
+                &mut applied,
+                format!(
+                    "node {id}: not quorum critical (asked node {asked}, waited {:.1} s)",
+                    asked_at.elapsed().as_secs_f64()
+                ),
+            ),
+            Err(last) => {
+                step(
+                    &mut applied,
+                    format!(
+                        "node {id}: still quorum critical after {QUORUM_CLEAR_WAIT:?} ({last}): \
+                         not stopped"
+                    ),
+                );
+                skipped.push(id);
+                continue;
+            }
+        }
+        match hosts.stop_graceful(id, STOP_WAIT).await? {
+            None => step(
+                &mut applied,
+                format!("node {id}: was not running; starting it"),
+            ),
+            Some(stopped) => {
+                applied.graceful_stops += 1;
+                let took = stopped.took.as_secs_f64();
+                if stopped.killed {
+                    let finding = format!(
+                        "node {id} still running {STOP_WAIT:?} after SIGTERM: killed with SIGKILL"
+                    );
+                    applied.findings.push(finding.clone());
+                    step(&mut applied, finding);
+                } else if !stopped.status.success() {
+                    let finding = format!(
+                        "node {id} exited with {} {took:.1} s after SIGTERM",
+                        stopped.status
+                    );
+                    applied.findings.push(finding.clone());
+                    step(&mut applied, finding);
+                } else {
+                    step(
+                        &mut applied,
+                        format!("node {id}: SIGTERM, exited 0 after {took:.1} s"),
+                    );
+                }
+            }
+        }
+        let started = Instant::now();
+        hosts.start(id)?;
+        let client = &clients[(id - 1) as usize];
+        match wait_serving(hosts, client, id).await {
+            Ok(()) => {
+                step(
+                    &mut applied,
+                    format!(
+                        "node {id}: started, serving after {:.1} s",
+                        started.elapsed().as_secs_f64()
+                    ),
+                );
+                restarted.push(id);
+            }
+            Err(why) => {
+                let finding = format!("node {id} not serving again after its restart: {why}");
+                applied.findings.push(finding.clone());
+                step(&mut applied, format!("{finding}; rolling restart aborted"));
+                if !hosts.is_running(id) {
+                    // Exited while starting: started once more, as the runner does with any
+                    // node that exits by itself, so the rest of the run has three nodes.
+                    hosts.start(id)?;
+                    step(&mut applied, format!("node {id}: started again"));
+                }
+                aborted = Some(id);
+                break;
+            }
+        }
+    }
+    step(
+        &mut applied,
+        format!(
+            "done in {:.1} s: restarted {restarted:?}, skipped (quorum critical) {skipped:?}",
+            began.elapsed().as_secs_f64()
+        ),
+    );
+    let list = |v: &[u64]| {
+        v.iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    applied.target = format!("nodes {}", list(&restarted));
+    if !skipped.is_empty() {
+        applied.target += &format!(", {} critical", list(&skipped));
+    }
+    if let Some(id) = aborted {
+        applied.target += &format!(", {id} not back");
+    }
+    Ok(applied)
+}
+
+/// Nodes `first`, `first + 1`, ... of `1..=n`, wrapping: each once.
+fn restart_order(first: u64, n: u64) -> Vec<u64> {
+    (0..n).map(|i| (first - 1 + i) % n + 1).collect()
+}
+
+/// Waits until QuorumCritical for `id`, asked of another running node, lists nothing. Returns
+/// the node that said so; after [`QUORUM_CLEAR_WAIT`], the last answer (or error) in words.
+async fn wait_not_critical(hosts: &Hosts, clients: &[Client], id: u64) -> Result<u64, String> {
+    let deadline = Instant::now() + QUORUM_CLEAR_WAIT;
+    let mut last = String::from("no node answered");
+    loop {
+        let askable = hosts
+            .ids()
+            .iter()
+            .copied()
+            .filter(|&o| o != id && hosts.is_running(o));
+        for asked in askable {
+            let client = &clients[(asked - 1) as usize];
+            match tokio::time::timeout(QUORUM_CALL_TIMEOUT, client.quorum_critical(id)).await {
+                Ok(Ok(r)) if r.queues.is_empty() && !r.metadata => return Ok(asked),
+                Ok(Ok(r)) => {
+                    let queues: Vec<String> = r
+                        .queues
+                        .iter()
+                        .map(|q| format!("{} (online {:?})", q.queue, q.online))
+                        .collect();
+                    last = format!(
+                        "node {asked} says: queues [{}]{}",
+                        queues.join(", "),
+                        if r.metadata { " and the metadata" } else { "" }
+                    );
+                    // One answer per round: a node that answers knows as much as any.
+                    break;
+                }
+                Ok(Err(e)) => last = format!("node {asked}: {e}"),
+                Err(_) => last = format!("node {asked}: timed out"),
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(last);
+        }
+        tokio::time::sleep(QUORUM_POLL).await;
+    }
+}
+
+/// Waits until node `id` serves: ClusterStatus through its client port answers (a node whose
+/// metadata has not caught up answers UNAVAILABLE) and names a metadata leader.
+async fn wait_serving(hosts: &mut Hosts, client: &Client, id: u64) -> Result<(), String> {
+    let deadline = Instant::now() + SERVE_WAIT;
+    loop {
+        if let Some(status) = hosts.exited(id) {
+            return Err(format!("it exited ({status}) while starting"));
+        }
+        let last = match tokio::time::timeout(STATUS_CALL_TIMEOUT, client.cluster_status()).await {
+            Ok(Ok(s)) if s.metadata_leader != 0 => return Ok(()),
+            Ok(Ok(_)) => "it sees no metadata leader".to_string(),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "ClusterStatus timed out".to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(format!("not serving after {SERVE_WAIT:?}: {last}"));
+        }
+        tokio::time::sleep(SERVE_POLL).await;
+    }
 }
 
 /// Undoes `applied`: network faults removed, a paused node resumed, a killed node started.
@@ -322,6 +609,44 @@ mod tests {
         }
         let last = a.last().unwrap();
         assert!(last.at + last.length <= run);
+    }
+
+    #[test]
+    fn rolling_restart_gets_its_window_and_a_quiet_gap() {
+        let run = Duration::from_secs(90);
+        let alone = schedule(7, &[Kind::RollingRestart], run, 3, 4);
+        assert!(!alone.is_empty());
+        assert!(
+            alone.iter().all(|p| p.length == ROLLING_RESTART_WINDOW),
+            "{alone:?}"
+        );
+        for w in alone.windows(2) {
+            assert!(
+                w[0].at + w[0].length + MIN_GAP <= w[1].at,
+                "too close: {w:?}"
+            );
+        }
+        let both = schedule(7, &[Kind::RollingRestart, Kind::KillLeader], run, 3, 4);
+        assert!(
+            both.iter().any(|p| p.kind == Kind::RollingRestart),
+            "{both:?}"
+        );
+        for w in both.windows(2) {
+            assert!(
+                w[0].at + w[0].length + MIN_GAP <= w[1].at,
+                "too close: {w:?}"
+            );
+        }
+        for p in both.iter().filter(|p| p.kind != Kind::RollingRestart) {
+            assert!(p.length <= Duration::from_secs(12), "{p:?}");
+        }
+    }
+
+    #[test]
+    fn restart_order_visits_every_node_once() {
+        assert_eq!(restart_order(1, 3), vec![1, 2, 3]);
+        assert_eq!(restart_order(2, 3), vec![2, 3, 1]);
+        assert_eq!(restart_order(3, 3), vec![3, 1, 2]);
     }
 
     #[test]

@@ -33,6 +33,9 @@ pub struct FaultReport {
     /// The membership nemesis' steps (join, grow, ..., forget) with their durations.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<Step>,
+    /// A procedure's steps with their offsets (rolling-restart).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub procedure: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -103,6 +106,8 @@ pub struct Window {
     pub end_ms: u64,
     /// What a membership strike did, step by step (empty for other faults).
     pub steps: Vec<Step>,
+    /// A procedure's steps (rolling-restart), for the report.
+    pub procedure: Vec<String>,
 }
 
 pub fn fault_reports(h: &History, windows: &[Window], publish_end_ms: u64) -> Vec<FaultReport> {
@@ -126,6 +131,7 @@ pub fn fault_reports(h: &History, windows: &[Window], publish_end_ms: u64) -> Ve
                 longest_confirm_gap_ms: gap,
                 gap_queue: queue,
                 steps: w.steps.clone(),
+                procedure: w.procedure.clone(),
             }
         })
         .collect()
@@ -226,6 +232,9 @@ pub fn summary(r: &Report) -> String {
                 if step.ok { "" } else { "FAILED: " },
                 step.detail
             );
+        }
+        for line in &f.procedure {
+            let _ = writeln!(s, "      {line}");
         }
     }
     let _ = writeln!(

@@ -467,7 +467,8 @@ pub async fn quorum_critical(
                 .collect(),
         })
         .collect();
-    let metadata = !keeps_majority(&node.peers().ids(), target, &online);
+    let voters: Vec<NodeId> = meta_voters(node).into_iter().collect();
+    let metadata = !keeps_majority(&voters, target, &online);
     Ok((queues, metadata))
 }
 

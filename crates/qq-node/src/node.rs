@@ -28,7 +28,7 @@ use qq_core::meta::{MetaEffect, QueueMeta};
 use qq_raft::log_store::LogStore;
 use qq_raft::network::{GroupNetwork, PeerAddress, Peers};
 use qq_raft::store::Store;
-use qq_raft::{GroupId, META_GROUP};
+use qq_raft::{GroupId, META_GROUP, TypeConfig};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -52,6 +52,8 @@ const START_RETRY: Duration = Duration::from_secs(2);
 
 /// How long shutdown waits for the node's tasks to finish before it stops the groups anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How long a stopping node waits for the leaderships it handed over to leave it.
+const HANDOVER_WAIT: Duration = Duration::from_secs(2);
 
 pub struct Node {
     id: NodeId,
@@ -250,6 +252,7 @@ impl Node {
                 "tasks still running after the shutdown grace period"
             );
         }
+        self.hand_over_leaderships().await;
         for g in self.registry.queues() {
             let _ = g.raft.shutdown().await;
         }
@@ -258,6 +261,40 @@ impl Node {
             warn!("final fsync: {e}");
         }
         info!("node stopped");
+    }
+
+    /// Before the groups stop: hand the leadership of every group this node leads to the voter
+    /// that replicated most of its log, so clients wait for a leadership transfer (a few ms)
+    /// rather than an election timeout, as RabbitMQ's quorum queues do on a graceful stop.
+    /// Waits at most [`HANDOVER_WAIT`] for leadership to leave; what has not left by then is
+    /// taken over by election as after a crash.
+    async fn hand_over_leaderships(&self) {
+        let me = self.id;
+        let mut handed: Vec<watch::Receiver<bool>> = Vec::new();
+        if let Some(rx) = transfer_away(self.registry.meta_raft(), me).await {
+            handed.push(rx);
+        }
+        for g in self.registry.queues() {
+            if let Some(rx) = transfer_away(&g.raft, me).await {
+                handed.push(rx);
+            }
+        }
+        if handed.is_empty() {
+            return;
+        }
+        let n = handed.len();
+        let gone = tokio::time::timeout(HANDOVER_WAIT, async {
+            for mut rx in handed {
+                let _ = rx.wait_for(|still_leader| !*still_leader).await;
+            }
+        })
+        .await
+        .is_ok();
+        info!(
+            groups = n,
+            all_moved = gone,
+            "leaderships handed over before stopping"
+        );
     }
 
     /// Keep the running queue groups in line with the metadata until shutdown.
@@ -329,6 +366,28 @@ impl Node {
             MetaEffect::NodesChanged => self.sync_peers(),
         }
         true
+    }
+
+    /// The nodes new queues may be placed on: the metadata group's voters that are peers (a
+    /// node whose join was recorded but never completed is a peer and not a voter), sorted.
+    pub fn placement_nodes(&self) -> Vec<NodeId> {
+        let voters: Vec<NodeId> = self
+            .registry
+            .meta_raft()
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .filter(|id| self.peers.contains(*id))
+            .collect();
+        if voters.is_empty() {
+            return self.peers.ids();
+        }
+        let mut voters = voters;
+        voters.sort_unstable();
+        voters.dedup();
+        voters
     }
 
     /// Bring the peer set in line with the metadata: the founding nodes of this node's
@@ -533,6 +592,46 @@ async fn initialise_if_first(meta_raft: &MetaRaft, config: &Config) -> anyhow::R
     info!(?members, "initialising the cluster's metadata group");
     meta_raft.initialize(members).await?;
     Ok(())
+}
+
+/// If `raft` leads its group, ask the voter with the most replicated log to take over; a
+/// receiver that turns false once this node no longer leads.
+async fn transfer_away<SM>(raft: &Raft<TypeConfig, SM>, me: NodeId) -> Option<watch::Receiver<bool>>
+where
+    SM: openraft::storage::RaftStateMachine<TypeConfig>,
+{
+    let m = raft.metrics().borrow_watched().clone();
+    if m.state != openraft::ServerState::Leader {
+        return None;
+    }
+    let voters: Vec<NodeId> = m.membership_config.membership().voter_ids().collect();
+    let matched = |id: &NodeId| {
+        m.replication
+            .as_ref()
+            .and_then(|r| r.get(id).cloned().flatten())
+            .map(|l| l.index)
+    };
+    let to = voters
+        .iter()
+        .copied()
+        .filter(|v| *v != me)
+        .max_by_key(|v| (matched(v), std::cmp::Reverse(*v)))?;
+    raft.trigger().transfer_leader(to).await.ok()?;
+    let (tx, rx) = watch::channel(true);
+    let mut metrics = raft.metrics();
+    tokio::spawn(async move {
+        loop {
+            if metrics.borrow_watched().state != openraft::ServerState::Leader {
+                let _ = tx.send(false);
+                return;
+            }
+            if metrics.changed().await.is_err() {
+                let _ = tx.send(false);
+                return;
+            }
+        }
+    });
+    Some(rx)
 }
 
 async fn sleep_until(at: Option<tokio::time::Instant>) {

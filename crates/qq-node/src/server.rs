@@ -202,7 +202,7 @@ fn spawn_boot_import(
                 _ = stop.cancelled() => return,
             }
             let state = node.view().current();
-            let nodes = node.peers().ids();
+            let nodes = node.placement_nodes();
             match definitions::import(node.proposer(), &state, &doc, &nodes, None).await {
                 Ok(_) => {
                     info!(file = %path.display(), "definitions_file imported");

@@ -94,7 +94,7 @@ pub async fn declare_queue(
             name: r.name.clone(),
             arguments,
             passive: false,
-            nodes: api.node.peers().ids(),
+            nodes: api.node.placement_nodes(),
             owner: Some(caller.user.clone()),
             origin: Some(api.node.id()),
         };

@@ -35,7 +35,7 @@ pub async fn import(
     }
     let doc = Document::parse(text.as_bytes())?;
     let state = api.node.view().current();
-    let nodes = api.node.peers().ids();
+    let nodes = api.node.placement_nodes();
     let summary = run(
         api.node.proposer(),
         &state,
