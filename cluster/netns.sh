@@ -18,6 +18,8 @@
 #
 # Environment: QQ_NETNS_NODES (3), QQ_NETNS_PREFIX (qqc), QQ_NETNS_SUBNET (10.77.0),
 # QQ_NODE_BIN / QQCTL_BIN (else $CARGO_TARGET_DIR/debug/..., default ~/.cache/quorumq/target).
+# The chaos runner uses up/heal/down only, with its own prefix (qqx) and QQ_NETNS_NODES=4: the
+# fourth namespace hosts the spare nodes its membership nemesis joins and forgets.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -186,7 +188,7 @@ up | start | stop | heal | down | status)
     "$cmd"
     ;;
 *)
-    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -1,7 +1,12 @@
-//! The three hosts: network namespaces made by `cluster/netns.sh`, one `qq-node` process in
-//! each, and the faults the nemesis puts between them (iptables rules inside the namespaces,
+//! The hosts: network namespaces made by `cluster/netns.sh`, one `qq-node` process in each,
+//! and the faults the nemesis puts between them (iptables rules inside the namespaces,
 //! signals to the processes, `tc netem` qdiscs, graceful stops). Clients run on the host side
 //! of the bridge and always reach every node; faults only ever cut node-to-node traffic.
+//!
+//! The founding nodes 1..=n run on hosts 1..=n (host number = node id). One more host,
+//! [`SPARE_HOST`], is kept for the membership nemesis: it starts a *spare* node there that
+//! joins the running cluster and is forgotten again. A forgotten id never joins again, so each
+//! spare gets a new id (n+1, n+2, ...) on the same host, with its data directory wiped.
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -10,14 +15,45 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-/// Namespaces `qqx1..3` on 10.78.0.1..3 (the runner's own, so a cluster started by hand with
-/// `cluster/netns.sh start` on qqc/10.77.0 is left alone).
+/// Namespaces `qqx1..4` on 10.78.0.1..4 (the runner's own, so a cluster started by hand with
+/// `cluster/netns.sh start` on qqc/10.77.0 is left alone). Two runs at once on one machine
+/// need their own: `QQ_CHAOS_NETNS_PREFIX` and `QQ_CHAOS_SUBNET` (e.g. `qqy`, `10.79.0`).
 pub const PREFIX: &str = "qqx";
 pub const SUBNET: &str = "10.78.0";
+
+fn from_env(var: &str, default: &'static str) -> &'static str {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Box::leak(v.into_boxed_str()),
+        _ => default,
+    }
+}
+
+/// The namespace prefix of this run ([`PREFIX`] unless `QQ_CHAOS_NETNS_PREFIX` says).
+pub fn prefix() -> &'static str {
+    static P: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    P.get_or_init(|| from_env("QQ_CHAOS_NETNS_PREFIX", PREFIX))
+}
+
+/// The /24 of this run ([`SUBNET`] unless `QQ_CHAOS_SUBNET` says).
+pub fn subnet() -> &'static str {
+    static S: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    S.get_or_init(|| from_env("QQ_CHAOS_SUBNET", SUBNET))
+}
 pub const PORT: u16 = 7101;
 /// Node-to-node (mutual TLS) port. The iptables faults drop by source address, so they cut
 /// both ports alike.
 pub const CLUSTER_PORT: u16 = 7201;
+/// The host (namespace `qqx4`, 10.78.0.4) of the membership nemesis' spare nodes. Created with
+/// the founders' hosts in every run; idle unless the membership nemesis strikes.
+pub const SPARE_HOST: u64 = 4;
+/// How long a spare node may take to stop after SIGTERM before it is killed.
+const SPARE_STOP_LIMIT: Duration = Duration::from_secs(30);
+
+/// The spare node currently configured on [`SPARE_HOST`] (running or stopped).
+struct Spare {
+    id: u64,
+    proc: Option<Child>,
+}
 
 pub struct Hosts {
     script: PathBuf,
@@ -28,6 +64,9 @@ pub struct Hosts {
     paused: Vec<bool>,
     /// Each node's data directory is a tmpfs of this many MiB (for the disk-full fault).
     small_disks: Option<u64>,
+    spare: Option<Spare>,
+    /// The id the next spare node gets (ids are never reused).
+    next_spare_id: u64,
 }
 
 /// How often [`Hosts::stop_graceful`] looks whether the node has exited.
@@ -46,16 +85,27 @@ pub struct Stopped {
 /// Exit code of a node stopped by a storage fault (`qq_raft::store::STORAGE_FAULT_EXIT_CODE`).
 pub const STORAGE_FAULT_EXIT_CODE: i32 = 74;
 
-pub fn address(id: u64) -> String {
-    format!("{SUBNET}.{id}:{PORT}")
+/// The client address on `host` (for a founding node: its id).
+pub fn address(host: u64) -> String {
+    format!("{}.{host}:{PORT}", subnet())
 }
 
-pub fn cluster_address(id: u64) -> String {
-    format!("{SUBNET}.{id}:{CLUSTER_PORT}")
+/// The node-to-node address on `host`.
+pub fn cluster_address(host: u64) -> String {
+    format!("{}.{host}:{CLUSTER_PORT}", subnet())
 }
 
-fn ns(id: u64) -> String {
-    format!("{PREFIX}{id}")
+fn ns(host: u64) -> String {
+    format!("{}{host}", prefix())
+}
+
+/// A `peers` entry of a node config: node `id` on `host`.
+fn peer_toml(id: u64, host: u64) -> String {
+    format!(
+        "{{ id = {id}, address = \"{}\", cluster_address = \"{}\" }}",
+        address(host),
+        cluster_address(host)
+    )
 }
 
 fn run(cmd: &mut Command) -> anyhow::Result<String> {
@@ -72,8 +122,13 @@ fn run(cmd: &mut Command) -> anyhow::Result<String> {
 }
 
 impl Hosts {
-    /// Creates the namespaces (afresh) and writes one config per node into `dir`.
+    /// Creates the namespaces (afresh: the founders' hosts and the spare host) and writes one
+    /// config per founding node into `dir`.
     pub fn create(script: &Path, node_bin: &Path, dir: &Path, n: usize) -> anyhow::Result<Hosts> {
+        anyhow::ensure!(
+            n as u64 + 1 == SPARE_HOST,
+            "{n} founding nodes: the spare host is {SPARE_HOST}"
+        );
         let hosts = Hosts {
             script: script.to_path_buf(),
             node_bin: node_bin.to_path_buf(),
@@ -82,64 +137,64 @@ impl Hosts {
             procs: (0..n).map(|_| None).collect(),
             paused: vec![false; n],
             small_disks: None,
+            spare: None,
+            next_spare_id: n as u64 + 1,
         };
         hosts.netns("down")?;
         hosts.netns("up")?;
         std::fs::create_dir_all(dir)?;
-        let peers: Vec<String> = hosts
-            .ids
-            .iter()
-            .map(|id| {
-                format!(
-                    "{{ id = {id}, address = \"{}\", cluster_address = \"{}\" }}",
-                    address(*id),
-                    cluster_address(*id)
-                )
-            })
-            .collect();
+        let peers: Vec<String> = hosts.ids.iter().map(|id| peer_toml(*id, *id)).collect();
         for id in &hosts.ids {
-            // Mutual TLS between the nodes, as in production: `qq-node certs` makes the CA once
-            // (in dir/ca) and a certificate per node.
-            let tls = dir.join(format!("tls{id}"));
-            run(Command::new(node_bin)
-                .arg("certs")
-                .arg("--ca-dir")
-                .arg(dir.join("ca"))
-                .arg("--out")
-                .arg(&tls)
-                .args(["--name", &format!("node{id}"), "--host"])
-                .arg(format!("{SUBNET}.{id}")))?;
-            // Debug builds on two cores: the test nodes' timings (fast failover, still loose).
-            // The workload connects as guest from the host, which is remote to the nodes'
-            // namespaces: lift `loopback_users` on this private, throw-away network.
-            let config = format!(
-                "cluster_addr = \"{}\"\ncluster_ca = \"{}\"\ncluster_cert = \"{}\"\n\
-                 cluster_key = \"{}\"\n\
-                 node_id = {id}\nlisten = \"{}\"\npeers = [{}]\ndata_dir = \"{}\"\n\
-                 heartbeat_ms = 200\nelection_timeout_min_ms = 800\nelection_timeout_max_ms = 1600\n\
-                 dead_letter_retry_ms = 1000\nloopback_users = []\n",
-                cluster_address(*id),
-                tls.join("ca.pem").display(),
-                tls.join("node.pem").display(),
-                tls.join("node.key").display(),
-                address(*id),
-                peers.join(", "),
-                dir.join(format!("node{id}")).display()
-            );
-            std::fs::write(dir.join(format!("node{id}.toml")), config)?;
+            hosts.write_config(*id, *id, &peers)?;
         }
         Ok(hosts)
+    }
+
+    /// Certificate and config of node `id` on `host`, listing `peers`.
+    fn write_config(&self, id: u64, host: u64, peers: &[String]) -> anyhow::Result<()> {
+        let dir = &self.dir;
+        // Mutual TLS between the nodes, as in production: `qq-node certs` makes the CA once
+        // (in dir/ca) and a certificate per node.
+        let tls = dir.join(format!("tls{id}"));
+        run(Command::new(&self.node_bin)
+            .arg("certs")
+            .arg("--ca-dir")
+            .arg(dir.join("ca"))
+            .arg("--out")
+            .arg(&tls)
+            .args(["--name", &format!("node{id}"), "--host"])
+            .arg(format!("{}.{host}", subnet())))?;
+        // Debug builds on two cores: the test nodes' timings (fast failover, still loose).
+        // The workload connects as guest from the host, which is remote to the nodes'
+        // namespaces: lift `loopback_users` on this private, throw-away network.
+        let config = format!(
+            "cluster_addr = \"{}\"\ncluster_ca = \"{}\"\ncluster_cert = \"{}\"\n\
+             cluster_key = \"{}\"\n\
+             node_id = {id}\nlisten = \"{}\"\npeers = [{}]\ndata_dir = \"{}\"\n\
+             heartbeat_ms = 200\nelection_timeout_min_ms = 800\nelection_timeout_max_ms = 1600\n\
+             dead_letter_retry_ms = 1000\nloopback_users = []\n",
+            cluster_address(host),
+            tls.join("ca.pem").display(),
+            tls.join("node.pem").display(),
+            tls.join("node.key").display(),
+            address(host),
+            peers.join(", "),
+            self.data_dir(id).display()
+        );
+        std::fs::write(dir.join(format!("node{id}.toml")), config)?;
+        Ok(())
     }
 
     fn netns(&self, cmd: &str) -> anyhow::Result<String> {
         run(Command::new("bash")
             .arg(&self.script)
             .arg(cmd)
-            .env("QQ_NETNS_PREFIX", PREFIX)
-            .env("QQ_NETNS_SUBNET", SUBNET)
-            .env("QQ_NETNS_NODES", self.ids.len().to_string()))
+            .env("QQ_NETNS_PREFIX", prefix())
+            .env("QQ_NETNS_SUBNET", subnet())
+            .env("QQ_NETNS_NODES", SPARE_HOST.to_string()))
     }
 
+    /// The founding nodes (the faults other than membership pick among them).
     pub fn ids(&self) -> &[u64] {
         &self.ids
     }
@@ -148,13 +203,43 @@ impl Hosts {
         (id - 1) as usize
     }
 
-    pub fn is_running(&self, id: u64) -> bool {
-        self.procs[self.slot(id)].is_some()
+    fn is_founder(&self, id: u64) -> bool {
+        self.ids.contains(&id)
     }
 
+    /// The process slot of node `id`: a founder's, or the spare's if `id` is the spare.
+    fn proc_mut(&mut self, id: u64) -> Option<&mut Option<Child>> {
+        if self.is_founder(id) {
+            let slot = self.slot(id);
+            return Some(&mut self.procs[slot]);
+        }
+        self.spare
+            .as_mut()
+            .filter(|s| s.id == id)
+            .map(|s| &mut s.proc)
+    }
+
+    pub fn is_running(&self, id: u64) -> bool {
+        if self.is_founder(id) {
+            return self.procs[self.slot(id)].is_some();
+        }
+        self.spare
+            .as_ref()
+            .is_some_and(|s| s.id == id && s.proc.is_some())
+    }
+
+    /// Starts node `id` (a founder, or the current spare) if it is not running.
     pub fn start(&mut self, id: u64) -> anyhow::Result<()> {
-        let slot = self.slot(id);
-        if self.procs[slot].is_some() {
+        let host = if self.is_founder(id) {
+            id
+        } else {
+            anyhow::ensure!(
+                self.spare.as_ref().is_some_and(|s| s.id == id),
+                "start: node {id} is neither a founder nor the current spare"
+            );
+            SPARE_HOST
+        };
+        if self.is_running(id) {
             return Ok(());
         }
         let log = OpenOptions::new()
@@ -163,7 +248,7 @@ impl Hosts {
             .open(self.dir.join(format!("node{id}.log")))?;
         // `ip netns exec` execs the node, so the child's pid is the node's pid.
         let child = Command::new("ip")
-            .args(["netns", "exec", &ns(id)])
+            .args(["netns", "exec", &ns(host)])
             .arg(&self.node_bin)
             .arg("--config")
             .arg(self.dir.join(format!("node{id}.toml")))
@@ -176,13 +261,86 @@ impl Hosts {
             .stderr(log)
             .spawn()
             .context("spawn qq-node")?;
-        self.procs[slot] = Some(child);
-        self.paused[slot] = false;
+        *self.proc_mut(id).expect("founder or spare, checked above") = Some(child);
+        if self.is_founder(id) {
+            let slot = self.slot(id);
+            self.paused[slot] = false;
+        }
         Ok(())
     }
 
+    /// A founder's data directory, or the spare host's (one for every spare: wiped before
+    /// each spare starts).
     fn data_dir(&self, id: u64) -> PathBuf {
+        if id > self.ids.len() as u64 {
+            return self.dir.join("spare");
+        }
         self.dir.join(format!("node{id}"))
+    }
+
+    /// Starts a new spare node on [`SPARE_HOST`] with the next unused id: its certificate from
+    /// the run's CA, a config listing the founders and itself, an empty data directory. It
+    /// serves nothing until it has joined. Returns its id.
+    pub fn start_spare(&mut self) -> anyhow::Result<u64> {
+        if let Some(old) = &self.spare {
+            anyhow::ensure!(
+                old.proc.is_none(),
+                "start_spare: spare node {} still runs",
+                old.id
+            );
+        }
+        let id = self.next_spare_id;
+        self.next_spare_id += 1;
+        let data = self.data_dir(id);
+        if data.exists() {
+            std::fs::remove_dir_all(&data).with_context(|| format!("wipe {}", data.display()))?;
+        }
+        let mut peers: Vec<String> = self.ids.iter().map(|f| peer_toml(*f, *f)).collect();
+        peers.push(peer_toml(id, SPARE_HOST));
+        self.write_config(id, SPARE_HOST, &peers)?;
+        self.spare = Some(Spare { id, proc: None });
+        self.start(id)?;
+        Ok(id)
+    }
+
+    /// The spare node's id, if one was started and is still running.
+    pub fn running_spare(&self) -> Option<u64> {
+        self.spare
+            .as_ref()
+            .filter(|s| s.proc.is_some())
+            .map(|s| s.id)
+    }
+
+    /// Every spare id handed out so far (their logs are `node<id>.log`).
+    pub fn spare_ids(&self) -> Vec<u64> {
+        (self.ids.len() as u64 + 1..self.next_spare_id).collect()
+    }
+
+    /// Stops the spare node `id` as an operator would: SIGTERM, then waits for it to exit
+    /// (kill -9 after [`SPARE_STOP_LIMIT`]). Returns how it ended, in words; an error if it had
+    /// to be killed.
+    pub async fn stop_spare(&mut self, id: u64) -> anyhow::Result<String> {
+        let Some(mut child) = self.proc_mut(id).and_then(|p| p.take()) else {
+            return Ok(format!("node {id} was not running"));
+        };
+        run(Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string()))?;
+        let deadline = tokio::time::Instant::now() + SPARE_STOP_LIMIT;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(format!("exited ({status})"));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!(
+                    "node {id} did not stop within {}s of SIGTERM: killed",
+                    SPARE_STOP_LIMIT.as_secs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Deletes node `id`'s data (the node must be stopped).
@@ -256,12 +414,14 @@ impl Hosts {
     }
 
     pub fn kill9(&mut self, id: u64) {
-        let slot = self.slot(id);
-        if let Some(mut child) = self.procs[slot].take() {
+        if let Some(mut child) = self.proc_mut(id).and_then(|p| p.take()) {
             let _ = child.kill();
             let _ = child.wait();
         }
-        self.paused[slot] = false;
+        if self.is_founder(id) {
+            let slot = self.slot(id);
+            self.paused[slot] = false;
+        }
     }
 
     /// Stops node `id` as an operator does: SIGTERM (the node drains and exits 0), then waits
@@ -343,6 +503,13 @@ impl Hosts {
                 return Some((slot as u64 + 1, status));
             }
         }
+        if let Some(spare) = &mut self.spare
+            && let Some(child) = &mut spare.proc
+            && let Ok(Some(status)) = child.try_wait()
+        {
+            spare.proc = None;
+            return Some((spare.id, status));
+        }
         None
     }
 
@@ -356,7 +523,7 @@ impl Hosts {
             "-A",
             "INPUT",
             "-s",
-            &format!("{SUBNET}.{from}"),
+            &format!("{}.{from}", subnet()),
             "-j",
             "DROP",
         ]))?;
@@ -425,6 +592,9 @@ impl Hosts {
 
     /// Kills every node and removes the namespaces.
     pub fn destroy(&mut self) {
+        if let Some(id) = self.running_spare() {
+            self.kill9(id);
+        }
         for id in self.ids.clone() {
             if self.paused[self.slot(id)] {
                 let _ = self.resume(id);

@@ -2,9 +2,10 @@
 //!
 //! Starts a three-node cluster in network namespaces (`cluster/netns.sh`), runs a workload of
 //! publishers and consumers on every node through the public gRPC API, lets a seeded nemesis
-//! cut, kill, pause and restart nodes, then heals everything, drains every queue and checks the
-//! history: nothing confirmed lost, nothing unexpected, dead letters where and as the spec says,
-//! nothing held, every replica in the same state. Writes `report.json`, `history.json` and
+//! cut, kill, pause and restart nodes or change the cluster's membership, then heals
+//! everything, drains every queue and checks the history: nothing confirmed lost, nothing
+//! unexpected, dead letters where and as the spec says, nothing held, every replica in the same
+//! state. Writes `report.json`, `history.json` and
 //! `timeline.png` into the output directory and exits non-zero when a check fails.
 //!
 //! ```text
@@ -14,6 +15,7 @@
 
 mod checker;
 mod hosts;
+mod membership;
 mod nemesis;
 mod report;
 mod workload;
@@ -50,8 +52,8 @@ struct Args {
     #[arg(long, default_value_t = 120)]
     duration: u64,
     /// Comma-separated faults: partition-halves, isolate-leader, majorities-ring, bridge,
-    /// kill-leader, kill-random, pause, netem, wipe-rejoin, disk-full, rolling-restart; or
-    /// `all`.
+    /// kill-leader, kill-random, pause, netem, wipe-rejoin, disk-full, rolling-restart,
+    /// membership; or `all`.
     #[arg(long, default_value = "all")]
     nemesis: String,
     /// A named scenario (sets seed, duration and nemesis): see `--list-scenarios`.
@@ -278,7 +280,7 @@ async fn run_one(setup: &Setup, kinds: &[Kind], out: &std::path::Path) -> anyhow
         signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}")),
     };
     if result.as_ref().map_or(true, |r| !r.verdict.ok()) {
-        for id in hosts.ids().to_vec() {
+        for id in hosts.ids().iter().copied().chain(hosts.spare_ids()) {
             eprintln!("===== node {id} log tail\n{}", hosts.log_tail(id, 30));
         }
     }
@@ -355,6 +357,13 @@ async fn chaos(
     let mut next_progress = Duration::from_secs(5);
     let mut step = plan.iter().peekable();
     let mut active: Option<(nemesis::Applied, Duration, u64)> = None;
+    // The membership nemesis' strike under way (its spare joins and grows meanwhile).
+    let mut strike: Option<membership::Strike> = None;
+    let mut membership_steps: Vec<membership::Step> = Vec::new();
+    // A membership strike lasts as long as its steps take, often past its planned window: the
+    // rest of the schedule is then shifted by that overrun, so that the quiet gaps after it
+    // keep their planned lengths (other faults heal on time and shift nothing).
+    let mut behind = Duration::ZERO;
     // No fault starts before this: MIN_GAP after the last one healed (a rolling restart can
     // outlast the window the schedule gave it; the faults after it are delayed, never
     // overlapped).
@@ -394,26 +403,36 @@ async fn chaos(
                 let fault = format!("{} {}", applied.kind, applied.target);
                 term_checks.push(term_inflation(&clients, alone, &fault).await);
             }
+            let steps = match strike.take() {
+                Some(s) => s.finish(hosts, &clients, &rec).await,
+                None => Vec::new(),
+            };
             nemesis::heal(hosts, applied)?;
             println!(
                 "[{:>5.1}s] healed {} {}",
-                now.as_secs_f64(),
+                rec.elapsed().as_secs_f64(),
                 applied.kind,
                 applied.target
             );
+            if !steps.is_empty() {
+                behind += rec.elapsed().saturating_sub(*until);
+            }
+            membership_steps.extend(steps.iter().cloned());
             windows.push(Window {
                 kind: applied.kind,
                 target: applied.target.clone(),
                 start_ms: *start_ms,
                 end_ms: rec.now_ms(),
-                steps: applied.steps.clone(),
+                steps,
+                procedure: applied.procedure.clone(),
             });
             active = None;
             quiet_until = rec.elapsed() + nemesis::MIN_GAP;
         }
+        let now = rec.elapsed();
         if active.is_none()
             && now >= quiet_until
-            && let Some(fault) = step.next_if(|f| now >= f.at)
+            && let Some(fault) = step.next_if(|f| now >= f.at + behind)
         {
             let queue = workload::QUEUES[fault.queue_pick];
             let leader = current_leader(&clients, queue).await;
@@ -442,6 +461,15 @@ async fn chaos(
                 );
                 now + fault.length
             };
+            if let Some(id) = applied.spare {
+                strike = Some(membership::Strike::begin(
+                    clients.clone(),
+                    rec.clone(),
+                    id,
+                    applied.shrink_first,
+                    start_ms,
+                ));
+            }
             active = Some((applied, until, start_ms));
         }
         if now >= next_progress {
@@ -456,13 +484,19 @@ async fn chaos(
         sleep(Duration::from_millis(100)).await;
     }
     if let Some((applied, _, start_ms)) = active.take() {
+        let steps = match strike.take() {
+            Some(s) => s.finish(hosts, &clients, &rec).await,
+            None => Vec::new(),
+        };
         nemesis::heal(hosts, &applied)?;
+        membership_steps.extend(steps.iter().cloned());
         windows.push(Window {
             kind: applied.kind,
             target: applied.target.clone(),
             start_ms,
             end_ms: rec.now_ms(),
-            steps: applied.steps.clone(),
+            steps,
+            procedure: applied.procedure.clone(),
         });
     }
 
@@ -529,7 +563,30 @@ async fn chaos(
         "[{:>5.1}s] drained; checking replicas",
         rec.elapsed().as_secs_f64()
     );
-    checks.push(replica_agreement(&clients, Duration::from_secs(30)).await);
+    // The replicas of every node that is a member at the end: the founders, and a spare only
+    // if one still runs (a strike that could not retire it).
+    let mut members_at_end: Vec<Client> = clients.to_vec();
+    if let Some(id) = hosts.running_spare() {
+        println!("note: spare node {id} still runs; its replicas are compared too");
+        members_at_end.push(Client::connect_lazy(&hosts::address(hosts::SPARE_HOST))?);
+    }
+    checks.push(replica_agreement(&members_at_end, Duration::from_secs(30)).await);
+    if kinds.contains(&Kind::Membership) {
+        let failed: Vec<String> = membership_steps
+            .iter()
+            .filter(|s| !s.ok)
+            .map(|s| format!("{} node {}: {}", s.step, s.node, s.detail))
+            .collect();
+        let strikes = membership_steps
+            .iter()
+            .filter(|s| s.step == "start")
+            .count();
+        checks.push(Check::all_clear(
+            "membership changes carried out (join, grow, caught up, shrink, stop, forget)",
+            failed,
+            format!("{strikes} spare nodes joined, grew onto every queue and were forgotten"),
+        ));
+    }
     let checked = term_checks.iter().flatten().count();
     let inflated: Vec<String> = term_checks.into_iter().flatten().flatten().collect();
     checks.push(Check::all_clear(

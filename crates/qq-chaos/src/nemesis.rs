@@ -10,7 +10,9 @@
 //! window ends ([`heal`]). The rolling restart is a procedure instead ([`rolling_restart`]): it
 //! stops and starts the nodes one after the other, each stop guarded by the cluster's
 //! QuorumCritical answer, and its window is as long as the procedure takes. The runner awaits
-//! it (the workload runs on meanwhile) and starts no other fault until it is over.
+//! it (the workload runs on meanwhile) and starts no other fault until it is over. The
+//! membership nemesis only starts its spare node here; the runner joins, grows and retires it
+//! (`crate::membership`), and its window lasts until the spare is forgotten.
 
 use std::fmt;
 use std::str::FromStr;
@@ -56,9 +58,14 @@ pub enum Kind {
     /// skipped), and the next one only once the restarted node serves again. The window lasts
     /// as long as the whole restart.
     RollingRestart,
+    /// An operator's membership change: a spare node (a new id each time, on a fourth host,
+    /// empty) is started, joins the cluster and is grown onto every queue; when the window
+    /// ends it is shrunk off again (or not: forget deletes its replicas), stopped and
+    /// forgotten (see `crate::membership`).
+    Membership,
 }
 
-pub const ALL: [Kind; 11] = [
+pub const ALL: [Kind; 12] = [
     Kind::PartitionHalves,
     Kind::IsolateLeader,
     Kind::MajoritiesRing,
@@ -70,6 +77,7 @@ pub const ALL: [Kind; 11] = [
     Kind::WipeRejoin,
     Kind::DiskFull,
     Kind::RollingRestart,
+    Kind::Membership,
 ];
 
 impl Kind {
@@ -86,6 +94,7 @@ impl Kind {
             Kind::WipeRejoin => "wipe-rejoin",
             Kind::DiskFull => "disk-full",
             Kind::RollingRestart => "rolling-restart",
+            Kind::Membership => "membership",
         }
     }
 }
@@ -205,15 +214,20 @@ pub struct Applied {
     /// The node whose disk is full (it may stop with a storage fault meanwhile).
     pub disk_full: Option<u64>,
     /// What a procedure did, step by step with its offsets ("12.3 s node 2: ..."), for the
-    /// report (rolling-restart).
+    /// report (rolling-restart; the membership nemesis' steps are `membership::Step`s, kept by
+    /// the runner).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub steps: Vec<String>,
+    pub procedure: Vec<String>,
     /// What went wrong in a procedure that the run must fail on (a node that did not exit 0
     /// on SIGTERM in time, or did not serve again after its restart).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub findings: Vec<String>,
     /// Nodes a procedure stopped with SIGTERM (rolling-restart).
     pub graceful_stops: usize,
+    /// The spare node started by the membership nemesis, and whether it is shrunk off its
+    /// queues before it is stopped (else forget deletes its replicas).
+    pub spare: Option<u64>,
+    pub shrink_first: bool,
 }
 
 impl Applied {
@@ -225,9 +239,11 @@ impl Applied {
             paused: None,
             alone: None,
             disk_full: None,
-            steps: Vec::new(),
+            procedure: Vec::new(),
             findings: Vec::new(),
             graceful_stops: 0,
+            spare: None,
+            shrink_first: false,
         }
     }
 }
@@ -327,6 +343,14 @@ fn apply(hosts: &mut Hosts, fault: &Planned, leader: Option<u64>) -> anyhow::Res
             hosts.netem(pick, 50, 10)?;
             applied.target = format!("node {pick}");
         }
+        Kind::Membership => {
+            // Only started here: joining, growing and retiring it are RPCs, which the runner
+            // carries out (`crate::membership`); the seed decides how it leaves.
+            let id = hosts.start_spare()?;
+            applied.spare = Some(id);
+            applied.shrink_first = pick % 2 == 1;
+            applied.target = format!("node {id}");
+        }
         Kind::RollingRestart => {
             anyhow::bail!("rolling-restart is a procedure: struck by rolling_restart, not apply")
         }
@@ -374,7 +398,7 @@ pub async fn rolling_restart(
             "[{:>5.1}s] rolling-restart: {text}",
             rec.elapsed().as_secs_f64()
         );
-        applied.steps.push(line);
+        applied.procedure.push(line);
     };
     let mut restarted = Vec::new();
     let mut skipped = Vec::new();
@@ -549,6 +573,7 @@ async fn wait_serving(hosts: &mut Hosts, client: &Client, id: u64) -> Result<(),
 }
 
 /// Undoes `applied`: network faults removed, a paused node resumed, a killed node started.
+/// (A spare node of the membership nemesis is retired by the runner before this.)
 pub fn heal(hosts: &mut Hosts, applied: &Applied) -> anyhow::Result<()> {
     hosts.heal_network()?;
     if let Some(id) = applied.paused {

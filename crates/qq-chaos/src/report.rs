@@ -12,6 +12,7 @@ use plotters::style::full_palette::GREEN_700;
 use serde::Serialize;
 
 use crate::checker::Verdict;
+use crate::membership::Step;
 use crate::nemesis::Kind;
 use crate::workload::{Action, History, SOURCES};
 
@@ -29,9 +30,12 @@ pub struct FaultReport {
     /// for leader faults).
     pub longest_confirm_gap_ms: u64,
     pub gap_queue: String,
+    /// The membership nemesis' steps (join, grow, ..., forget) with their durations.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<Step>,
     /// A procedure's steps with their offsets (rolling-restart).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub steps: Vec<String>,
+    pub procedure: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -100,8 +104,10 @@ pub struct Window {
     pub target: String,
     pub start_ms: u64,
     pub end_ms: u64,
+    /// What a membership strike did, step by step (empty for other faults).
+    pub steps: Vec<Step>,
     /// A procedure's steps (rolling-restart), for the report.
-    pub steps: Vec<String>,
+    pub procedure: Vec<String>,
 }
 
 pub fn fault_reports(h: &History, windows: &[Window], publish_end_ms: u64) -> Vec<FaultReport> {
@@ -125,6 +131,7 @@ pub fn fault_reports(h: &History, windows: &[Window], publish_end_ms: u64) -> Ve
                 longest_confirm_gap_ms: gap,
                 gap_queue: queue,
                 steps: w.steps.clone(),
+                procedure: w.procedure.clone(),
             }
         })
         .collect()
@@ -215,7 +222,19 @@ pub fn summary(r: &Report) -> String {
             f.gap_queue
         );
         for step in &f.steps {
-            let _ = writeln!(s, "      {step}");
+            let _ = writeln!(
+                s,
+                "      {:>6.1}s {:<9} node {:<2} {:>6} ms  {}{}",
+                step.start_ms as f64 / 1000.0,
+                step.step,
+                step.node,
+                step.duration_ms,
+                if step.ok { "" } else { "FAILED: " },
+                step.detail
+            );
+        }
+        for line in &f.procedure {
+            let _ = writeln!(s, "      {line}");
         }
     }
     let _ = writeln!(
@@ -451,6 +470,24 @@ fn shade(chart: &mut Chart<'_, '_>, windows: &[Window], y_max: f64) -> anyhow::R
             (s, y_max * 0.97),
             ("sans-serif", 13).into_font().color(&BLACK),
         )])?;
+        // A membership strike's steps: a line where each began, named, staggered downwards.
+        for (i, step) in w.steps.iter().enumerate() {
+            let x = step.start_ms as f64 / 1000.0;
+            let color = if step.ok {
+                BLACK.mix(0.35)
+            } else {
+                RED.mix(0.9)
+            };
+            chart.draw_series([PathElement::new(
+                [(x, 0.0), (x, y_max * 0.92)],
+                color.stroke_width(1),
+            )])?;
+            chart.draw_series([Text::new(
+                format!("{} {:.1}s", step.step, step.duration_ms as f64 / 1000.0),
+                (x, y_max * (0.92 - 0.05 * (i % 8) as f64)),
+                ("sans-serif", 11).into_font().color(&color),
+            )])?;
+        }
     }
     Ok(())
 }
