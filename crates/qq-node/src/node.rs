@@ -107,7 +107,8 @@ impl Node {
         let id = config.node_id;
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
-        let registry = Arc::new(Registry::new(id, meta_raft, meta.clone()));
+        let read_lease = Duration::from_millis(config.election_timeout_min_ms);
+        let registry = Arc::new(Registry::new(id, read_lease, meta_raft, meta.clone()));
         let view = MetaView::new(meta);
         let proposer = Proposer::new(
             id,

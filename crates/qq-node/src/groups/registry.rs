@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use openraft::async_runtime::WatchReceiver;
 use openraft::{Raft, ServerState};
@@ -70,15 +71,25 @@ pub struct BrowseData {
 
 pub struct Registry {
     id: NodeId,
+    /// How recently a quorum must have acknowledged this node's leadership for it to answer a
+    /// leader-only read (the election timeout's minimum: no follower elects another leader
+    /// sooner after hearing from this one).
+    read_lease: Duration,
     meta_raft: MetaRaft,
     meta: Arc<MetaMachine>,
     queues: RwLock<HashMap<GroupId, QueueGroup>>,
 }
 
 impl Registry {
-    pub fn new(id: NodeId, meta_raft: MetaRaft, meta: Arc<MetaMachine>) -> Registry {
+    pub fn new(
+        id: NodeId,
+        read_lease: Duration,
+        meta_raft: MetaRaft,
+        meta: Arc<MetaMachine>,
+    ) -> Registry {
         Registry {
             id,
+            read_lease,
             meta_raft,
             meta,
             queues: RwLock::new(HashMap::new()),
@@ -139,6 +150,26 @@ impl Registry {
             .unwrap_or(false)
     }
 
+    /// Whether this node may answer a leader-only read of a group with these metrics: it leads,
+    /// and a quorum acknowledged its leadership within the read lease (or it is the group's
+    /// only voter). A node restarted after a crash can believe itself the leader of its old
+    /// term until a heartbeat of the new leader reaches it; without the lease it answered
+    /// GetQueue from its pre-crash state (found by the failover test).
+    fn leads_now(&self, m: &openraft::RaftMetrics<TypeConfig>) -> bool {
+        if m.state != ServerState::Leader || m.current_leader != Some(self.id) {
+            return false;
+        }
+        let alone = m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .all(|v| v == self.id);
+        alone
+            || m.last_quorum_acked
+                .as_ref()
+                .is_some_and(|t| openraft::Instant::elapsed(&**t) < self.read_lease)
+    }
+
     /// The info as this node sees it, if it runs the group. `require_leader`: only answer as
     /// leader. `with_digest`: also hash the whole state (linear in the queue's size, under the
     /// state's lock: a 100 000-message queue polled by a move task spent a third of its
@@ -151,7 +182,7 @@ impl Registry {
     ) -> Option<QueueInfoData> {
         let g = self.queue(group)?;
         let m = g.raft.metrics().borrow_watched().clone();
-        if require_leader && m.current_leader != Some(self.id) {
+        if require_leader && !self.leads_now(&m) {
             return None;
         }
         Some(g.machine.with_state(|state| QueueInfoData {
@@ -173,7 +204,7 @@ impl Registry {
     /// it: a message taken in between has no body any more and is left out.
     pub fn local_browse(&self, group: GroupId, offset: u64, limit: usize) -> Option<BrowseData> {
         let g = self.queue(group)?;
-        if g.raft.metrics().borrow_watched().current_leader != Some(self.id) {
+        if !self.leads_now(&g.raft.metrics().borrow_watched()) {
             return None;
         }
         let limit = limit.min(MAX_BROWSE_LIMIT as usize);
