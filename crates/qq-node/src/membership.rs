@@ -467,7 +467,7 @@ pub async fn quorum_critical(
                 .collect(),
         })
         .collect();
-    let voters: Vec<NodeId> = meta_voters(node).into_iter().collect();
+    let voters: Vec<NodeId> = node.meta_voters().into_iter().collect();
     let metadata = !keeps_majority(&voters, target, &online);
     Ok((queues, metadata))
 }
@@ -853,7 +853,7 @@ pub async fn join_node(
     check_address("address", address)?;
     check_address("cluster_address", cluster_address)?;
     if node.peers().contains(id) && !node.view().current().joined_nodes().contains_key(&id) {
-        let voters = meta_voters(node);
+        let voters = node.meta_voters();
         if voters.contains(&id) {
             return Ok(format!("node {id} is already a member of the cluster"));
         }
@@ -904,16 +904,4 @@ pub async fn forget_node(node: &Node, id: NodeId) -> Result<Vec<Change>, MemberE
     node.sync_peers();
     info!(node = id, queues = changes.len(), "node forgotten");
     Ok(changes)
-}
-
-/// The voters of the metadata group as this node knows them.
-fn meta_voters(node: &Node) -> BTreeSet<NodeId> {
-    node.registry()
-        .meta_raft()
-        .metrics()
-        .borrow_watched()
-        .membership_config
-        .membership()
-        .voter_ids()
-        .collect()
 }

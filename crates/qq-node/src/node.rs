@@ -16,7 +16,7 @@
 //! Must not: serve clients or peers (that is [`crate::api`] and [`crate::peer`]), or decide
 //! anything a queue's leader decides ([`crate::leader`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -377,22 +377,26 @@ impl Node {
     /// node whose join was recorded but never completed is a peer and not a voter), sorted.
     pub fn placement_nodes(&self) -> Vec<NodeId> {
         let voters: Vec<NodeId> = self
-            .registry
+            .meta_voters()
+            .into_iter()
+            .filter(|id| self.peers.contains(*id))
+            .collect();
+        if voters.is_empty() {
+            return self.peers.ids();
+        }
+        voters
+    }
+
+    /// The voters of the metadata group as this node knows them.
+    pub fn meta_voters(&self) -> BTreeSet<NodeId> {
+        self.registry
             .meta_raft()
             .metrics()
             .borrow_watched()
             .membership_config
             .membership()
             .voter_ids()
-            .filter(|id| self.peers.contains(*id))
-            .collect();
-        if voters.is_empty() {
-            return self.peers.ids();
-        }
-        let mut voters = voters;
-        voters.sort_unstable();
-        voters.dedup();
-        voters
+            .collect()
     }
 
     /// Bring the peer set in line with the metadata: the founding nodes of this node's
