@@ -58,6 +58,10 @@ pub struct Instruments {
     pub leader_changes: Family<GroupKind, Counter>,
     /// Client consume streams open on this node.
     pub consume_streams: Gauge<i64, AtomicI64>,
+    /// Snapshot bytes this node received from leaders (chunks written to its snapshot dir).
+    pub snapshot_bytes_received: Counter,
+    /// Snapshots received from a leader and installed here, by group kind.
+    pub snapshots_installed: Family<GroupKind, Counter>,
 }
 
 fn commit_histogram() -> Histogram {
@@ -73,6 +77,8 @@ static INSTRUMENTS: LazyLock<Instruments> = LazyLock::new(|| Instruments {
     dead_lettered: Family::default(),
     leader_changes: Family::default(),
     consume_streams: Gauge::default(),
+    snapshot_bytes_received: Counter::default(),
+    snapshots_installed: Family::default(),
 });
 
 pub fn instruments() -> &'static Instruments {
@@ -101,6 +107,16 @@ pub fn dead_lettered(reason: Reason, strategy: Strategy) {
 /// This node became the leader of a group of `kind`.
 pub fn became_leader(kind: GroupKind) {
     INSTRUMENTS.leader_changes.get_or_create(&kind).inc();
+}
+
+/// A snapshot chunk of `bytes` was written here.
+pub fn snapshot_chunk_received(bytes: usize) {
+    INSTRUMENTS.snapshot_bytes_received.inc_by(bytes as u64);
+}
+
+/// A snapshot from a leader was installed in a group of `kind`.
+pub fn snapshot_installed(kind: GroupKind) {
+    INSTRUMENTS.snapshots_installed.get_or_create(&kind).inc();
 }
 
 /// Counts one open consume stream for as long as it lives.

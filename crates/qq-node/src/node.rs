@@ -175,6 +175,11 @@ impl Node {
         &self.registry
     }
 
+    /// The node's RocksDB and snapshot directory.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     pub fn view(&self) -> &MetaView {
         &self.view
     }

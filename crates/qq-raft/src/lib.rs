@@ -4,9 +4,11 @@
 //! - [`store`]: one RocksDB per node shared by all groups, with a single fsync thread
 //!   (group commit across groups).
 //! - [`log_store`]: openraft's `RaftLogStorage` for one group on top of [`store`].
+//! - [`snapshot`]: snapshot files, streamed to disk, read back and sent in chunks.
 
 pub mod log_store;
 pub mod network;
+pub mod snapshot;
 pub mod store;
 pub mod types;
 

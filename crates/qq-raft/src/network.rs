@@ -14,8 +14,12 @@
 //! answer is retried with a growing pause ([`UNREACHABLE_BACKOFF`]), not at once, so a leader
 //! does not keep sending appends or snapshots to a node that is down.
 //!
-//! Left out: streaming/pipelined append (openraft's sequential default is used) and chunked
-//! snapshots (a snapshot travels as one message; the channel's size limit is raised for it).
+//! A snapshot travels as a file in chunks of at most [`SNAPSHOT_CHUNK_BYTES`]
+//! ([`crate::snapshot`]): the sender first asks where the receiver stands (a transfer that broke
+//! resumes there), then sends chunk after chunk, each read from the file when it is sent. A
+//! peer that does not answer costs one failed probe per backoff step, not a snapshot.
+//!
+//! Left out: streaming/pipelined append (openraft's sequential default is used).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -32,19 +36,26 @@ use serde::{Serialize, de::DeserializeOwned};
 use tokio::sync::watch;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+use crate::snapshot::{ChunkReply, SNAPSHOT_CHUNK_BYTES, SnapshotChunk, SnapshotFile};
 use crate::types::{GroupId, TypeConfig};
 
 /// HTTP/2 flow-control windows used on every channel and server of the cluster.
 pub const HTTP2_CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
 pub const HTTP2_STREAM_WINDOW: u32 = 4 * 1024 * 1024;
 
-/// Largest gRPC message between nodes (snapshots travel whole).
+/// Largest gRPC message between nodes: an append of one large entry (a batch of publishes) is
+/// the largest; snapshots travel in chunks of [`SNAPSHOT_CHUNK_BYTES`].
 pub const MAX_INTERNAL_MESSAGE_BYTES: usize = 1024 * 1024 * 1024;
 
 /// Shortest deadline for a replication RPC: openraft's own ttl is the heartbeat interval,
 /// too short when the follower fsyncs inside append_entries (rust-stack-notes pitfall 9).
 const MIN_RPC_TIMEOUT: Duration = Duration::from_secs(3);
-const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Deadline of one snapshot chunk (4 MiB, written and, for the last, installed by the
+/// receiver: a large queue's install streams its bodies into RocksDB first).
+const CHUNK_TIMEOUT: Duration = Duration::from_secs(60);
+/// Deadline of the install after the last chunk: the receiver streams every body of the
+/// snapshot into RocksDB before it answers.
+const INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Most bytes of entries (their payloads, plus a little per entry) in one append request;
 /// a single larger entry still goes alone.
@@ -355,8 +366,59 @@ impl GroupClient {
     }
 }
 
+impl GroupClient {
+    /// Sends a snapshot file chunk by chunk: first an empty chunk that asks where the receiver
+    /// stands, then from there on. Only one chunk is in memory at a time.
+    async fn send_snapshot(
+        &self,
+        vote: VoteOf<TypeConfig>,
+        snapshot: SnapshotOf<TypeConfig, SnapshotFile>,
+    ) -> Result<SnapshotResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let file = snapshot.snapshot;
+        let total = file.len();
+        let mut chunk = SnapshotChunk {
+            vote,
+            meta: snapshot.meta,
+            total,
+            offset: 0,
+            data: Vec::new(),
+        };
+        loop {
+            let timeout = if chunk.offset + chunk.data.len() as u64 >= total {
+                INSTALL_TIMEOUT
+            } else {
+                CHUNK_TIMEOUT
+            };
+            let sent = chunk.data.len();
+            let reply: ChunkReply = self.call(RaftKind::SnapshotChunk, &chunk, timeout).await?;
+            let next = match reply {
+                ChunkReply::Done(resp) => return Ok(resp),
+                ChunkReply::Next(next) => next,
+            };
+            if next > total || (sent > 0 && next == chunk.offset) {
+                return Err(RPCError::Network(NetworkError::new(&NetError(format!(
+                    "node {} group {}: snapshot transfer makes no progress (at {next} of {total})",
+                    self.target, self.group
+                )))));
+            }
+            let reader = file.clone();
+            chunk.data = tokio::task::spawn_blocking(move || {
+                reader.read_chunk(next, SNAPSHOT_CHUNK_BYTES)
+            })
+            .await
+            .map_err(|e| io_error(format!("snapshot read task: {e}")))
+            .and_then(|r| r.map_err(|e| io_error(e.to_string())))?;
+            chunk.offset = next;
+        }
+    }
+}
+
+fn io_error(msg: String) -> RPCError<TypeConfig> {
+    RPCError::Network(NetworkError::new(&NetError(msg)))
+}
+
 impl RaftNetworkV2<TypeConfig> for GroupClient {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = SnapshotFile;
 
     async fn append_entries(
         &mut self,
@@ -427,18 +489,13 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
     async fn full_snapshot(
         &mut self,
         vote: VoteOf<TypeConfig>,
-        snapshot: SnapshotOf<TypeConfig, Vec<u8>>,
+        snapshot: SnapshotOf<TypeConfig, SnapshotFile>,
         cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let req = SnapshotRequest {
-            vote,
-            meta: snapshot.meta,
-            data: snapshot.snapshot,
-        };
         tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),
-            res = self.call(RaftKind::Snapshot, &req, SNAPSHOT_TIMEOUT) => res.map_err(StreamingError::from),
+            res = self.send_snapshot(vote, snapshot) => res.map_err(StreamingError::from),
         }
     }
 
@@ -452,14 +509,6 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
     }
 }
 
-/// A whole snapshot on the wire.
-#[derive(serde::Serialize, serde::Deserialize)]
-pub struct SnapshotRequest {
-    pub vote: VoteOf<TypeConfig>,
-    pub meta: openraft::alias::SnapshotMetaOf<TypeConfig>,
-    #[serde(with = "serde_bytes")]
-    pub data: Vec<u8>,
-}
 
 #[cfg(test)]
 mod budget_tests {

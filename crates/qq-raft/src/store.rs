@@ -11,8 +11,11 @@
 //! |--------|----------------------------------|-----------------------------------------|
 //! | `log`  | group (u64 BE) ++ index (u64 BE) | postcard `Entry` ([`crate::log_store`]) |
 //! | `raft` | group (u64 BE) ++ tag (1 byte)   | postcard vote / committed / last purged |
-//! | `sm`   | group (u64 BE)                   | state-machine snapshot bytes            |
+//! | `sm`   | group (u64 BE)                   | the group's snapshot record: file name, meta |
 //! | `msg`  | group (u64 BE) ++ msg id (u64 BE)| message bodies                          |
+//!
+//! Snapshots themselves are files in `<db>/snapshots` ([`crate::snapshot`]); the `sm` record
+//! names the group's current one, and [`Store::open`] removes files no record names.
 //!
 //! Big-endian keys sort numerically, so a group's log is one contiguous key range: its last
 //! entry is found with one reverse seek, and purging, truncating or deleting a whole queue is a
@@ -82,6 +85,7 @@ use rocksdb::{
     DBRecoveryMode, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions,
 };
 
+use crate::snapshot::SnapshotDir;
 use crate::types::{GroupId, TypeConfig};
 
 /// Column family of Raft log entries.
@@ -139,6 +143,12 @@ pub enum StoreError {
         path: PathBuf,
         #[source]
         source: rocksdb::Error,
+    },
+    #[error("open the snapshot directory of rocksdb at {}: {source}", path.display())]
+    Snapshots {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
     },
     #[error("start fsync thread for rocksdb at {}: {source}", path.display())]
     FsyncThread {
@@ -199,6 +209,7 @@ struct Stats {
 
 struct Inner {
     db: Arc<DB>,
+    snapshots: SnapshotDir,
     path: PathBuf,
     stats: Arc<Stats>,
     on_fault: FaultHandler,
@@ -273,6 +284,12 @@ impl Store {
                 source,
             })?;
         let db = Arc::new(db);
+        let snapshots = SnapshotDir::open(&path.join(SNAPSHOT_DIR)).map_err(|source| {
+            StoreError::Snapshots {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
         let stats = Arc::new(Stats::default());
         let (tx, rx) = mpsc::channel();
 
@@ -290,16 +307,71 @@ impl Store {
                 })?
         };
 
-        Ok(Store {
+        let store = Store {
             inner: Arc::new(Inner {
                 db,
+                snapshots,
                 path: path.to_path_buf(),
                 stats,
                 on_fault,
                 tx: Some(tx),
                 thread: Some(thread),
             }),
-        })
+        };
+        store
+            .sweep_snapshots()
+            .map_err(|source| StoreError::Snapshots {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(store)
+    }
+
+    /// Removes snapshot files no group's record names (a group deleted, or a stop between a
+    /// new snapshot's rename and its record).
+    fn sweep_snapshots(&self) -> io::Result<()> {
+        for name in self.inner.snapshots.all_names()? {
+            let Some(group) = SnapshotDir::group_of(&name) else {
+                continue;
+            };
+            if self.snapshot_record_name(group)?.as_deref() != Some(name.as_str()) {
+                self.inner.snapshots.remove(&name)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The file name in `group`'s snapshot record, if it has one.
+    fn snapshot_record_name(&self, group: GroupId) -> io::Result<Option<String>> {
+        Ok(self
+            .get_snapshot(group)?
+            .and_then(|bytes| snapshot_record_file(&bytes)))
+    }
+
+    /// The node's snapshot directory (snapshot files, transfers being received).
+    pub fn snapshots(&self) -> &SnapshotDir {
+        &self.inner.snapshots
+    }
+
+    /// A consistent, read-only view of this node's message bodies as they are now: later
+    /// writes and deletions do not show in it. A snapshot's bodies are read through one taken
+    /// at the snapshot's applied index.
+    pub fn pin(&self) -> Pinned {
+        let snap = self.inner.db.snapshot();
+        // SAFETY: the snapshot borrows the `DB` inside `self.inner.db`, an `Arc` whose clone
+        // `Pinned` keeps in `_store` (through `Store`'s `Arc<Inner>`), so the `DB` neither moves
+        // nor drops while the snapshot lives; `Pinned` declares `snap` before `_store`, so the
+        // snapshot is released first.
+        let snap = unsafe {
+            std::mem::transmute::<
+                rocksdb::SnapshotWithThreadMode<'_, DB>,
+                rocksdb::SnapshotWithThreadMode<'static, DB>,
+            >(snap)
+        };
+        Pinned {
+            snap,
+            _store: self.clone(),
+        }
     }
 
     /// The directory of the database.
@@ -431,39 +503,10 @@ impl Store {
         })
     }
 
-    /// Reads up to `limit` bodies of `group` with id `>= from_id`, in id order (for streaming
-    /// the live bodies with a snapshot, page by page). This iterates: call it from
-    /// `spawn_blocking` when `limit` is large.
-    pub fn scan_bodies(
-        &self,
-        group: GroupId,
-        from_id: u64,
-        limit: usize,
-    ) -> io::Result<Vec<(u64, Vec<u8>)>> {
-        let mut opts = ReadOptions::default();
-        opts.set_iterate_upper_bound(group_end(group).to_vec());
-        let start = key16(group, from_id);
-        let it = self.db().iterator_cf_opt(
-            self.cf(CF_MSG),
-            opts,
-            IteratorMode::From(&start, rocksdb::Direction::Forward),
-        );
-        let mut out = Vec::new();
-        for item in it.take(limit) {
-            let (k, v) = item.map_err(|e| self.err(&format!("scan bodies of group {group}"), e))?;
-            if k.len() != 16 || k[..8] != group.to_be_bytes() {
-                break;
-            }
-            let id = u64::from_be_bytes(k[8..16].try_into().expect("16-byte key"));
-            out.push((id, v.into_vec()));
-        }
-        Ok(out)
-    }
-
     // ---- state-machine snapshots ---------------------------------------------------------
 
-    /// Stores the state-machine snapshot of `group` and returns once it (and every earlier
-    /// write, e.g. the bodies it refers to) is durable.
+    /// Stores the snapshot record of `group` ([`snapshot_record`]) and returns once it (and
+    /// every earlier write) is durable.
     pub async fn put_snapshot(&self, group: GroupId, data: &[u8]) -> io::Result<()> {
         let mut batch = WriteBatch::default();
         batch.put_cf(self.cf(CF_SM), group.to_be_bytes(), data);
@@ -471,7 +514,7 @@ impl Store {
         self.sync().await
     }
 
-    /// Reads the last stored snapshot of `group`.
+    /// Reads the snapshot record of `group`.
     pub fn get_snapshot(&self, group: GroupId) -> io::Result<Option<Vec<u8>>> {
         self.db()
             .get_cf(self.cf(CF_SM), group.to_be_bytes())
@@ -489,7 +532,90 @@ impl Store {
         for name in ALL_CFS {
             batch.delete_range_cf(self.cf(name), &from[..], &to[..]);
         }
-        self.write(batch, || format!("delete group {group}"))
+        self.write(batch, || format!("delete group {group}"))?;
+        for name in self.inner.snapshots.names_of(group)? {
+            self.inner.snapshots.remove(&name)?;
+        }
+        Ok(())
+    }
+}
+
+/// Directory of snapshot files, inside the database directory (RocksDB leaves files it does
+/// not know alone).
+const SNAPSHOT_DIR: &str = "snapshots";
+
+/// First byte of a snapshot record in the `sm` column family: the record names a snapshot file.
+/// Records written before snapshot files held the snapshot inline and start with 0 or 1.
+pub const SNAPSHOT_RECORD_VERSION: u8 = 2;
+
+/// The file name a snapshot record points to: `version ++ u16 LE length ++ name ++ rest`.
+pub fn snapshot_record_file(record: &[u8]) -> Option<String> {
+    let (&version, rest) = record.split_first()?;
+    if version != SNAPSHOT_RECORD_VERSION || rest.len() < 2 {
+        return None;
+    }
+    let len = u16::from_le_bytes([rest[0], rest[1]]) as usize;
+    let name = rest.get(2..2 + len)?;
+    String::from_utf8(name.to_vec()).ok()
+}
+
+/// A snapshot record: the file name, then `rest` (the encoded snapshot meta).
+pub fn snapshot_record(file: &str, rest: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(3 + file.len() + rest.len());
+    out.push(SNAPSHOT_RECORD_VERSION);
+    out.extend_from_slice(&(file.len() as u16).to_le_bytes());
+    out.extend_from_slice(file.as_bytes());
+    out.extend_from_slice(rest);
+    out
+}
+
+/// What follows the file name in a snapshot record.
+pub fn snapshot_record_rest(record: &[u8]) -> Option<&[u8]> {
+    let len = u16::from_le_bytes([*record.get(1)?, *record.get(2)?]) as usize;
+    record.get(3 + len..)
+}
+
+/// A consistent read-only view of the database at one moment ([`Store::pin`]).
+pub struct Pinned {
+    // Field order matters: the snapshot is released before the store it borrows from.
+    snap: rocksdb::SnapshotWithThreadMode<'static, DB>,
+    _store: Store,
+}
+
+impl Pinned {
+    /// Up to `max_bytes` of bodies of `group` (at least one, if any is left) with id
+    /// `>= from_id`, in id order, as of the moment of the pin. Blocking.
+    pub fn scan_bodies(
+        &self,
+        group: GroupId,
+        from_id: u64,
+        max_bytes: usize,
+    ) -> io::Result<Vec<(u64, Vec<u8>)>> {
+        let store = &self._store;
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(group_end(group).to_vec());
+        let start = key16(group, from_id);
+        let it = self.snap.iterator_cf_opt(
+            store.cf(CF_MSG),
+            opts,
+            IteratorMode::From(&start, rocksdb::Direction::Forward),
+        );
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        for item in it {
+            let (k, v) =
+                item.map_err(|e| store.err(&format!("scan pinned bodies of group {group}"), e))?;
+            if k.len() != 16 || k[..8] != group.to_be_bytes() {
+                break;
+            }
+            let id = u64::from_be_bytes(k[8..16].try_into().expect("16-byte key"));
+            bytes += v.len();
+            out.push((id, v.into_vec()));
+            if bytes >= max_bytes {
+                break;
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -552,9 +678,17 @@ mod tests {
         store.delete_bodies(1, &[2]).unwrap();
         assert_eq!(store.get_body(1, 1).unwrap().as_deref(), Some(&b"a"[..]));
         assert_eq!(store.get_body(1, 2).unwrap(), None);
-        let all = store.scan_bodies(1, 0, 100).unwrap();
+        let pinned = store.pin();
+        let all = pinned.scan_bodies(1, 0, usize::MAX).unwrap();
         assert_eq!(all, vec![(1, b"a".to_vec()), (3, b"ccc".to_vec())]);
-        assert_eq!(store.scan_bodies(1, 2, 100).unwrap().len(), 1);
+        assert_eq!(pinned.scan_bodies(1, 2, usize::MAX).unwrap().len(), 1);
+        assert_eq!(pinned.scan_bodies(1, 0, 1).unwrap().len(), 1, "at least one, then the budget");
+        // Later writes do not show in the pinned view.
+        store.delete_bodies(1, &[1]).unwrap();
+        assert_eq!(pinned.scan_bodies(1, 0, usize::MAX).unwrap().len(), 2);
+        assert_eq!(store.pin().scan_bodies(1, 0, usize::MAX).unwrap().len(), 1);
+        store.put_bodies(1, &[(1, &b"a"[..])]).unwrap();
+        drop(pinned);
 
         store.put_snapshot(1, b"snap").await.unwrap();
         assert_eq!(

@@ -5,6 +5,7 @@
 mod alarms;
 mod bad_entries;
 mod bad_input;
+mod catch_up;
 mod cluster_nodes;
 mod consumers;
 mod deadletter;

@@ -14,6 +14,7 @@ use std::io;
 use std::sync::{Arc, Mutex, RwLock};
 
 use qq_core::meta::{MetaCommand, MetaEffect, MetaError, MetaReply, MetaState};
+use qq_raft::snapshot::{SnapshotReader, SnapshotWriter};
 use qq_raft::store::Store;
 use qq_raft::{GroupId, META_GROUP};
 use serde::{Deserialize, Serialize};
@@ -145,13 +146,15 @@ impl Machine for MetaMachine {
         self.state()
     }
 
-    fn encode_cut(&self, cut: Arc<MetaState>) -> io::Result<Vec<u8>> {
-        postcard::to_stdvec(&MetaSnapshotRef { state: &cut })
-            .map_err(|e| io::Error::other(format!("encode: {e}")))
+    fn write_cut(&self, cut: Arc<MetaState>, out: &mut SnapshotWriter) -> io::Result<()> {
+        let header = postcard::to_stdvec(&MetaSnapshotRef { state: &cut })
+            .map_err(|e| io::Error::other(format!("encode: {e}")))?;
+        out.header(&header)
     }
 
-    fn install(&self, data: &[u8]) -> io::Result<()> {
-        let snap: MetaSnapshot = postcard::from_bytes(data)
+    fn install(&self, snapshot: &mut SnapshotReader) -> io::Result<()> {
+        let header = snapshot.header()?;
+        let snap: MetaSnapshot = postcard::from_bytes(&header)
             .map_err(|e| io::Error::other(format!("metadata: decode snapshot: {e}")))?;
         *self.state.write().unwrap() = Arc::new(snap.state);
         self.resync.send_modify(|n| *n += 1);

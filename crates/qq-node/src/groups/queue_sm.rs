@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex};
 use qq_core::queue::{Command, Delivery, Effect, MoveTask, QueueState, Receipt, Reply};
 use qq_core::{ConsumerId, Message, MessageId, QueueConfig, Reason, Strategy};
 use qq_raft::GroupId;
-use qq_raft::store::Store;
+use qq_raft::snapshot::{SnapshotReader, SnapshotWriter};
+use qq_raft::store::{Pinned, Store};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tracing::warn;
@@ -172,34 +173,18 @@ struct PendingBodies {
     deletes: Vec<MessageId>,
 }
 
-/// Snapshot contents: the state and the bodies of its live messages.
+/// A snapshot file's header: the state; the bodies of its live messages follow as records.
 #[derive(Serialize, Deserialize)]
-struct QueueSnapshot {
+struct QueueSnapshotHeader {
     state: QueueState,
-    bodies: Vec<(MessageId, serde_bytes::ByteBuf)>,
-    /// The Get receipts ([`QueueState::receipts`]); last, so that a snapshot written before
-    /// receipts existed (it ends after `bodies`) decodes with none.
-    #[serde(default, deserialize_with = "receipts_or_none")]
+    /// The Get receipts ([`QueueState::receipts`]), which the state's own encoding leaves out.
     receipts: BTreeMap<MessageId, Receipt>,
-    /// The move tasks ([`QueueState::moves`]); last, so that an older snapshot (it ends
-    /// before it) decodes with none.
-    #[serde(default, deserialize_with = "moves_or_none")]
+    /// The move tasks ([`QueueState::moves`]), likewise.
     moves: BTreeMap<u64, MoveTask>,
 }
 
-/// An absent move-task map (an older snapshot ends before it) is an empty one.
-fn moves_or_none<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<BTreeMap<u64, MoveTask>, D::Error> {
-    Ok(BTreeMap::deserialize(d).unwrap_or_default())
-}
-
-/// An absent receipts map (an older snapshot ends before it) is an empty one.
-fn receipts_or_none<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<BTreeMap<MessageId, Receipt>, D::Error> {
-    Ok(BTreeMap::deserialize(d).unwrap_or_default())
-}
+/// Bodies read or written per step while a snapshot is written or installed.
+const SNAPSHOT_PAGE_BYTES: usize = 4 << 20;
 
 fn io_encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
     postcard::to_stdvec(v).map_err(|e| io::Error::other(format!("encode: {e}")))
@@ -468,8 +453,9 @@ impl QueueMachine {
 }
 
 impl Machine for QueueMachine {
-    /// The state as of the snapshot's index; bodies are read when it is encoded.
-    type Cut = QueueState;
+    /// The state as of the snapshot's index, and a pinned view of the bodies at that moment
+    /// (a consistent cut: bodies removed by later entries are still in it).
+    type Cut = (QueueState, Pinned);
 
     fn group(&self) -> GroupId {
         self.group
@@ -517,51 +503,97 @@ impl Machine for QueueMachine {
         *self.last_applied.lock().unwrap() = log_id;
     }
 
-    fn cut(&self) -> QueueState {
-        self.state.lock().unwrap().clone()
+    fn cut(&self) -> (QueueState, Pinned) {
+        // Taken in the state-machine worker between two applies, after the previous apply's
+        // bodies were written (`flush_bodies`): the state and the pinned bodies agree.
+        let state = self.state.lock().unwrap().clone();
+        (state, self.store.pin())
     }
 
-    fn encode_cut(&self, state: QueueState) -> io::Result<Vec<u8>> {
-        // A body missing here belonged to a message removed by an entry after this snapshot;
-        // that entry stays in the log and removes it on the receiver too.
-        let mut bodies = Vec::new();
-        for id in state.message_ids() {
-            if let Some(b) = self.store.get_body(self.group, id)? {
-                bodies.push((id, serde_bytes::ByteBuf::from(b)));
-            }
-        }
-        let receipts = state.receipts().clone();
-        let moves = state.moves().clone();
-        io_encode(&QueueSnapshot {
+    fn write_cut(&self, (state, bodies): (QueueState, Pinned), out: &mut SnapshotWriter) -> io::Result<()> {
+        let ids = state.message_ids();
+        let header = QueueSnapshotHeader {
+            receipts: state.receipts().clone(),
+            moves: state.moves().clone(),
             state,
-            bodies,
-            receipts,
-            moves,
-        })
+        };
+        out.header(&io_encode(&header)?)?;
+        drop(header);
+        // Both in id order: a merge of the live ids with the pinned bodies, page by page.
+        let mut live = ids.iter().copied().peekable();
+        let mut missing = 0u64;
+        let mut from = 0u64;
+        loop {
+            let page = bodies.scan_bodies(self.group, from, SNAPSHOT_PAGE_BYTES)?;
+            let Some(&(last, _)) = page.last() else {
+                break;
+            };
+            for (id, body) in page {
+                while live.next_if(|l| *l < id).is_some() {
+                    missing += 1;
+                }
+                if live.next_if_eq(&id).is_some() {
+                    out.body(id, &body)?;
+                }
+            }
+            from = last + 1;
+        }
+        missing += live.count() as u64;
+        if missing > 0 {
+            warn!(
+                group = self.group,
+                missing, "snapshot written without the bodies of live messages it could not find"
+            );
+        }
+        Ok(())
     }
 
-    fn install(&self, data: &[u8]) -> io::Result<()> {
-        let snap: QueueSnapshot = postcard::from_bytes(data).map_err(|e| {
+    fn install(&self, snapshot: &mut SnapshotReader) -> io::Result<()> {
+        let header: QueueSnapshotHeader = postcard::from_bytes(&snapshot.header()?).map_err(|e| {
             io::Error::other(format!("queue group {}: decode snapshot: {e}", self.group))
         })?;
         // Bodies: drop those of messages the snapshot no longer has, write the snapshot's.
-        let old_ids = self.state.lock().unwrap().message_ids();
         let keep: std::collections::BTreeSet<MessageId> =
-            snap.bodies.iter().map(|(id, _)| *id).collect();
-        let stale: Vec<MessageId> = old_ids
+            header.state.message_ids().into_iter().collect();
+        let stale: Vec<MessageId> = self
+            .state
+            .lock()
+            .unwrap()
+            .message_ids()
             .into_iter()
             .filter(|id| !keep.contains(id))
             .collect();
-        self.store.delete_bodies(self.group, &stale)?;
-        let bodies: Vec<(MessageId, &[u8])> = snap
-            .bodies
-            .iter()
-            .map(|(id, b)| (*id, b.as_ref()))
-            .collect();
-        self.store.put_bodies(self.group, &bodies)?;
-        let mut state = snap.state;
-        state.restore_receipts(snap.receipts);
-        state.restore_moves(snap.moves);
+        drop(keep);
+        for ids in stale.chunks(65_536) {
+            self.store.delete_bodies(self.group, ids)?;
+        }
+        let mut page: Vec<(MessageId, Vec<u8>)> = Vec::new();
+        let mut page_bytes = 0usize;
+        loop {
+            let next = snapshot.next_body()?;
+            let end = next.is_none();
+            if let Some((id, body)) = next {
+                page_bytes += body.len();
+                page.push((id, body));
+            }
+            if page_bytes >= SNAPSHOT_PAGE_BYTES || (end && !page.is_empty()) {
+                let refs: Vec<(MessageId, &[u8])> =
+                    page.iter().map(|(id, b)| (*id, b.as_slice())).collect();
+                self.store.put_bodies(self.group, &refs)?;
+                page.clear();
+                page_bytes = 0;
+            }
+            if end {
+                break;
+            }
+        }
+        let QueueSnapshotHeader {
+            mut state,
+            receipts,
+            moves,
+        } = header;
+        state.restore_receipts(receipts);
+        state.restore_moves(moves);
         *self.state.lock().unwrap() = state;
         Ok(())
     }
@@ -569,122 +601,103 @@ impl Machine for QueueMachine {
 
 #[cfg(test)]
 mod tests {
+    use qq_core::Properties;
+
     use super::*;
 
-    /// A queue snapshot as written before Get receipts existed.
-    #[derive(Serialize)]
-    struct SnapshotBeforeReceipts {
-        state: QueueState,
-        bodies: Vec<(MessageId, serde_bytes::ByteBuf)>,
-    }
-
-    fn leased_state() -> QueueState {
-        let mut state = QueueState::new(QueueConfig::new("/", "q"));
-        let header = qq_core::queue::MsgHeader {
-            size_bytes: 1,
-            expiration_ms: None,
+    fn enqueue(body: &[u8]) -> QueueRequest {
+        let message = Message {
+            properties: Properties::default(),
+            body: body.to_vec().into(),
+            exchange: String::new(),
+            routing_key: "q".into(),
+            bcc: Vec::new(),
         };
-        state.apply(
-            1,
-            Command::Enqueue {
-                now_ms: 0,
-                header,
+        QueueRequest {
+            cmd: Command::Enqueue {
+                now_ms: 1_000,
+                header: qq_core::queue::MsgHeader {
+                    size_bytes: body.len() as u64,
+                    expiration_ms: None,
+                },
                 publish_key: None,
                 dedup_key: None,
             },
-        );
+            message: Some(postcard::to_stdvec(&message).unwrap()),
+        }
+    }
+
+    fn apply(m: &QueueMachine, index: u64, req: QueueRequest) {
+        let entry = postcard::to_stdvec(&QueueEntry::One(req)).unwrap();
+        m.apply_payload(index, &entry).unwrap();
+    }
+
+    fn snapshot_of(m: &QueueMachine, cut: (QueueState, Pinned)) -> qq_raft::snapshot::SnapshotFile {
+        let mut out = m.store.snapshots().writer(m.group, None).unwrap();
+        m.write_cut(cut, &mut out).unwrap();
+        out.finish().unwrap()
+    }
+
+    /// A snapshot is the state and bodies as of its cut, whatever is applied while it is
+    /// written; installed elsewhere it brings the state (receipts, move tasks included) and
+    /// every live body, and removes the bodies of messages it does not have.
+    #[test]
+    fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let m = QueueMachine::new(5, store, QueueConfig::new("/", "q"));
+        for i in 1..=300u64 {
+            apply(&m, i, enqueue(&vec![i as u8; 3000]));
+        }
+        // One leased with a receipt, and a move task.
         let receipt = Receipt {
             token: [9; 16],
             user: "alice".into(),
         };
-        state.apply(
-            2,
-            Command::GetWithReceipt {
-                now_ms: 0,
+        apply(
+            &m,
+            301,
+            QueueRequest::command(Command::GetWithReceipt {
+                now_ms: 1_000,
                 lease_ms: 60_000,
                 receipt,
-            },
+            }),
         );
-        state
-    }
+        apply(
+            &m,
+            302,
+            QueueRequest::command(Command::StartMove {
+                now_ms: 1_000,
+                destination: "elsewhere".into(),
+                max_messages: 1,
+                max_per_second: 5,
+            }),
+        );
+        let cut = m.cut();
+        let at_cut = cut.0.clone();
+        // After the cut, every ready message is purged: their bodies go from RocksDB.
+        apply(&m, 303, QueueRequest::command(Command::Purge));
+        assert_eq!(m.with_state(|s| s.message_ids().len()), 1, "the leased one stays");
+        let file = snapshot_of(&m, cut);
 
-    #[test]
-    fn snapshots_carry_receipts_and_older_snapshots_still_decode() {
-        let state = leased_state();
-        assert_eq!(state.receipts().len(), 1);
-        let bodies = vec![(1, serde_bytes::ByteBuf::from(vec![b'x']))];
-        let current = io_encode(&QueueSnapshot {
-            state: state.clone(),
-            bodies: bodies.clone(),
-            receipts: state.receipts().clone(),
-            moves: state.moves().clone(),
-        })
-        .unwrap();
-        let snap: QueueSnapshot = postcard::from_bytes(&current).unwrap();
-        assert_eq!(&snap.receipts, state.receipts());
-        let mut restored = snap.state;
-        restored.restore_receipts(snap.receipts);
-        assert_eq!(restored, state);
-        restored.check_invariants().unwrap();
-
-        let old = io_encode(&SnapshotBeforeReceipts {
-            state: state.clone(),
-            bodies,
-        })
-        .unwrap();
-        let snap: QueueSnapshot = postcard::from_bytes(&old).unwrap();
-        assert!(snap.receipts.is_empty());
-        assert_eq!(snap.bodies.len(), 1);
-        snap.state.check_invariants().unwrap();
-    }
-
-    /// A queue snapshot as written before move tasks existed.
-    #[derive(Serialize)]
-    struct SnapshotBeforeMoves {
-        state: QueueState,
-        bodies: Vec<(MessageId, serde_bytes::ByteBuf)>,
-        receipts: BTreeMap<MessageId, Receipt>,
-    }
-
-    #[test]
-    fn snapshots_carry_move_tasks_and_older_snapshots_still_decode() {
-        let mut state = leased_state();
-        let reply = state
-            .apply(
-                3,
-                Command::StartMove {
-                    now_ms: 0,
-                    destination: "elsewhere".into(),
-                    max_messages: 0,
-                    max_per_second: 5,
-                },
-            )
-            .0;
-        assert_eq!(reply, Reply::MoveStarted { task: 3 });
-        let bodies = vec![(1, serde_bytes::ByteBuf::from(vec![b'x']))];
-        let current = io_encode(&QueueSnapshot {
-            state: state.clone(),
-            bodies: bodies.clone(),
-            receipts: state.receipts().clone(),
-            moves: state.moves().clone(),
-        })
-        .unwrap();
-        let snap: QueueSnapshot = postcard::from_bytes(&current).unwrap();
-        let mut restored = snap.state;
-        restored.restore_receipts(snap.receipts);
-        restored.restore_moves(snap.moves);
-        assert_eq!(restored, state);
-        // (Nothing is ready, so the task is done at once; it is kept all the same.)
-        assert_eq!(restored.moves().len(), 1);
-
-        let old = io_encode(&SnapshotBeforeMoves {
-            state: state.clone(),
-            bodies,
-            receipts: state.receipts().clone(),
-        })
-        .unwrap();
-        let snap: QueueSnapshot = postcard::from_bytes(&old).unwrap();
-        assert_eq!(&snap.receipts, state.receipts());
-        assert!(snap.moves.is_empty());
+        // Installed on another node, over a machine with messages of its own.
+        let dir2 = tempfile::tempdir().unwrap();
+        let store2 = Store::open(dir2.path()).unwrap();
+        let other = QueueMachine::new(5, store2.clone(), QueueConfig::new("/", "q"));
+        apply(&other, 1 << 20, enqueue(b"stale"));
+        let stale_id = other.with_state(|s| s.message_ids())[0];
+        other.install(&mut file.reader().unwrap()).unwrap();
+        let installed = other.with_state(|s| s.clone());
+        assert_eq!(installed, at_cut);
+        assert_eq!(installed.receipts().len(), 1);
+        assert_eq!(installed.moves().len(), 1);
+        installed.check_invariants().unwrap();
+        let ids = installed.message_ids();
+        assert_eq!(ids.len(), 300, "all 300 were live at the cut");
+        for id in ids {
+            let message = other.read_message(id).unwrap();
+            assert_eq!(message.body.len(), 3000);
+        }
+        assert_eq!(store2.get_body(5, stale_id).unwrap(), None, "stale body removed");
     }
 }

@@ -3,9 +3,11 @@
 //! openraft asks a state machine for the same things whatever it holds: apply a stream of
 //! entries (blank, membership, normal), remember the membership, build, install and return
 //! snapshots. This shell does all of that once; a group's [`Machine`] only says how to apply a
-//! normal entry's payload, how to cut and encode its state for a snapshot, and how to install
-//! one. Snapshots are persisted in the node's RocksDB (durably, through the fsync thread), so a
-//! restart replays the log from the last snapshot.
+//! normal entry's payload, how to cut its state for a snapshot and write the cut into a snapshot
+//! file, and how to install one from a file. Snapshots are files ([`qq_raft::snapshot`]),
+//! written and read on a blocking thread, never whole in memory; the group's record in RocksDB
+//! names its current file (made durable through the fsync thread), so a restart installs that
+//! file and replays the log after it.
 //!
 //! Must not: read a clock, talk to peers or clients. What a machine does inside `apply` is
 //! deterministic IO at most (message bodies in RocksDB).
@@ -18,9 +20,9 @@ use futures::{Stream, StreamExt};
 use openraft::EntryPayload;
 use openraft::alias::{LogIdOf, SnapshotMetaOf, SnapshotOf, StoredMembershipOf};
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
-use qq_raft::store::Store;
+use qq_raft::snapshot::{SnapshotFile, SnapshotReader, SnapshotWriter};
+use qq_raft::store::{Store, snapshot_record, snapshot_record_file, snapshot_record_rest};
 use qq_raft::{GroupId, Response, TypeConfig};
-use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 pub type LogId = LogIdOf<TypeConfig>;
@@ -28,7 +30,7 @@ pub type LogId = LogIdOf<TypeConfig>;
 /// What a group's state machine provides to the [`Shell`].
 pub trait Machine: Send + Sync + 'static {
     /// The state as of the last applied entry, captured in the state-machine worker so that
-    /// later applies do not change it; encoded later by [`Machine::encode_cut`].
+    /// later applies do not change it; written later by [`Machine::write_cut`].
     type Cut: Send + Sync + 'static;
 
     fn group(&self) -> GroupId;
@@ -43,17 +45,12 @@ pub trait Machine: Send + Sync + 'static {
     fn last_applied(&self) -> Option<LogId>;
     fn set_last_applied(&self, log_id: Option<LogId>);
     fn cut(&self) -> Self::Cut;
-    fn encode_cut(&self, cut: Self::Cut) -> io::Result<Vec<u8>>;
-    /// Replace the state with a snapshot's (and its bodies, for queues).
-    fn install(&self, data: &[u8]) -> io::Result<()>;
-}
-
-/// What is persisted for a group's current snapshot.
-#[derive(Serialize, Deserialize)]
-struct StoredSnapshot {
-    meta: SnapshotMetaOf<TypeConfig>,
-    #[serde(with = "serde_bytes")]
-    data: Vec<u8>,
+    /// Write the cut into a snapshot file (header, then bodies). Blocking IO: runs on a
+    /// blocking thread.
+    fn write_cut(&self, cut: Self::Cut, out: &mut SnapshotWriter) -> io::Result<()>;
+    /// Replace the state with a snapshot's (and its bodies, for queues), streaming it. Blocking
+    /// IO: runs on a blocking thread.
+    fn install(&self, snapshot: &mut SnapshotReader) -> io::Result<()>;
 }
 
 pub struct Shell<M: Machine> {
@@ -70,12 +67,8 @@ impl<M: Machine> Shell<M> {
     }
 }
 
-fn encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
-    postcard::to_stdvec(v).map_err(|e| io::Error::other(format!("encode: {e}")))
-}
-
 impl<M: Machine> RaftStateMachine<TypeConfig> for Shell<M> {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = SnapshotFile;
     type SnapshotBuilder = Builder<M>;
 
     async fn applied_state(
@@ -123,50 +116,98 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for Shell<M> {
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMetaOf<TypeConfig>,
-        snapshot: Vec<u8>,
+        snapshot: SnapshotFile,
     ) -> Result<(), io::Error> {
-        self.machine.install(&snapshot)?;
+        let machine = self.machine.clone();
+        let file = snapshot.clone();
+        blocking(move || machine.install(&mut file.reader()?)).await?;
         self.machine.set_last_applied(meta.last_log_id);
         self.membership = meta.last_membership.clone();
-        save(
-            self.machine.store(),
-            self.machine.group(),
-            meta.clone(),
-            snapshot,
-        )
-        .await?;
+        save(self.machine.store(), self.machine.group(), meta.clone(), snapshot).await?;
         self.machine.applied_batch();
         Ok(())
     }
 
     async fn get_current_snapshot(
         &mut self,
-    ) -> Result<Option<SnapshotOf<TypeConfig, Vec<u8>>>, io::Error> {
+    ) -> Result<Option<SnapshotOf<TypeConfig, SnapshotFile>>, io::Error> {
         let group = self.machine.group();
-        let Some(bytes) = self.machine.store().get_snapshot(group)? else {
+        let store = self.machine.store();
+        let Some(record) = store.get_snapshot(group)? else {
             return Ok(None);
         };
-        let stored: StoredSnapshot = postcard::from_bytes(&bytes)
-            .map_err(|e| io::Error::other(format!("group {group}: decode stored snapshot: {e}")))?;
-        Ok(Some(SnapshotOf::<TypeConfig, Vec<u8>> {
-            meta: stored.meta,
-            snapshot: stored.data,
+        let bad = |why: String| {
+            io::Error::other(format!(
+                "group {group}: stored snapshot record: {why} (a record written by a quorumq \
+                 before snapshot files cannot be read: re-seed this node from its peers)"
+            ))
+        };
+        let name = snapshot_record_file(&record).ok_or_else(|| bad("no file name".into()))?;
+        let rest = snapshot_record_rest(&record).ok_or_else(|| bad("no meta".into()))?;
+        let meta: SnapshotMetaOf<TypeConfig> =
+            postcard::from_bytes(rest).map_err(|e| bad(format!("meta: {e}")))?;
+        let file = SnapshotFile::open(&store.snapshots().path().join(&name))?;
+        Ok(Some(SnapshotOf::<TypeConfig, SnapshotFile> {
+            meta,
+            snapshot: file,
         }))
     }
 }
 
-/// Persist `data` as the group's current snapshot and hand it back in openraft's form.
+/// Runs blocking IO off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| io::Error::other(format!("snapshot IO task: {e}")))?
+}
+
+/// Make `file` the group's current snapshot: give it its name, record it durably, then remove
+/// the file it replaces.
 async fn save(
     store: &Store,
     group: GroupId,
     meta: SnapshotMetaOf<TypeConfig>,
-    data: Vec<u8>,
-) -> io::Result<SnapshotOf<TypeConfig, Vec<u8>>> {
-    let stored = StoredSnapshot { meta, data };
-    store.put_snapshot(group, &encode(&stored)?).await?;
-    Ok(SnapshotOf::<TypeConfig, Vec<u8>> {
-        meta: stored.meta,
-        snapshot: stored.data,
+    file: SnapshotFile,
+) -> io::Result<SnapshotOf<TypeConfig, SnapshotFile>> {
+    let dir = store.snapshots();
+    let record = store.get_snapshot(group)?;
+    let previous = record.as_deref().and_then(snapshot_record_file);
+    let previous_log_id = record
+        .as_deref()
+        .and_then(snapshot_record_rest)
+        .and_then(|rest| postcard::from_bytes::<SnapshotMetaOf<TypeConfig>>(rest).ok())
+        .and_then(|m| m.last_log_id);
+    if previous_log_id > meta.last_log_id {
+        // A build that started before an install of a newer snapshot finished after it: the
+        // newer one stays current. The file goes; the open handle still serves the caller.
+        let name = file.path().file_name().map(|n| n.to_string_lossy().into_owned());
+        if let Some(name) = name {
+            dir.remove(&name)?;
+        }
+        return Ok(SnapshotOf::<TypeConfig, SnapshotFile> {
+            meta,
+            snapshot: file,
+        });
+    }
+    let file = dir.adopt(file, group, meta.last_log_id.as_ref())?;
+    let name = file
+        .path()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let meta_bytes =
+        postcard::to_stdvec(&meta).map_err(|e| io::Error::other(format!("encode: {e}")))?;
+    store
+        .put_snapshot(group, &snapshot_record(&name, &meta_bytes))
+        .await?;
+    if let Some(previous) = previous.filter(|p| *p != name) {
+        dir.remove(&previous)?;
+    }
+    Ok(SnapshotOf::<TypeConfig, SnapshotFile> {
+        meta,
+        snapshot: file,
     })
 }
 
@@ -178,19 +219,27 @@ pub struct Builder<M: Machine> {
 }
 
 impl<M: Machine> RaftSnapshotBuilder<TypeConfig> for Builder<M> {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = SnapshotFile;
 
-    async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
+    async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, SnapshotFile>, io::Error> {
         let cut = self
             .cut
             .take()
             .ok_or_else(|| io::Error::other("snapshot builder used twice"))?;
-        let data = self.machine.encode_cut(cut)?;
         let meta = SnapshotMetaOf::<TypeConfig> {
             last_log_id: self.last_applied,
             last_membership: self.membership.clone(),
         };
-        save(self.machine.store(), self.machine.group(), meta, data).await
+        let machine = self.machine.clone();
+        let log_id = self.last_applied;
+        let file = blocking(move || {
+            let group = machine.group();
+            let mut out = machine.store().snapshots().writer(group, log_id.as_ref())?;
+            machine.write_cut(cut, &mut out)?;
+            out.finish()
+        })
+        .await?;
+        save(self.machine.store(), self.machine.group(), meta, file).await
     }
 }
 

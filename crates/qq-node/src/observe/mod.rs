@@ -119,6 +119,7 @@ impl Observability {
         for kind in [metrics::META, metrics::QUEUE] {
             let _ = instruments.leader_changes.get_or_create(&kind);
             let _ = instruments.commit_latency.get_or_create(&kind);
+            let _ = instruments.snapshots_installed.get_or_create(&kind);
         }
         registry.register(
             "raft_commit_latency_seconds",
@@ -139,6 +140,16 @@ impl Observability {
             "consume_streams",
             "Client consume streams open on this node",
             instruments.consume_streams.clone(),
+        );
+        registry.register(
+            "snapshot_received_bytes",
+            "Snapshot bytes received from leaders (in chunks of at most 4 MiB)",
+            instruments.snapshot_bytes_received.clone(),
+        );
+        registry.register(
+            "snapshots_installed",
+            "Snapshots received from a leader and installed on this node, by group kind",
+            instruments.snapshots_installed.clone(),
         );
         registry.register_collector(Box::new(NodeCollector::new(
             self.node.clone(),

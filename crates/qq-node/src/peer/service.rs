@@ -14,7 +14,7 @@ use futures::{Stream, StreamExt};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use qq_proto::internal::internal_server::Internal;
 use qq_proto::internal::*;
-use qq_raft::network::SnapshotRequest;
+use qq_raft::snapshot::{ChunkReply, Received, SnapshotChunk, SnapshotFile};
 use qq_raft::{META_GROUP, TypeConfig};
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -58,6 +58,53 @@ fn decode<T: serde::de::DeserializeOwned>(b: &[u8]) -> Result<T, Status> {
     postcard::from_bytes(b).map_err(|e| Status::invalid_argument(format!("payload: {e}")))
 }
 
+/// Takes one snapshot chunk for `group` (file IO on a blocking thread); after the last, hands
+/// the file to the group's Raft and answers its outcome. A received file the install did not
+/// adopt is removed.
+async fn receive_chunk<SM>(
+    node: &Arc<Node>,
+    raft: &openraft::Raft<TypeConfig, SM>,
+    group: u64,
+    chunk: SnapshotChunk,
+) -> Result<ChunkReply, String>
+where
+    SM: openraft::storage::RaftStateMachine<TypeConfig, SnapshotData = SnapshotFile>,
+{
+    let store = node.store().clone();
+    let bytes = chunk.data.len();
+    let (chunk, received) = tokio::task::spawn_blocking(move || {
+        let r = store.snapshots().receive(group, &chunk);
+        (chunk, r)
+    })
+    .await
+    .map_err(|e| format!("snapshot chunk task: {e}"))?;
+    let received = received.map_err(|e| format!("group {group}: {e}"))?;
+    crate::metrics::snapshot_chunk_received(bytes);
+    match received {
+        Received::Next(offset) => Ok(ChunkReply::Next(offset)),
+        Received::Complete(file) => {
+            let path = file.path().to_path_buf();
+            let snapshot = openraft::alias::SnapshotOf::<TypeConfig, SnapshotFile> {
+                meta: chunk.meta,
+                snapshot: file,
+            };
+            let outcome = raft.install_full_snapshot(chunk.vote, snapshot).await;
+            // Adopted by the install, it was renamed; otherwise it is no use to anyone.
+            if path.exists() {
+                let _ = std::fs::remove_file(&path);
+            }
+            if outcome.is_ok() {
+                crate::metrics::snapshot_installed(if group == META_GROUP {
+                    crate::metrics::META
+                } else {
+                    crate::metrics::QUEUE
+                });
+            }
+            outcome.map(ChunkReply::Done).map_err(|e| e.to_string())
+        }
+    }
+}
+
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -85,12 +132,13 @@ impl Internal for InternalService {
                             .await,
                     ),
                     RaftKind::Snapshot => {
-                        let s: SnapshotRequest = decode(&r.payload)?;
-                        let snapshot = openraft::alias::SnapshotOf::<TypeConfig, Vec<u8>> {
-                            meta: s.meta,
-                            snapshot: s.data,
-                        };
-                        reply($raft.install_full_snapshot(s.vote, snapshot).await)
+                        return Err(Status::invalid_argument(
+                            "kind: whole snapshots are no longer accepted; send SNAPSHOT_CHUNK",
+                        ))
+                    }
+                    RaftKind::SnapshotChunk => {
+                        let chunk: SnapshotChunk = decode(&r.payload)?;
+                        reply(receive_chunk(node, &$raft, r.group, chunk).await)
                     }
                     RaftKind::TransferLeader => reply(
                         $raft
