@@ -183,6 +183,22 @@ struct QueueSnapshotHeader {
     moves: BTreeMap<u64, MoveTask>,
 }
 
+/// [`QueueSnapshotHeader`] by reference: encoded in the cut without a copy of the state.
+#[derive(Serialize)]
+struct QueueSnapshotHeaderRef<'a> {
+    state: &'a QueueState,
+    receipts: &'a BTreeMap<MessageId, Receipt>,
+    moves: &'a BTreeMap<u64, MoveTask>,
+}
+
+/// A queue's snapshot cut: its state encoded (not cloned: the encoding is a fraction of the
+/// state's size in memory), its live message ids in order, and the bodies pinned at that moment.
+pub struct QueueCut {
+    header: io::Result<Vec<u8>>,
+    ids: Vec<MessageId>,
+    bodies: Pinned,
+}
+
 /// Bodies read or written per step while a snapshot is written or installed.
 const SNAPSHOT_PAGE_BYTES: usize = 4 << 20;
 
@@ -455,7 +471,7 @@ impl QueueMachine {
 impl Machine for QueueMachine {
     /// The state as of the snapshot's index, and a pinned view of the bodies at that moment
     /// (a consistent cut: bodies removed by later entries are still in it).
-    type Cut = (QueueState, Pinned);
+    type Cut = QueueCut;
 
     fn group(&self) -> GroupId {
         self.group
@@ -503,22 +519,29 @@ impl Machine for QueueMachine {
         *self.last_applied.lock().unwrap() = log_id;
     }
 
-    fn cut(&self) -> (QueueState, Pinned) {
+    fn cut(&self) -> QueueCut {
         // Taken in the state-machine worker between two applies, after the previous apply's
         // bodies were written (`flush_bodies`): the state and the pinned bodies agree.
-        let state = self.state.lock().unwrap().clone();
-        (state, self.store.pin())
+        let state = self.state.lock().unwrap();
+        let header = io_encode(&QueueSnapshotHeaderRef {
+            state: &state,
+            receipts: state.receipts(),
+            moves: state.moves(),
+        });
+        QueueCut {
+            header,
+            ids: state.message_ids(),
+            bodies: self.store.pin(),
+        }
     }
 
-    fn write_cut(&self, (state, bodies): (QueueState, Pinned), out: &mut SnapshotWriter) -> io::Result<()> {
-        let ids = state.message_ids();
-        let header = QueueSnapshotHeader {
-            receipts: state.receipts().clone(),
-            moves: state.moves().clone(),
-            state,
-        };
-        out.header(&io_encode(&header)?)?;
-        drop(header);
+    fn write_cut(&self, cut: QueueCut, out: &mut SnapshotWriter) -> io::Result<()> {
+        let QueueCut {
+            header,
+            ids,
+            bodies,
+        } = cut;
+        out.header(&header?)?;
         // Both in id order: a merge of the live ids with the pinned bodies, page by page.
         let mut live = ids.iter().copied().peekable();
         let mut missing = 0u64;
@@ -632,7 +655,7 @@ mod tests {
         m.apply_payload(index, &entry).unwrap();
     }
 
-    fn snapshot_of(m: &QueueMachine, cut: (QueueState, Pinned)) -> qq_raft::snapshot::SnapshotFile {
+    fn snapshot_of(m: &QueueMachine, cut: QueueCut) -> qq_raft::snapshot::SnapshotFile {
         let mut out = m.store.snapshots().writer(m.group, None).unwrap();
         m.write_cut(cut, &mut out).unwrap();
         out.finish().unwrap()
@@ -673,8 +696,8 @@ mod tests {
                 max_per_second: 5,
             }),
         );
+        let at_cut = m.with_state(|s| s.clone());
         let cut = m.cut();
-        let at_cut = cut.0.clone();
         // After the cut, every ready message is purged: their bodies go from RocksDB.
         apply(&m, 303, QueueRequest::command(Command::Purge));
         assert_eq!(m.with_state(|s| s.message_ids().len()), 1, "the leased one stays");
