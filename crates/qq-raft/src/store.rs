@@ -453,6 +453,14 @@ impl Store {
         })
     }
 
+    /// Reports a storage fault outside RocksDB (a snapshot file that cannot be written or read
+    /// back) to the fault handler, as a failed write is: the node stops. Returns the error for
+    /// handlers that return (tests).
+    pub fn fault(&self, e: io::Error) -> io::Error {
+        (self.inner.on_fault)(&e.to_string());
+        e
+    }
+
     pub(crate) fn err(&self, what: &str, e: impl fmt::Display) -> io::Error {
         io::Error::other(format!(
             "{what} (rocksdb {}): {e}",

@@ -9,6 +9,10 @@
 //! names its current file (made durable through the fsync thread), so a restart installs that
 //! file and replays the log after it.
 //!
+//! A snapshot that cannot be written, read back or recorded is a storage fault: the store's
+//! fault handler stops the node (fail-stop, as for a failed RocksDB write), rather than
+//! leave one group failed on a running node.
+//!
 //! Must not: read a clock, talk to peers or clients. What a machine does inside `apply` is
 //! deterministic IO at most (message bodies in RocksDB).
 
@@ -120,10 +124,15 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for Shell<M> {
     ) -> Result<(), io::Error> {
         let machine = self.machine.clone();
         let file = snapshot.clone();
-        blocking(move || machine.install(&mut file.reader()?)).await?;
+        let store = self.machine.store();
+        blocking(move || machine.install(&mut file.reader()?))
+            .await
+            .map_err(|e| store.fault(e))?;
         self.machine.set_last_applied(meta.last_log_id);
         self.membership = meta.last_membership.clone();
-        save(self.machine.store(), self.machine.group(), meta.clone(), snapshot).await?;
+        save(store, self.machine.group(), meta.clone(), snapshot)
+            .await
+            .map_err(|e| store.fault(e))?;
         self.machine.applied_batch();
         Ok(())
     }
@@ -232,14 +241,18 @@ impl<M: Machine> RaftSnapshotBuilder<TypeConfig> for Builder<M> {
         };
         let machine = self.machine.clone();
         let log_id = self.last_applied;
+        let store = self.machine.store();
         let file = blocking(move || {
             let group = machine.group();
             let mut out = machine.store().snapshots().writer(group, log_id.as_ref())?;
             machine.write_cut(cut, &mut out)?;
             out.finish()
         })
-        .await?;
-        save(self.machine.store(), self.machine.group(), meta, file).await
+        .await
+        .map_err(|e| store.fault(e))?;
+        save(store, self.machine.group(), meta, file)
+            .await
+            .map_err(|e| store.fault(e))
     }
 }
 
