@@ -984,28 +984,49 @@ impl QueueState {
 
     /// Dead letters held for at-least-once transfer, in death order.
     pub fn held_dead_letters(&self) -> Vec<HeldDeadLetter> {
-        self.held
-            .values()
-            .map(|id| {
-                let m = &self.msgs[id];
-                let Place::Held {
-                    reason,
-                    died_at_ms,
-                    ref detail,
-                    ..
-                } = m.place
-                else {
-                    unreachable!("held index names message {id} that is not held")
-                };
-                HeldDeadLetter {
-                    id: *id,
-                    reason,
-                    died_at_ms,
-                    size_bytes: m.header.size_bytes,
-                    detail: detail.clone(),
-                }
-            })
-            .collect()
+        self.held.values().map(|id| self.held_letter(*id)).collect()
+    }
+
+    /// The first held dead letters in death order that `skip` does not name, up to `max` of
+    /// them and `max_bytes` of their sizes (always at least one if any is left), without
+    /// walking the rest: a transfer round's batch.
+    pub fn first_held_dead_letters(
+        &self,
+        max: usize,
+        max_bytes: u64,
+        skip: impl Fn(MessageId) -> bool,
+    ) -> Vec<HeldDeadLetter> {
+        let mut out = Vec::new();
+        let mut bytes = 0u64;
+        for id in self.held.values().copied().filter(|id| !skip(*id)) {
+            let size = self.msgs[&id].header.size_bytes;
+            if out.len() == max || (!out.is_empty() && bytes + size > max_bytes) {
+                break;
+            }
+            bytes += size;
+            out.push(self.held_letter(id));
+        }
+        out
+    }
+
+    fn held_letter(&self, id: MessageId) -> HeldDeadLetter {
+        let m = &self.msgs[&id];
+        let Place::Held {
+            reason,
+            died_at_ms,
+            ref detail,
+            ..
+        } = m.place
+        else {
+            unreachable!("held index names message {id} that is not held")
+        };
+        HeldDeadLetter {
+            id,
+            reason,
+            died_at_ms,
+            size_bytes: m.header.size_bytes,
+            detail: detail.clone(),
+        }
     }
 
     /// (consumer, node, prefetch, unacked) of every attached consumer, by consumer id.

@@ -645,6 +645,23 @@ fn check_step(
     let head: Vec<MessageId> = s.ready_ids().into_iter().take(3).collect();
     prop_assert_eq!(s.first_ready_ids(3), head);
     prop_assert_eq!(counts.held as usize, s.held_dead_letters().len());
+    // A transfer round takes the head of the held dead letters (skipping those in flight),
+    // bounded by count and bytes, without walking the rest.
+    let held = s.held_dead_letters();
+    let in_flight: Vec<MessageId> = held.iter().step_by(2).map(|h| h.id).collect();
+    let mut expect = Vec::new();
+    let mut bytes = 0;
+    for h in held.iter().filter(|h| !in_flight.contains(&h.id)) {
+        if expect.len() == 3 || (!expect.is_empty() && bytes + h.size_bytes > 40) {
+            break;
+        }
+        bytes += h.size_bytes;
+        expect.push(h.clone());
+    }
+    prop_assert_eq!(
+        s.first_held_dead_letters(3, 40, |id| in_flight.contains(&id)),
+        expect
+    );
     prop_assert_eq!(counts.consumers as usize, s.consumers().len());
 
     // Credit: a consumer that got something in this step is within its prefetch.

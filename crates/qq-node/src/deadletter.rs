@@ -13,7 +13,8 @@
 //! - at-least-once: the message stays held in the source's replicated state; the source's
 //!   leader actor ([`crate::leader`]) transfers held dead letters in rounds
 //!   ([`DeadLetters::transfer_held`]) and proposes `DeadLetterSettle` for those every target
-//!   committed.
+//!   committed ([`DeadLetters::settle`]). Rounds go one after the other (so each target stores
+//!   the copies in death order); a round's settle overlaps the next round.
 //!
 //! Order: dead letters leave in the order they died; the copies for one target go as one batch
 //! entry in that order, so each target sees them in order.
@@ -21,7 +22,7 @@
 //! Must not: decide when to transfer (the leader actor does) or read a clock for a decision.
 
 use qq_core::deadletter::{dead_letter_with_detail, deaths, is_cycle};
-use qq_core::queue::{Command, MsgHeader, Reply};
+use qq_core::queue::{Command, HeldDeadLetter, MsgHeader, Reply};
 use qq_core::{Message, MessageId, QueueConfig, Reason};
 use qq_raft::GroupId;
 use tracing::debug;
@@ -31,8 +32,11 @@ use crate::groups::queue_sm::{DeadLetterJob, QueueMachine, QueueRequest};
 use crate::meta_view::MetaView;
 use crate::proposer::Proposer;
 
-/// Held dead letters transferred per round.
-pub const TRANSFER_BATCH: usize = 128;
+/// Most held dead letters one transfer round takes, and most bytes of them (a larger dead
+/// letter goes alone). A round is one batch entry per target, so a relay that falls behind
+/// catches up with larger rounds, not more of them.
+pub const TRANSFER_BATCH: usize = 1024;
+pub const TRANSFER_BATCH_BYTES: u64 = 4 << 20;
 
 /// Why a transfer did not complete (the dead letter stays held under at-least-once).
 #[derive(Debug)]
@@ -61,8 +65,8 @@ pub struct DeadLetters {
 
 /// What one at-least-once round did.
 pub struct Round {
-    /// Dead letters every target committed (and that the source then settled).
-    pub settled: usize,
+    /// Dead letters every target committed: the source may settle them now.
+    pub transferred: Vec<MessageId>,
     /// The last failure, if any; those dead letters stay held.
     pub failure: Option<TransferError>,
 }
@@ -209,13 +213,19 @@ impl DeadLetters {
         Ok(())
     }
 
-    /// At-least-once: transfer up to [`TRANSFER_BATCH`] held dead letters of the queue and
-    /// settle those every target committed.
-    pub async fn transfer_held(&self, group: GroupId, machine: &QueueMachine) -> Round {
-        let (held, config) = machine.with_state(|s| (s.held_dead_letters(), s.config().clone()));
+    /// At-least-once: transfer these held dead letters of the queue (a batch the caller took
+    /// with [`qq_core::queue::QueueState::first_held_dead_letters`], in death order) to every
+    /// target. The caller settles those every target committed ([`DeadLetters::settle`]).
+    pub async fn transfer_held(
+        &self,
+        group: GroupId,
+        machine: &QueueMachine,
+        config: &QueueConfig,
+        batch: Vec<HeldDeadLetter>,
+    ) -> Round {
         let mut failure = None;
-        let mut letters = Vec::new();
-        for h in held.into_iter().take(TRANSFER_BATCH) {
+        let mut letters = Vec::with_capacity(batch.len());
+        for h in batch {
             match machine.read_message(h.id) {
                 Ok(message) => letters.push(Letter {
                     id: h.id,
@@ -227,26 +237,33 @@ impl DeadLetters {
                 Err(e) => failure = Some(TransferError::Unavailable(e.to_string())),
             }
         }
-        let mut done = Vec::new();
-        for (id, r) in self.transfer(group, &config, letters).await {
+        let mut transferred = Vec::new();
+        for (id, r) in self.transfer(group, config, letters).await {
             match r {
-                Ok(()) => done.push(id),
+                Ok(()) => transferred.push(id),
                 Err(e) => failure = Some(e),
             }
         }
-        let settled = done.len();
-        if !done.is_empty() {
-            let cmd = Command::DeadLetterSettle { ids: done };
-            match self
-                .proposer
-                .propose_queue(group, QueueRequest::command(cmd))
-                .await
-            {
-                Ok(_) => debug!(n = settled, "dead letters confirmed by every target"),
-                Err(e) => debug!("dead-letter settle not applied: {e}"),
-            }
+        Round {
+            transferred,
+            failure,
         }
-        Round { settled, failure }
+    }
+
+    /// Forget dead letters every target committed (`DeadLetterSettle`). Not applied (a lost
+    /// leadership): they stay held, and the next transfer finds them stored already (their
+    /// transfer keys), so no target gets a second copy.
+    pub async fn settle(&self, group: GroupId, ids: Vec<MessageId>) {
+        let n = ids.len();
+        let cmd = Command::DeadLetterSettle { ids };
+        match self
+            .proposer
+            .propose_queue(group, QueueRequest::command(cmd))
+            .await
+        {
+            Ok(_) => debug!(n, "dead letters confirmed by every target"),
+            Err(e) => debug!("dead-letter settle not applied: {e}"),
+        }
     }
 }
 

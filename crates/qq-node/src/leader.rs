@@ -14,7 +14,9 @@
 //! - x-expires: propose `ExpireQueue { now_ms, leader_since_ms }` when the queue would be
 //!   unused for its expiry; the state machine decides, and if it answers expired the actor
 //!   deletes the queue through the metadata (its messages are not dead-lettered);
-//! - at-least-once dead letters: transfer held ones in rounds ([`crate::deadletter`]); after a
+//! - at-least-once dead letters: transfer held ones in rounds ([`crate::deadletter`]), one
+//!   round at a time (per-target order), each round's settle overlapping the next rounds (at
+//!   most [`SETTLES_IN_FLIGHT`]; dead letters being settled are not taken again); after a
 //!   failed round, retry on a metadata change or after `dead_letter_retry_ms`;
 //! - consumers that no session here serves (their stream ended on an earlier leader, or their
 //!   clean-up failed): `ConsumerDown` at election and every [`CONSUMER_RECONCILE`];
@@ -29,13 +31,17 @@
 //! Must not: carry out deliveries (the state machine does, to registered sessions) or touch
 //! another queue's state.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
+use qq_core::MessageId;
 use qq_core::meta::MetaCommand;
 use qq_core::queue::{Command, Reply};
 use qq_raft::GroupId;
@@ -46,7 +52,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span, debug, info, warn};
 
 use crate::clock::now_ms;
-use crate::deadletter::{DeadLetters, Round, TransferError};
+use crate::deadletter::{DeadLetters, Round, TRANSFER_BATCH, TRANSFER_BATCH_BYTES, TransferError};
 use crate::groups::queue_sm::{LEADER_EVENTS_BOUND, LeaderEvent, QueueMachine, QueueRequest};
 use crate::groups::registry::QueueRaft;
 use crate::meta_view::MetaView;
@@ -147,6 +153,18 @@ pub async fn watch_leadership(
 }
 
 type Transfer = Pin<Box<dyn Future<Output = Round> + Send>>;
+type Settle = Pin<Box<dyn Future<Output = Vec<MessageId>> + Send>>;
+
+/// Settles of transferred dead letters in flight at once; at the bound no new round starts.
+pub const SETTLES_IN_FLIGHT: usize = 4;
+
+/// Dead letters every target committed whose `DeadLetterSettle` is in flight: not taken into
+/// a new round meanwhile.
+#[derive(Default)]
+struct Settling {
+    ids: HashSet<MessageId>,
+    running: FuturesUnordered<Settle>,
+}
 type Publish = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 type MoveRound = Pin<Box<dyn Future<Output = (Instant, MoveOutcome)> + Send>>;
 
@@ -274,6 +292,7 @@ impl QueueLeader {
         cleanup.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut timers = Timers::default();
         let mut transfer: Option<Transfer> = None;
+        let mut settling = Settling::default();
         let mut publish: Option<Publish> = None;
         let mut moving: Option<MoveRound> = None;
         let mut logged_no_route = false;
@@ -286,7 +305,7 @@ impl QueueLeader {
                 return; // stopped, or the queue expired and is being deleted
             }
             if transfer.is_none() {
-                transfer = self.next_transfer(&mut timers, &mut logged_no_route);
+                transfer = self.next_transfer(&mut timers, &mut logged_no_route, &settling);
             }
             if moving.is_none() {
                 moving = self.next_move(&mut timers);
@@ -296,7 +315,12 @@ impl QueueLeader {
                 _ = self.cancel.cancelled() => return,
                 round = poll_some(&mut transfer) => {
                     transfer = None;
-                    self.after_round(round, &mut timers, &mut logged_no_route);
+                    self.after_round(round, &mut timers, &mut logged_no_route, &mut settling);
+                }
+                Some(settled) = settling.running.next(), if !settling.running.is_empty() => {
+                    for id in settled {
+                        settling.ids.remove(&id);
+                    }
                 }
                 (started, outcome) = poll_some(&mut moving) => {
                     moving = None;
@@ -337,15 +361,31 @@ impl QueueLeader {
         }
     }
 
-    /// A transfer round of held at-least-once dead letters, if any are held and no retry
-    /// pause is running.
-    fn next_transfer(&self, timers: &mut Timers, logged_no_route: &mut bool) -> Option<Transfer> {
+    /// A transfer round of held at-least-once dead letters, if any are held that are not being
+    /// settled, no retry pause is running and fewer than [`SETTLES_IN_FLIGHT`] settles are.
+    fn next_transfer(
+        &self,
+        timers: &mut Timers,
+        logged_no_route: &mut bool,
+        settling: &Settling,
+    ) -> Option<Transfer> {
         if self.machine.with_state(|s| s.counts().held) == 0 {
             *logged_no_route = false;
             return None;
         }
-        if timers.transfer_retry.is_some_and(|t| t > Instant::now()) {
+        if timers.transfer_retry.is_some_and(|t| t > Instant::now())
+            || settling.running.len() >= SETTLES_IN_FLIGHT
+        {
             return None;
+        }
+        let (batch, config) = self.machine.with_state(|s| {
+            let batch = s.first_held_dead_letters(TRANSFER_BATCH, TRANSFER_BATCH_BYTES, |id| {
+                settling.ids.contains(&id)
+            });
+            (batch, s.config().clone())
+        });
+        if batch.is_empty() {
+            return None; // every held dead letter is being settled
         }
         timers.transfer_retry = None;
         let (dl, machine, group) = (
@@ -353,12 +393,27 @@ impl QueueLeader {
             self.machine.clone(),
             self.group,
         );
-        Some(Box::pin(
-            async move { dl.transfer_held(group, &machine).await },
-        ))
+        Some(Box::pin(async move {
+            dl.transfer_held(group, &machine, &config, batch).await
+        }))
     }
 
-    fn after_round(&self, round: Round, timers: &mut Timers, logged_no_route: &mut bool) {
+    fn after_round(
+        &self,
+        round: Round,
+        timers: &mut Timers,
+        logged_no_route: &mut bool,
+        settling: &mut Settling,
+    ) {
+        if !round.transferred.is_empty() {
+            let ids = round.transferred;
+            settling.ids.extend(ids.iter().copied());
+            let (dl, group) = (self.ctx.dead_letters.clone(), self.group);
+            settling.running.push(Box::pin(async move {
+                dl.settle(group, ids.clone()).await;
+                ids
+            }));
+        }
         let Some(failure) = round.failure else {
             return; // more may be held: next round at once
         };

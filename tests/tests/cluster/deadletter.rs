@@ -1423,9 +1423,75 @@ async fn dl_missing_dlx_at_most_once_drops_at_least_once_holds() -> anyhow::Resu
         sent,
         "at-least-once retries keep the order in which they died"
     );
+
+    info!(
+        "--- {HELD_MANY} held dead letters: several transfer rounds, settles overlapping, in order"
+    );
+    c.declare_queue(
+        "alo.many",
+        dl_args(
+            "alo.many.dlx",
+            vec![
+                ("x-dead-letter-strategy", Value::string("at-least-once")),
+                ("x-overflow", Value::string("reject-publish")),
+            ],
+        ),
+    )
+    .await?;
+    let mut publisher = c.publisher(256).await?;
+    for i in 0..HELD_MANY {
+        publisher
+            .send("", "alo.many", message(format!("m{i:05}")))
+            .await?;
+    }
+    let confirms = publisher.close().await?;
+    ensure!(
+        confirms.len() == HELD_MANY && confirms.iter().all(|c| c.is_confirmed()),
+        "every publish confirmed"
+    );
+    let mut consumer = c.consume("alo.many", HELD_MANY as u32).await?;
+    let mut died = Vec::with_capacity(HELD_MANY);
+    let mut last_tag = 0;
+    while died.len() < HELD_MANY {
+        let d = next(&mut consumer).await?;
+        last_tag = d.delivery_tag;
+        died.push(body(&d));
+    }
+    // One multiple reject: they die in delivery order.
+    consumer.nack(last_tag, true, false).await?;
+    wait_queue(&c, "alo.many", "all held", |q| {
+        q.messages_dead_letter_held == HELD_MANY as u64
+    })
+    .await?;
+    drop(consumer);
+    c.declare_exchange("alo.many.dlx", "fanout").await?;
+    c.declare_queue("alo.many.dlq", no_args()).await?;
+    c.bind("alo.many.dlq", "alo.many.dlx", "", no_args())
+        .await?;
+    wait_queue(&c, "alo.many", "nothing held", |q| {
+        q.messages == 0 && q.messages_dead_letter_held == 0
+    })
+    .await?;
+    let dlq = wait_messages(&c, "alo.many.dlq", HELD_MANY as u64).await?;
+    assert_eq!(dlq.messages, HELD_MANY as u64, "exactly once: {dlq:?}");
+    let mut consumer = c.consume("alo.many.dlq", 1000).await?;
+    let mut arrived = Vec::with_capacity(HELD_MANY);
+    while arrived.len() < HELD_MANY {
+        let d = next(&mut consumer).await?;
+        arrived.push(body(&d));
+        consumer.ack(d.delivery_tag, false).await?;
+    }
+    assert!(
+        arrived == died,
+        "the DLQ holds them in the order they died (first difference at {:?})",
+        arrived.iter().zip(&died).position(|(a, b)| a != b)
+    );
     cluster.stop();
     Ok(())
 }
+
+/// More held dead letters than one transfer round takes (qq-node's `TRANSFER_BATCH` is 1024).
+const HELD_MANY: usize = 3000;
 
 // ---- 9. configuration ------------------------------------------------------------------------
 
