@@ -22,6 +22,7 @@
 //! Must not: decide when to transfer (the leader actor does) or read a clock for a decision.
 
 use qq_core::deadletter::{dead_letter_with_detail, deaths, is_cycle};
+use qq_core::meta::MetaState;
 use qq_core::queue::{Command, HeldDeadLetter, MsgHeader, Reply};
 use qq_core::{Message, MessageId, QueueConfig, Reason};
 use qq_raft::GroupId;
@@ -80,9 +81,11 @@ impl DeadLetters {
         }
     }
 
-    /// Make the copy of `message` (which died in `config`'s queue) and route it through the DLX.
+    /// Make the copy of `message` (which died in `config`'s queue) and route it through the DLX
+    /// with the metadata `topology`.
     fn prepare(
         &self,
+        topology: &MetaState,
         group: GroupId,
         config: &QueueConfig,
         letter: &Letter,
@@ -109,9 +112,7 @@ impl DeadLetters {
             dlx,
             config.dead_letter_routing_key.as_deref(),
         );
-        let targets = self
-            .view
-            .current()
+        let targets = topology
             .route(&config.vhost, dlx, &keys, &copy.properties.headers)
             .map_err(|e| TransferError::NoRoute(e.message))?;
         if targets.is_empty() {
@@ -163,8 +164,12 @@ impl DeadLetters {
     ) -> Vec<(MessageId, Result<(), TransferError>)> {
         let mut outcome = Vec::with_capacity(letters.len());
         let mut copies = Vec::with_capacity(letters.len());
+        // One topology for the whole round: a binding that appears while the round is being
+        // prepared must not route its later dead letters while the earlier ones stay held (they
+        // would reach the target after them; found by the 3 000-letter order test).
+        let topology = self.view.current();
         for letter in &letters {
-            match self.prepare(group, config, letter) {
+            match self.prepare(&topology, group, config, letter) {
                 Ok(routed) => {
                     copies.push(routed);
                     outcome.push((letter.id, Ok(())));

@@ -387,6 +387,12 @@ impl QueueLeader {
         if batch.is_empty() {
             return None; // every held dead letter is being settled
         }
+        debug!(
+            first = batch[0].id,
+            n = batch.len(),
+            settling = settling.ids.len(),
+            "dead-letter transfer round"
+        );
         timers.transfer_retry = None;
         let (dl, machine, group) = (
             self.ctx.dead_letters.clone(),
