@@ -184,6 +184,17 @@ impl Node {
         &self.view
     }
 
+    /// Whether queue group `group`, not running here, may start here soon: its id is newer
+    /// than any this node's metadata has allocated (the entry that creates it has not applied
+    /// here yet), or the metadata places a replica here that has not started yet.
+    pub fn may_start_group(&self, group: GroupId) -> bool {
+        let view = self.view.current();
+        group >= view.next_queue_id()
+            || view
+                .queue_by_id(group)
+                .is_some_and(|q| q.replicas().any(|n| n == self.id))
+    }
+
     pub fn proposer(&self) -> &Proposer {
         &self.proposer
     }

@@ -2,6 +2,8 @@
 //! vhosts. Each handler checks the caller, validates what the metadata machine does not, and
 //! proposes one metadata command; queue purges go to the queue's own group.
 
+use std::time::Duration;
+
 use qq_core::meta::{Limits, MetaCommand, MetaReply, Perm};
 use qq_core::queue::{Command, Reply};
 use qq_proto::v1 as pb;
@@ -66,6 +68,10 @@ pub async fn delete_exchange(api: &Api, request: Request<pb::DeleteExchangeReque
     empty()
 }
 
+/// How long a declare waits on its own replica for the new group's first leader before it
+/// asks the members (the group's first election is normally well within this).
+const NEW_QUEUE_LEADER_WAIT: Duration = Duration::from_secs(2);
+
 pub async fn declare_queue(
     api: &Api,
     request: Request<pb::DeclareQueueRequest>,
@@ -104,6 +110,10 @@ pub async fn declare_queue(
         }
     };
     // Wait until the queue's group has a leader, so the queue is usable when we answer.
+    api.node
+        .registry()
+        .wait_for_leader(qm.id, NEW_QUEUE_LEADER_WAIT)
+        .await;
     let data = api.node.proposer().queue_info(qm.id).await?;
     Ok(Response::new(pb::DeclareQueueResponse {
         name: qm.name,

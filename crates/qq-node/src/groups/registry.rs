@@ -78,6 +78,8 @@ pub struct Registry {
     meta_raft: MetaRaft,
     meta: Arc<MetaMachine>,
     queues: RwLock<HashMap<GroupId, QueueGroup>>,
+    /// Bumped whenever a queue group starts here ([`Registry::queue_when_started`] waits on it).
+    started: tokio::sync::watch::Sender<u64>,
 }
 
 impl Registry {
@@ -93,6 +95,7 @@ impl Registry {
             meta_raft,
             meta,
             queues: RwLock::new(HashMap::new()),
+            started: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -122,6 +125,25 @@ impl Registry {
 
     pub fn insert(&self, group: QueueGroup) {
         self.queues.write().unwrap().insert(group.meta.id, group);
+        self.started.send_modify(|n| *n += 1);
+    }
+
+    /// The queue group, waiting up to `wait` for it to start here. For a peer's Raft message
+    /// to a group that the metadata entry creating it has committed but this node has not
+    /// applied yet: answering "not running" would fail the new group's first election round
+    /// and cost an election timeout on every declare.
+    pub async fn queue_when_started(&self, group: GroupId, wait: Duration) -> Option<QueueGroup> {
+        let mut started = self.started.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(g) = self.queue(group) {
+                return Some(g);
+            }
+            match tokio::time::timeout_at(deadline, started.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return self.queue(group),
+            }
+        }
     }
 
     pub fn remove(&self, group: GroupId) -> Option<QueueGroup> {
@@ -148,6 +170,24 @@ impl Registry {
         self.queue(group)
             .map(|g| g.raft.metrics().borrow_watched().state == ServerState::Leader)
             .unwrap_or(false)
+    }
+
+    /// Wait (up to `wait`) until this node's replica of a new group knows a leader that can
+    /// answer reads: another node, or this node with a fresh quorum acknowledgement. Lets a
+    /// declare answer as soon as its queue is usable instead of polling for a leader. Returns
+    /// at once where the group does not run here (the read that follows asks the members).
+    pub async fn wait_for_leader(&self, group: GroupId, wait: Duration) {
+        let Some(g) = self.queue_when_started(group, wait).await else {
+            return;
+        };
+        let _ = g
+            .raft
+            .wait(Some(wait))
+            .metrics(
+                |m| m.current_leader.is_some_and(|l| l != self.id) || self.leads_now(m),
+                "a leader that can answer reads",
+            )
+            .await;
     }
 
     /// Whether this node may answer a leader-only read of a group with these metrics: it leads,

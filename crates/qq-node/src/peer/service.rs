@@ -9,6 +9,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
@@ -34,6 +35,10 @@ impl InternalService {
         InternalService { node }
     }
 }
+
+/// How long a Raft message for a queue group that is about to start here waits for it
+/// ([`Node::may_start_group`]).
+const NEW_GROUP_WAIT: Duration = Duration::from_secs(1);
 
 fn reply<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> RaftReply {
     match r {
@@ -156,7 +161,16 @@ impl Internal for InternalService {
         let out = if r.group == META_GROUP {
             dispatch!(node.registry().meta_raft())
         } else {
-            match node.registry().queue(r.group) {
+            let group = match node.registry().queue(r.group) {
+                Some(g) => Some(g),
+                None if node.may_start_group(r.group) => {
+                    node.registry()
+                        .queue_when_started(r.group, NEW_GROUP_WAIT)
+                        .await
+                }
+                None => None,
+            };
+            match group {
                 Some(g) => dispatch!(g.raft),
                 None => RaftReply {
                     payload: Default::default(),
