@@ -3,23 +3,24 @@
 //! built, (b) with its data directory wiped, and catches up while publishing goes on.
 //!
 //! One quorum queue with three replicas, led by node 1; the follower taken away is node 3.
-//! The run, on each system:
+//! In both variants a steady publisher sends `catchup_rate` msg/s from [`WARM`] before the
+//! kill to the end of the variant, and a second publisher sends as fast as its window allows
+//! (confirmed, `window` in flight, no consumer) while node 3 is down. The run, on each system:
 //!
-//! 1. **Steady state.** With every node up, publish `catchup_backlog` messages (confirmed,
-//!    window `window`, no consumer) into queue W, wait [`SETTLE`], and read every node's RSS:
-//!    the baseline each peak is divided by.
-//! 2. **(b) wiped**, on W (which holds the backlog): a steady publisher starts at
-//!    `catchup_rate` msg/s and runs to the end of the variant. After [`WARM`], `kill -9` node 3
-//!    and remove its data directory (RabbitMQ: first `forget_cluster_node`, which also takes it
-//!    out of the queue's members, as RabbitMQ's procedure for a lost node asks). While it is
-//!    down a second publisher sends a tenth of the backlog as fast as the window allows. Then
-//!    node 3 starts again, empty; quorumq's node rejoins by itself and its replica is rebuilt
-//!    from the leader (by a chunked snapshot: the leader's log is compacted), RabbitMQ's node
-//!    rejoins the cluster at boot (peer discovery) and is made a member again with
-//!    `rabbit_quorum_queue:add_member` once it serves (what `rabbitmq-queues add_member` runs).
-//! 3. W is deleted.
-//! 4. **(a) stopped**, on a new queue S: the same, except that the whole backlog is published
-//!    while node 3 is down and its data is kept.
+//! 1. **(a) stopped**, on an empty queue: `kill -9` node 3, publish the whole backlog
+//!    (`catchup_backlog`) while it is down, start it again with its data.
+//! 2. **Steady state.** Every node up, the queue holding the backlog (plus what the steady
+//!    publisher added), [`SETTLE`] quiet: every node's RSS now is the baseline each peak of
+//!    both variants is divided by. It is read after (a) because in (a) the backlog builds
+//!    while a node is down: this is the first moment the cluster holds that backlog normally.
+//! 3. **(b) wiped**, on the same queue: `kill -9` node 3 and remove its data directory
+//!    (RabbitMQ: first `forget_cluster_node`, which also takes it out of the queue's members,
+//!    RabbitMQ's procedure for a lost node), publish a tenth of the backlog while it is down,
+//!    start it empty. quorumq's node rejoins by itself and its replica is rebuilt from the
+//!    leader (by a chunked snapshot: the leader's log is compacted); RabbitMQ's node rejoins
+//!    the cluster at boot (peer discovery) and is made a member of the queue again with
+//!    `rabbit_quorum_queue:add_member` (what `rabbitmq-queues add_member` runs) once it serves.
+//! 4. The queue is deleted.
 //!
 //! What is reported per variant: the publish rate while the follower is down (confirms of
 //! both publishers over the time the second one runs); the catch-up time, from starting the
@@ -57,10 +58,8 @@ use crate::load::{Counters, Progress, PubOutcome, PubPlan, publish_loop};
 use crate::moves::place;
 use crate::scenarios::{Better, Outcome, Settings, delete_queues};
 
-/// The queue of the steady state and of variant (b).
-const QUEUE_WIPED: &str = "bench-catchup-wiped";
-/// The queue of variant (a).
-const QUEUE_STOPPED: &str = "bench-catchup-stopped";
+/// The queue of both variants.
+const QUEUE: &str = "bench-catchup";
 /// The leader (node 1) and the follower taken away (node 3), 0-based.
 const LEADER: usize = 0;
 const FOLLOWER: usize = 2;
@@ -349,32 +348,25 @@ struct Measured {
 }
 
 pub async fn catch_up(cl: &mut Cluster, s: &Settings) -> Result<Outcome> {
-    let system = cl.system();
     let mut out = Outcome::default();
+    place(cl, LEADER, QUEUE, |l| l == LEADER).await?;
+    let result = run(cl, s, &mut out).await;
+    delete_queues(cl, &[QUEUE.to_string()]).await;
+    result?;
+    Ok(out)
+}
 
-    // 1. Steady state: the backlog with every node up.
-    let leader = place(cl, LEADER, QUEUE_WIPED, |l| l == LEADER).await?;
-    let conn = Conn::connect(system, leader).await?;
-    let counters = Arc::new(Counters::default());
-    let progress = Progress::start(
-        format!("11 steady backlog of {} {system}", s.catchup_backlog),
-        counters.clone(),
-    );
-    let started = Instant::now();
-    let filled = spawn_publisher(
-        &conn,
-        QUEUE_WIPED,
-        s,
-        None,
-        Some(s.catchup_backlog),
-        Arc::new(AtomicBool::new(false)),
-        0,
-        counters.clone(),
-    )
-    .await;
-    progress.finish().await;
-    let filled = joined(filled)?;
-    let fill_s = started.elapsed().as_secs_f64();
+/// (a), the steady state, (b), on [`QUEUE`]; the figures go to `out` as they are known.
+async fn run(cl: &mut Cluster, s: &Settings, out: &mut Outcome) -> Result<()> {
+    // 1. (a): the whole backlog is published while node 3 is down.
+    let stopped = variant(cl, s, Variant::Stopped, QUEUE, s.catchup_backlog).await;
+    if let Err(e) = &stopped {
+        out.notes
+            .push(format!("failed: (a) {}: {e:#}", Variant::Stopped.what()));
+    }
+    cl.ensure_up(Duration::from_secs(300)).await?;
+
+    // 2. The steady state: every node up with the backlog, quiet.
     tokio::time::sleep(SETTLE).await;
     let steady: Vec<u64> = cl
         .rss_kib()
@@ -382,12 +374,13 @@ pub async fn catch_up(cl: &mut Cluster, s: &Settings) -> Result<Outcome> {
         .enumerate()
         .map(|(n, r)| r.with_context(|| format!("node {} is not running", n + 1)))
         .collect::<Result<_>>()?;
+    let held = Conn::connect(cl.system(), LEADER)
+        .await?
+        .message_count(QUEUE)
+        .await?;
     out.notes.push(format!(
-        "steady state: {} × {} B published with all nodes up in {fill_s:.1} s ({:.0} msg/s), \
-         then {} s quiet; RSS MiB per node: {}",
-        filled.confirmed,
-        s.body_bytes,
-        filled.confirmed as f64 / fill_s,
+        "steady state: {held} messages in {QUEUE}, every node up, {} s after (a) ended; RSS \
+         MiB per node: {}",
         SETTLE.as_secs(),
         steady
             .iter()
@@ -404,34 +397,22 @@ pub async fn catch_up(cl: &mut Cluster, s: &Settings) -> Result<Outcome> {
             mib(*k),
         );
     }
-
-    // 2. (b) on the queue that holds the backlog, then 3. delete it, 4. (a) on a new queue.
-    let wiped = variant(cl, s, Variant::Wiped, QUEUE_WIPED, s.catchup_backlog / 10).await;
-    delete_queues(cl, &[QUEUE_WIPED.to_string()]).await;
-    let stopped = match cl.ensure_up(Duration::from_secs(300)).await {
-        Ok(()) => match place(cl, LEADER, QUEUE_STOPPED, |l| l == LEADER).await {
-            Ok(_) => variant(cl, s, Variant::Stopped, QUEUE_STOPPED, s.catchup_backlog).await,
-            Err(e) => Err(e),
-        },
-        Err(e) => Err(e),
-    };
-    delete_queues(cl, &[QUEUE_STOPPED.to_string()]).await;
-
-    let mut failed = Vec::new();
-    for (v, r) in [(Variant::Stopped, stopped), (Variant::Wiped, wiped)] {
-        match r {
-            Ok(m) => report(&mut out, &m, &steady),
-            Err(e) => failed.push(format!("{} {}: {e:#}", v.tag(), v.what())),
-        }
+    if let Ok(m) = &stopped {
+        report(out, m, &steady);
     }
-    if !failed.is_empty() {
-        if out.figures.len() <= NODES {
-            bail!("{}", failed.join("; "));
-        }
-        out.notes
-            .extend(failed.into_iter().map(|f| format!("failed: {f}")));
+
+    // 3. (b): on the same queue and backlog, node 3 wiped; a tenth of the backlog while down.
+    let wiped = variant(cl, s, Variant::Wiped, QUEUE, s.catchup_backlog / 10).await;
+    match &wiped {
+        Ok(m) => report(out, m, &steady),
+        Err(e) => out
+            .notes
+            .push(format!("failed: (b) {}: {e:#}", Variant::Wiped.what())),
     }
-    Ok(out)
+    match (stopped, wiped) {
+        (Err(a), Err(b)) => bail!("(a): {a:#}; (b): {b:#}"),
+        _ => Ok(()),
+    }
 }
 
 fn report(out: &mut Outcome, m: &Measured, steady: &[u64]) {
