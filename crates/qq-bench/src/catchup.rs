@@ -200,6 +200,22 @@ async fn qq_index(node: usize, metric: &str, queue: &str) -> Option<u64> {
         .and_then(|page| metric_of(&page, metric, queue))
 }
 
+/// quorumq: the snapshot files in a node's snapshot directory (`<data_dir>/db/snapshots`), as
+/// `(name, bytes)`; `recv-*` are transfers being received.
+fn qq_snapshot_files(cl: &Cluster, node: usize) -> Vec<(String, u64)> {
+    let dir = cl.data_dir(node).join("db").join("snapshots");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let len = e.metadata().ok()?.len();
+            Some((e.file_name().to_string_lossy().into_owned(), len))
+        })
+        .collect()
+}
+
 fn rabbit_node(node: usize) -> String {
     format!("bench{}@localhost", node + 1)
 }
@@ -617,8 +633,19 @@ async fn variant(
         let mut first_progress: Option<f64> = None;
         let mut last_applied = None;
         let mut catchup_s = None;
+        // quorumq: how node 3 caught up; a snapshot transfer shows as a `recv-*` file.
+        let mut received_max = 0u64;
+        let mut receive_seen_at: Option<f64> = None;
         while restarted.elapsed() < s.catchup_deadline {
             peaks.sample(cl);
+            if system == System::Quorumq {
+                for (name, len) in qq_snapshot_files(cl, FOLLOWER) {
+                    if name.starts_with("recv-") {
+                        receive_seen_at.get_or_insert(restarted.elapsed().as_secs_f64());
+                        received_max = received_max.max(len);
+                    }
+                }
+            }
             if !member_added {
                 if let Some(child) = add_member.as_mut() {
                     if let Some(status) = child.try_wait()? {
@@ -675,6 +702,29 @@ async fn variant(
                 s.catchup_deadline.as_secs_f64(),
                 last_applied.map_or("nothing readable".into(), |a| a.to_string())
             )),
+        }
+        if system == System::Quorumq {
+            let leader_snaps: Vec<String> = qq_snapshot_files(cl, LEADER)
+                .into_iter()
+                .map(|(n, l)| format!("{n} ({:.0} MiB)", l as f64 / 1048576.0))
+                .collect();
+            notes.push(match receive_seen_at {
+                Some(at) => format!(
+                    "node 3 was seen receiving a snapshot from {at:.1} s after its start, up to \
+                     {:.0} MiB received at one sample; snapshot files on node 1 now: {}",
+                    received_max as f64 / 1048576.0,
+                    leader_snaps.join(", ")
+                ),
+                None => format!(
+                    "no snapshot transfer to node 3 was seen (it caught up from the leader's \
+                     log); snapshot files on node 1 now: {}",
+                    if leader_snaps.is_empty() {
+                        "none".to_string()
+                    } else {
+                        leader_snaps.join(", ")
+                    }
+                ),
+            });
         }
         sampling(cl, &mut peaks, tokio::time::sleep(AFTER)).await;
         if let Watch::Rabbit(r) = watch {

@@ -152,22 +152,26 @@ impl Cluster {
         }
     }
 
-    /// Removes the data directory of node `node`, which must be down (the node then starts
-    /// empty, as after an operator moved a damaged directory aside). quorumq: the node's
-    /// `data_dir`; RabbitMQ: its mnesia directory (its database, its Ra logs, its node
-    /// identity), not its logs.
-    pub fn wipe_data(&mut self, node: usize) -> Result<PathBuf> {
-        if self.pid(node).is_some() {
-            bail!("node {} runs: stop it before wiping its data", node + 1);
-        }
-        let dir = match self {
+    /// The data directory of node `node`: quorumq's `data_dir`; RabbitMQ's mnesia directory
+    /// (its database, its Ra logs, its node identity; not its logs).
+    pub fn data_dir(&self, node: usize) -> PathBuf {
+        match self {
             Cluster::Qq(c) => c.dir.join(format!("node{}", node + 1)),
             Cluster::Rabbit(c) => c
                 .run_dir
                 .join("rabbitmq")
                 .join(format!("node{}", node + 1))
                 .join("mnesia"),
-        };
+        }
+    }
+
+    /// Removes the data directory ([`Cluster::data_dir`]) of node `node`, which must be down:
+    /// the node then starts empty, as after an operator moved a damaged directory aside.
+    pub fn wipe_data(&mut self, node: usize) -> Result<PathBuf> {
+        if self.pid(node).is_some() {
+            bail!("node {} runs: stop it before wiping its data", node + 1);
+        }
+        let dir = self.data_dir(node);
         if dir.exists() {
             fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
         }
