@@ -54,7 +54,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::System;
 use crate::cluster::{Cluster, NODES};
 use crate::driver::{Conn, qq_http_address};
-use crate::load::{Counters, Progress, PubOutcome, PubPlan, publish_loop};
+use crate::load::{Counters, Progress, PubOutcome, PubPlan, now_ns, publish_loop};
 use crate::moves::place;
 use crate::scenarios::{Better, Outcome, Settings, delete_queues};
 
@@ -214,6 +214,23 @@ fn qq_snapshot_files(cl: &Cluster, node: usize) -> Vec<(String, u64)> {
             Some((e.file_name().to_string_lossy().into_owned(), len))
         })
         .collect()
+}
+
+/// The wall-clock time (UTC, `HH:MM:SS.mmm`) of a [`now_ns`] instant, to find it in node logs.
+fn wall(ns: u64) -> String {
+    let ago = Duration::from_nanos(now_ns().saturating_sub(ns));
+    let at = SystemTime::now()
+        .checked_sub(ago)
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    let ms = at.as_millis() % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
 }
 
 fn rabbit_node(node: usize) -> String {
@@ -547,6 +564,7 @@ async fn variant(
         // Take the follower away.
         cl.kill9(FOLLOWER)?;
         let killed = Instant::now();
+        let killed_ns = now_ns();
         if v == Variant::Wiped {
             if system == System::Rabbitmq {
                 let t = Instant::now();
@@ -623,6 +641,7 @@ async fn variant(
         };
         cl.start_node(FOLLOWER)?;
         let restarted = Instant::now();
+        let restarted_ns = now_ns();
         notes.push(format!(
             "node 3 down for {:.1} s; restarted with the leader's commit index at {target}",
             (restarted - killed).as_secs_f64()
@@ -734,24 +753,39 @@ async fn variant(
             let _ = c.kill();
             let _ = c.wait();
         }
+        let gap_at = move |end: u64| {
+            let rel = |t: u64| end as f64 / 1e9 - t as f64 / 1e9;
+            format!(
+                "ended {} UTC, {:+.1} s from the kill, {:+.1} s from the restart",
+                wall(end),
+                rel(killed_ns),
+                rel(restarted_ns)
+            )
+        };
+        notes.push(format!(
+            "the full-speed publisher's longest confirm gap {}",
+            gap_at(down.max_confirm_gap_end_ns)
+        ));
         anyhow::Ok((
             down_rate,
             down.max_confirm_gap_ns,
             catchup_s,
             catchup_confirm_rate,
+            gap_at,
         ))
     }
     .await;
     stop_steady.store(true, Ordering::Relaxed);
     let steady = sampling(cl, &mut peaks, steady).await;
-    let (down_rate, down_gap_ns, catchup_s, catchup_confirm_rate) = result?;
+    let (down_rate, down_gap_ns, catchup_s, catchup_confirm_rate, gap_at) = result?;
     let steady = joined(steady)?;
     let gap = |ns: u64| ns as f64 / 1e9;
     notes.push(format!(
-        "longest confirm gap: {:.3} s for the steady publisher ({} confirmed over the variant), \
-         {:.3} s for the one while down",
+        "longest confirm gap: {:.3} s for the steady publisher ({} confirmed over the variant; \
+         {}), {:.3} s for the one while down",
         gap(steady.max_confirm_gap_ns),
         steady.confirmed,
+        gap_at(steady.max_confirm_gap_end_ns),
         gap(down_gap_ns)
     ));
     let leader_now = cl.leader(queue).await.ok();

@@ -92,6 +92,8 @@ pub struct PubOutcome {
     /// no confirm (positive or negative) arrived: measured from the previous confirm, or from
     /// the send that ended a period with nothing in flight.
     pub max_confirm_gap_ns: u64,
+    /// When that longest wait ended ([`now_ns`]).
+    pub max_confirm_gap_end_ns: u64,
 }
 
 /// Send times of unconfirmed messages and what their confirms said.
@@ -119,7 +121,10 @@ impl Tracker {
     fn confirmed(&mut self, seq: u64, ok: bool) {
         let now = now_ns();
         let gap = now.saturating_sub(self.waiting_since_ns);
-        self.out.max_confirm_gap_ns = self.out.max_confirm_gap_ns.max(gap);
+        if gap > self.out.max_confirm_gap_ns {
+            self.out.max_confirm_gap_ns = gap;
+            self.out.max_confirm_gap_end_ns = now;
+        }
         self.waiting_since_ns = now;
         let sent = self.sent_at.remove(&seq).unwrap_or(0);
         if ok {
