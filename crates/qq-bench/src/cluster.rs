@@ -1,7 +1,8 @@
 //! The two three-node clusters under test, as processes on this machine.
 //!
 //! quorumq: three `qq-node` processes started here, one generated config each, on
-//! 127.0.0.1:7501-7503 with their data under `<run dir>/quorumq/nodeN`. RabbitMQ: three
+//! 127.0.0.1:7501-7503 (`GET /metrics` on 7701-7703) with their data under
+//! `<run dir>/quorumq/nodeN`. RabbitMQ: three
 //! `beam.smp` nodes managed by `bench/rabbitmq.sh` (AMQP on 127.0.0.1:5681-5683, data under
 //! `<run dir>/rabbitmq`). Both start from empty data directories on every run.
 //!
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::System;
-use crate::driver::{Conn, qq_address, qq_cluster_address};
+use crate::driver::{Conn, qq_address, qq_cluster_address, qq_http_address};
 
 pub const NODES: usize = 3;
 
@@ -137,6 +138,47 @@ impl Cluster {
         }
     }
 
+    /// `rabbitmqctl` against RabbitMQ node `node` (0-based), started in the background: the
+    /// caller polls the child (its standard output is piped, standard error inherited).
+    pub fn rabbitmqctl_spawn(&self, node: usize, args: &[&str]) -> Result<Child> {
+        match self {
+            Cluster::Qq(_) => bail!("rabbitmqctl asked of the quorumq cluster"),
+            Cluster::Rabbit(c) => {
+                let n = (node + 1).to_string();
+                let mut all = vec!["ctl", n.as_str()];
+                all.extend_from_slice(args);
+                c.spawn_script(&all)
+            }
+        }
+    }
+
+    /// The data directory of node `node`: quorumq's `data_dir`; RabbitMQ's mnesia directory
+    /// (its database, its Ra logs, its node identity; not its logs).
+    pub fn data_dir(&self, node: usize) -> PathBuf {
+        match self {
+            Cluster::Qq(c) => c.dir.join(format!("node{}", node + 1)),
+            Cluster::Rabbit(c) => c
+                .run_dir
+                .join("rabbitmq")
+                .join(format!("node{}", node + 1))
+                .join("mnesia"),
+        }
+    }
+
+    /// Removes the data directory ([`Cluster::data_dir`]) of node `node`, which must be down:
+    /// the node then starts empty, as after an operator moved a damaged directory aside.
+    pub fn wipe_data(&mut self, node: usize) -> Result<PathBuf> {
+        if self.pid(node).is_some() {
+            bail!("node {} runs: stop it before wiping its data", node + 1);
+        }
+        let dir = self.data_dir(node);
+        if dir.exists() {
+            fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
+        }
+        fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        Ok(dir)
+    }
+
     /// Waits until every node runs and answers (starting any node that is down).
     pub async fn ensure_up(&mut self, timeout: Duration) -> Result<()> {
         for node in 0..NODES {
@@ -170,7 +212,8 @@ impl Cluster {
         }
     }
 
-    async fn answers(&self, node: usize) -> bool {
+    /// Whether node `node` accepts a client connection and answers a request now.
+    pub(crate) async fn answers(&self, node: usize) -> bool {
         let Ok(conn) = Conn::connect(self.system(), node).await else {
             return false;
         };
@@ -250,10 +293,11 @@ impl QqCluster {
             let mut config = format!(
                 "node_id = {id}\nlisten = \"{addr}\"\npeers = [\n{peers}\n]\ndata_dir = \"{data}\"\n\
                  cluster_addr = \"{cluster}\"\ncluster_ca = \"{ca}\"\ncluster_cert = \"{cert}\"\n\
-                 cluster_key = \"{key}\"\n",
+                 cluster_key = \"{key}\"\nhttp_addr = \"{http}\"\n",
                 id = n + 1,
                 addr = qq_address(n),
                 cluster = qq_cluster_address(n),
+                http = qq_http_address(n),
                 ca = tls.join("ca.pem").display(),
                 cert = tls.join("node.pem").display(),
                 key = tls.join("node.key").display(),
@@ -385,6 +429,17 @@ impl RabbitCluster {
             bail!("{} {} failed", self.script.display(), args.join(" "));
         }
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    fn spawn_script(&self, args: &[&str]) -> Result<Child> {
+        Command::new(&self.script)
+            .args(args)
+            .env("QQ_BENCH_RUN_DIR", &self.run_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("run {}", self.script.display()))
     }
 
     fn pid(&self, node: usize) -> Option<u32> {

@@ -41,6 +41,11 @@ pub fn qq_cluster_address(node: usize) -> String {
     format!("127.0.0.1:{}", QQ_BASE_PORT + 101 + node as u16)
 }
 
+/// HTTP address (`GET /metrics`) of quorumq node `node` (0-based): 200 above the client port.
+pub fn qq_http_address(node: usize) -> String {
+    format!("127.0.0.1:{}", QQ_BASE_PORT + 201 + node as u16)
+}
+
 /// AMQP port of RabbitMQ node `node` (0-based).
 pub fn rabbit_port(node: usize) -> u16 {
     RABBIT_BASE_PORT + 1 + node as u16

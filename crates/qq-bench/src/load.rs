@@ -88,6 +88,12 @@ pub struct PubOutcome {
     pub rejected: u64,
     /// publish→confirm latency of each recorded message, in microseconds.
     pub confirm_us: Vec<u32>,
+    /// The longest time, in nanoseconds, during which at least one publish was outstanding and
+    /// no confirm (positive or negative) arrived: measured from the previous confirm, or from
+    /// the send that ended a period with nothing in flight.
+    pub max_confirm_gap_ns: u64,
+    /// When that longest wait ended ([`now_ns`]).
+    pub max_confirm_gap_end_ns: u64,
 }
 
 /// Send times of unconfirmed messages and what their confirms said.
@@ -96,16 +102,30 @@ struct Tracker {
     sent_at: HashMap<u64, u64>,
     counters: Arc<Counters>,
     record_from_ns: u64,
+    /// Since when the publisher has been waiting for its next confirm (see
+    /// [`PubOutcome::max_confirm_gap_ns`]).
+    waiting_since_ns: u64,
 }
 
 impl Tracker {
     fn sent(&mut self, seq: u64) {
-        self.sent_at.insert(seq, now_ns());
+        let now = now_ns();
+        if self.sent_at.is_empty() {
+            self.waiting_since_ns = now;
+        }
+        self.sent_at.insert(seq, now);
         self.out.sent += 1;
         self.counters.sent.fetch_add(1, Ordering::Relaxed);
     }
 
     fn confirmed(&mut self, seq: u64, ok: bool) {
+        let now = now_ns();
+        let gap = now.saturating_sub(self.waiting_since_ns);
+        if gap > self.out.max_confirm_gap_ns {
+            self.out.max_confirm_gap_ns = gap;
+            self.out.max_confirm_gap_end_ns = now;
+        }
+        self.waiting_since_ns = now;
         let sent = self.sent_at.remove(&seq).unwrap_or(0);
         if ok {
             self.out.confirmed += 1;
@@ -136,6 +156,7 @@ pub async fn publish_loop(
         sent_at: HashMap::new(),
         counters,
         record_from_ns: plan.record_from_ns,
+        waiting_since_ns: now_ns(),
     };
     let interval = plan.rate.map(|r| Duration::from_secs_f64(1.0 / r.max(1.0)));
     let mut next_send = tokio::time::Instant::now();

@@ -6,7 +6,9 @@
 //! 127.0.0.1:5681-5683 with lapin) — and runs the seven scenarios of issue 5 against both (and
 //! scenario 8, memory under pressure, against quorumq; scenario 9, idle CPU with a million
 //! delayed messages, against quorumq when named; scenario 10, the rate of moving a backlog to
-//! another node's queue, a move task against RabbitMQ's shovel),
+//! another node's queue, a move task against RabbitMQ's shovel; scenario 11, catch-up at scale:
+//! a follower stopped or wiped while a million-message backlog builds comes back under load,
+//! against both when named),
 //! alternating which system goes first. It prints one table (each figure for both systems and
 //! their ratio, with the issue's targets), and writes a JSON record, a Markdown summary and a
 //! PNG of latency percentiles to `bench/results/`.
@@ -17,13 +19,14 @@
 //!
 //! Layout: [`cluster`] starts, kills and measures the server processes; [`driver`] is one
 //! client interface over both brokers; [`load`] holds the publisher and consumer loops;
-//! [`scenarios`] the seven scenarios; [`memory`] scenario 8; [`delayed`] scenario 9; [`moves`] scenario 10; [`profile`] samples the quorumq leader with perf;
+//! [`scenarios`] the seven scenarios; [`memory`] scenario 8; [`delayed`] scenario 9; [`moves`] scenario 10; [`catchup`] scenario 11; [`profile`] samples the quorumq leader with perf;
 //! [`report`] the table, files and plot.
 //!
 //! Deliberately left out: anything that would favour one side. Both clients run in this one
 //! process on the same two cores as the six servers; clients connect to the node that leads
 //! their queue (except in failover, which publishes through a surviving node on purpose).
 
+mod catchup;
 mod cluster;
 mod delayed;
 mod driver;
@@ -71,7 +74,8 @@ struct Args {
     /// Scenarios to run, e.g. `1,2` (1 throughput, 2 latency, 3 many queues, 4 dead-letter
     /// rate, 5 failover, 6 backlog memory, 7 restart recovery, 8 memory under pressure:
     /// quorumq only, 9 idle CPU with delayed messages: quorumq only, not run unless named,
-    /// 10 move rate: a move task against a shovel).
+    /// 10 move rate: a move task against a shovel, 11 catch-up at scale: a stopped and a
+    /// wiped follower catch up with a 1 000 000-message backlog, not run unless named).
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8,10")]
     scenarios: Vec<u8>,
     /// Run only one side: `quorumq` or `rabbitmq`.
@@ -98,6 +102,13 @@ struct Args {
     /// Messages moved in scenario 10 (default 100 000; --quick 20 000).
     #[arg(long)]
     move_messages: Option<u64>,
+    /// Scenario 11: messages in the backlog (default 1 000 000; --quick 20 000).
+    #[arg(long)]
+    catchup_backlog: Option<u64>,
+    /// Scenario 11: the steady publish rate, msg/s, kept up while the follower is down and
+    /// catches up (default 2000).
+    #[arg(long)]
+    catchup_rate: Option<f64>,
     /// Seconds of measurement in scenario 1.
     #[arg(long)]
     throughput_secs: Option<f64>,
@@ -141,6 +152,12 @@ async fn main() -> Result<()> {
     if let Some(n) = args.move_messages {
         settings.move_messages = n;
     }
+    if let Some(n) = args.catchup_backlog {
+        settings.catchup_backlog = n;
+    }
+    if let Some(r) = args.catchup_rate {
+        settings.catchup_rate = r;
+    }
     if let Some(s) = args.throughput_secs {
         settings.throughput_s = s;
     }
@@ -149,7 +166,7 @@ async fn main() -> Result<()> {
         .scenarios
         .iter()
         .copied()
-        .filter(|n| (1..=10).contains(n))
+        .filter(|n| (1..=11).contains(n))
         .collect();
     wanted.sort_unstable();
     wanted.dedup();
@@ -326,6 +343,7 @@ async fn run_all(
                 8 => memory::memory_bounds(cl, settings).await,
                 9 => delayed::delayed_idle_cpu(cl, settings).await,
                 10 => moves::move_rate(cl, settings).await,
+                11 => catchup::catch_up(cl, settings).await,
                 _ => {
                     scenarios::backlog(cl, settings, wanted.contains(&6), wanted.contains(&7)).await
                 }

@@ -47,7 +47,7 @@ const SETTLE_DEADLINE: Duration = Duration::from_secs(30);
 const PLACEMENT_TRIES: usize = 6;
 
 /// Declares `queue` through node `on` until its leader satisfies `wanted`; returns the leader.
-async fn place(
+pub(crate) async fn place(
     cl: &Cluster,
     on: usize,
     queue: &str,

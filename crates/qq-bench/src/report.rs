@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::System;
 use crate::scenarios::{Better, Latency, Outcome, PLOT_PERCENTILES};
 
-pub const SCENARIO_NAMES: [&str; 10] = [
+pub const SCENARIO_NAMES: [&str; 11] = [
     "throughput, 1 queue",
     "latency at fixed rate",
     "many queues",
@@ -23,6 +23,7 @@ pub const SCENARIO_NAMES: [&str; 10] = [
     "memory under pressure",
     "idle CPU, delayed messages",
     "move rate",
+    "catch-up at scale",
 ];
 
 pub fn scenario_name(n: u8) -> &'static str {
@@ -74,6 +75,8 @@ fn target_for(scenario: u8, name: &str) -> Option<&'static str> {
         (5, "kill -9 leader → confirms again") => Some("< 2 s"),
         (5, "confirmed messages lost") => Some("0"),
         (6, "max node RSS with backlog") => Some("< RabbitMQ"),
+        (11, n) if n.ends_with("peak/steady RSS, worst node") => Some("< 1.5x"),
+        (11, n) if n.ends_with("longest confirm gap") => Some("< 1 s"),
         _ => None,
     }
 }
@@ -87,6 +90,8 @@ fn verdict(text: &str, qq: Option<f64>, rabbit: Option<f64>) -> Option<bool> {
         ">= 2x RabbitMQ" => ratio.map(|x| x >= 2.0),
         "<= 0.5x RabbitMQ" => ratio.map(|x| x <= 0.5),
         "< 2 s" => qq.map(|q| q < 2.0),
+        "< 1 s" => qq.map(|q| q < 1.0),
+        "< 1.5x" => qq.map(|q| q < 1.5),
         "0" => qq.map(|q| q == 0.0),
         "< RabbitMQ" => ratio.map(|x| x < 1.0),
         _ => None,
@@ -523,5 +528,7 @@ mod tests {
             Some(true)
         );
         assert_eq!(verdict("< RabbitMQ", Some(400.0), None), None);
+        assert_eq!(verdict("< 1 s", Some(0.4), Some(3.0)), Some(true));
+        assert_eq!(verdict("< 1.5x", Some(1.6), Some(1.1)), Some(false));
     }
 }

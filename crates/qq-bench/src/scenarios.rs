@@ -46,6 +46,12 @@ pub struct Settings {
     pub idle_cpu_samples: usize,
     /// Scenario 10: messages in the backlog that is moved.
     pub move_messages: u64,
+    /// Scenario 11: the backlog each catch-up variant is run with.
+    pub catchup_backlog: u64,
+    /// Scenario 11: the steady publish rate (msg/s) kept up while the follower catches up.
+    pub catchup_rate: f64,
+    /// Scenario 11: give up on a catch-up after this long.
+    pub catchup_deadline: Duration,
     /// Scenario 8 (memory under pressure).
     pub memory: MemorySizes,
 }
@@ -82,6 +88,9 @@ impl Settings {
             delayed_messages: 1_000_000,
             idle_cpu_samples: 20,
             move_messages: 100_000,
+            catchup_backlog: 1_000_000,
+            catchup_rate: 2000.0,
+            catchup_deadline: Duration::from_secs(1800),
             memory: MemorySizes {
                 backlog: 50_000,
                 backlog_body: 4096,
@@ -106,6 +115,8 @@ impl Settings {
             delayed_messages: 20_000,
             idle_cpu_samples: 5,
             move_messages: 20_000,
+            catchup_backlog: 20_000,
+            catchup_deadline: Duration::from_secs(300),
             memory: MemorySizes {
                 backlog: 10_000,
                 hold: Duration::from_secs(4),
