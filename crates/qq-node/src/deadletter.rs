@@ -36,7 +36,7 @@ use crate::proposer::Proposer;
 /// Most held dead letters one transfer round takes, and most bytes of them (a larger dead
 /// letter goes alone). A round is one batch entry per target, so a relay that falls behind
 /// catches up with larger rounds, not more of them.
-pub const TRANSFER_BATCH: usize = 1024;
+pub const TRANSFER_BATCH: usize = 4096;
 pub const TRANSFER_BATCH_BYTES: u64 = 4 << 20;
 
 /// Why a transfer did not complete (the dead letter stays held under at-least-once).

@@ -1493,8 +1493,8 @@ async fn dl_missing_dlx_at_most_once_drops_at_least_once_holds() -> anyhow::Resu
     Ok(())
 }
 
-/// More held dead letters than one transfer round takes (qq-node's `TRANSFER_BATCH` is 1024).
-const HELD_MANY: usize = 3000;
+/// More held dead letters than one transfer round takes (qq-node's `TRANSFER_BATCH` is 4 096).
+const HELD_MANY: usize = 9000;
 
 // ---- 9. configuration ------------------------------------------------------------------------
 
