@@ -129,12 +129,7 @@ impl Cluster {
     pub fn rabbitmqctl(&self, node: usize, args: &[&str]) -> Result<String> {
         match self {
             Cluster::Qq(_) => bail!("rabbitmqctl asked of the quorumq cluster"),
-            Cluster::Rabbit(c) => {
-                let n = (node + 1).to_string();
-                let mut all = vec!["ctl", n.as_str()];
-                all.extend_from_slice(args);
-                c.script(&all)
-            }
+            Cluster::Rabbit(c) => c.script(&ctl_args(&(node + 1).to_string(), args)),
         }
     }
 
@@ -143,12 +138,7 @@ impl Cluster {
     pub fn rabbitmqctl_spawn(&self, node: usize, args: &[&str]) -> Result<Child> {
         match self {
             Cluster::Qq(_) => bail!("rabbitmqctl asked of the quorumq cluster"),
-            Cluster::Rabbit(c) => {
-                let n = (node + 1).to_string();
-                let mut all = vec!["ctl", n.as_str()];
-                all.extend_from_slice(args);
-                c.spawn_script(&all)
-            }
+            Cluster::Rabbit(c) => c.spawn_script(&ctl_args(&(node + 1).to_string(), args)),
         }
     }
 
@@ -394,6 +384,13 @@ impl Drop for QqCluster {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// `bench/rabbitmq.sh ctl N ARGS...`: rabbitmqctl against node N (1-based).
+fn ctl_args<'a>(node: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec!["ctl", node];
+    all.extend_from_slice(args);
+    all
 }
 
 /// Three RabbitMQ nodes driven through `bench/rabbitmq.sh`.
