@@ -129,7 +129,11 @@ impl SnapshotFile {
             .read_exact(&mut magic)
             .map_err(|e| at(&self.path, "read snapshot magic", e))?;
         if &magic != MAGIC {
-            return Err(at(&self.path, "read snapshot", "not a quorumq snapshot file"));
+            return Err(at(
+                &self.path,
+                "read snapshot",
+                "not a quorumq snapshot file",
+            ));
         }
         Ok(r)
     }
@@ -184,7 +188,11 @@ impl SnapshotReader {
         }
         let (tag, payload) = self.record()?;
         if tag != TAG_HEADER {
-            return Err(at(&self.path, "read snapshot", "first record is not the header"));
+            return Err(at(
+                &self.path,
+                "read snapshot",
+                "first record is not the header",
+            ));
         }
         self.header_read = true;
         Ok(payload)
@@ -193,7 +201,11 @@ impl SnapshotReader {
     /// The next `(message id, body)`, or `None` at the end record (whose count is checked).
     pub fn next_body(&mut self) -> io::Result<Option<(u64, Vec<u8>)>> {
         if !self.header_read {
-            return Err(at(&self.path, "read snapshot", "bodies read before the header"));
+            return Err(at(
+                &self.path,
+                "read snapshot",
+                "bodies read before the header",
+            ));
         }
         if self.ended {
             return Ok(None);
@@ -218,7 +230,11 @@ impl SnapshotReader {
                 self.ended = true;
                 Ok(None)
             }
-            _ => Err(at(&self.path, "read snapshot", format!("bad record (tag {tag})"))),
+            _ => Err(at(
+                &self.path,
+                "read snapshot",
+                format!("bad record (tag {tag})"),
+            )),
         }
     }
 }
@@ -255,7 +271,11 @@ impl SnapshotWriter {
     fn record(&mut self, tag: u8, parts: &[&[u8]]) -> io::Result<()> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let len = u32::try_from(len).map_err(|_| {
-            at(&self.tmp, "write snapshot", format!("record of {len} bytes is over 4 GiB"))
+            at(
+                &self.tmp,
+                "write snapshot",
+                format!("record of {len} bytes is over 4 GiB"),
+            )
         })?;
         let mut crc = crc32fast::Hasher::new();
         for p in parts {
@@ -586,7 +606,10 @@ mod tests {
         assert_eq!(header, b"state");
         assert_eq!(bodies.len(), 50);
         assert_eq!(bodies[49], (49, vec![49u8; 1049]));
-        assert_eq!(dir.names_of(7).unwrap(), vec![SnapshotDir::name(7, Some(&log_id(10)))]);
+        assert_eq!(
+            dir.names_of(7).unwrap(),
+            vec![SnapshotDir::name(7, Some(&log_id(10)))]
+        );
         assert!(dir.names_of(8).unwrap().is_empty());
 
         // Truncated: the end record is missing.
@@ -633,10 +656,14 @@ mod tests {
         // Two chunks, then the transfer breaks; a chunk from the wrong offset is not written.
         for k in 0..2 {
             let c = chunk(&file, 20, k * step as u64, step);
-            assert!(matches!(dst.receive(3, &c).unwrap(), Received::Next(n) if n == (k + 1) * step as u64));
+            assert!(
+                matches!(dst.receive(3, &c).unwrap(), Received::Next(n) if n == (k + 1) * step as u64)
+            );
         }
         let wrong = chunk(&file, 20, 3 * step as u64, step);
-        assert!(matches!(dst.receive(3, &wrong).unwrap(), Received::Next(n) if n == 2 * step as u64));
+        assert!(
+            matches!(dst.receive(3, &wrong).unwrap(), Received::Next(n) if n == 2 * step as u64)
+        );
         // The sender starts over with a probe and resumes from the receiver's offset.
         let mut offset = match dst.receive(3, &probe).unwrap() {
             Received::Next(n) => n,
@@ -649,15 +676,24 @@ mod tests {
                 Received::Complete(f) => break f,
             }
         };
-        assert_eq!(fs::read(received.path()).unwrap(), fs::read(file.path()).unwrap());
+        assert_eq!(
+            fs::read(received.path()).unwrap(),
+            fs::read(file.path()).unwrap()
+        );
         assert_eq!(read_all(&received).unwrap().1.len(), 200);
         let adopted = dst.adopt(received, 3, Some(&log_id(20))).unwrap();
-        assert_eq!(dst.names_of(3).unwrap(), vec![SnapshotDir::name(3, Some(&log_id(20)))]);
+        assert_eq!(
+            dst.names_of(3).unwrap(),
+            vec![SnapshotDir::name(3, Some(&log_id(20)))]
+        );
         assert_eq!(read_all(&adopted).unwrap().1.len(), 200);
 
         // A newer snapshot replaces a half-received older one.
         let newer = write(&src, 3, 30, 10);
-        assert!(matches!(dst.receive(3, &chunk(&file, 20, 0, step)).unwrap(), Received::Next(_)));
+        assert!(matches!(
+            dst.receive(3, &chunk(&file, 20, 0, step)).unwrap(),
+            Received::Next(_)
+        ));
         let mut offset = 0;
         loop {
             match dst.receive(3, &chunk(&newer, 30, offset, step)).unwrap() {
@@ -670,7 +706,13 @@ mod tests {
         }
         let parts = fs::read_dir(dst_tmp.path())
             .unwrap()
-            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".part"))
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".part")
+            })
             .count();
         assert_eq!(parts, 0, "the older part file is gone");
 
@@ -685,6 +727,9 @@ mod tests {
         // A restart removes what was being received.
         drop(dst);
         let dst = SnapshotDir::open(dst_tmp.path()).unwrap();
-        assert_eq!(dst.all_names().unwrap(), vec![SnapshotDir::name(3, Some(&log_id(20)))]);
+        assert_eq!(
+            dst.all_names().unwrap(),
+            vec![SnapshotDir::name(3, Some(&log_id(20)))]
+        );
     }
 }

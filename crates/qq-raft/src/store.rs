@@ -690,7 +690,11 @@ mod tests {
         let all = pinned.scan_bodies(1, 0, usize::MAX).unwrap();
         assert_eq!(all, vec![(1, b"a".to_vec()), (3, b"ccc".to_vec())]);
         assert_eq!(pinned.scan_bodies(1, 2, usize::MAX).unwrap().len(), 1);
-        assert_eq!(pinned.scan_bodies(1, 0, 1).unwrap().len(), 1, "at least one, then the budget");
+        assert_eq!(
+            pinned.scan_bodies(1, 0, 1).unwrap().len(),
+            1,
+            "at least one, then the budget"
+        );
         // Later writes do not show in the pinned view.
         store.delete_bodies(1, &[1]).unwrap();
         assert_eq!(pinned.scan_bodies(1, 0, usize::MAX).unwrap().len(), 2);

@@ -572,9 +572,10 @@ impl Machine for QueueMachine {
     }
 
     fn install(&self, snapshot: &mut SnapshotReader) -> io::Result<()> {
-        let header: QueueSnapshotHeader = postcard::from_bytes(&snapshot.header()?).map_err(|e| {
-            io::Error::other(format!("queue group {}: decode snapshot: {e}", self.group))
-        })?;
+        let header: QueueSnapshotHeader =
+            postcard::from_bytes(&snapshot.header()?).map_err(|e| {
+                io::Error::other(format!("queue group {}: decode snapshot: {e}", self.group))
+            })?;
         // Bodies: drop those of messages the snapshot no longer has, write the snapshot's.
         let keep: std::collections::BTreeSet<MessageId> =
             header.state.message_ids().into_iter().collect();
@@ -700,7 +701,11 @@ mod tests {
         let cut = m.cut();
         // After the cut, every ready message is purged: their bodies go from RocksDB.
         apply(&m, 303, QueueRequest::command(Command::Purge));
-        assert_eq!(m.with_state(|s| s.message_ids().len()), 1, "the leased one stays");
+        assert_eq!(
+            m.with_state(|s| s.message_ids().len()),
+            1,
+            "the leased one stays"
+        );
         let file = snapshot_of(&m, cut);
 
         // Installed on another node, over a machine with messages of its own.
@@ -721,6 +726,10 @@ mod tests {
             let message = other.read_message(id).unwrap();
             assert_eq!(message.body.len(), 3000);
         }
-        assert_eq!(store2.get_body(5, stale_id).unwrap(), None, "stale body removed");
+        assert_eq!(
+            store2.get_body(5, stale_id).unwrap(),
+            None,
+            "stale body removed"
+        );
     }
 }

@@ -191,7 +191,10 @@ async fn save(
     if previous_log_id > meta.last_log_id {
         // A build that started before an install of a newer snapshot finished after it: the
         // newer one stays current. The file goes; the open handle still serves the caller.
-        let name = file.path().file_name().map(|n| n.to_string_lossy().into_owned());
+        let name = file
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned());
         if let Some(name) = name {
             dir.remove(&name)?;
         }
