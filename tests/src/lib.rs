@@ -623,6 +623,22 @@ impl TestCluster {
         }
     }
 
+    /// Freezes node `id` with SIGSTOP (its ports still accept connections, nothing answers:
+    /// a paused VM or a stuck process), or thaws it with SIGCONT (`frozen = false`).
+    pub fn freeze(&mut self, id: u64, frozen: bool) -> anyhow::Result<()> {
+        let node = self.node_mut(id);
+        let child = node
+            .child
+            .as_ref()
+            .with_context(|| format!("node {id} is not running"))?;
+        let pid = child.id().to_string();
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let sent = Command::new("kill").args([signal, &pid]).status()?;
+        ensure!(sent.success(), "kill {signal} {pid} failed: {sent}");
+        info!(node = id, frozen, "node frozen or thawed");
+        Ok(())
+    }
+
     /// Sends SIGTERM to node `id` and waits (at most `timeout`) for it to exit; returns its
     /// exit status. The node is not running afterwards, whatever the outcome.
     pub async fn terminate(

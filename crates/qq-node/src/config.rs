@@ -125,6 +125,10 @@ pub struct Config {
     pub election_timeout_min_ms: u64,
     #[serde(default = "default_election_max_ms")]
     pub election_timeout_max_ms: u64,
+    /// A queue group with nothing applied for this long goes to sleep (no election timer, no
+    /// heartbeats) until something wakes it ([`crate::groups::quiet`]); 0: never.
+    #[serde(default = "default_quiesce_after_ms")]
+    pub quiesce_after_ms: u64,
     /// Snapshot (and compact the log of) a group after this many entries.
     #[serde(default = "default_snapshot_entries")]
     pub snapshot_after_entries: u64,
@@ -217,6 +221,9 @@ fn default_election_min_ms() -> u64 {
     1000
 }
 fn default_election_max_ms() -> u64 {
+    2000
+}
+fn default_quiesce_after_ms() -> u64 {
     2000
 }
 fn default_snapshot_entries() -> u64 {

@@ -41,10 +41,11 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
-use qq_core::MessageId;
 use qq_core::meta::MetaCommand;
 use qq_core::queue::{Command, Reply};
+use qq_core::{MessageId, NodeId};
 use qq_raft::GroupId;
+use qq_raft::network::Peers;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -54,10 +55,12 @@ use tracing::{Instrument, Span, debug, info, warn};
 use crate::clock::now_ms;
 use crate::deadletter::{DeadLetters, Round, TRANSFER_BATCH, TRANSFER_BATCH_BYTES, TransferError};
 use crate::groups::queue_sm::{LEADER_EVENTS_BOUND, LeaderEvent, QueueMachine, QueueRequest};
+use crate::groups::quiet::Quiet;
 use crate::groups::registry::QueueRaft;
 use crate::meta_view::MetaView;
 use crate::moves::{MoveOutcome, Mover};
 use crate::proposer::Proposer;
+use crate::quiesce;
 
 /// How often a leader looks for consumers in the queue state that no session of its own serves.
 /// Becoming leader is not enough: a `Checkout` proposed just before a leader change can commit
@@ -78,6 +81,11 @@ pub struct LeaderContext {
     pub dead_letter_retry: Duration,
     pub mover: Mover,
     pub tasks: TaskTracker,
+    /// For the sleep of idle groups ([`crate::groups::quiet`]).
+    pub peers: Peers,
+    pub me: NodeId,
+    /// A group with nothing applied for this long sleeps; None: never.
+    pub quiesce_after: Option<Duration>,
 }
 
 /// Follow the group's leadership until `stop` is cancelled; run a [`QueueLeader`] while this
@@ -87,6 +95,7 @@ pub async fn watch_leadership(
     group: GroupId,
     raft: QueueRaft,
     machine: Arc<QueueMachine>,
+    quiet: Arc<Quiet>,
     stop: CancellationToken,
     span: Span,
 ) {
@@ -126,6 +135,8 @@ pub async fn watch_leadership(
                     group,
                     inbox: machine.attach_leader(),
                     machine: machine.clone(),
+                    raft: raft.clone(),
+                    quiet: quiet.clone(),
                     leader_since_ms: now_ms(),
                     cancel: token.clone(),
                 };
@@ -173,6 +184,8 @@ pub struct QueueLeader {
     ctx: LeaderContext,
     group: GroupId,
     machine: Arc<QueueMachine>,
+    raft: QueueRaft,
+    quiet: Arc<Quiet>,
     inbox: mpsc::Receiver<LeaderEvent>,
     /// A queue never used since this node became leader counts as used from then (x-expires).
     leader_since_ms: u64,
@@ -287,9 +300,13 @@ impl QueueLeader {
     async fn run(mut self) {
         let mut applied = self.machine.subscribe_applied();
         let mut topology = self.ctx.view.subscribe();
-        let mut cleanup =
-            tokio::time::interval_at(Instant::now() + CONSUMER_RECONCILE, CONSUMER_RECONCILE);
-        cleanup.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut woken = self.quiet.subscribe_woken();
+        // The clean-up runs CONSUMER_RECONCILE after something was applied, and again while it
+        // finds work; an idle queue runs no timer (it may sleep, see `groups::quiet`).
+        let mut cleanup_at = Some(Instant::now() + CONSUMER_RECONCILE);
+        // When the group may sleep: `quiesce_after` after the last applied entry or wake.
+        let quiesce_after = self.ctx.quiesce_after;
+        let mut sleep_at = quiesce_after.map(|d| Instant::now() + d);
         let mut timers = Timers::default();
         let mut transfer: Option<Transfer> = None;
         let mut settling = Settling::default();
@@ -341,16 +358,44 @@ impl QueueLeader {
                     Some(LeaderEvent::ConfigChanged) => self.sync_config(&mut timers).await,
                     None => return,
                 },
-                r = applied.changed() => if r.is_err() { return },
+                r = applied.changed() => {
+                    if r.is_err() { return }
+                    cleanup_at.get_or_insert_with(|| Instant::now() + CONSUMER_RECONCILE);
+                    sleep_at = quiesce_after.map(|d| Instant::now() + d);
+                }
+                r = woken.changed() => {
+                    if r.is_err() { return }
+                    sleep_at = quiesce_after.map(|d| Instant::now() + d);
+                }
+                _ = sleep_until(sleep_at) => {
+                    sleep_at = None;
+                    let busy = transfer.is_some()
+                        || moving.is_some()
+                        || publish.is_some()
+                        || !settling.running.is_empty();
+                    let slept = !busy
+                        && quiesce::try_sleep(
+                            self.group,
+                            &self.raft,
+                            &self.quiet,
+                            &self.ctx.peers,
+                            self.ctx.me,
+                        )
+                        .await;
+                    if !slept {
+                        sleep_at = quiesce_after.map(|d| Instant::now() + d);
+                    }
+                }
                 r = topology.changed() => {
                     if r.is_err() { return }
                     // The topology may give held dead letters a route now.
                     timers.transfer_retry = None;
                 }
-                _ = cleanup.tick() => {
+                _ = sleep_until(cleanup_at) => {
                     drops.count_inbox_drops(self.machine.dropped_dead_letters());
                     drops.log_if_due(self.group);
-                    self.clean_up_old_consumers().await
+                    let more = self.clean_up_old_consumers().await || drops.pending > 0;
+                    cleanup_at = more.then(|| Instant::now() + CONSUMER_RECONCILE);
                 }
                 _ = sleep_until(wake) => {
                     if timers.config_retry.is_some_and(|t| t <= Instant::now()) {
@@ -605,7 +650,9 @@ impl QueueLeader {
     /// that no local session serves belongs to a stream that ended (with an old leader, or
     /// whose clean-up failed), so its unacked messages go back to the queue. `ConsumerDown` of
     /// a consumer already gone is a no-op, so racing a session's own clean-up is harmless.
-    async fn clean_up_old_consumers(&self) {
+    /// Returns whether there was any such consumer (then look again later: the proposal may
+    /// have failed during an election).
+    async fn clean_up_old_consumers(&self) -> bool {
         let local = self.machine.local_consumers();
         let stale: Vec<u64> = self.machine.with_state(|s| {
             s.consumers()
@@ -614,9 +661,11 @@ impl QueueLeader {
                 .filter(|c| !local.contains(c))
                 .collect()
         });
+        let found = !stale.is_empty();
         for consumer in stale {
             self.ctx.proposer.consumer_down(self.group, consumer).await;
         }
+        found
     }
 }
 

@@ -17,9 +17,10 @@
 //! - [`membership`]: queue members added, deleted, leaders moved (through each queue's Raft
 //!   group first, then recorded in the metadata); QuorumCritical.
 //! - [`proposer`]: the one path to a group's leader, local or forwarded.
+//! - [`quiesce`]: the messages that put an idle queue group to sleep and wake its leader.
 //! - [`meta_view`]: the read-only, versioned view of the metadata.
 //! - [`groups`]: the Raft groups hosted here: state-machine shell, metadata and queue machines,
-//!   registry.
+//!   registry, and whether each replica sleeps.
 //! - [`alarms`]: memory and disk alarms that refuse publishes.
 //! - [`metrics`]: event counters and the commit latency histogram (a leaf the layers update).
 //! - [`certs`]: the `qq-node certs` subcommand (cluster CA and node certificates).
@@ -46,4 +47,5 @@ pub mod node;
 pub mod observe;
 pub mod peer;
 pub mod proposer;
+pub mod quiesce;
 pub mod server;

@@ -690,6 +690,8 @@ async fn serve_local(node: &Node, group: GroupId, op: GroupOp) -> OpOutcome {
     let Some(g) = node.registry().queue(group) else {
         return OpOutcome::NotHere;
     };
+    let _write = g.quiet.begin_write();
+    node.registry().wake_to_lead(group).await;
     serve_on(node, &g.raft, op).await
 }
 

@@ -62,6 +62,10 @@ pub struct Instruments {
     pub snapshot_bytes_received: Counter,
     /// Snapshots received from a leader and installed here, by group kind.
     pub snapshots_installed: Family<GroupKind, Counter>,
+    /// Times a queue group's replica here went to sleep (idle: timers off).
+    pub group_sleeps: Counter,
+    /// Times a sleeping queue group's replica here woke.
+    pub group_wakes: Counter,
 }
 
 fn commit_histogram() -> Histogram {
@@ -79,6 +83,8 @@ static INSTRUMENTS: LazyLock<Instruments> = LazyLock::new(|| Instruments {
     consume_streams: Gauge::default(),
     snapshot_bytes_received: Counter::default(),
     snapshots_installed: Family::default(),
+    group_sleeps: Counter::default(),
+    group_wakes: Counter::default(),
 });
 
 pub fn instruments() -> &'static Instruments {
@@ -107,6 +113,16 @@ pub fn dead_lettered(reason: Reason, strategy: Strategy) {
 /// This node became the leader of a group of `kind`.
 pub fn became_leader(kind: GroupKind) {
     INSTRUMENTS.leader_changes.get_or_create(&kind).inc();
+}
+
+/// A queue group's replica here went to sleep ([`crate::groups::quiet`]).
+pub fn group_slept() {
+    INSTRUMENTS.group_sleeps.inc();
+}
+
+/// A sleeping queue group's replica here woke.
+pub fn group_woke() {
+    INSTRUMENTS.group_wakes.inc();
 }
 
 /// A snapshot chunk of `bytes` was written here.

@@ -41,6 +41,7 @@ use crate::deadletter::DeadLetters;
 use crate::enqueue::Enqueuer;
 use crate::groups::meta_sm::MetaMachine;
 use crate::groups::queue_sm::QueueMachine;
+use crate::groups::quiet::Quiet;
 use crate::groups::registry::{MetaRaft, QueueGroup, Registry};
 use crate::groups::shell::Shell;
 use crate::leader::{LeaderContext, watch_leadership};
@@ -129,6 +130,10 @@ impl Node {
             dead_letter_retry: Duration::from_millis(config.dead_letter_retry_ms),
             mover: crate::moves::Mover::new(view.clone(), enqueuer.clone(), proposer.clone()),
             tasks: tasks.clone(),
+            peers: peers.clone(),
+            me: id,
+            quiesce_after: (config.quiesce_after_ms > 0)
+                .then(|| Duration::from_millis(config.quiesce_after_ms)),
         };
         // Measured once before serving, so a node started over its bounds refuses at once.
         let bounds = Bounds::from_config(&config)?;
@@ -296,6 +301,9 @@ impl Node {
             handed.push(rx);
         }
         for g in self.registry.queues() {
+            // A sleeping leader's heartbeats and timers back on first: the successor's term
+            // must reach the followers as it does from an awake group.
+            g.quiet.wake(&g.raft);
             if let Some(rx) = transfer_away(&g.raft, me).await {
                 handed.push(rx);
             }
@@ -505,11 +513,13 @@ impl Node {
         .instrument(span.clone())
         .await?;
         let stop = self.shutdown.child_token();
+        let quiet = Arc::new(Quiet::default());
         self.registry.insert(QueueGroup {
             raft: raft.clone(),
             machine: machine.clone(),
             meta: qm.clone(),
             stop: stop.clone(),
+            quiet: quiet.clone(),
         });
         if qm.members.first() == Some(&self.id) && !raft.is_initialized().await? {
             let members: BTreeMap<u64, BasicNode> = qm
@@ -533,6 +543,7 @@ impl Node {
                 qm.id,
                 raft,
                 machine,
+                quiet,
                 stop,
                 span.clone(),
             )

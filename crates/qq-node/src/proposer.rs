@@ -201,7 +201,12 @@ impl Proposer {
                 Ok(self.registry.meta_raft().client_write(req).await)
             } else {
                 match self.registry.queue(group) {
-                    Some(g) => Ok(g.raft.client_write(req).await),
+                    Some(g) => {
+                        // Counted before the wake, so the group cannot fall asleep between.
+                        let _write = g.quiet.begin_write();
+                        self.registry.wake_to_lead(group).await;
+                        Ok(g.raft.client_write(req).await)
+                    }
                     None => Err(LocalError::NotHere),
                 }
             }
@@ -419,6 +424,7 @@ impl Proposer {
                     .unwrap_or(self.id)
             });
             if target == self.id {
+                self.registry.wake_to_lead(group).await;
                 if let Some(answer) = local() {
                     return Ok(answer);
                 }
@@ -468,7 +474,8 @@ impl Proposer {
     }
 
     /// Serve `Internal.Browse`: as [`Proposer::serve_queue_info`], with the browsed messages.
-    pub fn serve_browse(&self, group: GroupId, offset: u64, limit: u32) -> QueueInfoReply {
+    pub async fn serve_browse(&self, group: GroupId, offset: u64, limit: u32) -> QueueInfoReply {
+        self.registry.wake_to_lead(group).await;
         let local = self.registry.local_browse(group, offset, limit as usize);
         self.leader_reply(group, local)
     }
@@ -495,7 +502,7 @@ impl Proposer {
 
     /// Serve `Internal.QueueInfo`. For the metadata group (0) the payload is the metadata index
     /// applied on this node.
-    pub fn serve_queue_info(&self, group: GroupId, with_digest: bool) -> QueueInfoReply {
+    pub async fn serve_queue_info(&self, group: GroupId, with_digest: bool) -> QueueInfoReply {
         let mut reply = QueueInfoReply::default();
         if group == META_GROUP {
             if let Ok(b) = encode(&self.view.applied_index()) {
@@ -503,6 +510,7 @@ impl Proposer {
             }
             return reply;
         }
+        self.registry.wake_to_lead(group).await;
         self.leader_reply(
             group,
             self.registry.local_queue_info(group, true, with_digest),

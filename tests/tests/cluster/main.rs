@@ -19,6 +19,7 @@ mod move_tasks;
 mod observe;
 mod page;
 mod policies;
+mod quiesce;
 mod refusals;
 mod reseed;
 mod routing;

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::meta_sm::MetaMachine;
 use super::queue_sm::QueueMachine;
+use super::quiet::{self, Quiet};
 use super::shell::Shell;
 
 pub type MetaRaft = Raft<TypeConfig, Shell<MetaMachine>>;
@@ -33,6 +34,8 @@ pub struct QueueGroup {
     pub meta: QueueMeta,
     /// Stops the group's tasks (leadership watch, leader actor) when the group stops.
     pub stop: CancellationToken,
+    /// Whether this replica sleeps ([`super::quiet`]).
+    pub quiet: Arc<Quiet>,
 }
 
 /// Live information about a queue, as its leader sees it (counts are only exact there).
@@ -170,6 +173,48 @@ impl Registry {
         self.queue(group)
             .map(|g| g.raft.metrics().borrow_watched().state == ServerState::Leader)
             .unwrap_or(false)
+    }
+
+    /// Before a write or a leader-only read on a queue group this node leads: wake it if it
+    /// sleeps, and wait (up to twice the read lease) until a quorum answered a heartbeat.
+    pub async fn wake_to_lead(&self, group: GroupId) {
+        if let Some(g) = self.queue(group)
+            && g.quiet.is_asleep()
+            && g.raft.metrics().borrow_watched().state == ServerState::Leader
+        {
+            quiet::wake_leader(&g.raft, &g.quiet, self.read_lease, 2 * self.read_lease).await;
+        }
+    }
+
+    /// Wake the sleeping queue groups that depend on `peer`: those this node leads with `peer`
+    /// among the members, and (unless `led_only`) those `peer` leads. For the node-level
+    /// liveness: a lost peer (its followers here must elect, a leader here must notice a lost
+    /// quorum, as awake groups do) or a peer back (it must hear its leaders before its
+    /// election timers run out). Followers of a live leader stay asleep. Returns how many woke.
+    pub fn wake_shared_with(&self, peer: NodeId, led_only: bool) -> usize {
+        let mut woke = 0;
+        for g in self.queues() {
+            if !g.quiet.is_asleep() {
+                continue;
+            }
+            let (leading, leader) = {
+                let m = g.raft.metrics();
+                let m = m.borrow_watched();
+                (m.state == ServerState::Leader, m.current_leader)
+            };
+            let depends = if leading {
+                g.meta.members.contains(&peer)
+            } else {
+                !led_only && leader == Some(peer)
+            };
+            if depends && g.quiet.wake(&g.raft) {
+                woke += 1;
+                if leading {
+                    quiet::heartbeat_soon(&g.raft);
+                }
+            }
+        }
+        woke
     }
 
     /// Wait (up to `wait`) until this node's replica of a new group knows a leader that can

@@ -64,6 +64,8 @@ struct GroupRow {
     term: u64,
     committed: u64,
     applied: u64,
+    /// The replica sleeps (an idle queue group: no election timer, no heartbeats).
+    asleep: bool,
     /// Only for a queue this node leads (counts are exact there).
     counts: Option<Counts>,
 }
@@ -100,6 +102,7 @@ impl NodeCollector {
                     term,
                     committed,
                     applied,
+                    asleep: g.quiet.is_asleep(),
                     counts,
                 }
             })
@@ -113,6 +116,7 @@ impl NodeCollector {
             term: m.current_term,
             committed: m.local_committed.as_ref().map_or(0, |l| l.index),
             applied: m.last_applied.as_ref().map_or(0, |l| l.index),
+            asleep: false,
             counts: None,
         };
         drop(m);
@@ -204,6 +208,12 @@ impl Collector for NodeCollector {
                     .count();
                 ([("state", *name)], int(n as u64))
             }),
+        )?;
+        gauge(
+            &mut encoder,
+            "raft_groups_asleep",
+            "Queue groups whose replica on this node sleeps (idle: no election timer, no heartbeats)",
+            int(scrape.groups.iter().filter(|g| g.asleep).count() as u64),
         )?;
         gauge(
             &mut encoder,

@@ -151,6 +151,16 @@ impl Observability {
             "Snapshots received from a leader and installed on this node, by group kind",
             instruments.snapshots_installed.clone(),
         );
+        registry.register(
+            "raft_group_sleeps",
+            "Times a queue group's replica on this node went to sleep (idle: no timers, no heartbeats)",
+            instruments.group_sleeps.clone(),
+        );
+        registry.register(
+            "raft_group_wakes",
+            "Times a sleeping queue group's replica on this node woke",
+            instruments.group_wakes.clone(),
+        );
         registry.register_collector(Box::new(NodeCollector::new(
             self.node.clone(),
             self.serving.clone(),

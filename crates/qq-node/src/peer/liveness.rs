@@ -24,6 +24,14 @@
 //! other, pick the same one and do not split the vote. Raft's safety does not depend on any of
 //! this: a wrong call costs at most an unnecessary election.
 //!
+//! The watch is also the node-level heartbeat that sleeping queue groups rely on
+//! ([`crate::groups::quiet`]): the peer sends an event every `heartbeat_ms`, and a link with
+//! no event for `election_timeout_min_ms` counts as lost. A lost link wakes the sleeping groups
+//! the peer leads (they elect) and those this node leads with it (they notice a lost quorum);
+//! a link that (re)opens wakes the groups this node leads with that peer, so a returning node
+//! hears its leaders before its election timers run out. One stream per node pair, however
+//! many groups.
+//!
 //! The peers whose watch is open right now are published ([`PeerLinks`]) for the node's health
 //! ([`crate::observe::health`]): a node is healthy only while it reaches its metadata leader.
 
@@ -101,6 +109,8 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
     };
     // Whether the peer refused a connection since its watch last broke (for the log only).
     let mut down = false;
+    // The peer sends an event every heartbeat interval; none for this long and it is lost.
+    let silence = Duration::from_millis(node.config().election_timeout_min_ms);
     // Ends when the peer is forgotten (ForgetNode).
     while node.peers().contains(peer) {
         if let Ok(response) = client.watch(WatchRequest { from: node.id() }).await {
@@ -110,11 +120,31 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
             links.send_modify(|open| {
                 open.insert(peer);
             });
+            // Back (or first seen): the groups led here with it must reach it soon.
+            node.registry().wake_shared_with(peer, true);
             let mut events = response.into_inner();
-            while let Some(Ok(_)) = events.next().await {}
+            loop {
+                match tokio::time::timeout(silence, events.next()).await {
+                    Ok(Some(Ok(_))) => {}
+                    Ok(_) => break,
+                    Err(_) => {
+                        info!(peer, ?silence, "peer silent: its link counts as lost");
+                        break;
+                    }
+                }
+            }
             links.send_modify(|open| {
                 open.remove(&peer);
             });
+            // Lost: the sleeping groups it leads must elect, those led here must notice a
+            // lost quorum, as awake groups do.
+            let woke = node.registry().wake_shared_with(peer, false);
+            if woke > 0 {
+                info!(
+                    peer,
+                    woke, "link to peer lost: woke the sleeping groups that depend on it"
+                );
+            }
         }
         if probe(&address).await == Probe::Refused {
             if !std::mem::replace(&mut down, true) {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use openraft::async_runtime::WatchReceiver;
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use qq_proto::internal::internal_server::Internal;
 use qq_proto::internal::*;
@@ -21,10 +22,14 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::debug;
 
 use crate::consume::relay::RELAY_BOUND;
 use crate::consume::session::{SessionIn, SessionOut, run_session};
+use crate::groups::quiet;
+use crate::groups::registry::QueueGroup;
 use crate::node::Node;
+use crate::quiesce;
 
 pub struct InternalService {
     node: Arc<Node>,
@@ -110,6 +115,47 @@ where
     }
 }
 
+/// A sleeping replica asked for a vote (not a leadership transfer's). As the leader: wake, send
+/// heartbeats, and refuse (if it has lost its quorum it steps down when its lease runs out,
+/// and the next round goes to Raft). As a follower: ask the leader it follows to wake; if that
+/// node answers that it leads the group, refuse (its heartbeats follow, and Raft's lease rule
+/// takes over); otherwise wake here and let Raft judge the vote.
+async fn refuse_vote_while_asleep(
+    node: &Node,
+    g: &QueueGroup,
+    req: &VoteRequest<TypeConfig>,
+) -> Option<RaftReply> {
+    let (leading, leader) = {
+        let m = g.raft.metrics();
+        let m = m.borrow_watched();
+        (m.state == openraft::ServerState::Leader, m.current_leader)
+    };
+    let refuse = |who: String| RaftReply {
+        payload: Default::default(),
+        error: format!(
+            "group {} sleeps here and {who} leads it: vote refused",
+            g.meta.id
+        ),
+    };
+    if req.leadership_transfer {
+        g.quiet.wake(&g.raft);
+        return None;
+    }
+    if leading {
+        if g.quiet.wake(&g.raft) {
+            quiet::heartbeat_soon(&g.raft);
+        }
+        return Some(refuse("this node".into()));
+    }
+    if let Some(leader) = leader.filter(|l| *l != node.id())
+        && quiesce::ask_leader_to_wake(node.peers(), leader, g.meta.id).await
+    {
+        return Some(refuse(format!("node {leader}")));
+    }
+    g.quiet.wake(&g.raft);
+    None
+}
+
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -155,6 +201,11 @@ impl Internal for InternalService {
                     RaftKind::Unspecified => {
                         return Err(Status::invalid_argument("kind: unspecified"))
                     }
+                    RaftKind::Sleep | RaftKind::Wake => {
+                        return Err(Status::invalid_argument(
+                            "kind: SLEEP and WAKE are for queue groups only",
+                        ))
+                    }
                 }
             };
         }
@@ -171,7 +222,42 @@ impl Internal for InternalService {
                 None => None,
             };
             match group {
-                Some(g) => dispatch!(g.raft),
+                Some(g) => match kind {
+                    RaftKind::Sleep => reply::<bool, String>(Ok(g.quiet.sleep_as_follower(
+                        &g.raft,
+                        node.id(),
+                        decode(&r.payload)?,
+                    ))),
+                    RaftKind::Wake => {
+                        // Asked by a sleeping follower that was asked for a vote.
+                        let leading = g.raft.metrics().borrow_watched().state
+                            == openraft::ServerState::Leader;
+                        if leading && g.quiet.wake(&g.raft) {
+                            quiet::heartbeat_soon(&g.raft);
+                        }
+                        reply::<bool, String>(Ok(leading))
+                    }
+                    RaftKind::Append => {
+                        let req: AppendEntriesRequest<TypeConfig> = decode(&r.payload)?;
+                        let wakes = g.quiet.append_wakes(&req);
+                        let out = reply(g.raft.append_entries(req).await);
+                        if wakes {
+                            g.quiet.wake(&g.raft);
+                        }
+                        out
+                    }
+                    RaftKind::Vote | RaftKind::PreVote if g.quiet.is_asleep() => {
+                        let req: VoteRequest<TypeConfig> = decode(&r.payload)?;
+                        if let Some(refusal) = refuse_vote_while_asleep(node, &g, &req).await {
+                            refusal
+                        } else if kind == RaftKind::Vote {
+                            reply(g.raft.vote(req).await)
+                        } else {
+                            reply(g.raft.pre_vote(req).await)
+                        }
+                    }
+                    _ => dispatch!(g.raft),
+                },
                 None => RaftReply {
                     payload: Default::default(),
                     error: format!("group {} is not running on node {}", r.group, node.id()),
@@ -209,19 +295,40 @@ impl Internal for InternalService {
 
     async fn watch(
         &self,
-        _request: Request<WatchRequest>,
+        request: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let from = request.into_inner().from;
+        // A peer (re)opening its watch may be back from a restart or a partition: the groups
+        // this node leads with it must reach it before its election timers run out.
+        let woke = self.node.registry().wake_shared_with(from, true);
+        if woke > 0 {
+            debug!(
+                peer = from,
+                woke, "peer watches again: woke the groups led here with it"
+            );
+        }
+        // One event now and one every heartbeat interval: the watcher calls this node silent
+        // when none comes for an election timeout ([`crate::peer::liveness`]). The channel
+        // holds one event: a watcher that does not read holds the sender, not memory.
         let (tx, rx) = mpsc::channel(1);
-        let _ = tx
-            .send(Ok(WatchEvent {
-                node_id: self.node.id(),
-            }))
-            .await;
+        let id = self.node.id();
+        let every = Duration::from_millis(self.node.config().heartbeat_ms);
         // Open until the watcher goes or this node starts to shut down (its peers then see
         // the stream end, and a refused connection once the port closes).
         let stopping = self.node.stopping().clone();
         self.node.tasks().spawn(async move {
-            stopping.run_until_cancelled(tx.closed()).await;
+            stopping
+                .run_until_cancelled(async move {
+                    let mut beat = tokio::time::interval(every);
+                    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        beat.tick().await;
+                        if tx.send(Ok(WatchEvent { node_id: id })).await.is_err() {
+                            return;
+                        }
+                    }
+                })
+                .await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -282,7 +389,8 @@ impl Internal for InternalService {
         Ok(Response::new(
             self.node
                 .proposer()
-                .serve_queue_info(r.group, r.with_digest),
+                .serve_queue_info(r.group, r.with_digest)
+                .await,
         ))
     }
 
@@ -294,7 +402,8 @@ impl Internal for InternalService {
         Ok(Response::new(
             self.node
                 .proposer()
-                .serve_browse(r.group, r.offset, r.limit),
+                .serve_browse(r.group, r.offset, r.limit)
+                .await,
         ))
     }
 }

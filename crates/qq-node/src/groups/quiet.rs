@@ -1,0 +1,255 @@
+//! Quiescent queue groups: an idle group sleeps, and costs nothing per group until it wakes.
+//!
+//! Every queue is its own Raft group, and an awake group pays for itself even when nothing
+//! happens: every replica's Raft ticks its timers, and the leader sends a heartbeat to every
+//! follower every `heartbeat_ms`. With a thousand idle queues that was most of a 2-core machine.
+//!
+//! This module holds a replica's side: whether it sleeps, and the transitions. The messages
+//! between replicas (asking followers to sleep, asking a leader to wake) are
+//! [`crate::quiesce`]'s; docs/architecture.md ("Idle groups sleep") tells the whole story.
+//!
+//! **Sleeping.** The leader actor of a group ([`crate::leader`]) asks it to sleep when nothing
+//! was applied for `quiesce_after_ms`, no write is in flight, and every voter holds and has
+//! committed the leader's whole log. It sends [`SleepRequest`] (its vote and committed log id)
+//! to every follower; a follower that follows exactly that vote and holds exactly that log
+//! stops its Raft ticker (no election timer) and answers yes. When every follower said yes,
+//! or a majority did and the others did not answer at all (a node down), the leader stops its
+//! ticker and heartbeats, unless a write started meanwhile. A follower that slept while its
+//! leader stayed awake is harmless: the leader is alive and its appends wake it.
+//!
+//! **Waking.** A group wakes
+//! - on the leader, before any write ([`Quiet::begin_write`]: proposals, membership changes,
+//!   leadership transfers) and before a read that needs the leader: heartbeats on, one
+//!   heartbeat round at once, and the write waits until a quorum answered it (a sleeping
+//!   leader's lease has expired, and openraft refuses writes without it);
+//! - on a follower, when an append brings something new (entries, a higher commit, another
+//!   leader): its election timer runs again. A bare heartbeat of the same leader does not
+//!   wake it (otherwise the leader's last heartbeats before it sleeps would wake followers
+//!   that then see no more heartbeats, and elect);
+//! - on every node, for every group shared with a peer, when the node-level liveness link to
+//!   that peer breaks or falls silent ([`crate::peer::liveness`]: one stream per node pair,
+//!   an event every `heartbeat_ms`, silent after `election_timeout_min_ms`). Followers of the
+//!   lost leader then elect as after any leader loss; a leader that lost its followers steps
+//!   down when its lease expires, as an awake one does;
+//! - on a leader, for its groups shared with a peer whose link (re)opens: a restarted or
+//!   returning node is brought up to date before its own election timers run out;
+//! - on a sleeping follower asked for a vote: it asks the leader it follows to wake
+//!   ([`SleepRequest`]'s counterpart, the `WAKE` Raft message) and refuses this vote only if
+//!   that node answers that it leads the group and is heartbeating again; otherwise it wakes
+//!   and lets Raft judge the vote. A leadership transfer's vote is never refused.
+//!
+//! **Why a sleeping group cannot miss a leader change.** A follower sleeps only while it
+//! follows the leader's current vote with the leader's whole log committed. A new leader needs
+//! votes from a majority; a sleeping member gives one only after waking, and it wakes (a) when
+//! its leader's node is lost, which is when an election is needed, or (b) when the leader it
+//! asked does not confirm that it leads. Any new entry, and any new term, reaches a sleeping
+//! follower as an append that wakes it. Safety never depends on this module: it only turns
+//! timers off and on and refuses votes, and refusing a vote never breaks Raft's safety.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use openraft::ServerState;
+use openraft::alias::{LogIdOf, VoteOf};
+use openraft::async_runtime::WatchReceiver;
+use openraft::raft::AppendEntriesRequest;
+use qq_core::NodeId;
+use qq_raft::TypeConfig;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::registry::QueueRaft;
+
+/// What a leader sends its followers when the group may sleep.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SleepRequest {
+    /// The leader's vote: the follower must follow exactly this one.
+    pub vote: VoteOf<TypeConfig>,
+    /// The leader's last log id, committed: the follower must hold and have committed it.
+    pub committed: Option<LogIdOf<TypeConfig>>,
+}
+
+/// Whether one replica of a group sleeps, and the writes that keep it awake.
+pub struct Quiet {
+    state: Mutex<State>,
+    /// Writes begun on this replica (as leader) since it started.
+    writes_begun: AtomicU64,
+    /// Writes begun and not yet ended.
+    writes_in_flight: AtomicU64,
+    /// Bumped on every wake, for the leader actor to arm its idle timer again.
+    woken: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct State {
+    asleep: bool,
+    /// As a sleeping follower: what the leader said when it asked to sleep.
+    slept_with: Option<SleepRequest>,
+}
+
+/// Ends a write on drop ([`Quiet::begin_write`]).
+pub struct WriteGuard<'a> {
+    quiet: &'a Quiet,
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        self.quiet.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Default for Quiet {
+    fn default() -> Self {
+        Quiet {
+            state: Mutex::default(),
+            writes_begun: AtomicU64::new(0),
+            writes_in_flight: AtomicU64::new(0),
+            woken: watch::Sender::new(0),
+        }
+    }
+}
+
+impl Quiet {
+    pub fn is_asleep(&self) -> bool {
+        self.state.lock().unwrap().asleep
+    }
+
+    /// Subscribe to wakes (the leader actor re-arms its idle timer on each).
+    pub fn subscribe_woken(&self) -> watch::Receiver<u64> {
+        self.woken.subscribe()
+    }
+
+    /// Turn this replica's timers back on, if it sleeps. Returns whether it slept. A leader
+    /// should then start a heartbeat round ([`wake_leader`] does).
+    pub fn wake(&self, raft: &QueueRaft) -> bool {
+        let mut state = self.state.lock().unwrap();
+        if !state.asleep {
+            return false;
+        }
+        state.asleep = false;
+        state.slept_with = None;
+        let rc = raft.runtime_config();
+        rc.heartbeat(true);
+        rc.tick(true);
+        drop(state);
+        crate::metrics::group_woke();
+        self.woken.send_modify(|n| *n += 1);
+        true
+    }
+
+    /// Count a write (and wake the group first if it sleeps). Returns the guard that ends the
+    /// write, and whether the group slept: then wait for [`wake_leader`] before writing.
+    pub fn begin_write(&self) -> WriteGuard<'_> {
+        self.writes_begun.fetch_add(1, Ordering::SeqCst);
+        self.writes_in_flight.fetch_add(1, Ordering::SeqCst);
+        WriteGuard { quiet: self }
+    }
+
+    /// As a follower: sleep if `req` describes exactly this replica's state (it follows that
+    /// vote, holds that log and committed it). Returns whether it sleeps now.
+    pub fn sleep_as_follower(&self, raft: &QueueRaft, me: NodeId, req: SleepRequest) -> bool {
+        let mut state = self.state.lock().unwrap();
+        let ok = {
+            let m = raft.metrics();
+            let m = m.borrow_watched();
+            m.state == ServerState::Follower
+                && m.current_leader != Some(me)
+                && m.vote == req.vote
+                && m.last_log_index == req.committed.as_ref().map(|l| l.index)
+                && m.local_committed == req.committed
+        };
+        if ok {
+            if !state.asleep {
+                crate::metrics::group_slept();
+            }
+            state.asleep = true;
+            state.slept_with = Some(req);
+            raft.runtime_config().tick(false);
+        }
+        ok
+    }
+
+    /// Writes begun so far and writes in flight ([`Quiet::begin_write`]).
+    pub fn writes(&self) -> (u64, u64) {
+        (
+            self.writes_begun.load(Ordering::SeqCst),
+            self.writes_in_flight.load(Ordering::SeqCst),
+        )
+    }
+
+    /// As the leader, once enough followers sleep: sleep too, unless a write began since
+    /// `begun` was read or the leader's vote or commit moved from `req`'s. Returns whether it
+    /// sleeps now.
+    pub fn sleep_as_leader(&self, raft: &QueueRaft, begun: u64, req: &SleepRequest) -> bool {
+        let mut state = self.state.lock().unwrap();
+        if self.writes() != (begun, 0) {
+            return false; // a write started meanwhile: its append wakes the followers
+        }
+        let still = {
+            let m = raft.metrics();
+            let m = m.borrow_watched();
+            m.state == ServerState::Leader
+                && m.vote == req.vote
+                && m.local_committed == req.committed
+        };
+        if !still || state.asleep {
+            return false;
+        }
+        state.asleep = true;
+        state.slept_with = None;
+        let rc = raft.runtime_config();
+        rc.heartbeat(false);
+        rc.tick(false);
+        crate::metrics::group_slept();
+        true
+    }
+
+    /// As a follower: whether this append brings anything a sleeping replica must wake for
+    /// (entries, a commit it has not seen, another leader's vote). A bare heartbeat of the
+    /// leader it slept with does not.
+    pub fn append_wakes(&self, req: &AppendEntriesRequest<TypeConfig>) -> bool {
+        let state = self.state.lock().unwrap();
+        match (&state.asleep, &state.slept_with) {
+            (false, _) => false,
+            (true, None) => true,
+            (true, Some(slept)) => {
+                !req.entries.is_empty()
+                    || req.vote != slept.vote
+                    || req.leader_commit != slept.committed
+            }
+        }
+    }
+}
+
+/// As the leader: wake the group if it sleeps, and wait (up to `wait`) until a quorum answered
+/// a heartbeat, so that a write or a leader-only read that follows is accepted.
+pub async fn wake_leader(raft: &QueueRaft, quiet: &Quiet, lease: Duration, wait: Duration) {
+    if !quiet.wake(raft) {
+        return;
+    }
+    if raft.trigger().heartbeat().await.is_err() {
+        return;
+    }
+    let _ = raft
+        .wait(Some(wait))
+        .metrics(
+            |m| {
+                m.state != ServerState::Leader
+                    || m.last_quorum_acked
+                        .as_ref()
+                        .is_some_and(|t| openraft::Instant::elapsed(&**t) < lease)
+            },
+            "a quorum answered the waking heartbeat",
+        )
+        .await;
+}
+
+/// As a leader just woken without a write to make: send a heartbeat round now (in the
+/// background) rather than at the next tick.
+pub fn heartbeat_soon(raft: &QueueRaft) {
+    let raft = raft.clone();
+    tokio::spawn(async move {
+        let _ = raft.trigger().heartbeat().await;
+    });
+}

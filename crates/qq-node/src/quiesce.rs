@@ -1,0 +1,134 @@
+//! The messages of the sleep of idle queue groups ([`crate::groups::quiet`] holds a replica's
+//! side): a leader asking its followers to sleep ([`try_sleep`]), and a sleeping follower asked
+//! for a vote asking its leader to wake ([`ask_leader_to_wake`]). Both travel as Raft messages
+//! of kinds `SLEEP` and `WAKE` on the internal service, with a short timeout: an answer that
+//! does not come counts as "no".
+//!
+//! Must not: decide when a group sleeps (the leader actor does) or wake a replica by itself.
+
+use std::time::Duration;
+
+use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
+use qq_core::NodeId;
+use qq_proto::internal::{RaftKind, RaftRequest};
+use qq_raft::GroupId;
+use qq_raft::network::Peers;
+use tracing::debug;
+
+use crate::groups::quiet::{Quiet, SleepRequest};
+use crate::groups::registry::QueueRaft;
+
+/// How long the leader waits for its followers' answers to a [`SleepRequest`], and a sleeping
+/// follower for its leader's answer to a wake.
+const ASK_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// As the leader of an idle group: put it to sleep if every condition holds (module docs).
+/// Returns whether it sleeps now.
+pub async fn try_sleep(
+    group: GroupId,
+    raft: &QueueRaft,
+    quiet: &Quiet,
+    peers: &Peers,
+    me: NodeId,
+) -> bool {
+    let (begun, in_flight) = quiet.writes();
+    if in_flight > 0 || quiet.is_asleep() {
+        return false;
+    }
+    let (req, followers, voters) = {
+        let m = raft.metrics();
+        let m = m.borrow_watched();
+        if m.state != ServerState::Leader || m.current_leader != Some(me) {
+            return false;
+        }
+        let membership = m.membership_config.membership();
+        // No joint configuration, no learner: those are changes in progress.
+        if membership.get_joint_config().len() != 1 || membership.learner_ids().next().is_some() {
+            return false;
+        }
+        let voters: Vec<NodeId> = membership.voter_ids().collect();
+        let last = m.last_log_index;
+        if m.local_committed.as_ref().map(|l| l.index) != last {
+            return false;
+        }
+        let followers: Vec<NodeId> = voters.iter().copied().filter(|v| *v != me).collect();
+        let replicated = match &m.replication {
+            Some(r) => followers.iter().all(|f| {
+                r.get(f)
+                    .is_some_and(|matched| matched.as_ref().map(|l| l.index) == last)
+            }),
+            None => followers.is_empty(),
+        };
+        if !replicated {
+            return false;
+        }
+        (
+            SleepRequest {
+                vote: m.vote.clone(),
+                committed: m.local_committed.clone(),
+            },
+            followers,
+            voters.len(),
+        )
+    };
+    let payload = match postcard::to_stdvec(&req) {
+        Ok(p) => p,
+        Err(_) => return false,
+    };
+    let answers = futures::future::join_all(followers.iter().map(|f| {
+        let payload = payload.clone();
+        async move { ask(peers, *f, group, RaftKind::Sleep, payload).await }
+    }))
+    .await;
+    let mut slept = 1; // this node
+    for a in &answers {
+        match a {
+            Some(true) => slept += 1,
+            Some(false) => return false, // awake and not in step: not idle after all
+            None => {}                   // no answer: down or cut off; liveness wakes us
+        }
+    }
+    if slept * 2 <= voters {
+        return false;
+    }
+    let slept = quiet.sleep_as_leader(raft, begun, &req);
+    if slept {
+        debug!(group, "group sleeps");
+    }
+    slept
+}
+
+/// As a sleeping follower asked for a vote: ask `leader` to wake the group. True only if it
+/// answered that it leads the group and heartbeats again.
+pub async fn ask_leader_to_wake(peers: &Peers, leader: NodeId, group: GroupId) -> bool {
+    ask(peers, leader, group, RaftKind::Wake, Vec::new())
+        .await
+        .unwrap_or(false)
+}
+
+/// One SLEEP or WAKE message; None when the peer did not answer (or not in kind).
+async fn ask(
+    peers: &Peers,
+    to: NodeId,
+    group: GroupId,
+    kind: RaftKind,
+    payload: Vec<u8>,
+) -> Option<bool> {
+    let mut client = peers.client(to)?;
+    let mut request = tonic::Request::new(RaftRequest {
+        group,
+        kind: kind as i32,
+        payload: payload.into(),
+    });
+    request.set_timeout(ASK_TIMEOUT);
+    let reply = tokio::time::timeout(ASK_TIMEOUT, client.raft(request))
+        .await
+        .ok()?
+        .ok()?
+        .into_inner();
+    if !reply.error.is_empty() {
+        return None;
+    }
+    postcard::from_bytes::<bool>(&reply.payload).ok()
+}
