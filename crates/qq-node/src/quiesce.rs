@@ -1,11 +1,12 @@
 //! The messages of the sleep of idle queue groups ([`crate::groups::quiet`] holds a replica's
 //! side): a leader asking its followers to sleep ([`try_sleep`]), and a sleeping follower asked
-//! for a vote asking its leader to wake ([`ask_leader_to_wake`]). Both travel as Raft messages
+//! for a vote, or whose leader's node went silent, asking that node to wake ([`confirm_leader`]). Both travel as Raft messages
 //! of kinds `SLEEP` and `WAKE` on the internal service, with a short timeout: an answer that
 //! does not come counts as "no".
 //!
 //! Must not: decide when a group sleeps (the leader actor does) or wake a replica by itself.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use openraft::ServerState;
@@ -78,7 +79,7 @@ pub async fn try_sleep(
     };
     let answers = futures::future::join_all(followers.iter().map(|f| {
         let payload = payload.clone();
-        async move { ask(peers, *f, group, RaftKind::Sleep, payload).await }
+        async move { ask::<bool>(peers, *f, group, RaftKind::Sleep, payload).await }
     }))
     .await;
     let mut slept = 1; // this node
@@ -99,22 +100,31 @@ pub async fn try_sleep(
     slept
 }
 
-/// As a sleeping follower asked for a vote: ask `leader` to wake the group. True only if it
-/// answered that it leads the group and heartbeats again.
-pub async fn ask_leader_to_wake(peers: &Peers, leader: NodeId, group: GroupId) -> bool {
-    ask(peers, leader, group, RaftKind::Wake, Vec::new())
+/// As sleeping followers of `leader` (asked for a vote, or the node-level link to it silent or
+/// broken): ask it to wake `groups`. Returns those it answered that it leads (and heartbeats
+/// again); none when it did not answer within [`ASK_TIMEOUT`]. One message for all of them.
+pub async fn confirm_leader(
+    peers: &Peers,
+    leader: NodeId,
+    groups: Vec<GroupId>,
+) -> BTreeSet<GroupId> {
+    let Ok(payload) = postcard::to_stdvec(&groups) else {
+        return BTreeSet::new();
+    };
+    ask::<Vec<GroupId>>(peers, leader, 0, RaftKind::Wake, payload)
         .await
-        .unwrap_or(false)
+        .map(|led| led.into_iter().collect())
+        .unwrap_or_default()
 }
 
 /// One SLEEP or WAKE message; None when the peer did not answer (or not in kind).
-async fn ask(
+async fn ask<T: serde::de::DeserializeOwned>(
     peers: &Peers,
     to: NodeId,
     group: GroupId,
     kind: RaftKind,
     payload: Vec<u8>,
-) -> Option<bool> {
+) -> Option<T> {
     let mut client = peers.client(to)?;
     let mut request = tonic::Request::new(RaftRequest {
         group,
@@ -130,5 +140,5 @@ async fn ask(
     if !reply.error.is_empty() {
         return None;
     }
-    postcard::from_bytes::<bool>(&reply.payload).ok()
+    postcard::from_bytes::<T>(&reply.payload).ok()
 }

@@ -39,6 +39,9 @@ use crate::observe::Observability;
 use crate::peer::liveness::spawn_peer_watches;
 use crate::peer::service::InternalService;
 
+/// Streams a peer may reset before the cluster server accepted them (see `run`).
+const CLUSTER_MAX_PENDING_RESETS: usize = 1024;
+
 /// How long the server waits for open requests once shutdown begins.
 const DRAIN_GRACE: Duration = Duration::from_secs(10);
 
@@ -155,6 +158,12 @@ pub async fn run(
     let cluster_server = cluster_server
         .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
         .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+        // openraft drops a heartbeat's call after `heartbeat_interval`, which resets its
+        // stream. When many groups wake at once on a loaded node, more than h2's default of 20
+        // such streams can be reset before the server accepted them, and h2 then closes the
+        // whole connection (its guard against "rapid reset" floods). Only authenticated peers
+        // (mutual TLS) reach this port; the bound stays, higher.
+        .http2_max_pending_accept_reset_streams(Some(CLUSTER_MAX_PENDING_RESETS))
         .add_service(internal)
         .serve_with_incoming_shutdown(cluster_incoming, signal.clone().cancelled_owned());
     // The drain waits for every open request; bound it, so a request stuck somewhere cannot

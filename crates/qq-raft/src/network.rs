@@ -344,15 +344,7 @@ impl GroupClient {
             payload: payload.into(),
         });
         request.set_timeout(timeout);
-        // In a task of its own: openraft drops a heartbeat's future after `heartbeat_interval`,
-        // and a dropped gRPC call resets its HTTP/2 stream. A burst of resets (many groups
-        // waking at once on a loaded node) trips h2's rapid-reset guard, which closes the whole
-        // connection with every call on it. Detached, the call ends by its deadline instead.
-        let call = tokio::spawn(async move { client.raft(request).await });
-        let answer = call
-            .await
-            .map_err(|e| unreachable(format!("node {}: call task: {e}", self.target)))?;
-        let reply = match answer {
+        let reply = match client.raft(request).await {
             Ok(r) => r.into_inner(),
             Err(status) => {
                 return Err(unreachable(format!(

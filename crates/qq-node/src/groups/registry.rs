@@ -186,35 +186,59 @@ impl Registry {
         }
     }
 
-    /// Wake the sleeping queue groups that depend on `peer`: those this node leads with `peer`
-    /// among the members, and (unless `led_only`) those `peer` leads. For the node-level
-    /// liveness: a lost peer (its followers here must elect, a leader here must notice a lost
-    /// quorum, as awake groups do) or a peer back (it must hear its leaders before its
-    /// election timers run out). Followers of a live leader stay asleep. Returns how many woke.
-    pub fn wake_shared_with(&self, peer: NodeId, led_only: bool) -> usize {
+    /// Wake the sleeping queue groups this node leads with `peer` among the members (a peer
+    /// lost: they must notice a lost quorum as awake ones do; a peer back: it must hear its
+    /// leaders before its election timers run out). Returns how many woke.
+    pub fn wake_led_with(&self, peer: NodeId) -> usize {
         let mut woke = 0;
         for g in self.queues() {
-            if !g.quiet.is_asleep() {
-                continue;
-            }
-            let (leading, leader) = {
-                let m = g.raft.metrics();
-                let m = m.borrow_watched();
-                (m.state == ServerState::Leader, m.current_leader)
-            };
-            let depends = if leading {
-                g.meta.members.contains(&peer)
-            } else {
-                !led_only && leader == Some(peer)
-            };
-            if depends && g.quiet.wake(&g.raft) {
+            if g.quiet.is_asleep()
+                && g.meta.members.contains(&peer)
+                && g.raft.metrics().borrow_watched().state == ServerState::Leader
+                && g.quiet.wake(&g.raft)
+            {
+                quiet::heartbeat_soon(&g.raft);
                 woke += 1;
-                if leading {
-                    quiet::heartbeat_soon(&g.raft);
-                }
             }
         }
         woke
+    }
+
+    /// The sleeping queue groups here whose leader is `peer`.
+    pub fn asleep_led_by(&self, peer: NodeId) -> Vec<GroupId> {
+        self.queues()
+            .into_iter()
+            .filter(|g| {
+                g.quiet.is_asleep()
+                    && g.raft.metrics().borrow_watched().current_leader == Some(peer)
+            })
+            .map(|g| g.meta.id)
+            .collect()
+    }
+
+    /// Wake these queue groups (followers whose leader is gone: their election timers run).
+    pub fn wake_groups(&self, groups: &[GroupId]) -> usize {
+        groups
+            .iter()
+            .filter_map(|id| self.queue(*id))
+            .filter(|g| g.quiet.wake(&g.raft))
+            .count()
+    }
+
+    /// Of `groups`, wake those this node leads (a heartbeat round at once) and return them:
+    /// the answer to sleeping followers that ask (`WAKE`).
+    pub fn wake_led(&self, groups: &[GroupId]) -> Vec<GroupId> {
+        groups
+            .iter()
+            .filter_map(|id| self.queue(*id))
+            .filter(|g| g.raft.metrics().borrow_watched().state == ServerState::Leader)
+            .map(|g| {
+                if g.quiet.wake(&g.raft) {
+                    quiet::heartbeat_soon(&g.raft);
+                }
+                g.meta.id
+            })
+            .collect()
     }
 
     /// Wait (up to `wait`) until this node's replica of a new group knows a leader that can

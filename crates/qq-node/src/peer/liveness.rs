@@ -25,9 +25,10 @@
 //! this: a wrong call costs at most an unnecessary election.
 //!
 //! The watch is also the node-level heartbeat that sleeping queue groups rely on
-//! ([`crate::groups::quiet`]): the peer sends an event every `heartbeat_ms`, and a link with
-//! no event for `election_timeout_min_ms` counts as lost. A lost link wakes the sleeping groups
-//! the peer leads (they elect) and those this node leads with it (they notice a lost quorum);
+//! ([`crate::groups::quiet`]): the peer sends an event every `heartbeat_ms`. A link with no
+//! event for `election_timeout_min_ms` (the peer frozen, cut off, or only slow), or a broken
+//! one, wakes the sleeping groups the peer leads (they elect if it is gone) and those this node
+//! leads with it (they notice a lost quorum); only a broken stream counts as a lost link;
 //! a link that (re)opens wakes the groups this node leads with that peer, so a returning node
 //! hears its leaders before its election timers run out. One stream per node pair, however
 //! many groups.
@@ -53,6 +54,7 @@ use qq_raft::{META_GROUP, TypeConfig};
 use tracing::{debug, info, warn};
 
 use crate::node::Node;
+use crate::quiesce;
 
 /// Pause between two attempts to open the watch of a peer that is down or unreachable.
 const RETRY: Duration = Duration::from_millis(100);
@@ -121,16 +123,27 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
                 open.insert(peer);
             });
             // Back (or first seen): the groups led here with it must reach it soon.
-            node.registry().wake_shared_with(peer, true);
+            node.registry().wake_led_with(peer);
             let mut events = response.into_inner();
+            // Silent (no event for `silence`), the peer may be frozen or cut off, or only
+            // slow: the groups that depend on it wake, and Raft's own timers decide; the link
+            // stays open (and counted) until the stream breaks.
+            let mut silent = false;
             loop {
                 match tokio::time::timeout(silence, events.next()).await {
-                    Ok(Some(Ok(_))) => {}
+                    Ok(Some(Ok(_))) => silent = false,
                     Ok(_) => break,
-                    Err(_) => {
-                        info!(peer, ?silence, "peer silent: its link counts as lost");
-                        break;
+                    Err(_) if !silent => {
+                        silent = true;
+                        let woke = wake_dependents(&node, peer).await;
+                        info!(
+                            peer,
+                            ?silence,
+                            woke,
+                            "peer silent: woke the sleeping groups that depend on it"
+                        );
                     }
+                    Err(_) => {}
                 }
             }
             links.send_modify(|open| {
@@ -138,7 +151,7 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
             });
             // Lost: the sleeping groups it leads must elect, those led here must notice a
             // lost quorum, as awake groups do.
-            let woke = node.registry().wake_shared_with(peer, false);
+            let woke = wake_dependents(&node, peer).await;
             if woke > 0 {
                 info!(
                     peer,
@@ -161,6 +174,24 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
     links.send_modify(|open| {
         open.remove(&peer);
     });
+}
+
+/// The link to `peer` is silent or broken: wake the sleeping groups led here with it (they
+/// must notice a lost quorum), and the sleeping groups it leads unless it answers at once
+/// that it still leads them (a slow peer keeps its groups; a frozen or gone one does not
+/// answer, and they elect). Returns how many woke.
+async fn wake_dependents(node: &Node, peer: NodeId) -> usize {
+    let mut woke = node.registry().wake_led_with(peer);
+    let followed = node.registry().asleep_led_by(peer);
+    if !followed.is_empty() {
+        let confirmed = quiesce::confirm_leader(node.peers(), peer, followed.clone()).await;
+        let lost: Vec<_> = followed
+            .into_iter()
+            .filter(|g| !confirmed.contains(g))
+            .collect();
+        woke += node.registry().wake_groups(&lost);
+    }
+    woke
 }
 
 #[derive(Debug, PartialEq, Eq)]

@@ -148,7 +148,9 @@ async fn refuse_vote_while_asleep(
         return Some(refuse("this node".into()));
     }
     if let Some(leader) = leader.filter(|l| *l != node.id())
-        && quiesce::ask_leader_to_wake(node.peers(), leader, g.meta.id).await
+        && quiesce::confirm_leader(node.peers(), leader, vec![g.meta.id])
+            .await
+            .contains(&g.meta.id)
     {
         return Some(refuse(format!("node {leader}")));
     }
@@ -203,11 +205,18 @@ impl Internal for InternalService {
                     }
                     RaftKind::Sleep | RaftKind::Wake => {
                         return Err(Status::invalid_argument(
-                            "kind: SLEEP and WAKE are for queue groups only",
+                            "kind: SLEEP is for queue groups only",
                         ))
                     }
                 }
             };
+        }
+        if kind == RaftKind::Wake {
+            // Asked by sleeping followers: their groups that this node leads wake, and are
+            // named in the answer.
+            let groups: Vec<u64> = decode(&r.payload)?;
+            let led = node.registry().wake_led(&groups);
+            return Ok(Response::new(reply::<Vec<u64>, String>(Ok(led))));
         }
         let out = if r.group == META_GROUP {
             dispatch!(node.registry().meta_raft())
@@ -228,15 +237,6 @@ impl Internal for InternalService {
                         node.id(),
                         decode(&r.payload)?,
                     ))),
-                    RaftKind::Wake => {
-                        // Asked by a sleeping follower that was asked for a vote.
-                        let leading = g.raft.metrics().borrow_watched().state
-                            == openraft::ServerState::Leader;
-                        if leading && g.quiet.wake(&g.raft) {
-                            quiet::heartbeat_soon(&g.raft);
-                        }
-                        reply::<bool, String>(Ok(leading))
-                    }
                     RaftKind::Append => {
                         let req: AppendEntriesRequest<TypeConfig> = decode(&r.payload)?;
                         let wakes = g.quiet.append_wakes(&req);
@@ -300,7 +300,7 @@ impl Internal for InternalService {
         let from = request.into_inner().from;
         // A peer (re)opening its watch may be back from a restart or a partition: the groups
         // this node leads with it must reach it before its election timers run out.
-        let woke = self.node.registry().wake_shared_with(from, true);
+        let woke = self.node.registry().wake_led_with(from);
         if woke > 0 {
             debug!(
                 peer = from,
