@@ -6,7 +6,8 @@
 //!   snapshot header (what the builder task does with that copy);
 //! - a steady mix at that backlog (one consumer with prefetch 1 000: enqueue one, ack one),
 //!   without and then with a clone held alive, as while a snapshot is being written;
-//! - the heap the state holds (counted by a global allocator), per message.
+//! - the heap the state holds (counted by a global allocator), per message, and that of a
+//!   full dedup window per key.
 //!
 //! Run in release: `cargo run --release -p qq-core --example snapshot_cut [N]`.
 
@@ -45,6 +46,14 @@ static GLOBAL: Counting = Counting;
 
 fn live() -> isize {
     LIVE.load(Ordering::Relaxed)
+}
+
+/// This thread's time on a CPU so far (Linux), so that rates are comparable on a busy machine.
+fn cpu_s() -> f64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(f64::NAN, |ns| ns as f64 / 1e9)
 }
 
 struct Q {
@@ -90,8 +99,10 @@ fn delivered(fx: &[Effect], out: &mut std::collections::VecDeque<MessageId>) {
     }
 }
 
-fn steady(q: &mut Q, rounds: usize, out: &mut std::collections::VecDeque<MessageId>) -> f64 {
+/// Runs `rounds` of enqueue + ack; commands per second of wall time and of CPU time.
+fn steady(q: &mut Q, rounds: usize, out: &mut std::collections::VecDeque<MessageId>) -> (f64, f64) {
     let start = Instant::now();
+    let cpu = cpu_s();
     for _ in 0..rounds {
         let fx = q.publish();
         delivered(&fx, out);
@@ -106,7 +117,11 @@ fn steady(q: &mut Q, rounds: usize, out: &mut std::collections::VecDeque<Message
         assert_eq!(reply, Reply::Ok);
         delivered(&fx, out);
     }
-    (2 * rounds) as f64 / start.elapsed().as_secs_f64()
+    let commands = (2 * rounds) as f64;
+    (
+        commands / start.elapsed().as_secs_f64(),
+        commands / (cpu_s() - cpu),
+    )
 }
 
 fn main() {
@@ -116,6 +131,16 @@ fn main() {
         .unwrap_or(1_200_000);
     let rounds = 300_000;
     let before = live();
+    let mut window = qq_core::dedup::KeyWindow::default();
+    for i in 0..qq_core::dedup::MAX_WINDOW_KEYS as u128 {
+        window.remember(1, i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835));
+    }
+    println!(
+        "a full dedup window: {:.0} bytes per key",
+        (live() - before) as f64 / window.len() as f64
+    );
+    drop(window);
+    let before = live();
     let mut q = Q {
         s: QueueState::new(QueueConfig::new("/", "q")),
         index: 0,
@@ -123,14 +148,17 @@ fn main() {
         ticks: 0,
     };
     let start = Instant::now();
+    let cpu = cpu_s();
     for _ in 0..n {
         q.publish();
     }
     let fill = start.elapsed().as_secs_f64();
+    let fill_cpu = cpu_s() - cpu;
     let held = live() - before;
     println!(
-        "fill: {n} enqueues in {fill:.2} s = {:.0} commands/s",
-        n as f64 / fill
+        "fill: {n} enqueues in {fill:.2} s = {:.0} commands/s ({:.0} per CPU second)",
+        n as f64 / fill,
+        n as f64 / fill_cpu
     );
     println!(
         "state heap: {:.1} MiB = {:.0} bytes per message (with its publish key, up to {} remembered)",
@@ -171,11 +199,13 @@ fn main() {
         prefetch: 1000,
     });
     delivered(&fx, &mut out);
-    let rate = steady(&mut q, rounds, &mut out);
-    println!("steady at {n}: enqueue+ack {rate:.0} commands/s");
+    let (rate, per_cpu) = steady(&mut q, rounds, &mut out);
+    println!("steady at {n}: enqueue+ack {rate:.0} commands/s ({per_cpu:.0} per CPU second)");
     let copy = q.s.clone();
-    let rate = steady(&mut q, rounds, &mut out);
-    println!("steady at {n}, a clone held: enqueue+ack {rate:.0} commands/s");
+    let (rate, per_cpu) = steady(&mut q, rounds, &mut out);
+    println!(
+        "steady at {n}, a clone held: enqueue+ack {rate:.0} commands/s ({per_cpu:.0} per CPU second)"
+    );
     let copy_extra = live();
     drop(copy);
     println!(
