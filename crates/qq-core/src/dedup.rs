@@ -18,8 +18,7 @@
 //! client sends, the same on every replica, and a collision (which would take a distinct
 //! message for a duplicate) is beyond reach, also for a client that chooses its keys.
 
-use std::collections::{BTreeSet, VecDeque};
-
+use imbl::{OrdSet, Vector};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -42,9 +41,9 @@ pub fn key_id(key: &str) -> u128 {
 /// Keys remembered with the time they were stored, oldest first.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct KeyWindow {
-    keys: BTreeSet<u128>,
+    keys: OrdSet<u128>,
     /// (stored at ms, key), in apply order; times never decrease (they are the queue's clock).
-    order: VecDeque<(u64, u128)>,
+    order: Vector<(u64, u128)>,
     forgotten_early: u64,
 }
 
@@ -67,7 +66,7 @@ impl KeyWindow {
 
     /// Remember `id`, stored at `now_ms` (not below any time remembered before).
     pub fn remember(&mut self, now_ms: u64, id: u128) {
-        if !self.keys.insert(id) {
+        if self.keys.insert(id).is_some() {
             return;
         }
         if self.order.len() >= MAX_WINDOW_KEYS

@@ -20,7 +20,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use qq_core::queue::{Command, Delivery, Effect, MoveTask, QueueState, Receipt, Reply};
+use qq_core::queue::{Command, Delivery, Effect, MoveTask, QueueState, Receipts, Reply};
 use qq_core::{ConsumerId, Message, MessageId, QueueConfig, Reason, Strategy};
 use qq_raft::GroupId;
 use qq_raft::snapshot::{SnapshotReader, SnapshotWriter};
@@ -174,28 +174,31 @@ struct PendingBodies {
 }
 
 /// A snapshot file's header: the state; the bodies of its live messages follow as records.
+/// Its encoding is a format that nodes of other versions read (qq-core's
+/// `tests/snapshot_format.rs` holds golden bytes of `(state, receipts, moves)`).
 #[derive(Serialize, Deserialize)]
 struct QueueSnapshotHeader {
     state: QueueState,
     /// The Get receipts ([`QueueState::receipts`]), which the state's own encoding leaves out.
-    receipts: BTreeMap<MessageId, Receipt>,
+    receipts: Receipts,
     /// The move tasks ([`QueueState::moves`]), likewise.
     moves: BTreeMap<u64, MoveTask>,
 }
 
-/// [`QueueSnapshotHeader`] by reference: encoded in the cut without a copy of the state.
+/// [`QueueSnapshotHeader`] by reference, encoded from the cut's copy of the state.
 #[derive(Serialize)]
 struct QueueSnapshotHeaderRef<'a> {
     state: &'a QueueState,
-    receipts: &'a BTreeMap<MessageId, Receipt>,
+    receipts: &'a Receipts,
     moves: &'a BTreeMap<u64, MoveTask>,
 }
 
-/// A queue's snapshot cut: its state encoded (not cloned: the encoding is a fraction of the
-/// state's size in memory), its live message ids in order, and the bodies pinned at that moment.
+/// A queue's snapshot cut: a copy of its state and the bodies pinned at that moment. The copy
+/// costs O(1) whatever the backlog (the state's collections are persistent and share their
+/// nodes until the next apply changes them, module `qq_core::queue`); the encoding and the
+/// list of live ids are made from it in [`Machine::write_cut`], off the state-machine worker.
 pub struct QueueCut {
-    header: io::Result<Vec<u8>>,
-    ids: Vec<MessageId>,
+    state: QueueState,
     bodies: Pinned,
 }
 
@@ -521,29 +524,24 @@ impl Machine for QueueMachine {
 
     fn cut(&self) -> QueueCut {
         // Taken in the state-machine worker between two applies, after the previous apply's
-        // bodies were written (`flush_bodies`): the state and the pinned bodies agree.
+        // bodies were written (`flush_bodies`): the state and the pinned bodies agree. Both
+        // are O(1): a clone of the persistent state and a RocksDB snapshot.
         let state = self.state.lock().unwrap();
-        let header = io_encode(&QueueSnapshotHeaderRef {
-            state: &state,
-            receipts: state.receipts(),
-            moves: state.moves(),
-        });
         QueueCut {
-            header,
-            ids: state.message_ids(),
+            state: state.clone(),
             bodies: self.store.pin(),
         }
     }
 
     fn write_cut(&self, cut: QueueCut, out: &mut SnapshotWriter) -> io::Result<()> {
-        let QueueCut {
-            header,
-            ids,
-            bodies,
-        } = cut;
-        out.header(&header?)?;
+        let QueueCut { state, bodies } = cut;
+        out.header(&io_encode(&QueueSnapshotHeaderRef {
+            state: &state,
+            receipts: state.receipts(),
+            moves: state.moves(),
+        })?)?;
         // Both in id order: a merge of the live ids with the pinned bodies, page by page.
-        let mut live = ids.iter().copied().peekable();
+        let mut live = state.live_ids().peekable();
         let mut missing = 0u64;
         let mut from = 0u64;
         loop {
@@ -626,6 +624,7 @@ impl Machine for QueueMachine {
 #[cfg(test)]
 mod tests {
     use qq_core::Properties;
+    use qq_core::queue::Receipt;
 
     use super::*;
 
