@@ -15,6 +15,7 @@
 
 mod checker;
 mod hosts;
+mod idle;
 mod membership;
 mod nemesis;
 mod report;
@@ -80,6 +81,10 @@ struct Args {
     /// The namespace script. Default: cluster/netns.sh under the current directory.
     #[arg(long)]
     netns_script: Option<PathBuf>,
+    /// Idle queues declared besides the workload's (their groups sleep while the faults run);
+    /// after healing each must take a publish and give it back.
+    #[arg(long, default_value_t = 0)]
+    idle_queues: usize,
 }
 
 /// Publishes in flight per publisher and queue. Large enough that publishes stuck on a cut-off
@@ -211,6 +216,7 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
         node_bin,
         rate: args.rate,
         duration: args.duration,
+        idle_queues: args.idle_queues,
     };
     if !args.matrix {
         let report = run_one(&setup, &kinds, &base).await?;
@@ -249,6 +255,7 @@ struct Setup {
     node_bin: PathBuf,
     rate: f64,
     duration: u64,
+    idle_queues: usize,
 }
 
 /// One run: fresh namespaces and nodes, the workload under `kinds`, the check. Output in `out`.
@@ -303,6 +310,9 @@ async fn chaos(
     let clients = workload::clients(&addresses)?;
     wait_formed(&clients, Duration::from_secs(60)).await?;
     retry("declare the topology", || workload::declare(&clients[0])).await?;
+    if setup.idle_queues > 0 {
+        idle::declare(&clients, setup.idle_queues).await?;
+    }
     let mut leaders_at_start = BTreeMap::new();
     for q in workload::QUEUES {
         let info = retry("queue info", || clients[0].get_queue(q)).await?;
@@ -520,6 +530,9 @@ async fn chaos(
                 e.to_string()
             }),
     ));
+    if setup.idle_queues > 0 {
+        checks.push(idle::check(&clients, setup.idle_queues).await);
+    }
     let give_up_at = Instant::now() + Duration::from_secs(30);
     while !publishers.is_empty() {
         if Instant::now() >= give_up_at {
