@@ -537,5 +537,12 @@ mod tests {
         assert_eq!(verdict("< RabbitMQ", Some(400.0), None), None);
         assert_eq!(verdict("< 1 s", Some(0.4), Some(3.0)), Some(true));
         assert_eq!(verdict("< 1.5x", Some(1.6), Some(1.1)), Some(false));
+        assert_eq!(verdict("< 5 % core", Some(4.9), Some(1.0)), Some(true));
+        assert_eq!(verdict(">= 200/s", Some(181.0), Some(43.0)), Some(false));
+        assert_eq!(
+            target_for(12, "declare 1000, 64 in flight"),
+            Some(">= 200/s")
+        );
+        assert_eq!(target_for(12, "declare 1000, one after another"), None);
     }
 }

@@ -187,6 +187,20 @@ impl PoolRun {
     }
 }
 
+/// A new [`crate::driver::Declarer`] on `conn` (a channel on RabbitMQ), if one opens within
+/// 10 s.
+async fn declarer(conn: &Conn) -> Option<crate::driver::Declarer> {
+    tokio::time::timeout(Duration::from_secs(10), conn.declarer())
+        .await
+        .ok()?
+        .ok()
+}
+
+/// Closes a RabbitMQ channel, giving up after 5 s (a broker in trouble may not answer).
+async fn close(d: crate::driver::Declarer) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), d.close()).await;
+}
+
 /// Declares or deletes `names` through one connection to [`CLIENT_NODE`] with up to
 /// `in_flight` at once, until all are done or `deadline` passes. A failed operation is
 /// retried (after 200 ms, on a new channel for RabbitMQ) until the deadline.
@@ -199,7 +213,9 @@ async fn pool(
     mark: usize,
     label: String,
 ) -> Result<PoolRun> {
-    let conn = Conn::connect(system, CLIENT_NODE).await?;
+    let conn = tokio::time::timeout(Duration::from_secs(30), Conn::connect(system, CLIENT_NODE))
+        .await
+        .context("connecting took over 30 s")??;
     let spec = QueueSpec {
         balanced: true,
         ..Default::default()
@@ -236,7 +252,8 @@ async fn pool(
             (next.clone(), count.clone(), at_mark.clone(), errors.clone());
         workers.push(tokio::spawn(async move {
             let mut done = Vec::new();
-            let mut d = conn.declarer().await.ok();
+            let mut last_done = Duration::ZERO;
+            let mut d = declarer(&conn).await;
             'queues: loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(name) = names.get(i) else { break };
@@ -270,26 +287,33 @@ async fn pool(
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     // A RabbitMQ channel is closed by the error: open another.
                     if let Some(old) = d.take() {
-                        old.close().await;
+                        close(old).await;
                     }
-                    d = conn.declarer().await.ok();
+                    d = declarer(&conn).await;
                 }
                 done.push(i);
+                last_done = start.elapsed();
                 if count.fetch_add(1, Ordering::Relaxed) + 1 == mark {
                     *at_mark.lock().unwrap() = Some(start.elapsed());
                 }
             }
             if let Some(dec) = d {
-                dec.close().await;
+                close(dec).await;
             }
-            done
+            (done, last_done)
         }));
     }
     let mut done = Vec::new();
+    // Until the last one done, or the deadline (closing channels is not timed).
+    let mut elapsed = Duration::ZERO;
     for w in workers {
-        done.extend(w.await.context("declare worker")?);
+        let (d, last) = w.await.context("declare worker")?;
+        done.extend(d);
+        elapsed = elapsed.max(last);
     }
-    let elapsed = start.elapsed();
+    if done.len() < total {
+        elapsed = deadline;
+    }
     progress.finish().await;
     let (errors, failures) = std::mem::take(&mut *errors.lock().unwrap());
     done.sort_unstable();
@@ -579,7 +603,11 @@ end"#,
         let serves_at = serves_at.clone();
         let check_serves = async move || {
             let mut at = serves_at.lock().unwrap().is_some();
-            if !at && cl.answers(victim).await {
+            if !at
+                && tokio::time::timeout(Duration::from_secs(5), cl.answers(victim))
+                    .await
+                    .unwrap_or(false)
+            {
                 *serves_at.lock().unwrap() = Some(started.elapsed().as_secs_f64());
                 at = true;
             }
@@ -704,6 +732,60 @@ fn report_restart(out: &mut Outcome, n: usize, r: &Restart, s: &Settings) {
     ));
 }
 
+/// One declare or delete phase through [`pool`], reported: its note, and its rate as the
+/// figure `name` (queues/s) when `figure`.
+#[allow(clippy::too_many_arguments)]
+async fn phase(
+    out: &mut Outcome,
+    system: System,
+    names: &Arc<Vec<String>>,
+    op: Op,
+    in_flight: usize,
+    s: &Settings,
+    mark: usize,
+    name: &str,
+    figure: bool,
+) -> Result<PoolRun> {
+    let r = pool(
+        system,
+        names.clone(),
+        op,
+        in_flight,
+        s.scale_deadline,
+        mark,
+        format!("12 {name} {system}"),
+    )
+    .await?;
+    pool_notes(out, name, &r, names.len(), s.scale_deadline);
+    if figure {
+        out.figure(12, name, "queues/s", Better::Higher, r.rate());
+    }
+    Ok(r)
+}
+
+/// With `names` declared: idle CPU and RSS (when `measure_idle`), then failover and restart.
+async fn loaded(
+    cl: &mut Cluster,
+    s: &Settings,
+    out: &mut Outcome,
+    names: &[String],
+    base: &Idle,
+    measure_idle: bool,
+) -> Result<()> {
+    let n = names.len();
+    if measure_idle {
+        let it = idle(cl, s, n).await?;
+        report_idle(out, n, &it, Some(base));
+    }
+    match failover_and_restart(cl, s, names).await {
+        Ok(r) => report_restart(out, n, &r, s),
+        Err(e) => out
+            .notes
+            .push(format!("failed: failover and restart with {n}: {e:#}")),
+    }
+    Ok(())
+}
+
 pub async fn many_idle_queues(cl: &mut Cluster, s: &Settings) -> Result<Outcome> {
     let mut counts = s.scale_queues.clone();
     counts.sort_unstable();
@@ -722,41 +804,22 @@ pub async fn many_idle_queues(cl: &mut Cluster, s: &Settings) -> Result<Outcome>
     let base = idle(cl, s, 0).await?;
     report_idle(&mut out, 0, &base, None);
 
-    // 2. Declare A one after another.
-    let serial = pool(
+    // 2. Declare A one after another; 3. and 4.
+    let serial = format!("declare {a}, one after another");
+    let serial = phase(
+        &mut out,
         system,
-        names_a.clone(),
+        &names_a,
         Op::Declare,
         1,
-        s.scale_deadline,
+        s,
         a,
-        format!("12 declare {a}, one after another {system}"),
+        &serial,
+        true,
     )
     .await?;
-    pool_notes(
-        &mut out,
-        &format!("declare {a}, one after another"),
-        &serial,
-        a,
-        s.scale_deadline,
-    );
-    out.figure(
-        12,
-        &format!("declare {a}, one after another"),
-        "queues/s",
-        Better::Higher,
-        serial.rate(),
-    );
     if serial.done.len() == a {
-        // 3. and 4.
-        let at_a = idle(cl, s, a).await?;
-        report_idle(&mut out, a, &at_a, Some(&base));
-        match failover_and_restart(cl, s, &names_a).await {
-            Ok(r) => report_restart(&mut out, a, &r, s),
-            Err(e) => out
-                .notes
-                .push(format!("failed: failover and restart with {a}: {e:#}")),
-        }
+        loaded(cl, s, &mut out, &names_a, &base, true).await?;
     } else {
         out.notes.push(format!(
             "idle, failover and restart with {a} queues skipped: not all were declared"
@@ -765,88 +828,40 @@ pub async fn many_idle_queues(cl: &mut Cluster, s: &Settings) -> Result<Outcome>
 
     // 5. Delete the A queues (every name: one cut off by the deadline may exist).
     cl.ensure_up(s.scale_deadline).await?;
-    let deleted = pool(
-        system,
-        names_a.clone(),
-        Op::Delete,
-        k,
-        s.scale_deadline,
-        a,
-        format!("12 delete {a}, {k} in flight {system}"),
-    )
-    .await?;
-    pool_notes(
-        &mut out,
-        &format!("delete {a}, {k} in flight"),
-        &deleted,
-        a,
-        s.scale_deadline,
-    );
-    out.figure(
-        12,
-        &format!("delete {a}, {k} in flight"),
-        "queues/s",
-        Better::Higher,
-        deleted.rate(),
-    );
+    let del = format!("delete {a}, {k} in flight");
+    let deleted = phase(&mut out, system, &names_a, Op::Delete, k, s, a, &del, true).await?;
     if deleted.done.len() < a {
         bail!("the {a} queues could not all be deleted; stopping here");
     }
 
-    // 6. Declare B pipelined, on the empty cluster.
-    let piped = pool(
+    // 6. Declare B pipelined, on the empty cluster; the rate of the first A too.
+    let piped = format!("declare {b}, {k} in flight");
+    let piped = phase(
+        &mut out,
         system,
-        names_b.clone(),
+        &names_b,
         Op::Declare,
         k,
-        s.scale_deadline,
+        s,
         a,
-        format!("12 declare {b}, {k} in flight {system}"),
+        &piped,
+        b > a,
     )
     .await?;
-    pool_notes(
-        &mut out,
-        &format!("declare {b}, {k} in flight"),
-        &piped,
-        b,
-        s.scale_deadline,
-    );
+    let first = format!("declare {a}, {k} in flight");
     match piped.at_mark {
         Some(t) => out.figure(
             12,
-            &format!("declare {a}, {k} in flight"),
+            &first,
             "queues/s",
             Better::Higher,
             a as f64 / t.as_secs_f64(),
         ),
-        None => missing(
-            &mut out,
-            format!("declare {a}, {k} in flight"),
-            "queues/s",
-            Better::Higher,
-        ),
-    }
-    if b > a {
-        out.figure(
-            12,
-            &format!("declare {b}, {k} in flight"),
-            "queues/s",
-            Better::Higher,
-            piped.rate(),
-        );
+        None => missing(&mut out, first, "queues/s", Better::Higher),
     }
     if piped.done.len() == b {
         // 7. and 8.
-        if b > a {
-            let at_b = idle(cl, s, b).await?;
-            report_idle(&mut out, b, &at_b, Some(&base));
-        }
-        match failover_and_restart(cl, s, &names_b).await {
-            Ok(r) => report_restart(&mut out, b, &r, s),
-            Err(e) => out
-                .notes
-                .push(format!("failed: failover and restart with {b}: {e:#}")),
-        }
+        loaded(cl, s, &mut out, &names_b, &base, b > a).await?;
     } else {
         out.notes.push(format!(
             "idle, failover and restart with {b} queues skipped: {} of {b} declared in {:.0} s",
@@ -873,22 +888,18 @@ pub async fn many_idle_queues(cl: &mut Cluster, s: &Settings) -> Result<Outcome>
 
     // 9. Clean up.
     cl.ensure_up(s.scale_deadline).await?;
-    let cleaned = pool(
+    let clean = format!("clean-up: delete {b}, {k} in flight");
+    phase(
+        &mut out,
         system,
-        names_b.clone(),
+        &names_b,
         Op::Delete,
         k,
-        s.scale_deadline,
+        s,
         b,
-        format!("12 delete {b}, {k} in flight {system}"),
+        &clean,
+        false,
     )
     .await?;
-    pool_notes(
-        &mut out,
-        &format!("clean-up: delete {b}, {k} in flight"),
-        &cleaned,
-        b,
-        s.scale_deadline,
-    );
     Ok(out)
 }
