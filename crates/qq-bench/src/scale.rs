@@ -603,11 +603,7 @@ end"#,
         let serves_at = serves_at.clone();
         let check_serves = async move || {
             let mut at = serves_at.lock().unwrap().is_some();
-            if !at
-                && tokio::time::timeout(Duration::from_secs(5), cl.answers(victim))
-                    .await
-                    .unwrap_or(false)
-            {
+            if !at && cl.answers(victim).await {
                 *serves_at.lock().unwrap() = Some(started.elapsed().as_secs_f64());
                 at = true;
             }
@@ -732,6 +728,19 @@ fn report_restart(out: &mut Outcome, n: usize, r: &Restart, s: &Settings) {
     ));
 }
 
+/// Prints what was added to `out` since the last call (`shown`: figures and notes printed so
+/// far), so that a run interrupted later still shows what was measured.
+fn show(out: &Outcome, system: System, shown: &mut (usize, usize)) {
+    for f in &out.figures[shown.0..] {
+        let v = f.value.map_or("n/a".into(), |v| format!("{v:.2}"));
+        eprintln!("  measured: {system} 12 {}: {v} {}", f.name, f.unit);
+    }
+    for n in &out.notes[shown.1..] {
+        eprintln!("  measured: {system} note: {n}");
+    }
+    *shown = (out.figures.len(), out.notes.len());
+}
+
 /// One declare or delete phase through [`pool`], reported: its note, and its rate as the
 /// figure `name` (queues/s) when `figure`.
 #[allow(clippy::too_many_arguments)]
@@ -795,6 +804,7 @@ pub async fn many_idle_queues(cl: &mut Cluster, s: &Settings) -> Result<Outcome>
         bail!("--scale-queues names no count");
     };
     let mut out = Outcome::default();
+    let mut shown = (0, 0);
     let system = cl.system();
     let k = s.scale_in_flight.max(1);
     let names_b: Arc<Vec<String>> = Arc::new((0..b).map(queue_name).collect());
@@ -803,6 +813,7 @@ pub async fn many_idle_queues(cl: &mut Cluster, s: &Settings) -> Result<Outcome>
     // 1. Idle, no queues.
     let base = idle(cl, s, 0).await?;
     report_idle(&mut out, 0, &base, None);
+    show(&out, system, &mut shown);
 
     // 2. Declare A one after another; 3. and 4.
     let serial = format!("declare {a}, one after another");
@@ -818,8 +829,10 @@ pub async fn many_idle_queues(cl: &mut Cluster, s: &Settings) -> Result<Outcome>
         true,
     )
     .await?;
+    show(&out, system, &mut shown);
     if serial.done.len() == a {
         loaded(cl, s, &mut out, &names_a, &base, true).await?;
+        show(&out, system, &mut shown);
     } else {
         out.notes.push(format!(
             "idle, failover and restart with {a} queues skipped: not all were declared"
@@ -830,6 +843,7 @@ pub async fn many_idle_queues(cl: &mut Cluster, s: &Settings) -> Result<Outcome>
     cl.ensure_up(s.scale_deadline).await?;
     let del = format!("delete {a}, {k} in flight");
     let deleted = phase(&mut out, system, &names_a, Op::Delete, k, s, a, &del, true).await?;
+    show(&out, system, &mut shown);
     if deleted.done.len() < a {
         bail!("the {a} queues could not all be deleted; stopping here");
     }
@@ -859,9 +873,11 @@ pub async fn many_idle_queues(cl: &mut Cluster, s: &Settings) -> Result<Outcome>
         ),
         None => missing(&mut out, first, "queues/s", Better::Higher),
     }
+    show(&out, system, &mut shown);
     if piped.done.len() == b {
         // 7. and 8.
         loaded(cl, s, &mut out, &names_b, &base, b > a).await?;
+        show(&out, system, &mut shown);
     } else {
         out.notes.push(format!(
             "idle, failover and restart with {b} queues skipped: {} of {b} declared in {:.0} s",
@@ -883,6 +899,7 @@ pub async fn many_idle_queues(cl: &mut Cluster, s: &Settings) -> Result<Outcome>
                 ));
             }
             out.notes.extend(partial.notes);
+            show(&out, system, &mut shown);
         }
     }
 
