@@ -43,8 +43,6 @@
 //!
 //! Not by default in `make bench` (about 12 minutes for both systems): `--scenarios 11`.
 
-use std::io::Read as _;
-use std::path::PathBuf;
 use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,6 +54,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::System;
 use crate::cluster::{Cluster, NODES};
 use crate::driver::{Conn, qq_http_address};
+use crate::erl_loop::{ErlLoop, child_output, rabbit_node};
 use crate::load::{Counters, Progress, PubOutcome, PubPlan, now_ns, publish_loop};
 use crate::moves::place;
 use crate::scenarios::{Better, Outcome, Settings, delete_queues};
@@ -235,29 +234,14 @@ fn wall(ns: u64) -> String {
     )
 }
 
-fn rabbit_node(node: usize) -> String {
-    format!("bench{}@localhost", node + 1)
-}
-
-/// The RabbitMQ progress reporter: a `rabbitmqctl eval` whose loop runs inside node 1 and
-/// writes `<unix ms> <leader commit_index> <follower last_applied>` to a file every 200 ms (-1
-/// for what cannot be read, e.g. the follower while it is down) until a stop file appears.
-struct Reporter {
-    child: Child,
-    out: PathBuf,
-    stop: PathBuf,
-}
+/// The RabbitMQ progress reporter: an [`ErlLoop`] inside node 1 that reads the leader's
+/// `commit_index` and node 3's `last_applied` every 200 ms (-1 for what cannot be read, e.g.
+/// the follower while it is down).
+struct Reporter(ErlLoop);
 
 impl Reporter {
     fn start(cl: &Cluster, queue: &str, deadline: Duration) -> Result<Reporter> {
-        let base = std::env::temp_dir().join(format!("qq-bench-catchup-{}", std::process::id()));
-        let out = base.with_extension("progress");
-        let stop = base.with_extension("stop");
-        let tmp = base.with_extension("tmp");
-        for f in [&out, &stop, &tmp] {
-            let _ = std::fs::remove_file(f);
-        }
-        let expr = format!(
+        let prelude = format!(
             r#"{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"{queue}">>)),
 {{Name, _}} = amqqueue:get_pid(Q),
 Get = fun(Node, Key) ->
@@ -269,84 +253,41 @@ Get = fun(Node, Key) ->
             end;
         _ -> -1
     end
-end,
-Deadline = erlang:monotonic_time(millisecond) + {deadline_ms},
-Loop = fun L() ->
-    Line = io_lib:format("~b ~b ~b~n", [erlang:system_time(millisecond),
-        Get('{leader}', commit_index), Get('{follower}', last_applied)]),
-    ok = file:write_file("{tmp}", Line),
-    ok = file:rename("{tmp}", "{out}"),
-    case filelib:is_regular("{stop}") orelse erlang:monotonic_time(millisecond) > Deadline of
-        true -> done;
-        false -> timer:sleep(200), L()
-    end
-end,
-Loop()."#,
-            deadline_ms = deadline.as_millis(),
-            leader = rabbit_node(LEADER),
-            follower = rabbit_node(FOLLOWER),
-            tmp = tmp.display(),
-            out = out.display(),
-            stop = stop.display(),
+end,"#
         );
-        let child = cl.rabbitmqctl_spawn(LEADER, &["eval", &expr])?;
-        Ok(Reporter { child, out, stop })
+        let step = format!(
+            "io_lib:format(\"~b ~b\", [Get('{}', commit_index), Get('{}', last_applied)])",
+            rabbit_node(LEADER),
+            rabbit_node(FOLLOWER)
+        );
+        Ok(Reporter(ErlLoop::start(
+            cl,
+            LEADER,
+            "catchup",
+            &prelude,
+            &step,
+            Duration::from_millis(200),
+            deadline,
+        )?))
     }
 
     /// The latest `(leader commit index, follower last applied)`, if fresh; -1 is `None`.
     fn read(&self) -> Option<(Option<u64>, Option<u64>)> {
-        let text = std::fs::read_to_string(&self.out).ok()?;
-        let v: Vec<i64> = text
-            .split_whitespace()
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        let [at_ms, commit, applied] = v[..] else {
+        let v = self.0.read(STALE)?;
+        let [commit, applied] = v[..] else {
             return None;
         };
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .ok()?
-            .as_millis() as i64;
-        if now_ms - at_ms > STALE.as_millis() as i64 {
-            return None;
-        }
         let known = |x: i64| u64::try_from(x).ok();
         Some((known(commit), known(applied)))
     }
 
-    /// Whether the eval ended (it should not before it is stopped).
     fn ended(&mut self) -> Option<String> {
-        match self.child.try_wait() {
-            Ok(Some(status)) => Some(format!("{status}: {}", child_output(&mut self.child))),
-            _ => None,
-        }
+        self.0.ended()
     }
 
-    fn stop(mut self) {
-        let _ = std::fs::write(&self.stop, b"stop");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        for f in [&self.out, &self.stop] {
-            let _ = std::fs::remove_file(f);
-        }
+    fn stop(self) {
+        self.0.stop()
     }
-}
-
-fn child_output(child: &mut Child) -> String {
-    let mut out = String::new();
-    if let Some(mut o) = child.stdout.take() {
-        let _ = o.read_to_string(&mut out);
-    }
-    out.trim().to_string()
 }
 
 /// Where catch-up progress is read from.

@@ -202,22 +202,28 @@ impl Cluster {
         }
     }
 
-    /// Whether node `node` accepts a client connection and answers a request now.
+    /// Whether node `node` accepts a client connection and answers a request now (within
+    /// 10 s: a broker in trouble may accept a connection and never answer on it).
     pub(crate) async fn answers(&self, node: usize) -> bool {
-        let Ok(conn) = Conn::connect(self.system(), node).await else {
-            return false;
-        };
-        match &conn {
-            Conn::Qq(c) => match c.cluster_status().await {
-                Ok(s) => s.metadata_leader != 0,
-                Err(_) => false,
-            },
-            Conn::Rabbit(c) => {
-                let ok = c.create_channel().await.is_ok();
-                let _ = c.close(200, "probe".into()).await;
-                ok
+        let probe = async {
+            let Ok(conn) = Conn::connect(self.system(), node).await else {
+                return false;
+            };
+            match &conn {
+                Conn::Qq(c) => match c.cluster_status().await {
+                    Ok(s) => s.metadata_leader != 0,
+                    Err(_) => false,
+                },
+                Conn::Rabbit(c) => {
+                    let ok = c.create_channel().await.is_ok();
+                    let _ = c.close(200, "probe".into()).await;
+                    ok
+                }
             }
-        }
+        };
+        tokio::time::timeout(Duration::from_secs(10), probe)
+            .await
+            .unwrap_or(false)
     }
 
     /// Stops every node (by pid).

@@ -57,14 +57,16 @@ fn clock_ticks_per_s() -> f64 {
         .unwrap_or(100.0)
 }
 
-/// The median CPU use of `pid` over `samples` samples of [`SAMPLE`], in % of one core.
-async fn idle_cpu_percent(pid: u32, samples: usize) -> Result<(f64, Vec<f64>)> {
+/// The median CPU use of the processes `pids` together over `samples` samples of [`SAMPLE`],
+/// in % of one core, and every sample.
+pub(crate) async fn idle_cpu_percent(pids: &[u32], samples: usize) -> Result<(f64, Vec<f64>)> {
     let hz = clock_ticks_per_s();
+    let ticks = || -> Result<u64> { pids.iter().map(|p| cpu_ticks(*p)).sum() };
     let mut values = Vec::with_capacity(samples);
-    let mut last = (cpu_ticks(pid)?, Instant::now());
+    let mut last = (ticks()?, Instant::now());
     for _ in 0..samples {
         tokio::time::sleep(SAMPLE).await;
-        let now = (cpu_ticks(pid)?, Instant::now());
+        let now = (ticks()?, Instant::now());
         let cpu_s = (now.0 - last.0) as f64 / hz;
         values.push(100.0 * cpu_s / (now.1 - last.1).as_secs_f64());
         last = now;
@@ -88,7 +90,7 @@ pub async fn delayed_idle_cpu(cl: &mut Cluster, s: &Settings) -> Result<Outcome>
     let client = qq_client::Client::connect(&qq_address(leader)).await?;
 
     tokio::time::sleep(SETTLE_DOWN).await;
-    let (empty, _) = idle_cpu_percent(pid, s.idle_cpu_samples).await?;
+    let (empty, _) = idle_cpu_percent(&[pid], s.idle_cpu_samples).await?;
     out.figure(
         9,
         "leader idle CPU, empty queue",
@@ -151,7 +153,7 @@ pub async fn delayed_idle_cpu(cl: &mut Cluster, s: &Settings) -> Result<Outcome>
     drop(consumer);
 
     tokio::time::sleep(SETTLE_DOWN).await;
-    let (delayed, samples) = idle_cpu_percent(pid, s.idle_cpu_samples).await?;
+    let (delayed, samples) = idle_cpu_percent(&[pid], s.idle_cpu_samples).await?;
     out.figure(
         9,
         "leader idle CPU, delayed messages",

@@ -56,6 +56,126 @@ pub fn rabbit_port(node: usize) -> u16 {
 #[derive(Debug, Clone, Default)]
 pub struct QueueSpec {
     pub dead_letter_target: Option<String>,
+    /// RabbitMQ: spread the leaders over the nodes (`x-queue-leader-locator=balanced`) instead
+    /// of putting them on the node the declaring connection is on (`client-local`). quorumq
+    /// always spreads them itself.
+    pub balanced: bool,
+}
+
+/// The declare arguments of a quorumq queue.
+fn qq_queue_args(spec: &QueueSpec) -> HashMap<String, Value> {
+    let mut args = HashMap::new();
+    args.insert("x-quorum-initial-group-size".into(), Value::long(3));
+    if let Some(target) = &spec.dead_letter_target {
+        args.insert("x-dead-letter-exchange".into(), Value::string(""));
+        args.insert("x-dead-letter-routing-key".into(), Value::string(target));
+        args.insert(
+            "x-dead-letter-strategy".into(),
+            Value::string("at-least-once"),
+        );
+        args.insert("x-overflow".into(), Value::string("reject-publish"));
+    }
+    args
+}
+
+/// The declare arguments of a RabbitMQ quorum queue.
+fn rabbit_queue_args(spec: &QueueSpec) -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    args.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(3));
+    // By default the leader goes to the node the declaring connection is on, as quorumq's
+    // scenarios expect when they pick a node.
+    let locator = if spec.balanced {
+        "balanced"
+    } else {
+        "client-local"
+    };
+    args.insert(
+        "x-queue-leader-locator".into(),
+        AMQPValue::LongString(locator.into()),
+    );
+    if let Some(target) = &spec.dead_letter_target {
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(target.as_str().into()),
+        );
+        args.insert(
+            "x-dead-letter-strategy".into(),
+            AMQPValue::LongString("at-least-once".into()),
+        );
+        args.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+    }
+    args
+}
+
+/// Declares and deletes queues one at a time: quorumq's client (every call a request on the
+/// connection's HTTP/2 stream pool), or one AMQP channel (whose methods are synchronous).
+/// Several on one connection pipeline declares: one channel each on RabbitMQ, concurrent
+/// requests on quorumq.
+pub enum Declarer {
+    Qq(qq_client::Client),
+    Rabbit(lapin::Channel),
+}
+
+impl Declarer {
+    /// Declares a durable quorum queue with three replicas.
+    pub async fn declare(&self, name: &str, spec: &QueueSpec) -> Result<()> {
+        match self {
+            Declarer::Qq(c) => {
+                c.declare_queue(name, qq_queue_args(spec))
+                    .await
+                    .with_context(|| format!("declare {name}"))?;
+            }
+            Declarer::Rabbit(ch) => {
+                ch.queue_declare(
+                    name.into(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    rabbit_queue_args(spec),
+                )
+                .await
+                .with_context(|| format!("declare {name}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes a queue (missing is fine on quorumq; RabbitMQ's delete of a missing queue is
+    /// an ok too).
+    pub async fn delete(&self, name: &str) -> Result<()> {
+        match self {
+            Declarer::Qq(c) => match c.delete_queue(name, false, false).await {
+                Ok(_) => Ok(()),
+                Err(e) if e.code() == tonic::Code::NotFound => Ok(()),
+                Err(e) => Err(anyhow!("delete {name}: {e}")),
+            },
+            Declarer::Rabbit(ch) => {
+                ch.queue_delete(name.into(), QueueDeleteOptions::default())
+                    .await
+                    .with_context(|| format!("delete {name}"))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Closes the channel (RabbitMQ); nothing to do for quorumq.
+    pub async fn close(self) {
+        if let Declarer::Rabbit(ch) = self {
+            let _ = ch.close(200, "done".into()).await;
+        }
+    }
 }
 
 /// A connection to one node of one broker.
@@ -86,90 +206,28 @@ impl Conn {
         }
     }
 
-    /// Declares a durable quorum queue with three replicas.
+    /// A [`Declarer`] on this connection (a new channel on RabbitMQ).
+    pub async fn declarer(&self) -> Result<Declarer> {
+        Ok(match self {
+            Conn::Qq(c) => Declarer::Qq(c.clone()),
+            Conn::Rabbit(conn) => Declarer::Rabbit(conn.create_channel().await?),
+        })
+    }
+
+    /// Declares a durable quorum queue with three replicas (on a channel of its own).
     pub async fn declare_queue(&self, name: &str, spec: &QueueSpec) -> Result<()> {
-        match self {
-            Conn::Qq(c) => {
-                let mut args = HashMap::new();
-                args.insert("x-quorum-initial-group-size".into(), Value::long(3));
-                if let Some(target) = &spec.dead_letter_target {
-                    args.insert("x-dead-letter-exchange".into(), Value::string(""));
-                    args.insert("x-dead-letter-routing-key".into(), Value::string(target));
-                    args.insert(
-                        "x-dead-letter-strategy".into(),
-                        Value::string("at-least-once"),
-                    );
-                    args.insert("x-overflow".into(), Value::string("reject-publish"));
-                }
-                c.declare_queue(name, args)
-                    .await
-                    .with_context(|| format!("declare {name}"))?;
-            }
-            Conn::Rabbit(conn) => {
-                let mut args = FieldTable::default();
-                args.insert(
-                    "x-queue-type".into(),
-                    AMQPValue::LongString("quorum".into()),
-                );
-                args.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(3));
-                // The leader goes to the node the declaring connection is on, as quorumq's
-                // scenarios expect when they pick a node.
-                args.insert(
-                    "x-queue-leader-locator".into(),
-                    AMQPValue::LongString("client-local".into()),
-                );
-                if let Some(target) = &spec.dead_letter_target {
-                    args.insert(
-                        "x-dead-letter-exchange".into(),
-                        AMQPValue::LongString("".into()),
-                    );
-                    args.insert(
-                        "x-dead-letter-routing-key".into(),
-                        AMQPValue::LongString(target.as_str().into()),
-                    );
-                    args.insert(
-                        "x-dead-letter-strategy".into(),
-                        AMQPValue::LongString("at-least-once".into()),
-                    );
-                    args.insert(
-                        "x-overflow".into(),
-                        AMQPValue::LongString("reject-publish".into()),
-                    );
-                }
-                let ch = conn.create_channel().await?;
-                ch.queue_declare(
-                    name.into(),
-                    QueueDeclareOptions {
-                        durable: true,
-                        ..Default::default()
-                    },
-                    args,
-                )
-                .await
-                .with_context(|| format!("declare {name}"))?;
-                let _ = ch.close(200, "declared".into()).await;
-            }
-        }
-        Ok(())
+        let d = self.declarer().await?;
+        let r = d.declare(name, spec).await;
+        d.close().await;
+        r
     }
 
     /// Deletes a queue (missing is fine).
     pub async fn delete_queue(&self, name: &str) -> Result<()> {
-        match self {
-            Conn::Qq(c) => match c.delete_queue(name, false, false).await {
-                Ok(_) => Ok(()),
-                Err(e) if e.code() == tonic::Code::NotFound => Ok(()),
-                Err(e) => Err(anyhow!("delete {name}: {e}")),
-            },
-            Conn::Rabbit(conn) => {
-                let ch = conn.create_channel().await?;
-                ch.queue_delete(name.into(), QueueDeleteOptions::default())
-                    .await
-                    .with_context(|| format!("delete {name}"))?;
-                let _ = ch.close(200, "deleted".into()).await;
-                Ok(())
-            }
-        }
+        let d = self.declarer().await?;
+        let r = d.delete(name).await;
+        d.close().await;
+        r
     }
 
     /// Messages in the queue (ready and unacknowledged for quorumq, ready for RabbitMQ, which

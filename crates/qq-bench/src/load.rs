@@ -304,7 +304,27 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// Confirms and deliveries of `counters`: totals, the rate since the last line, the
+    /// average rate.
     pub fn start(label: String, counters: Arc<Counters>) -> Progress {
+        let mut last = (0u64, 0u64, Instant::now());
+        let start = Instant::now();
+        Progress::lines(label, move || {
+            let (c, d) = (counters.confirmed(), counters.delivered());
+            let dt = last.2.elapsed().as_secs_f64().max(1e-3);
+            let line = format!(
+                "confirmed {c} ({:.0}/s now, {:.0}/s avg)  delivered {d} ({:.0}/s now)",
+                (c - last.0) as f64 / dt,
+                c as f64 / start.elapsed().as_secs_f64(),
+                (d - last.1) as f64 / dt,
+            );
+            last = (c, d, Instant::now());
+            line
+        })
+    }
+
+    /// `[label] <seconds since the start>s <line()>`, the line made anew at every tick.
+    pub fn lines(label: String, mut line: impl FnMut() -> String + Send + 'static) -> Progress {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let task = tokio::spawn(async move {
@@ -313,22 +333,16 @@ impl Progress {
             let period = if tty { 1 } else { 5 };
             let mut tick = tokio::time::interval(Duration::from_secs(period));
             tick.tick().await;
-            let mut last = (0u64, 0u64, Instant::now());
             loop {
                 tick.tick().await;
                 if flag.load(Ordering::Relaxed) {
                     break;
                 }
-                let (c, d) = (counters.confirmed(), counters.delivered());
-                let dt = last.2.elapsed().as_secs_f64().max(1e-3);
                 let line = format!(
-                    "  [{label}] {:6.1}s  confirmed {c} ({:.0}/s now, {:.0}/s avg)  delivered {d} ({:.0}/s now)",
+                    "  [{label}] {:6.1}s  {}",
                     start.elapsed().as_secs_f64(),
-                    (c - last.0) as f64 / dt,
-                    c as f64 / start.elapsed().as_secs_f64(),
-                    (d - last.1) as f64 / dt,
+                    line()
                 );
-                last = (c, d, Instant::now());
                 let mut err = std::io::stderr();
                 if tty {
                     let _ = write!(err, "\r{line}\x1b[K");

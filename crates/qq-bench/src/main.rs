@@ -8,7 +8,8 @@
 //! delayed messages, against quorumq when named; scenario 10, the rate of moving a backlog to
 //! another node's queue, a move task against RabbitMQ's shovel; scenario 11, catch-up at scale:
 //! a follower stopped or wiped while a million-message backlog builds comes back under load,
-//! against both when named),
+//! against both when named; scenario 12, many queues: declare rate, idle CPU and RSS, failover
+//! and restart with 1 000 and 10 000 queues, against both when named),
 //! alternating which system goes first. It prints one table (each figure for both systems and
 //! their ratio, with the targets), and writes a JSON record, a Markdown summary and a
 //! PNG of latency percentiles to `bench/results/`.
@@ -19,7 +20,8 @@
 //!
 //! Layout: [`cluster`] starts, kills and measures the server processes; [`driver`] is one
 //! client interface over both brokers; [`load`] holds the publisher and consumer loops;
-//! [`scenarios`] the seven scenarios; [`memory`] scenario 8; [`delayed`] scenario 9; [`moves`] scenario 10; [`catchup`] scenario 11; [`profile`] samples the quorumq leader with perf;
+//! [`scenarios`] the seven scenarios; [`memory`] scenario 8; [`delayed`] scenario 9; [`moves`] scenario 10; [`catchup`] scenario 11; [`scale`] scenario 12 ([`erl_loop`] reads RabbitMQ's
+//! state from inside a node); [`profile`] samples the quorumq leader with perf;
 //! [`report`] the table, files and plot.
 //!
 //! Deliberately left out: anything that would favour one side. Both clients run in this one
@@ -30,11 +32,13 @@ mod catchup;
 mod cluster;
 mod delayed;
 mod driver;
+mod erl_loop;
 mod load;
 mod memory;
 mod moves;
 mod profile;
 mod report;
+mod scale;
 mod scenarios;
 
 use std::collections::BTreeMap;
@@ -75,7 +79,9 @@ struct Args {
     /// rate, 5 failover, 6 backlog memory, 7 restart recovery, 8 memory under pressure:
     /// quorumq only, 9 idle CPU with delayed messages: quorumq only, not run unless named,
     /// 10 move rate: a move task against a shovel, 11 catch-up at scale: a stopped and a
-    /// wiped follower catch up with a 1 000 000-message backlog, not run unless named).
+    /// wiped follower catch up with a 1 000 000-message backlog, not run unless named,
+    /// 12 many queues: declare rate, idle CPU and RSS, failover and restart with
+    /// --scale-queues queues, not run unless named).
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8,10")]
     scenarios: Vec<u8>,
     /// Run only one side: `quorumq` or `rabbitmq`.
@@ -109,6 +115,21 @@ struct Args {
     /// catches up (default 2000).
     #[arg(long)]
     catchup_rate: Option<f64>,
+    /// Scenario 3: the number of queues, each with a publisher and a consumer (default 100).
+    #[arg(long)]
+    many_queues: Option<usize>,
+    /// Scenario 12: the queue counts, e.g. `1000,10000` (default; --quick `50,200`). The
+    /// smallest is declared one after another and failed over; the largest is declared with
+    /// --scale-in-flight declares in flight, measured idle and restarted.
+    #[arg(long, value_delimiter = ',')]
+    scale_queues: Option<Vec<usize>>,
+    /// Scenario 12: declares in flight when pipelined (default 64).
+    #[arg(long)]
+    scale_in_flight: Option<usize>,
+    /// Scenario 12: seconds each declare, delete and restart phase may take before it is
+    /// reported as not reached (default 600; --quick 120).
+    #[arg(long)]
+    scale_deadline: Option<u64>,
     /// Seconds of measurement in scenario 1.
     #[arg(long)]
     throughput_secs: Option<f64>,
@@ -158,6 +179,18 @@ async fn main() -> Result<()> {
     if let Some(r) = args.catchup_rate {
         settings.catchup_rate = r;
     }
+    if let Some(n) = args.many_queues {
+        settings.many_queues = n;
+    }
+    if let Some(v) = &args.scale_queues {
+        settings.scale_queues = v.clone();
+    }
+    if let Some(n) = args.scale_in_flight {
+        settings.scale_in_flight = n;
+    }
+    if let Some(secs) = args.scale_deadline {
+        settings.scale_deadline = Duration::from_secs(secs);
+    }
     if let Some(s) = args.throughput_secs {
         settings.throughput_s = s;
     }
@@ -166,7 +199,7 @@ async fn main() -> Result<()> {
         .scenarios
         .iter()
         .copied()
-        .filter(|n| (1..=11).contains(n))
+        .filter(|n| (1..=12).contains(n))
         .collect();
     wanted.sort_unstable();
     wanted.dedup();
@@ -344,6 +377,7 @@ async fn run_all(
                 9 => delayed::delayed_idle_cpu(cl, settings).await,
                 10 => moves::move_rate(cl, settings).await,
                 11 => catchup::catch_up(cl, settings).await,
+                12 => scale::many_idle_queues(cl, settings).await,
                 _ => {
                     scenarios::backlog(cl, settings, wanted.contains(&6), wanted.contains(&7)).await
                 }

@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::System;
 use crate::scenarios::{Better, Latency, Outcome, PLOT_PERCENTILES};
 
-pub const SCENARIO_NAMES: [&str; 11] = [
+pub const SCENARIO_NAMES: [&str; 12] = [
     "throughput, 1 queue",
     "latency at fixed rate",
     "many queues",
@@ -24,6 +24,7 @@ pub const SCENARIO_NAMES: [&str; 11] = [
     "idle CPU, delayed messages",
     "move rate",
     "catch-up at scale",
+    "many queues: scale",
 ];
 
 pub fn scenario_name(n: u8) -> &'static str {
@@ -77,6 +78,10 @@ fn target_for(scenario: u8, name: &str) -> Option<&'static str> {
         (6, "max node RSS with backlog") => Some("< RabbitMQ"),
         (11, n) if n.ends_with("peak/steady RSS, worst node") => Some("< 1.5x"),
         (11, n) if n.ends_with("longest confirm gap") => Some("< 1 s"),
+        (12, "CPU, 10000 idle queues") => Some("< 5 % core"),
+        (12, n) if n.starts_with("RSS per idle queue") => Some("< RabbitMQ"),
+        (12, n) if n.starts_with("failover, 1000 queues") => Some("< 5 s"),
+        (12, n) if n.starts_with("declare 1000, ") && n.ends_with("in flight") => Some(">= 200/s"),
         _ => None,
     }
 }
@@ -91,6 +96,8 @@ fn verdict(text: &str, qq: Option<f64>, rabbit: Option<f64>) -> Option<bool> {
         "<= 0.5x RabbitMQ" => ratio.map(|x| x <= 0.5),
         "< 2 s" => qq.map(|q| q < 2.0),
         "< 1 s" => qq.map(|q| q < 1.0),
+        "< 5 s" | "< 5 % core" => qq.map(|q| q < 5.0),
+        ">= 200/s" => qq.map(|q| q >= 200.0),
         "< 1.5x" => qq.map(|q| q < 1.5),
         "0" => qq.map(|q| q == 0.0),
         "< RabbitMQ" => ratio.map(|x| x < 1.0),
@@ -530,5 +537,12 @@ mod tests {
         assert_eq!(verdict("< RabbitMQ", Some(400.0), None), None);
         assert_eq!(verdict("< 1 s", Some(0.4), Some(3.0)), Some(true));
         assert_eq!(verdict("< 1.5x", Some(1.6), Some(1.1)), Some(false));
+        assert_eq!(verdict("< 5 % core", Some(4.9), Some(1.0)), Some(true));
+        assert_eq!(verdict(">= 200/s", Some(181.0), Some(43.0)), Some(false));
+        assert_eq!(
+            target_for(12, "declare 1000, 64 in flight"),
+            Some(">= 200/s")
+        );
+        assert_eq!(target_for(12, "declare 1000, one after another"), None);
     }
 }

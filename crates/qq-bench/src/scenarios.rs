@@ -54,6 +54,17 @@ pub struct Settings {
     pub catchup_deadline: Duration,
     /// Scenario 8 (memory under pressure).
     pub memory: MemorySizes,
+    /// Scenario 12: the queue counts (the smallest for the one-after-another declare and the
+    /// first failover, the largest for the pipelined declare and the restart).
+    pub scale_queues: Vec<usize>,
+    /// Scenario 12: declares (and deletes) in flight from the one client when pipelined.
+    pub scale_in_flight: usize,
+    /// Scenario 12: the deadline of each declare, delete and restart phase.
+    pub scale_deadline: Duration,
+    /// Scenario 12: quiet time before idle CPU and RSS are read.
+    pub scale_settle: Duration,
+    /// Scenario 12: 3-second CPU samples per idle measurement.
+    pub scale_cpu_samples: usize,
 }
 
 /// Sizes of scenario 8's parts ([`crate::memory`]).
@@ -99,6 +110,11 @@ impl Settings {
                 flood_body: 64 * 1024,
                 headroom_bytes: 96 << 20,
             },
+            scale_queues: vec![1000, 10_000],
+            scale_in_flight: 64,
+            scale_deadline: Duration::from_secs(600),
+            scale_settle: Duration::from_secs(10),
+            scale_cpu_samples: 10,
         }
     }
 
@@ -124,6 +140,10 @@ impl Settings {
                 headroom_bytes: 48 << 20,
                 ..Settings::full().memory
             },
+            scale_queues: vec![50, 200],
+            scale_deadline: Duration::from_secs(120),
+            scale_settle: Duration::from_secs(3),
+            scale_cpu_samples: 3,
             ..Settings::full()
         }
     }
@@ -550,6 +570,7 @@ pub async fn dead_letter(cl: &mut Cluster, s: &Settings) -> Result<Outcome> {
         declared.push(t.clone());
         let spec = QueueSpec {
             dead_letter_target: Some(t.clone()),
+            ..Default::default()
         };
         let sl = declare_on(cl, 0, &src, &spec).await?;
         if sl != l {
