@@ -21,8 +21,9 @@ use crate::groups::quiet::{Quiet, SleepRequest};
 use crate::groups::registry::QueueRaft;
 
 /// How long the leader waits for its followers' answers to a [`SleepRequest`], and a sleeping
-/// follower for its leader's answer to a wake.
-const ASK_TIMEOUT: Duration = Duration::from_millis(500);
+/// follower asked for a vote for its leader's answer to a wake (shorter than a candidate's
+/// vote timeout).
+pub const ASK_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// As the leader of an idle group: put it to sleep if every condition holds (module docs).
 /// Returns whether it sleeps now.
@@ -79,7 +80,7 @@ pub async fn try_sleep(
     };
     let answers = futures::future::join_all(followers.iter().map(|f| {
         let payload = payload.clone();
-        async move { ask::<bool>(peers, *f, group, RaftKind::Sleep, payload).await }
+        async move { ask::<bool>(peers, *f, group, RaftKind::Sleep, payload, ASK_TIMEOUT).await }
     }))
     .await;
     let mut slept = 1; // this node
@@ -102,16 +103,17 @@ pub async fn try_sleep(
 
 /// As sleeping followers of `leader` (asked for a vote, or the node-level link to it silent or
 /// broken): ask it to wake `groups`. Returns those it answered that it leads (and heartbeats
-/// again); none when it did not answer within [`ASK_TIMEOUT`]. One message for all of them.
+/// again); none when it did not answer within `wait`. One message for all of them.
 pub async fn confirm_leader(
     peers: &Peers,
     leader: NodeId,
     groups: Vec<GroupId>,
+    wait: Duration,
 ) -> BTreeSet<GroupId> {
     let Ok(payload) = postcard::to_stdvec(&groups) else {
         return BTreeSet::new();
     };
-    ask::<Vec<GroupId>>(peers, leader, 0, RaftKind::Wake, payload)
+    ask::<Vec<GroupId>>(peers, leader, 0, RaftKind::Wake, payload, wait)
         .await
         .map(|led| led.into_iter().collect())
         .unwrap_or_default()
@@ -124,6 +126,7 @@ async fn ask<T: serde::de::DeserializeOwned>(
     group: GroupId,
     kind: RaftKind,
     payload: Vec<u8>,
+    wait: Duration,
 ) -> Option<T> {
     let mut client = peers.client(to)?;
     let mut request = tonic::Request::new(RaftRequest {
@@ -131,8 +134,8 @@ async fn ask<T: serde::de::DeserializeOwned>(
         kind: kind as i32,
         payload: payload.into(),
     });
-    request.set_timeout(ASK_TIMEOUT);
-    let reply = tokio::time::timeout(ASK_TIMEOUT, client.raft(request))
+    request.set_timeout(wait);
+    let reply = tokio::time::timeout(wait, client.raft(request))
         .await
         .ok()?
         .ok()?

@@ -26,7 +26,7 @@
 //!
 //! The watch is also the node-level heartbeat that sleeping queue groups rely on
 //! ([`crate::groups::quiet`]): the peer sends an event every `heartbeat_ms`. A link with no
-//! event for `election_timeout_min_ms` (the peer frozen, cut off, or only slow), or a broken
+//! event for `election_timeout_max_ms` (the peer frozen, cut off, or only slow), or a broken
 //! one, wakes the sleeping groups the peer leads (they elect if it is gone) and those this node
 //! leads with it (they notice a lost quorum); only a broken stream counts as a lost link;
 //! a link that (re)opens wakes the groups this node leads with that peer, so a returning node
@@ -58,6 +58,8 @@ use crate::quiesce;
 
 /// Pause between two attempts to open the watch of a peer that is down or unreachable.
 const RETRY: Duration = Duration::from_millis(100);
+/// How long a silent peer has to confirm that it still leads the groups that sleep here.
+const CONFIRM_WAIT: Duration = Duration::from_secs(1);
 /// How long the probe waits for a TCP connection before calling the peer merely unreachable.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -111,8 +113,10 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
     };
     // Whether the peer refused a connection since its watch last broke (for the log only).
     let mut down = false;
-    // The peer sends an event every heartbeat interval; none for this long and it is lost.
-    let silence = Duration::from_millis(node.config().election_timeout_min_ms);
+    // The peer sends an event every heartbeat interval; none for the longest election timeout
+    // and it is silent (shorter woke followers of peers that were only slow on a loaded
+    // machine, which then elected: found by qq-chaos with 1 000 idle queues).
+    let silence = Duration::from_millis(node.config().election_timeout_max_ms);
     // Ends when the peer is forgotten (ForgetNode).
     while node.peers().contains(peer) {
         if let Ok(response) = client.watch(WatchRequest { from: node.id() }).await {
@@ -184,7 +188,8 @@ async fn wake_dependents(node: &Node, peer: NodeId) -> usize {
     let mut woke = node.registry().wake_led_with(peer);
     let followed = node.registry().asleep_led_by(peer);
     if !followed.is_empty() {
-        let confirmed = quiesce::confirm_leader(node.peers(), peer, followed.clone()).await;
+        let confirmed =
+            quiesce::confirm_leader(node.peers(), peer, followed.clone(), CONFIRM_WAIT).await;
         let lost: Vec<_> = followed
             .into_iter()
             .filter(|g| !confirmed.contains(g))

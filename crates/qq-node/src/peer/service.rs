@@ -148,7 +148,7 @@ async fn refuse_vote_while_asleep(
         return Some(refuse("this node".into()));
     }
     if let Some(leader) = leader.filter(|l| *l != node.id())
-        && quiesce::confirm_leader(node.peers(), leader, vec![g.meta.id])
+        && quiesce::confirm_leader(node.peers(), leader, vec![g.meta.id], quiesce::ASK_TIMEOUT)
             .await
             .contains(&g.meta.id)
     {
