@@ -9,8 +9,8 @@
 //! [`crate::quiesce`]'s; docs/architecture.md ("Idle groups sleep") tells the whole story.
 //!
 //! **Sleeping.** The leader actor of a group ([`crate::leader`]) asks it to sleep when nothing
-//! was applied for `quiesce_after_ms`, no write is in flight, and every voter holds and has
-//! committed the leader's whole log. It sends [`SleepRequest`] (its vote and committed log id)
+//! was applied for `quiesce_after_ms`, no write is in flight, and a majority holds the
+//! leader's whole log, committed. It sends [`SleepRequest`] (its vote and committed log id)
 //! to every follower; a follower that follows exactly that vote and holds exactly that log
 //! stops its Raft ticker (no election timer) and answers yes. When every follower said yes,
 //! or a majority did and the others did not answer at all (a node down), the leader stops its
