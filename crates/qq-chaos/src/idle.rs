@@ -26,22 +26,12 @@ pub fn name(i: usize) -> String {
 /// Declares `n` idle queues (through the nodes in turn), retrying through elections.
 pub async fn declare(clients: &[Client], n: usize) -> anyhow::Result<()> {
     let started = Instant::now();
-    let mut next = 0;
-    let mut running = tokio::task::JoinSet::new();
-    while next < n || !running.is_empty() {
-        while next < n && running.len() < CONCURRENCY {
-            let c = clients[next % clients.len()].clone();
-            let q = name(next);
-            running.spawn(async move {
-                until_ok(|| c.declare_queue(&q, HashMap::new()))
-                    .await
-                    .map_err(|e| anyhow::anyhow!("declare {q}: {e}"))
-            });
-            next += 1;
-        }
-        if let Some(done) = running.join_next().await {
-            done??;
-        }
+    let failures = each_queue(clients, n, |c, q| async move {
+        until_ok(|| c.declare_queue(&q, HashMap::new())).await
+    })
+    .await;
+    if let Some(first) = failures.first() {
+        anyhow::bail!("declare {first}");
     }
     println!(
         "declared {n} idle queues in {:.1} s",
@@ -53,24 +43,7 @@ pub async fn declare(clients: &[Client], n: usize) -> anyhow::Result<()> {
 /// After healing: every idle queue takes a publish and gives it back.
 pub async fn check(clients: &[Client], n: usize) -> Check {
     let started = Instant::now();
-    let mut failures: Vec<String> = Vec::new();
-    let mut next = 0;
-    let mut running = tokio::task::JoinSet::new();
-    while next < n || !running.is_empty() {
-        while next < n && running.len() < CONCURRENCY {
-            let c = clients[next % clients.len()].clone();
-            let q = name(next);
-            running.spawn(async move { round_trip(&c, &q).await.map_err(|e| format!("{q}: {e}")) });
-            next += 1;
-        }
-        if let Some(done) = running.join_next().await {
-            match done {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => failures.push(e),
-                Err(e) => failures.push(format!("task: {e}")),
-            }
-        }
-    }
+    let failures = each_queue(clients, n, |c, q| async move { round_trip(&c, &q).await }).await;
     let detail = if failures.is_empty() {
         format!(
             "{n} of {n} took a publish and gave it back ({:.1} s)",
@@ -88,6 +61,35 @@ pub async fn check(clients: &[Client], n: usize) -> Check {
         failures.is_empty(),
         detail,
     )
+}
+
+/// Runs `op` on each of the `n` idle queues (through the nodes in turn), [`CONCURRENCY`] at a
+/// time; returns the failures, each naming its queue.
+async fn each_queue<F, Fut, T>(clients: &[Client], n: usize, op: F) -> Vec<String>
+where
+    F: Fn(Client, String) -> Fut,
+    Fut: Future<Output = anyhow::Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut failures = Vec::new();
+    let mut next = 0;
+    let mut running = tokio::task::JoinSet::new();
+    while next < n || !running.is_empty() {
+        while next < n && running.len() < CONCURRENCY {
+            let q = name(next);
+            let run = op(clients[next % clients.len()].clone(), q.clone());
+            running.spawn(async move { run.await.map(|_| ()).map_err(|e| format!("{q}: {e}")) });
+            next += 1;
+        }
+        if let Some(done) = running.join_next().await {
+            match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => failures.push(e),
+                Err(e) => failures.push(format!("task: {e}")),
+            }
+        }
+    }
+    failures
 }
 
 /// Publish one message to `q` (confirmed), then Get it back (acknowledged) and compare.

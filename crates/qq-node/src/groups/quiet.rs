@@ -59,7 +59,12 @@ use qq_raft::TypeConfig;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::registry::QueueRaft;
+use super::queue_sm::QueueMachine;
+use super::shell::Shell;
+
+/// A queue group's Raft (the same type as `registry::QueueRaft`, named here so that this
+/// module does not import the registry, which imports it).
+type QueueRaft = openraft::Raft<TypeConfig, Shell<QueueMachine>>;
 
 /// What a leader sends its followers when the group may sleep.
 #[derive(Debug, Clone, Serialize, Deserialize)]
