@@ -135,18 +135,12 @@ async fn ask<T: serde::de::DeserializeOwned>(
     payload: Vec<u8>,
     wait: Duration,
 ) -> Option<T> {
-    let mut client = peers.client(to)?;
-    let mut request = tonic::Request::new(RaftRequest {
+    let request = RaftRequest {
         group,
         kind: kind as i32,
         payload: payload.into(),
-    });
-    request.set_timeout(wait);
-    let reply = tokio::time::timeout(wait, client.raft(request))
-        .await
-        .ok()?
-        .ok()?
-        .into_inner();
+    };
+    let reply = peers.raft_call(to, request, wait).await.ok()?;
     if !reply.error.is_empty() {
         return None;
     }

@@ -7,6 +7,7 @@
 //! - [`snapshot`]: snapshot files, streamed to disk, read back and sent in chunks.
 
 pub mod log_store;
+pub mod mux;
 pub mod network;
 pub mod snapshot;
 pub mod store;

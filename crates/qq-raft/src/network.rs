@@ -1,7 +1,9 @@
 //! Raft traffic between nodes: one HTTP/2 channel per peer carries every group.
 //!
-//! Each openraft RPC is encoded with postcard and sent as `Internal.Raft { group, kind,
-//! payload }`; the receiving node looks the group up and hands the request to its `Raft`.
+//! Each openraft RPC is encoded with postcard as a `RaftRequest { group, kind, payload }`; the
+//! receiving node looks the group up and hands the request to its `Raft`. Small requests (votes,
+//! heartbeats, small appends) of every group travel batched on one stream per peer
+//! ([`crate::mux`]); large appends and snapshot chunks as unary `Internal.Raft` calls.
 //! Channels are created lazily and shared (tonic channels multiplex streams), never one per RPC.
 //!
 //! Node-to-node traffic goes to each peer's cluster address (its own port, apart from the
@@ -31,11 +33,12 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
 use openraft::{BasicNode, alias::SnapshotOf, alias::VoteOf};
-use qq_proto::internal::{RaftKind, RaftRequest, internal_client::InternalClient};
+use qq_proto::internal::{RaftKind, RaftReply, RaftRequest, internal_client::InternalClient};
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::sync::watch;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+use crate::mux::{self, Mux};
 use crate::snapshot::{ChunkReply, SNAPSHOT_CHUNK_BYTES, SnapshotChunk, SnapshotFile};
 use crate::types::{GroupId, TypeConfig};
 
@@ -146,6 +149,8 @@ struct PeerChannels {
     cluster_address: String,
     raft: Channel,
     work: Channel,
+    /// The batched Raft stream, on the `raft` connection.
+    mux: Mux,
 }
 
 impl Peers {
@@ -247,6 +252,31 @@ impl Peers {
         self.raft_client(id)
     }
 
+    /// Sends one Raft request to node `id` and waits at most `timeout` for its reply: batched
+    /// with other groups' requests on the peer's stream when small, as a call of its own when
+    /// large (or a snapshot chunk). The error says why no reply came.
+    pub async fn raft_call(
+        &self,
+        id: u64,
+        request: RaftRequest,
+        timeout: Duration,
+    ) -> Result<RaftReply, String> {
+        let peer = self
+            .get(id)
+            .ok_or_else(|| format!("node {id} is not a known peer"))?;
+        let alone = request.payload.len() > mux::MAX_BATCHED_PAYLOAD_BYTES
+            || request.kind == RaftKind::SnapshotChunk as i32;
+        if !alone {
+            return peer.mux.call(request, timeout).await;
+        }
+        let mut request = tonic::Request::new(request);
+        request.set_timeout(timeout);
+        match internal_client(&peer.raft).raft(request).await {
+            Ok(reply) => Ok(reply.into_inner()),
+            Err(status) => Err(format!("node {id}: {}", status.message())),
+        }
+    }
+
     /// A client of the internal service on `id`, on the connection reserved for Raft.
     fn raft_client(&self, id: u64) -> Option<InternalClient<Channel>> {
         self.get(id).map(|p| internal_client(&p.raft))
@@ -283,8 +313,10 @@ impl PeerChannels {
             .initial_stream_window_size(HTTP2_STREAM_WINDOW)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(10));
+        let raft = endpoint.connect_lazy();
         Ok(PeerChannels {
-            raft: endpoint.connect_lazy(),
+            mux: Mux::new(raft.clone(), *id, MAX_INTERNAL_MESSAGE_BYTES),
+            raft,
             work: endpoint.connect_lazy(),
             address: address.clone(),
             cluster_address: cluster_address.clone(),
@@ -332,28 +364,18 @@ impl GroupClient {
         timeout: Duration,
     ) -> Result<Resp, RPCError<TypeConfig>> {
         let unreachable = |msg: String| RPCError::Unreachable(Unreachable::new(&NetError(msg)));
-        let mut client = self
-            .peers
-            .raft_client(self.target)
-            .ok_or_else(|| unreachable(format!("node {} is not a known peer", self.target)))?;
         let payload = postcard::to_stdvec(req)
             .map_err(|e| RPCError::Network(NetworkError::new(&NetError(format!("encode: {e}")))))?;
-        let mut request = tonic::Request::new(RaftRequest {
+        let request = RaftRequest {
             group: self.group,
             kind: kind as i32,
             payload: payload.into(),
-        });
-        request.set_timeout(timeout);
-        let reply = match client.raft(request).await {
-            Ok(r) => r.into_inner(),
-            Err(status) => {
-                return Err(unreachable(format!(
-                    "node {}: {}",
-                    self.target,
-                    status.message()
-                )));
-            }
         };
+        let reply = self
+            .peers
+            .raft_call(self.target, request, timeout)
+            .await
+            .map_err(unreachable)?;
         if !reply.error.is_empty() {
             return Err(unreachable(format!(
                 "node {} group {}: {}",
@@ -558,7 +580,8 @@ mod tests {
     use qq_proto::internal::internal_server::{Internal, InternalServer};
     use qq_proto::internal::{
         BrowseQueueRequest, ForwardConsumeRequest, ForwardConsumeResponse, ProposeReply,
-        ProposeRequest, QueueInfoReply, QueueInfoRequest, RaftReply, WatchEvent, WatchRequest,
+        ProposeRequest, QueueInfoReply, QueueInfoRequest, RaftAnswers, RaftCalls, RaftReply,
+        WatchEvent, WatchRequest,
     };
     use tokio::sync::{Notify, mpsc};
     use tonic::{Request, Response, Status, Streaming};
@@ -571,16 +594,76 @@ mod tests {
         pub(super) release: Arc<Notify>,
     }
 
+    /// Serves a [`HoldingPeer`] that nobody releases (over TLS with `tls`); returns its address.
+    pub(super) async fn serve_peer(tls: Option<tonic::transport::ServerTlsConfig>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let (arrived_tx, _arrived) = mpsc::unbounded_channel();
+        let peer = HoldingPeer {
+            proposal_arrived: arrived_tx,
+            release: Arc::new(Notify::new()),
+        };
+        let mut server = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            server = server.tls_config(tls).unwrap();
+        }
+        tokio::spawn(
+            server
+                .add_service(InternalServer::new(peer))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        address
+    }
+
+    /// A peer set of one node, `id`, at `address`.
+    pub(super) fn peers_at(id: u64, address: String, tls: Option<&PeerTls>) -> Peers {
+        Peers::new(
+            [PeerAddress {
+                id,
+                address: address.clone(),
+                cluster_address: address,
+            }],
+            tls,
+        )
+        .unwrap()
+    }
+
+    /// The test peer's Raft: grants every vote; echoes the payload of an append; never
+    /// answers a leadership transfer.
+    async fn answer(r: RaftRequest) -> RaftReply {
+        match RaftKind::try_from(r.kind) {
+            Ok(RaftKind::Append) => RaftReply {
+                payload: r.payload,
+                error: String::new(),
+            },
+            Ok(RaftKind::TransferLeader) => std::future::pending().await,
+            _ => {
+                let req: VoteRequest<TypeConfig> = postcard::from_bytes(&r.payload).unwrap();
+                let resp = VoteResponse::<TypeConfig>::new(req.vote, None, true);
+                RaftReply {
+                    payload: postcard::to_stdvec(&resp).unwrap().into(),
+                    error: String::new(),
+                }
+            }
+        }
+    }
+
     #[tonic::async_trait]
     impl Internal for HoldingPeer {
         async fn raft(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
-            let req: VoteRequest<TypeConfig> = postcard::from_bytes(&request.into_inner().payload)
-                .map_err(|e| Status::invalid_argument(e.to_string()))?;
-            let resp = VoteResponse::<TypeConfig>::new(req.vote, None, true);
-            Ok(Response::new(RaftReply {
-                payload: postcard::to_stdvec(&resp).unwrap().into(),
-                error: String::new(),
-            }))
+            Ok(Response::new(answer(request.into_inner()).await))
+        }
+
+        type RaftBatchStream = Pin<Box<dyn Stream<Item = Result<RaftAnswers, Status>> + Send>>;
+
+        async fn raft_batch(
+            &self,
+            request: Request<Streaming<RaftCalls>>,
+        ) -> Result<Response<Self::RaftBatchStream>, Status> {
+            Ok(Response::new(Box::pin(crate::mux::serve(
+                request.into_inner(),
+                answer,
+            ))))
         }
 
         async fn propose(
@@ -652,15 +735,7 @@ mod tests {
                 .add_service(InternalServer::new(peer))
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
-        let peers = Peers::new(
-            [PeerAddress {
-                id: 1,
-                address: address.clone(),
-                cluster_address: address,
-            }],
-            None,
-        )
-        .unwrap();
+        let peers = peers_at(1, address, None);
 
         let mut work = peers.client(1).unwrap();
         let held = tokio::spawn(async move {
@@ -697,20 +772,117 @@ mod tests {
 }
 
 #[cfg(test)]
-mod tls_tests {
-    use std::sync::Arc;
+mod mux_tests {
+    use super::*;
 
+    async fn peer() -> Peers {
+        tests::peers_at(1, tests::serve_peer(None).await, None)
+    }
+
+    fn append(group: u64, payload: Vec<u8>) -> RaftRequest {
+        RaftRequest {
+            group,
+            kind: RaftKind::Append as i32,
+            payload: payload.into(),
+        }
+    }
+
+    /// Thousands of groups' small requests share the peer's stream, in far fewer messages than
+    /// calls, and every caller gets its own answer.
+    #[tokio::test]
+    async fn many_groups_share_one_stream_and_each_gets_its_answer() {
+        let peers = peer().await;
+        let (calls_before, messages_before) = mux::sent();
+        let mut calls = tokio::task::JoinSet::new();
+        for group in 0..3000u64 {
+            let peers = peers.clone();
+            calls.spawn(async move {
+                let payload = group.to_le_bytes().repeat(1 + (group % 7) as usize);
+                let reply = peers
+                    .raft_call(1, append(group, payload.clone()), Duration::from_secs(20))
+                    .await
+                    .expect("answered");
+                assert_eq!(
+                    reply.payload.as_ref(),
+                    &payload[..],
+                    "group {group} got another's answer"
+                );
+            });
+        }
+        while let Some(done) = calls.join_next().await {
+            done.unwrap();
+        }
+        let (calls_after, messages_after) = mux::sent();
+        assert!(calls_after - calls_before >= 3000);
+        assert!(
+            messages_after - messages_before < (calls_after - calls_before) / 4,
+            "{} calls went in {} messages: not batched",
+            calls_after - calls_before,
+            messages_after - messages_before
+        );
+    }
+
+    /// A call that is never answered fails at its deadline and leaves the stream working; a
+    /// large payload goes as a call of its own and is answered too.
+    #[tokio::test]
+    async fn an_unanswered_call_times_out_without_blocking_the_stream() {
+        let peers = peer().await;
+        let hung = RaftRequest {
+            group: 9,
+            kind: RaftKind::TransferLeader as i32,
+            payload: Default::default(),
+        };
+        let err = peers
+            .raft_call(1, hung, Duration::from_millis(300))
+            .await
+            .expect_err("never answered");
+        assert!(err.contains("no answer within"), "{err}");
+        let reply = peers
+            .raft_call(1, append(1, vec![7; 8]), Duration::from_secs(20))
+            .await
+            .expect("the stream still answers");
+        assert_eq!(reply.payload.as_ref(), &[7; 8]);
+        let large = vec![5; mux::MAX_BATCHED_PAYLOAD_BYTES + 1];
+        let reply = peers
+            .raft_call(1, append(2, large.clone()), Duration::from_secs(20))
+            .await
+            .expect("a large append is answered");
+        assert_eq!(reply.payload.as_ref(), &large[..]);
+    }
+
+    /// A peer nobody listens at: calls fail fast with an error that names it, they do not wait
+    /// out their deadline.
+    #[tokio::test]
+    async fn calls_to_a_peer_that_is_not_there_fail_fast() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let peers = tests::peers_at(3, address, None);
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            let err = peers
+                .raft_call(3, append(1, vec![1]), Duration::from_secs(60))
+                .await
+                .expect_err("nobody listens");
+            assert!(err.contains("node 3"), "{err}");
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "waited out the deadline: {err}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tls_tests {
     use openraft::network::{RPCOption, RaftNetworkFactory, v2::RaftNetworkV2};
     use openraft::raft::VoteRequest;
     use openraft::{BasicNode, alias::VoteOf};
-    use qq_proto::internal::internal_server::InternalServer;
     use rcgen::{
         BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     };
-    use tokio::sync::{Notify, mpsc};
     use tonic::transport::{Identity, ServerTlsConfig};
 
-    use super::tests::HoldingPeer;
     use super::*;
 
     /// A CA and a node certificate from it (PEM): (ca, cert, key).
@@ -732,24 +904,10 @@ mod tls_tests {
 
     /// Serves a peer that grants every vote, over mutual TLS with `server`'s CA and identity.
     async fn tls_peer(server: &(String, String, String)) -> String {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap().to_string();
-        let (arrived_tx, _arrived) = mpsc::unbounded_channel();
-        let peer = HoldingPeer {
-            proposal_arrived: arrived_tx,
-            release: Arc::new(Notify::new()),
-        };
         let tls = ServerTlsConfig::new()
             .identity(Identity::from_pem(&server.1, &server.2))
             .client_ca_root(Certificate::from_pem(&server.0));
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .tls_config(tls)
-                .unwrap()
-                .add_service(InternalServer::new(peer))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-        );
-        address
+        super::tests::serve_peer(Some(tls)).await
     }
 
     async fn vote(address: String, me: &(String, String, String)) -> bool {
@@ -758,15 +916,7 @@ mod tls_tests {
             cert_pem: me.1.clone().into_bytes(),
             key_pem: me.2.clone().into_bytes(),
         };
-        let peers = Peers::new(
-            [PeerAddress {
-                id: 1,
-                address: address.clone(),
-                cluster_address: address,
-            }],
-            Some(&tls),
-        )
-        .unwrap();
+        let peers = tests::peers_at(1, address, Some(&tls));
         let mut raft = GroupNetwork { group: 7, peers }
             .new_client(1, &BasicNode::default())
             .await;

@@ -17,6 +17,7 @@ use openraft::async_runtime::WatchReceiver;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use qq_core::queue::Counts;
 use tokio::sync::watch;
@@ -144,6 +145,12 @@ fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: i64) ->
     ConstGauge::new(value).encode(family)
 }
 
+/// A counter without labels, read at scrape time.
+fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> fmt::Result {
+    let family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    ConstCounter::new(value).encode(family)
+}
+
 fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -214,6 +221,19 @@ impl Collector for NodeCollector {
             "raft_groups_asleep",
             "Queue groups whose replica on this node sleeps (idle: no election timer, no heartbeats)",
             int(scrape.groups.iter().filter(|g| g.asleep).count() as u64),
+        )?;
+        let (calls, messages) = qq_raft::mux::sent();
+        counter(
+            &mut encoder,
+            "peer_raft_calls_batched",
+            "Raft requests this node sent batched on its per-peer streams (any group)",
+            calls,
+        )?;
+        counter(
+            &mut encoder,
+            "peer_raft_batches",
+            "Messages those batched requests travelled in (calls / batches: requests per message)",
+            messages,
         )?;
         gauge(
             &mut encoder,

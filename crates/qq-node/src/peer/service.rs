@@ -158,113 +158,140 @@ async fn refuse_vote_while_asleep(
     None
 }
 
+/// One Raft request for any group here, from a unary `Raft` call or a `RaftBatch` stream.
+async fn serve_raft(node: &Arc<Node>, r: RaftRequest) -> Result<RaftReply, Status> {
+    let kind = RaftKind::try_from(r.kind).map_err(|_| Status::invalid_argument("kind"))?;
+    macro_rules! dispatch {
+        ($raft:expr) => {
+            match kind {
+                RaftKind::Append => reply(
+                    $raft
+                        .append_entries(decode::<AppendEntriesRequest<TypeConfig>>(&r.payload)?)
+                        .await,
+                ),
+                RaftKind::Vote => reply(
+                    $raft
+                        .vote(decode::<VoteRequest<TypeConfig>>(&r.payload)?)
+                        .await,
+                ),
+                RaftKind::PreVote => reply(
+                    $raft
+                        .pre_vote(decode::<VoteRequest<TypeConfig>>(&r.payload)?)
+                        .await,
+                ),
+                RaftKind::Snapshot => {
+                    return Err(Status::invalid_argument(
+                        "kind: whole snapshots are no longer accepted; send SNAPSHOT_CHUNK",
+                    ))
+                }
+                RaftKind::SnapshotChunk => {
+                    let chunk: SnapshotChunk = decode(&r.payload)?;
+                    reply(receive_chunk(node, &$raft, r.group, chunk).await)
+                }
+                RaftKind::TransferLeader => reply(
+                    $raft
+                        .handle_transfer_leader(decode::<
+                            openraft::raft::TransferLeaderRequest<TypeConfig>,
+                        >(&r.payload)?)
+                        .await,
+                ),
+                RaftKind::Unspecified => return Err(Status::invalid_argument("kind: unspecified")),
+                RaftKind::Sleep | RaftKind::Wake => {
+                    return Err(Status::invalid_argument(
+                        "kind: SLEEP is for queue groups only",
+                    ))
+                }
+            }
+        };
+    }
+    if kind == RaftKind::Wake {
+        // Asked by sleeping followers: their groups that this node leads wake, and are
+        // named in the answer.
+        let groups: Vec<u64> = decode(&r.payload)?;
+        let led = node.registry().wake_led(&groups);
+        return Ok(reply::<Vec<u64>, String>(Ok(led)));
+    }
+    let out = if r.group == META_GROUP {
+        dispatch!(node.registry().meta_raft())
+    } else {
+        let group = match node.registry().queue(r.group) {
+            Some(g) => Some(g),
+            None if node.may_start_group(r.group) => {
+                node.registry()
+                    .queue_when_started(r.group, NEW_GROUP_WAIT)
+                    .await
+            }
+            None => None,
+        };
+        match group {
+            Some(g) => match kind {
+                RaftKind::Sleep => reply::<bool, String>(Ok(g.quiet.sleep_as_follower(
+                    &g.raft,
+                    node.id(),
+                    decode(&r.payload)?,
+                ))),
+                RaftKind::Append => {
+                    let req: AppendEntriesRequest<TypeConfig> = decode(&r.payload)?;
+                    let wakes = g.quiet.append_wakes(&req);
+                    let out = reply(g.raft.append_entries(req).await);
+                    if wakes {
+                        g.quiet.wake(&g.raft);
+                    }
+                    out
+                }
+                RaftKind::Vote | RaftKind::PreVote if g.quiet.is_asleep() => {
+                    let req: VoteRequest<TypeConfig> = decode(&r.payload)?;
+                    if let Some(refusal) = refuse_vote_while_asleep(node, &g, &req).await {
+                        refusal
+                    } else if kind == RaftKind::Vote {
+                        reply(g.raft.vote(req).await)
+                    } else {
+                        reply(g.raft.pre_vote(req).await)
+                    }
+                }
+                _ => dispatch!(g.raft),
+            },
+            None => RaftReply {
+                payload: Default::default(),
+                error: format!("group {} is not running on node {}", r.group, node.id()),
+            },
+        }
+    };
+    Ok(out)
+}
+
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Internal for InternalService {
     async fn raft(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
-        let r = request.into_inner();
-        let kind = RaftKind::try_from(r.kind).map_err(|_| Status::invalid_argument("kind"))?;
-        let node = &self.node;
-        macro_rules! dispatch {
-            ($raft:expr) => {
-                match kind {
-                    RaftKind::Append => reply(
-                        $raft
-                            .append_entries(decode::<AppendEntriesRequest<TypeConfig>>(&r.payload)?)
-                            .await,
-                    ),
-                    RaftKind::Vote => reply(
-                        $raft
-                            .vote(decode::<VoteRequest<TypeConfig>>(&r.payload)?)
-                            .await,
-                    ),
-                    RaftKind::PreVote => reply(
-                        $raft
-                            .pre_vote(decode::<VoteRequest<TypeConfig>>(&r.payload)?)
-                            .await,
-                    ),
-                    RaftKind::Snapshot => {
-                        return Err(Status::invalid_argument(
-                            "kind: whole snapshots are no longer accepted; send SNAPSHOT_CHUNK",
-                        ))
-                    }
-                    RaftKind::SnapshotChunk => {
-                        let chunk: SnapshotChunk = decode(&r.payload)?;
-                        reply(receive_chunk(node, &$raft, r.group, chunk).await)
-                    }
-                    RaftKind::TransferLeader => reply(
-                        $raft
-                            .handle_transfer_leader(decode::<
-                                openraft::raft::TransferLeaderRequest<TypeConfig>,
-                            >(&r.payload)?)
-                            .await,
-                    ),
-                    RaftKind::Unspecified => {
-                        return Err(Status::invalid_argument("kind: unspecified"))
-                    }
-                    RaftKind::Sleep | RaftKind::Wake => {
-                        return Err(Status::invalid_argument(
-                            "kind: SLEEP is for queue groups only",
-                        ))
-                    }
-                }
-            };
-        }
-        if kind == RaftKind::Wake {
-            // Asked by sleeping followers: their groups that this node leads wake, and are
-            // named in the answer.
-            let groups: Vec<u64> = decode(&r.payload)?;
-            let led = node.registry().wake_led(&groups);
-            return Ok(Response::new(reply::<Vec<u64>, String>(Ok(led))));
-        }
-        let out = if r.group == META_GROUP {
-            dispatch!(node.registry().meta_raft())
-        } else {
-            let group = match node.registry().queue(r.group) {
-                Some(g) => Some(g),
-                None if node.may_start_group(r.group) => {
-                    node.registry()
-                        .queue_when_started(r.group, NEW_GROUP_WAIT)
-                        .await
-                }
-                None => None,
-            };
-            match group {
-                Some(g) => match kind {
-                    RaftKind::Sleep => reply::<bool, String>(Ok(g.quiet.sleep_as_follower(
-                        &g.raft,
-                        node.id(),
-                        decode(&r.payload)?,
-                    ))),
-                    RaftKind::Append => {
-                        let req: AppendEntriesRequest<TypeConfig> = decode(&r.payload)?;
-                        let wakes = g.quiet.append_wakes(&req);
-                        let out = reply(g.raft.append_entries(req).await);
-                        if wakes {
-                            g.quiet.wake(&g.raft);
-                        }
-                        out
-                    }
-                    RaftKind::Vote | RaftKind::PreVote if g.quiet.is_asleep() => {
-                        let req: VoteRequest<TypeConfig> = decode(&r.payload)?;
-                        if let Some(refusal) = refuse_vote_while_asleep(node, &g, &req).await {
-                            refusal
-                        } else if kind == RaftKind::Vote {
-                            reply(g.raft.vote(req).await)
-                        } else {
-                            reply(g.raft.pre_vote(req).await)
-                        }
-                    }
-                    _ => dispatch!(g.raft),
-                },
-                None => RaftReply {
-                    payload: Default::default(),
-                    error: format!("group {} is not running on node {}", r.group, node.id()),
-                },
+        Ok(Response::new(
+            serve_raft(&self.node, request.into_inner()).await?,
+        ))
+    }
+
+    type RaftBatchStream = BoxStream<RaftAnswers>;
+
+    async fn raft_batch(
+        &self,
+        request: Request<Streaming<RaftCalls>>,
+    ) -> Result<Response<Self::RaftBatchStream>, Status> {
+        let node = self.node.clone();
+        // Open for as long as the peer sends, like the watch: it ends when this node starts to
+        // shut down, so that it does not hold up the server's drain.
+        let stopping = self.node.stopping().clone().cancelled_owned();
+        let answers = qq_raft::mux::serve(request.into_inner(), move |r| {
+            let node = node.clone();
+            async move {
+                serve_raft(&node, r)
+                    .await
+                    .unwrap_or_else(|status| RaftReply {
+                        payload: Default::default(),
+                        error: format!("{:?}: {}", status.code(), status.message()),
+                    })
             }
-        };
-        Ok(Response::new(out))
+        });
+        Ok(Response::new(Box::pin(answers.take_until(stopping))))
     }
 
     async fn propose(
