@@ -353,7 +353,7 @@ impl QqCluster {
             .arg(self.dir.join(format!("node{}.toml", node + 1)))
             .env(
                 "RUST_LOG",
-                std::env::var("QQ_BENCH_NODE_LOG").unwrap_or_else(|_| "warn".into()),
+                std::env::var("QQ_BENCH_NODE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
             )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -50,9 +50,10 @@ use openraft::storage::RaftStateMachine;
 use openraft::{Raft, ServerState};
 use qq_core::NodeId;
 use qq_proto::internal::WatchRequest;
-use qq_raft::{META_GROUP, TypeConfig};
+use qq_raft::{GroupId, META_GROUP, TypeConfig};
 use tracing::{debug, info, warn};
 
+use crate::groups::registry::QueueGroup;
 use crate::node::Node;
 use crate::quiesce;
 
@@ -140,7 +141,8 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
                     Err(_) if !silent => {
                         silent = true;
                         let linked = links.borrow().clone();
-                        let woke = wake_dependents(&node, peer, &linked).await;
+                        let woke = wake_leaders_without_quorum(&node, peer, &linked)
+                            + wake_followers_of(&node, peer, &linked).await;
                         info!(
                             peer,
                             ?silence,
@@ -155,9 +157,14 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
                 open.remove(&peer);
             });
             // Lost: the sleeping groups it leads must elect, those led here must notice a
-            // lost quorum, as awake groups do.
+            // lost quorum, as awake groups do. When its port refuses (the process is gone),
+            // the handover below elects the groups it led, paced; waking them too would start
+            // a second, unpaced round of elections.
             let linked = links.borrow().clone();
-            let woke = wake_dependents(&node, peer, &linked).await;
+            let mut woke = wake_leaders_without_quorum(&node, peer, &linked);
+            if probe(&address).await != Probe::Refused {
+                woke += wake_followers_of(&node, peer, &linked).await;
+            }
             if woke > 0 {
                 info!(
                     peer,
@@ -182,24 +189,16 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
     });
 }
 
-/// The link to `peer` is silent or broken. Of the sleeping groups that depend on it:
-/// - led here: only those where this node and the members it still links to are no majority
-///   wake (they must step down when their lease runs out, as awake ones do); the others keep
-///   their quorum and sleep on (waking them all made thousands of leaders heartbeat at once);
-/// - led by `peer`: it is asked first, and those it confirms within [`CONFIRM_WAIT`] sleep on.
-///   Of the rest, this node wakes only the groups where it is the successor (the lowest id
-///   among itself and the members it links to, as in a handover) and where those are a
-///   majority: one campaigner per group instead of every survivor at once, woken
-///   [`WAKE_CHUNK`] at a time. The other survivors wake when asked for their vote, or after
-///   [`FALLBACK_WAKE`] if still nobody leads.
-///
-/// Returns how many woke at once.
-async fn wake_dependents(node: &Arc<Node>, peer: NodeId, linked: &BTreeSet<NodeId>) -> usize {
+/// The link to `peer` is silent or broken: of the sleeping groups led here with `peer` as a
+/// member, only those where this node and the members it still links to are no majority wake
+/// (they must step down when their lease runs out, as awake ones do); the others keep their
+/// quorum and sleep on (waking them all made thousands of leaders heartbeat at once). Returns
+/// how many woke.
+fn wake_leaders_without_quorum(node: &Arc<Node>, peer: NodeId, linked: &BTreeSet<NodeId>) -> usize {
     let me = node.id();
     let reach: BTreeSet<NodeId> = linked.iter().copied().filter(|p| *p != peer).collect();
-    let registry = node.registry();
     let mut woke = 0;
-    for g in registry.queues() {
+    for g in node.registry().queues() {
         if g.quiet.is_asleep()
             && g.meta.members.contains(&peer)
             && !reaches_majority(&g.meta.members, me, &reach)
@@ -210,6 +209,23 @@ async fn wake_dependents(node: &Arc<Node>, peer: NodeId, linked: &BTreeSet<NodeI
             woke += 1;
         }
     }
+    woke
+}
+
+/// The link to `peer` is silent or broken, and its port does not refuse (it may be frozen, cut
+/// off or only slow): the sleeping groups it leads here. It is asked first, and those it
+/// confirms within [`CONFIRM_WAIT`] sleep on. Of the rest, this node wakes only the groups
+/// where it is the successor (the lowest id among itself and the members it links to, as in a
+/// handover) and where those are a majority: one campaigner per group instead of every
+/// survivor at once, woken [`WAKE_CHUNK`] at a time. The other survivors wake when asked for
+/// their vote, or after [`FALLBACK_WAKE`] if still nobody leads.
+///
+/// Returns how many woke at once.
+async fn wake_followers_of(node: &Arc<Node>, peer: NodeId, linked: &BTreeSet<NodeId>) -> usize {
+    let me = node.id();
+    let reach: BTreeSet<NodeId> = linked.iter().copied().filter(|p| *p != peer).collect();
+    let registry = node.registry();
+    let mut woke = 0;
     let followed = registry.asleep_led_by(peer);
     if followed.is_empty() {
         return woke;
@@ -235,25 +251,35 @@ async fn wake_dependents(node: &Arc<Node>, peer: NodeId, linked: &BTreeSet<NodeI
         woke += chunk.iter().filter(|g| g.quiet.wake(&g.raft)).count();
         tokio::time::sleep(WAKE_PAUSE).await;
     }
-    if !others.is_empty() {
-        let ids: Vec<_> = others.iter().map(|g| g.meta.id).collect();
-        let tracker = node.tasks().clone();
-        let node = node.clone();
-        tracker.spawn(async move {
-            tokio::time::sleep(FALLBACK_WAKE).await;
-            let still = node.registry().asleep_led_by(peer);
-            let late: Vec<_> = ids.into_iter().filter(|g| still.contains(g)).collect();
-            if !late.is_empty() {
-                let n = node.registry().wake_groups(&late);
-                info!(
-                    peer,
-                    woke = n,
-                    "groups of a lost leader still without one: woke them"
-                );
-            }
-        });
-    }
+    fall_back(node, peer, others.iter().map(|g| g.meta.id).collect());
     woke
+}
+
+/// After [`FALLBACK_WAKE`], wakes those of `groups` that still sleep following `peer` (their
+/// successor did not elect), [`WAKE_CHUNK`] at a time.
+fn fall_back(node: &Arc<Node>, peer: NodeId, groups: Vec<GroupId>) {
+    if groups.is_empty() {
+        return;
+    }
+    let tracker = node.tasks().clone();
+    let node = node.clone();
+    tracker.spawn(async move {
+        tokio::time::sleep(FALLBACK_WAKE).await;
+        let still = node.registry().asleep_led_by(peer);
+        let late: Vec<_> = groups.into_iter().filter(|g| still.contains(g)).collect();
+        let mut n = 0;
+        for chunk in late.chunks(WAKE_CHUNK) {
+            n += node.registry().wake_groups(chunk);
+            tokio::time::sleep(WAKE_PAUSE).await;
+        }
+        if n > 0 {
+            info!(
+                peer,
+                woke = n,
+                "groups of a lost leader still without one: woke them"
+            );
+        }
+    });
 }
 
 /// Groups woken at once to campaign after their leader's node was lost, and the pause between
@@ -283,8 +309,13 @@ async fn probe(address: &str) -> Probe {
     }
 }
 
-/// For every group in which this node follows `dead`, start the handover.
-async fn hand_over_from(node: &Node, dead: NodeId) {
+/// For every group in which this node follows `dead`, start the handover: the metadata group
+/// first, then the queue groups. Where another survivor is the successor, this node only drops
+/// the dead leader's lease (cheap, at once) and wakes the group later if nobody elected it.
+/// Where this node is the successor, it campaigns for at most [`HANDOVER_WINDOW`] groups at a
+/// time and starts the next as earlier ones get a leader: thousands of elections started at
+/// once on a small machine time each other out (10 000 queues: a third never failed over).
+async fn hand_over_from(node: &Arc<Node>, dead: NodeId) {
     let me = node.id();
     let all = node.peers().ids();
     let meta_vote = followed_vote(node.registry().meta_raft(), dead);
@@ -319,10 +350,55 @@ async fn hand_over_from(node: &Node, dead: NodeId) {
         )
         .await;
     }
-    for (g, vote) in groups {
-        hand_over(&g.raft, g.meta.id, vote, &g.meta.members, me, &reachable).await;
+    let (mine, others): (Vec<_>, Vec<_>) = groups.into_iter().partition(|(g, _)| {
+        reaches_majority(&g.meta.members, me, &reachable)
+            && successor(&g.meta.members, me, &reachable) == Some(me)
+    });
+    for (g, vote) in &others {
+        hand_over(
+            &g.raft,
+            g.meta.id,
+            vote.clone(),
+            &g.meta.members,
+            me,
+            &reachable,
+        )
+        .await;
+    }
+    fall_back(node, dead, others.iter().map(|(g, _)| g.meta.id).collect());
+
+    let mut waiting = mine.into_iter();
+    let mut electing: Vec<(QueueGroup, tokio::time::Instant)> = Vec::new();
+    loop {
+        electing.retain(|(g, since)| {
+            let led = g
+                .raft
+                .metrics()
+                .borrow_watched()
+                .current_leader
+                .is_some_and(|l| l != dead);
+            !led && since.elapsed() < HANDOVER_WAIT
+        });
+        while electing.len() < HANDOVER_WINDOW {
+            let Some((g, vote)) = waiting.next() else {
+                break;
+            };
+            g.quiet.wake(&g.raft);
+            hand_over(&g.raft, g.meta.id, vote, &g.meta.members, me, &reachable).await;
+            electing.push((g, tokio::time::Instant::now()));
+        }
+        if electing.is_empty() {
+            return;
+        }
+        tokio::time::sleep(HANDOVER_POLL).await;
     }
 }
+
+/// Campaigns a survivor runs at once for the groups of a dead leader, how long one may take
+/// before the next starts anyway, and how often they are checked.
+const HANDOVER_WINDOW: usize = 128;
+const HANDOVER_WAIT: Duration = Duration::from_secs(2);
+const HANDOVER_POLL: Duration = Duration::from_millis(10);
 
 /// The vote of `leader` when this node follows it in the group.
 fn followed_vote<SM>(raft: &Raft<TypeConfig, SM>, leader: NodeId) -> Option<VoteOf<TypeConfig>>
