@@ -186,24 +186,6 @@ impl Registry {
         }
     }
 
-    /// Wake the sleeping queue groups this node leads with `peer` among the members (a peer
-    /// lost: they must notice a lost quorum as awake ones do; a peer back: it must hear its
-    /// leaders before its election timers run out). Returns how many woke.
-    pub fn wake_led_with(&self, peer: NodeId) -> usize {
-        let mut woke = 0;
-        for g in self.queues() {
-            if g.quiet.is_asleep()
-                && g.meta.members.contains(&peer)
-                && g.raft.metrics().borrow_watched().state == ServerState::Leader
-                && g.quiet.wake(&g.raft)
-            {
-                quiet::heartbeat_soon(&g.raft);
-                woke += 1;
-            }
-        }
-        woke
-    }
-
     /// The sleeping queue groups here whose leader is `peer`.
     pub fn asleep_led_by(&self, peer: NodeId) -> Vec<GroupId> {
         self.queues()

@@ -128,7 +128,7 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
                 open.insert(peer);
             });
             // Back (or first seen): the groups led here with it must reach it soon.
-            node.registry().wake_led_with(peer);
+            spawn_wake_led_with(&node, peer);
             let mut events = response.into_inner();
             // Silent (no event for `silence`), the peer may be frozen or cut off, or only
             // slow: the groups that depend on it wake, and Raft's own timers decide; the link
@@ -392,6 +392,64 @@ async fn hand_over_from(node: &Arc<Node>, dead: NodeId) {
         }
         tokio::time::sleep(HANDOVER_POLL).await;
     }
+}
+
+/// A link with `peer` (re)opened, in either direction: the sleeping groups led here with it
+/// wake, so that a restarted or returning peer hears its leaders (and catches up) before its
+/// election timers run out. At most [`HANDOVER_WINDOW`] at a time: the next wakes as earlier
+/// ones have brought the peer's replica up to date (or after [`HANDOVER_WAIT`]). Woken all at
+/// once, the 6 666 groups the two survivors led with a restarted node (10 000 queues) kept
+/// each other's heartbeats timing out; a peer whose replica is not reached in time asks by a
+/// vote, which a sleeping leader answers by waking.
+pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
+    let node2 = node.clone();
+    node.tasks().spawn(async move {
+        let led: Vec<QueueGroup> = node2
+            .registry()
+            .queues()
+            .into_iter()
+            .filter(|g| {
+                g.quiet.is_asleep()
+                    && g.meta.members.contains(&peer)
+                    && g.raft.metrics().borrow_watched().state == ServerState::Leader
+            })
+            .collect();
+        let mut woke = 0;
+        let mut waiting = led.into_iter();
+        let mut catching_up: Vec<(QueueGroup, tokio::time::Instant)> = Vec::new();
+        loop {
+            catching_up.retain(|(g, since)| {
+                let m = g.raft.metrics();
+                let m = m.borrow_watched();
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(&peer))
+                    .is_some_and(|l| l.as_ref().map(|l| l.index) == m.last_log_index);
+                m.state == ServerState::Leader && !matched && since.elapsed() < HANDOVER_WAIT
+            });
+            while catching_up.len() < HANDOVER_WINDOW {
+                let Some(g) = waiting.next() else {
+                    break;
+                };
+                if g.quiet.wake(&g.raft) {
+                    crate::groups::quiet::heartbeat_soon(&g.raft);
+                    woke += 1;
+                    catching_up.push((g, tokio::time::Instant::now()));
+                }
+            }
+            if catching_up.is_empty() {
+                break;
+            }
+            tokio::time::sleep(HANDOVER_POLL).await;
+        }
+        if woke > 0 {
+            debug!(
+                peer,
+                woke, "link to peer open: woke the groups led here with it"
+            );
+        }
+    });
 }
 
 /// Campaigns a survivor runs at once for the groups of a dead leader, how long one may take

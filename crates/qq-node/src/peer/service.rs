@@ -22,7 +22,6 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::debug;
 
 use crate::consume::relay::RELAY_BOUND;
 use crate::consume::session::{SessionIn, SessionOut, run_session};
@@ -327,13 +326,7 @@ impl Internal for InternalService {
         let from = request.into_inner().from;
         // A peer (re)opening its watch may be back from a restart or a partition: the groups
         // this node leads with it must reach it before its election timers run out.
-        let woke = self.node.registry().wake_led_with(from);
-        if woke > 0 {
-            debug!(
-                peer = from,
-                woke, "peer watches again: woke the groups led here with it"
-            );
-        }
+        crate::peer::liveness::spawn_wake_led_with(&self.node, from);
         // One event now and one every heartbeat interval: the watcher calls this node silent
         // when none comes for an election timeout ([`crate::peer::liveness`]). The channel
         // holds one event: a watcher that does not read holds the sender, not memory.
