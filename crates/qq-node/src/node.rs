@@ -587,6 +587,10 @@ fn raft_config(config: &Config) -> anyhow::Result<Arc<openraft::Config>> {
         // procedure states: the wiped node forgot its votes and its acknowledgements, so it
         // must rejoin only while the other nodes hold a majority of every group.
         allow_log_reversion: Some(true),
+        // openraft allocates its per-entry latency ring buffers (7 of this many slots, about
+        // 148 KiB per group at the default 1024) whether or not its `runtime-stats` feature,
+        // the only user, is on; it is off here. Every group on the node pays it, idle or not.
+        log_stage_capacity: Some(1),
         ..Default::default()
     };
     Ok(Arc::new(raft.validate()?))
