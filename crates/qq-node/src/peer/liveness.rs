@@ -43,6 +43,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use openraft::alias::VoteOf;
 use openraft::async_runtime::WatchReceiver;
 use openraft::raft::TransferLeaderRequest;
@@ -355,40 +356,53 @@ async fn hand_over_from(node: &Arc<Node>, dead: NodeId) {
             && successor(&g.meta.members, me, &reachable) == Some(me)
     });
     for (g, vote) in &others {
-        hand_over(
-            &g.raft,
-            g.meta.id,
-            vote.clone(),
-            &g.meta.members,
-            me,
-            &reachable,
-        )
-        .await;
+        hand_over(&g.raft, g.meta.id, *vote, &g.meta.members, me, &reachable).await;
     }
     fall_back(node, dead, others.iter().map(|(g, _)| g.meta.id).collect());
 
-    let mut waiting = mine.into_iter();
-    let mut electing: Vec<(QueueGroup, tokio::time::Instant)> = Vec::new();
+    paced(
+        mine,
+        |(g, vote)| {
+            let (g, vote, reachable) = (g.clone(), *vote, reachable.clone());
+            Box::pin(async move {
+                g.quiet.wake(&g.raft);
+                hand_over(&g.raft, g.meta.id, vote, &g.meta.members, me, &reachable).await;
+                true
+            })
+        },
+        |(g, _)| {
+            let m = g.raft.metrics();
+            m.borrow_watched().current_leader.is_some_and(|l| l != dead)
+        },
+    )
+    .await;
+}
+
+/// Runs `start` on each of `items`, with at most [`HANDOVER_WINDOW`] of them unfinished at
+/// once: one is finished when `done` says so, or [`HANDOVER_WAIT`] after its start. `start`
+/// answers false when there was nothing to start for an item (it does not count). Returns how
+/// many were started.
+async fn paced<T>(
+    items: Vec<T>,
+    mut start: impl FnMut(&T) -> BoxFuture<'static, bool>,
+    done: impl Fn(&T) -> bool,
+) -> usize {
+    let mut waiting = items.into_iter();
+    let mut running: Vec<(T, tokio::time::Instant)> = Vec::new();
+    let mut started = 0;
     loop {
-        electing.retain(|(g, since)| {
-            let led = g
-                .raft
-                .metrics()
-                .borrow_watched()
-                .current_leader
-                .is_some_and(|l| l != dead);
-            !led && since.elapsed() < HANDOVER_WAIT
-        });
-        while electing.len() < HANDOVER_WINDOW {
-            let Some((g, vote)) = waiting.next() else {
+        running.retain(|(item, since)| !done(item) && since.elapsed() < HANDOVER_WAIT);
+        while running.len() < HANDOVER_WINDOW {
+            let Some(item) = waiting.next() else {
                 break;
             };
-            g.quiet.wake(&g.raft);
-            hand_over(&g.raft, g.meta.id, vote, &g.meta.members, me, &reachable).await;
-            electing.push((g, tokio::time::Instant::now()));
+            if start(&item).await {
+                started += 1;
+                running.push((item, tokio::time::Instant::now()));
+            }
         }
-        if electing.is_empty() {
-            return;
+        if running.is_empty() {
+            return started;
         }
         tokio::time::sleep(HANDOVER_POLL).await;
     }
@@ -414,11 +428,16 @@ pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
                     && g.raft.metrics().borrow_watched().state == ServerState::Leader
             })
             .collect();
-        let mut woke = 0;
-        let mut waiting = led.into_iter();
-        let mut catching_up: Vec<(QueueGroup, tokio::time::Instant)> = Vec::new();
-        loop {
-            catching_up.retain(|(g, since)| {
+        let woke = paced(
+            led,
+            |g| {
+                let woke = g.quiet.wake(&g.raft);
+                if woke {
+                    crate::groups::quiet::heartbeat_soon(&g.raft);
+                }
+                Box::pin(std::future::ready(woke))
+            },
+            |g| {
                 let m = g.raft.metrics();
                 let m = m.borrow_watched();
                 let matched = m
@@ -426,23 +445,10 @@ pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
                     .as_ref()
                     .and_then(|r| r.get(&peer))
                     .is_some_and(|l| l.as_ref().map(|l| l.index) == m.last_log_index);
-                m.state == ServerState::Leader && !matched && since.elapsed() < HANDOVER_WAIT
-            });
-            while catching_up.len() < HANDOVER_WINDOW {
-                let Some(g) = waiting.next() else {
-                    break;
-                };
-                if g.quiet.wake(&g.raft) {
-                    crate::groups::quiet::heartbeat_soon(&g.raft);
-                    woke += 1;
-                    catching_up.push((g, tokio::time::Instant::now()));
-                }
-            }
-            if catching_up.is_empty() {
-                break;
-            }
-            tokio::time::sleep(HANDOVER_POLL).await;
-        }
+                m.state != ServerState::Leader || matched
+            },
+        )
+        .await;
         if woke > 0 {
             debug!(
                 peer,
