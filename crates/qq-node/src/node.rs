@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use openraft::async_runtime::WatchReceiver;
+use openraft::error::{InitializeError, RaftError};
 use openraft::{BasicNode, Raft, SnapshotPolicy};
 use qq_core::NodeId;
 use qq_core::meta::{MetaEffect, QueueMeta};
@@ -32,7 +33,7 @@ use qq_raft::{GroupId, META_GROUP, TypeConfig};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::alarms::{Alarms, Bounds};
 use crate::clock::now_ms;
@@ -521,7 +522,21 @@ impl Node {
             stop: stop.clone(),
             quiet: quiet.clone(),
         });
-        if qm.members.first() == Some(&self.id) && !raft.is_initialized().await? {
+        // The leadership watch starts with the group, before anything can fail: the group is
+        // in the registry (peers reach it) from here on, so it may lead whatever happens next.
+        self.tasks.spawn(
+            watch_leadership(
+                self.leader_ctx.clone(),
+                qm.id,
+                raft.clone(),
+                machine,
+                quiet,
+                stop,
+                span.clone(),
+            )
+            .instrument(span.clone()),
+        );
+        if qm.members.first() == Some(&self.id) {
             let members: BTreeMap<u64, BasicNode> = qm
                 .members
                 .iter()
@@ -534,21 +549,15 @@ impl Node {
                     )
                 })
                 .collect();
-            span.in_scope(|| info!(?members, "initialising queue group"));
-            raft.initialize(members).await?;
+            if let Err(e) = initialize_unless_joined(&raft, members, &span).await {
+                // Taken out again, so that the next reconcile starts it afresh.
+                if let Some(g) = self.registry.remove(qm.id) {
+                    g.stop.cancel();
+                    let _ = g.raft.shutdown().await;
+                }
+                return Err(e);
+            }
         }
-        self.tasks.spawn(
-            watch_leadership(
-                self.leader_ctx.clone(),
-                qm.id,
-                raft,
-                machine,
-                quiet,
-                stop,
-                span.clone(),
-            )
-            .instrument(span),
-        );
         Ok(())
     }
 
@@ -629,9 +638,42 @@ async fn initialise_if_first(meta_raft: &MetaRaft, config: &Config) -> anyhow::R
             (p.id, BasicNode { addr })
         })
         .collect();
-    info!(?members, "initialising the cluster's metadata group");
-    meta_raft.initialize(members).await?;
-    Ok(())
+    initialize_unless_joined(
+        meta_raft,
+        members,
+        &info_span!("metadata", node_id = config.node_id),
+    )
+    .await
+}
+
+/// Initialise a group with `members` unless its replica here already takes part in one: a
+/// member that was re-seeded (started with an empty data directory) or started its group late
+/// can hear the leader (a vote or an append) between its Raft starting and this call, and
+/// openraft then refuses to initialise; that replica is in the group already, and catches up
+/// from its leader. Found by qq-chaos `wipe-rejoin`: the refusal used to end the group's
+/// start-up before its leadership watch ran, so when that replica later led the queue, no
+/// leader actor ran (held dead letters never moved, the queue stopped draining).
+async fn initialize_unless_joined<SM>(
+    raft: &Raft<TypeConfig, SM>,
+    members: BTreeMap<u64, BasicNode>,
+    span: &tracing::Span,
+) -> anyhow::Result<()>
+where
+    SM: openraft::storage::RaftStateMachine<TypeConfig>,
+{
+    // openraft checks and initialises in one step on its core: checking first here would leave
+    // the window open.
+    match raft.initialize(members.clone()).await {
+        Ok(()) => {
+            span.in_scope(|| info!(?members, "initialised the group"));
+            Ok(())
+        }
+        Err(RaftError::APIError(InitializeError::NotAllowed(e))) => {
+            span.in_scope(|| debug!("not initialised: the group has begun here already ({e})"));
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// If `raft` leads its group, ask the voter with the most replicated log to take over; a
@@ -678,5 +720,94 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::storage::RaftLogStorage;
+    use qq_core::QueueConfig;
+
+    use super::*;
+    use crate::groups::queue_sm::QueueMachine;
+    use crate::groups::shell::Shell;
+
+    const GROUP: GroupId = 7;
+
+    async fn queue_raft(store: &Store) -> Raft<TypeConfig, Shell<QueueMachine>> {
+        let config: Config = toml::from_str(
+            "node_id = 1\nlisten = \"127.0.0.1:7101\"\ncluster_addr = \"127.0.0.1:7201\"\n\
+             data_dir = \"/tmp/x\"\ninsecure_cluster = true\n\
+             peers = [{ id = 1, address = \"127.0.0.1:7101\", cluster_address = \"127.0.0.1:7201\" }]\n",
+        )
+        .unwrap();
+        Raft::new(
+            1,
+            raft_config(&config).unwrap(),
+            GroupNetwork {
+                group: GROUP,
+                peers: Peers::new(Vec::new(), None).unwrap(),
+            },
+            LogStore::new(store.clone(), GROUP),
+            Shell::new(QueueMachine::new(
+                GROUP,
+                store.clone(),
+                QueueConfig::new("/", "q"),
+            )),
+        )
+        .await
+        .unwrap()
+    }
+
+    fn members() -> BTreeMap<u64, BasicNode> {
+        (1..=3).map(|id| (id, BasicNode::default())).collect()
+    }
+
+    /// The replica heard its leader (here: a vote stored before its Raft started, as a vote
+    /// request or an append between the start and the initialisation leaves it) and openraft
+    /// refuses to initialise: that is a replica in its group already, not a failed start.
+    #[tokio::test]
+    async fn a_replica_that_heard_its_leader_first_starts_without_initialising() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let vote = openraft::alias::VoteOf::<TypeConfig>::new_committed(4, 2);
+        LogStore::new(store.clone(), GROUP)
+            .save_vote(&vote)
+            .await
+            .unwrap();
+        let raft = queue_raft(&store).await;
+        let refused = raft.initialize(members()).await;
+        assert!(
+            matches!(
+                refused,
+                Err(RaftError::APIError(InitializeError::NotAllowed(_)))
+            ),
+            "openraft refuses to initialise over a vote: {refused:?}"
+        );
+        initialize_unless_joined(&raft, members(), &tracing::Span::none())
+            .await
+            .expect("a replica that heard its leader is started, not failed");
+        assert_eq!(raft.metrics().borrow_watched().vote, vote);
+        raft.shutdown().await.unwrap();
+    }
+
+    /// A pristine replica is initialised; any other failure is still an error.
+    #[tokio::test]
+    async fn a_pristine_replica_is_initialised() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let raft = queue_raft(&store).await;
+        initialize_unless_joined(&raft, members(), &tracing::Span::none())
+            .await
+            .unwrap();
+        assert!(raft.is_initialized().await.unwrap());
+        let voters: Vec<u64> = raft
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .voter_ids()
+            .collect();
+        assert_eq!(voters, vec![1, 2, 3]);
+        raft.shutdown().await.unwrap();
     }
 }
