@@ -85,6 +85,10 @@ struct Args {
     /// after healing each must take a publish and give it back.
     #[arg(long, default_value_t = 0)]
     idle_queues: usize,
+    /// When a run fails, keep its cluster up this many seconds before tearing it down, to look
+    /// at it (`qqctl --node 10.78.0.N:7101 --user '' ...`: no credentials, acting as guest).
+    #[arg(long, default_value_t = 0)]
+    hold_on_failure: u64,
 }
 
 /// Publishes in flight per publisher and queue. Large enough that publishes stuck on a cut-off
@@ -217,6 +221,7 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
         rate: args.rate,
         duration: args.duration,
         idle_queues: args.idle_queues,
+        hold_on_failure: args.hold_on_failure,
     };
     if !args.matrix {
         let report = run_one(&setup, &kinds, &base).await?;
@@ -256,6 +261,7 @@ struct Setup {
     rate: f64,
     duration: u64,
     idle_queues: usize,
+    hold_on_failure: u64,
 }
 
 /// One run: fresh namespaces and nodes, the workload under `kinds`, the check. Output in `out`.
@@ -289,6 +295,22 @@ async fn run_one(setup: &Setup, kinds: &[Kind], out: &std::path::Path) -> anyhow
     if result.as_ref().map_or(true, |r| !r.verdict.ok()) {
         for id in hosts.ids().iter().copied().chain(hosts.spare_ids()) {
             eprintln!("===== node {id} log tail\n{}", hosts.log_tail(id, 30));
+        }
+        if setup.hold_on_failure > 0 {
+            println!(
+                "holding the failed run's cluster for {} s (client ports: {}); Ctrl-C ends it",
+                setup.hold_on_failure,
+                hosts
+                    .ids()
+                    .iter()
+                    .map(|id| hosts::address(*id))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(setup.hold_on_failure)) => {}
+                _ = interrupted() => {}
+            }
         }
     }
     hosts.destroy();
@@ -380,6 +402,7 @@ async fn chaos(
     let mut quiet_until = Duration::ZERO;
     let mut rolling_stops = 0;
     let mut rolling_findings: Vec<String> = Vec::new();
+    let mut wipe_findings: Vec<String> = Vec::new();
     let mut term_checks: Vec<Option<Vec<String>>> = Vec::new();
     while rec.elapsed() < run {
         if let Some((id, status)) = hosts.find_crashed() {
@@ -457,19 +480,23 @@ async fn chaos(
             }
             let applied = nemesis::strike(hosts, &clients, &rec, fault, leader).await?;
             // A procedure (the rolling restart) is over when strike returns: healed at once.
+            // A wipe may first wait for every replica to catch up: its window starts when
+            // it struck.
+            let struck = rec.elapsed();
             let until = if fault.kind == Kind::RollingRestart {
                 rolling_stops += applied.graceful_stops;
                 rolling_findings.extend(applied.findings.iter().cloned());
-                rec.elapsed()
+                struck
             } else {
+                wipe_findings.extend(applied.findings.iter().cloned());
                 println!(
                     "[{:>5.1}s] {} {} (queue {queue} leader {leader:?}) for {:.1} s",
-                    now.as_secs_f64(),
+                    struck.as_secs_f64(),
                     applied.kind,
                     applied.target,
                     fault.length.as_secs_f64()
                 );
-                now + fault.length
+                struck + fault.length
             };
             if let Some(id) = applied.spare {
                 strike = Some(membership::Strike::begin(
@@ -619,6 +646,13 @@ async fn chaos(
         crashes,
         "none",
     ));
+    if kinds.contains(&Kind::WipeRejoin) {
+        checks.push(Check::all_clear(
+            "wipes: every replica caught up before each wipe",
+            wipe_findings,
+            "each wipe struck once the other nodes held every replica's data",
+        ));
+    }
     if kinds.contains(&Kind::RollingRestart) {
         checks.push(Check::all_clear(
             "rolling restarts: each node exits 0 on SIGTERM in time and serves again",

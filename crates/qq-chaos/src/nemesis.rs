@@ -14,6 +14,7 @@
 //! membership nemesis only starts its spare node here; the runner joins, grows and retires it
 //! (`crate::membership`), and its window lasts until the spare is forgotten.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -258,10 +259,86 @@ pub async fn strike(
     fault: &Planned,
     leader: Option<u64>,
 ) -> anyhow::Result<Applied> {
-    if fault.kind == Kind::RollingRestart {
-        rolling_restart(hosts, clients, rec, fault.node_pick).await
-    } else {
-        apply(hosts, fault, leader)
+    match fault.kind {
+        Kind::RollingRestart => rolling_restart(hosts, clients, rec, fault.node_pick).await,
+        Kind::WipeRejoin => {
+            // The re-seed procedure's condition: the other nodes hold a majority of every
+            // group. The wipe models losing one disk at a time, each node repaired (caught up)
+            // before the next loses its disk; two lost before the first caught up is a double
+            // fault, beyond what three replicas promise.
+            let began = Instant::now();
+            match wait_caught_up(clients, CATCH_UP_WAIT).await {
+                Ok(()) => {
+                    let mut applied = apply(hosts, fault, leader)?;
+                    applied.procedure.push(format!(
+                        "{:.1} s every replica caught up (waited {:.1} s), then {}",
+                        rec.elapsed().as_secs_f64(),
+                        began.elapsed().as_secs_f64(),
+                        applied.target
+                    ));
+                    Ok(applied)
+                }
+                Err(behind) => {
+                    let mut applied = Applied::new(Kind::WipeRejoin);
+                    applied.target = "nothing wiped".into();
+                    applied.findings.push(format!(
+                        "{:.1} s: replicas still behind after {CATCH_UP_WAIT:?} ({behind}): \
+                         the wipe was skipped",
+                        rec.elapsed().as_secs_f64()
+                    ));
+                    Ok(applied)
+                }
+            }
+        }
+        _ => apply(hosts, fault, leader),
+    }
+}
+
+/// How long a wipe waits for every replica to catch up before it strikes.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits until every replica of every queue has applied at least what the most advanced
+/// replica of that queue had applied when first asked (ClusterStatus of every node, each
+/// reporting its own replicas). A node that does not answer (not serving yet) is waited for.
+/// Err: what was still behind at the limit.
+async fn wait_caught_up(clients: &[Client], limit: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    let mut target: Option<BTreeMap<String, u64>> = None;
+    loop {
+        let mut applied: BTreeMap<String, (usize, BTreeMap<u64, u64>)> = BTreeMap::new();
+        let mut behind = None;
+        for c in clients {
+            match tokio::time::timeout(STATUS_CALL_TIMEOUT, c.cluster_status()).await {
+                Ok(Ok(s)) => {
+                    for q in s.queues {
+                        let entry = applied.entry(q.name).or_default();
+                        entry.0 = q.members.len();
+                        if q.local_member {
+                            entry.1.insert(s.node_id, q.local_last_applied);
+                        }
+                    }
+                }
+                _ => behind = Some(format!("{} does not answer", c.address())),
+            }
+        }
+        if behind.is_none() {
+            let goal = target.get_or_insert_with(|| {
+                applied
+                    .iter()
+                    .map(|(q, (_, r))| (q.clone(), r.values().copied().max().unwrap_or(0)))
+                    .collect()
+            });
+            behind = applied.iter().find_map(|(q, (members, replicas))| {
+                let want = goal.get(q).copied().unwrap_or(0);
+                (replicas.len() < *members || replicas.values().any(|a| *a < want))
+                    .then(|| format!("{q}: applied {replicas:?}, wanted {want} on {members}"))
+            });
+        }
+        match behind {
+            None => return Ok(()),
+            Some(b) if Instant::now() >= deadline => return Err(b),
+            Some(_) => tokio::time::sleep(QUORUM_POLL).await,
+        }
     }
 }
 

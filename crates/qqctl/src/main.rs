@@ -44,7 +44,7 @@ struct Cli {
     /// Any node of the cluster (host:port, http://host:port or https://host:port).
     #[arg(long, global = true, env = "QQ_NODE", default_value = "127.0.0.1:7101")]
     node: String,
-    /// User name (requests without credentials act as guest).
+    /// User name; empty: send no credentials (such requests act as guest).
     #[arg(long, global = true, env = "QQ_USER", default_value = "guest")]
     user: String,
     /// Password.
@@ -183,10 +183,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     } else {
         None
     };
-    let client = Client::connect_with(&cli.node, tls.as_ref())
-        .await?
-        .with_credentials(&cli.user, &cli.password)?
-        .with_vhost(&cli.vhost);
+    let client = Client::connect_with(&cli.node, tls.as_ref()).await?;
+    // An empty user sends no credentials: the node treats the request as guest's.
+    let client = if cli.user.is_empty() {
+        client
+    } else {
+        client.with_credentials(&cli.user, &cli.password)?
+    }
+    .with_vhost(&cli.vhost);
     let c = &client;
     match cli.command {
         Command::DeclareExchange(a) => admin::declare_exchange(c, a).await,
