@@ -887,22 +887,28 @@ async fn drain(
         control.clone(),
     ));
     let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        // Dead letters still held are not consumable; the drained check reports them.
-        let info = retry("queue info", || clients[0].get_queue(queue)).await?;
-        let consumable = info.messages_ready + info.messages_unacked;
-        if consumable == 0 {
-            break;
+    let drained = async {
+        loop {
+            // Dead letters still held are not consumable; the drained check reports them.
+            let info = retry("queue info", || clients[0].get_queue(queue)).await?;
+            let consumable = info.messages_ready + info.messages_unacked;
+            if consumable == 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!("{queue} still has {consumable} messages after 120 s of draining");
+            }
+            sleep(Duration::from_millis(300)).await;
         }
-        if Instant::now() >= deadline {
-            bail!("{queue} still has {consumable} messages after 120 s of draining");
-        }
-        sleep(Duration::from_millis(300)).await;
     }
+    .await;
+    // Stopped whatever the outcome: a drainer left running outlived its run and, in a matrix
+    // (one process, the next cluster on the same addresses), consumed and acked the next run's
+    // messages into the old run's history, which the next run then counted as lost.
     control.stop_consuming.store(true, Ordering::Relaxed);
     // The consumer notices within its idle timeout; its last acks are already sent.
     task.await?;
-    Ok(())
+    drained
 }
 
 /// After healing, every member of every queue's Raft group reaches the same applied index and
