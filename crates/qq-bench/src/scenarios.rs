@@ -294,19 +294,43 @@ pub(crate) async fn delete_queues(cl: &Cluster, queues: &[String]) {
 
 /// One connection per node for publishers and another for consumers (as applications do).
 struct Conns {
-    publish: Vec<Conn>,
-    consume: Vec<Conn>,
+    /// Per node, enough connections for its streams (see [`STREAMS_PER_CONN`]).
+    publish: Vec<Vec<Conn>>,
+    consume: Vec<Vec<Conn>>,
 }
 
+/// Streams a run puts on one connection: below quorumq's default `max_streams_per_connection`
+/// (128), beyond which a node refuses more streams on that connection. Scenario 3 with 1 000
+/// queues needs several connections per node.
+const STREAMS_PER_CONN: usize = 100;
+
 impl Conns {
-    async fn open(system: System) -> Result<Conns> {
+    /// Connections for `streams[node]` publishers and as many consumers on each node.
+    async fn open(system: System, streams: &[usize]) -> Result<Conns> {
         let mut publish = Vec::new();
         let mut consume = Vec::new();
         for node in 0..NODES {
-            publish.push(Conn::connect(system, node).await?);
-            consume.push(Conn::connect(system, node).await?);
+            let n = streams
+                .get(node)
+                .copied()
+                .unwrap_or(0)
+                .div_ceil(STREAMS_PER_CONN)
+                .max(1);
+            let mut p = Vec::new();
+            let mut c = Vec::new();
+            for _ in 0..n {
+                p.push(Conn::connect(system, node).await?);
+                c.push(Conn::connect(system, node).await?);
+            }
+            publish.push(p);
+            consume.push(c);
         }
         Ok(Conns { publish, consume })
+    }
+
+    /// The connection of the `k`-th stream on `node`.
+    fn pick(conns: &[Vec<Conn>], node: usize, k: usize) -> &Conn {
+        &conns[node][(k / STREAMS_PER_CONN) % conns[node].len()]
     }
 }
 
@@ -333,18 +357,26 @@ struct FlowResult {
 }
 
 async fn run_flows(system: System, label: String, f: Flows) -> Result<FlowResult> {
-    let conns = Conns::open(system).await?;
+    let mut streams = vec![0usize; NODES];
+    let mut nth = Vec::with_capacity(f.queues.len());
+    for (_, node) in &f.queues {
+        nth.push(streams[*node]);
+        streams[*node] += 1;
+    }
+    let conns = Conns::open(system, &streams).await?;
     let counters = Arc::new(Counters::default());
     let stop = Arc::new(AtomicBool::new(false));
     // Open every subscription and publisher first, so that the warm-up (and the rate) starts
     // with all of them running: opening a hundred takes a while.
     let mut subscriptions = Vec::new();
-    for (q, node) in &f.queues {
-        subscriptions.push(conns.consume[*node].consumer(q, f.prefetch).await?);
+    for ((q, node), k) in f.queues.iter().zip(&nth) {
+        let conn = Conns::pick(&conns.consume, *node, *k);
+        subscriptions.push(conn.consumer(q, f.prefetch).await?);
     }
     let mut pubs = Vec::new();
-    for (q, node) in &f.queues {
-        pubs.push(conns.publish[*node].publisher(q, f.window).await?);
+    for ((q, node), k) in f.queues.iter().zip(&nth) {
+        let conn = Conns::pick(&conns.publish, *node, *k);
+        pubs.push(conn.publisher(q, f.window).await?);
     }
     let record_from_ns = now_ns() + secs(f.warmup_s).as_nanos() as u64;
     let progress = Progress::start(label, counters.clone());
