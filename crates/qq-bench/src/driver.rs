@@ -234,7 +234,16 @@ impl Conn {
     /// is all of them when nobody consumes).
     pub async fn message_count(&self, name: &str) -> Result<u64> {
         match self {
-            Conn::Qq(c) => Ok(c.get_queue(name).await?.messages),
+            // ListQueues: the counts without the state digest GetQueue computes (linear in
+            // the queue's size, on the queue's leader: a poll every 250 ms of a growing target
+            // took CPU from the very queue being measured).
+            Conn::Qq(c) => c
+                .list_queues()
+                .await?
+                .into_iter()
+                .find(|q| q.name == name)
+                .map(|q| q.messages)
+                .with_context(|| format!("queue {name} not listed")),
             Conn::Rabbit(conn) => {
                 let ch = conn.create_channel().await?;
                 let q = ch
