@@ -18,10 +18,11 @@ mod hosts;
 mod idle;
 mod membership;
 mod nemesis;
+mod replicas;
 mod report;
 mod workload;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -916,42 +917,28 @@ async fn drain(
 async fn replica_agreement(clients: &[Client], limit: Duration) -> Check {
     let deadline = Instant::now() + limit;
     loop {
-        let mut seen: BTreeMap<String, (usize, HashMap<u64, (u64, u64)>)> = BTreeMap::new();
-        let mut problem = None;
-        for c in clients {
-            match timeout(Duration::from_secs(3), c.cluster_status()).await {
-                Ok(Ok(s)) => {
-                    for q in s.queues {
-                        let entry = seen.entry(q.name.clone()).or_default();
-                        entry.0 = q.members.len();
-                        if q.local_member {
-                            entry
-                                .1
-                                .insert(s.node_id, (q.local_last_applied, q.local_state_digest));
-                        }
-                    }
-                }
-                _ => problem = Some(format!("{} did not answer", c.address())),
+        let (seen, problem) = match replicas::views(clients, Duration::from_secs(3)).await {
+            Ok(seen) => {
+                let problem = seen.iter().find_map(|(q, v)| {
+                    let distinct: std::collections::BTreeSet<&(u64, u64)> =
+                        v.replicas.values().collect();
+                    (v.replicas.len() != v.members || distinct.len() != 1)
+                        .then(|| format!("{q}: {:?} (members {})", v.replicas, v.members))
+                });
+                (seen, problem)
             }
-        }
-        if problem.is_none() {
-            for (q, (members, replicas)) in &seen {
-                let distinct: std::collections::BTreeSet<&(u64, u64)> = replicas.values().collect();
-                if replicas.len() != *members || distinct.len() != 1 {
-                    problem = Some(format!("{q}: {replicas:?} (members {members})"));
-                    break;
-                }
-            }
-        }
+            Err(e) => (BTreeMap::new(), Some(e)),
+        };
         match problem {
             None => {
                 let detail: Vec<String> = seen
                     .iter()
-                    .map(|(q, (_, r))| {
-                        let (applied, digest) = r.values().next().copied().unwrap_or_default();
+                    .map(|(q, v)| {
+                        let (applied, digest) =
+                            v.replicas.values().next().copied().unwrap_or_default();
                         format!(
                             "{q}: {} replicas at {applied} digest {digest:016x}",
-                            r.len()
+                            v.replicas.len()
                         )
                     })
                     .collect();

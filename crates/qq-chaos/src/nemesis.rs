@@ -305,35 +305,29 @@ async fn wait_caught_up(clients: &[Client], limit: Duration) -> Result<(), Strin
     let deadline = Instant::now() + limit;
     let mut target: Option<BTreeMap<String, u64>> = None;
     loop {
-        let mut applied: BTreeMap<String, (usize, BTreeMap<u64, u64>)> = BTreeMap::new();
-        let mut behind = None;
-        for c in clients {
-            match tokio::time::timeout(STATUS_CALL_TIMEOUT, c.cluster_status()).await {
-                Ok(Ok(s)) => {
-                    for q in s.queues {
-                        let entry = applied.entry(q.name).or_default();
-                        entry.0 = q.members.len();
-                        if q.local_member {
-                            entry.1.insert(s.node_id, q.local_last_applied);
-                        }
-                    }
-                }
-                _ => behind = Some(format!("{} does not answer", c.address())),
+        let behind = match crate::replicas::views(clients, STATUS_CALL_TIMEOUT).await {
+            Ok(seen) => {
+                let goal = target.get_or_insert_with(|| {
+                    seen.iter()
+                        .map(|(q, v)| {
+                            let most = v.replicas.values().map(|(a, _)| *a).max();
+                            (q.clone(), most.unwrap_or(0))
+                        })
+                        .collect()
+                });
+                seen.iter().find_map(|(q, v)| {
+                    let want = goal.get(q).copied().unwrap_or(0);
+                    (v.replicas.len() < v.members || v.replicas.values().any(|(a, _)| *a < want))
+                        .then(|| {
+                            format!(
+                                "{q}: applied {:?}, wanted {want} on {}",
+                                v.replicas, v.members
+                            )
+                        })
+                })
             }
-        }
-        if behind.is_none() {
-            let goal = target.get_or_insert_with(|| {
-                applied
-                    .iter()
-                    .map(|(q, (_, r))| (q.clone(), r.values().copied().max().unwrap_or(0)))
-                    .collect()
-            });
-            behind = applied.iter().find_map(|(q, (members, replicas))| {
-                let want = goal.get(q).copied().unwrap_or(0);
-                (replicas.len() < *members || replicas.values().any(|a| *a < want))
-                    .then(|| format!("{q}: applied {replicas:?}, wanted {want} on {members}"))
-            });
-        }
+            Err(e) => Some(e),
+        };
         match behind {
             None => return Ok(()),
             Some(b) if Instant::now() >= deadline => return Err(b),

@@ -545,10 +545,9 @@ fn check_file(field: &str, path: &std::path::Path) -> anyhow::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(extra: &str) -> anyhow::Result<Config> {
+impl Config {
+    /// A validated one-node configuration with `extra` lines, for this crate's tests.
+    pub(crate) fn for_tests(extra: &str) -> anyhow::Result<Config> {
         let text = format!(
             "node_id = 1\nlisten = \"127.0.0.1:7101\"\ncluster_addr = \"127.0.0.1:7201\"\n\
              data_dir = \"/tmp/x\"\n{extra}\npeers = [{{ id = 1, address = \"127.0.0.1:7101\", \
@@ -557,6 +556,15 @@ mod tests {
         let config: Config = toml::from_str(&text)?;
         config.validate()?;
         Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &str) -> anyhow::Result<Config> {
+        Config::for_tests(extra)
     }
 
     fn err(extra: &str) -> String {

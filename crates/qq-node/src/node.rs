@@ -735,12 +735,7 @@ mod tests {
     const GROUP: GroupId = 7;
 
     async fn queue_raft(store: &Store) -> Raft<TypeConfig, Shell<QueueMachine>> {
-        let config: Config = toml::from_str(
-            "node_id = 1\nlisten = \"127.0.0.1:7101\"\ncluster_addr = \"127.0.0.1:7201\"\n\
-             data_dir = \"/tmp/x\"\ninsecure_cluster = true\n\
-             peers = [{ id = 1, address = \"127.0.0.1:7101\", cluster_address = \"127.0.0.1:7201\" }]\n",
-        )
-        .unwrap();
+        let config = Config::for_tests("insecure_cluster = true").unwrap();
         Raft::new(
             1,
             raft_config(&config).unwrap(),
