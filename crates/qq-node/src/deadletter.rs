@@ -11,10 +11,12 @@
 //!   death tries once ([`DeadLetters::publish_at_most_once`]). No route or a refusing target
 //!   drops it.
 //! - at-least-once: the message stays held in the source's replicated state; the source's
-//!   leader actor ([`crate::leader`]) transfers held dead letters in rounds
-//!   ([`DeadLetters::transfer_held`]) and proposes `DeadLetterSettle` for those every target
-//!   committed ([`DeadLetters::settle`]). Rounds go one after the other (so each target stores
-//!   the copies in death order); a round's settle overlaps the next round.
+//!   leader actor ([`crate::leader`]) transfers held dead letters in rounds, each prepared
+//!   ([`DeadLetters::prepare_round`]: bodies read, copies made) then committed
+//!   ([`DeadLetters::commit_round`]), and proposes `DeadLetterSettle` for those every target
+//!   committed ([`DeadLetters::settle`]). Rounds are committed one after the other (so each
+//!   target stores the copies in death order); the next round is prepared while one commits,
+//!   and a round's settle overlaps the next rounds.
 //!
 //! Order: dead letters leave in the order they died; the copies for one target go as one batch
 //! entry in that order, so each target sees them in order.
@@ -64,8 +66,42 @@ pub struct DeadLetters {
     proposer: Proposer,
 }
 
+/// The copies of a round's dead letters, ready to commit.
+struct Copies {
+    /// Per dead letter (in death order), its copy for every target.
+    routed: Vec<Vec<Routed>>,
+    /// Per dead letter: Err if it could not be copied or routed.
+    outcome: Vec<(MessageId, Result<(), TransferError>)>,
+}
+
+/// An at-least-once round read and copied, not yet sent.
+pub struct PreparedRound {
+    /// Every dead letter the round took, in death order.
+    pub ids: Vec<MessageId>,
+    copies: Copies,
+    /// A body that could not be read (that dead letter is not in the round; it stays held).
+    read_failure: Option<TransferError>,
+}
+
+#[cfg(test)]
+impl PreparedRound {
+    /// A round of these dead letters with no copies (for the relay's bookkeeping tests).
+    pub fn without_copies(ids: Vec<MessageId>) -> PreparedRound {
+        PreparedRound {
+            ids,
+            copies: Copies {
+                routed: Vec::new(),
+                outcome: Vec::new(),
+            },
+            read_failure: None,
+        }
+    }
+}
+
 /// What one at-least-once round did.
 pub struct Round {
+    /// Every dead letter the round took.
+    pub ids: Vec<MessageId>,
     /// Dead letters every target committed: the source may settle them now.
     pub transferred: Vec<MessageId>,
     /// The last failure, if any; those dead letters stay held.
@@ -154,33 +190,39 @@ impl DeadLetters {
         Ok(routed)
     }
 
-    /// Transfer dead letters (in the order they died). Returns, per dead letter, whether every
-    /// target committed it.
-    async fn transfer(
-        &self,
-        group: GroupId,
-        config: &QueueConfig,
-        letters: Vec<Letter>,
-    ) -> Vec<(MessageId, Result<(), TransferError>)> {
-        let mut outcome = Vec::with_capacity(letters.len());
-        let mut copies = Vec::with_capacity(letters.len());
-        // One topology for the whole round: a binding that appears while the round is being
-        // prepared must not route its later dead letters while the earlier ones stay held (they
-        // would reach the target after them; found by the 3 000-letter order test).
+    /// Copy and route dead letters (in the order they died), all with one topology: a binding
+    /// that appears while the round is being prepared must not route its later dead letters
+    /// while the earlier ones stay held (they would reach the target after them; found by the
+    /// 3 000-letter order test).
+    fn prepare_letters(&self, group: GroupId, config: &QueueConfig, letters: &[Letter]) -> Copies {
         let topology = self.view.current();
-        for letter in &letters {
+        let mut copies = Copies {
+            routed: Vec::with_capacity(letters.len()),
+            outcome: Vec::with_capacity(letters.len()),
+        };
+        for letter in letters {
             match self.prepare(&topology, group, config, letter) {
                 Ok(routed) => {
-                    copies.push(routed);
-                    outcome.push((letter.id, Ok(())));
+                    copies.routed.push(routed);
+                    copies.outcome.push((letter.id, Ok(())));
                 }
                 Err(e) => {
-                    copies.push(Vec::new());
-                    outcome.push((letter.id, Err(e)));
+                    copies.routed.push(Vec::new());
+                    copies.outcome.push((letter.id, Err(e)));
                 }
             }
         }
-        let replies = self.enqueuer.commit(copies).await;
+        copies
+    }
+
+    /// Commit prepared copies into their targets. Returns, per dead letter, whether every
+    /// target committed it.
+    async fn commit(&self, copies: Copies) -> Vec<(MessageId, Result<(), TransferError>)> {
+        let Copies {
+            routed,
+            mut outcome,
+        } = copies;
+        let replies = self.enqueuer.commit(routed).await;
         for (slot, targets) in outcome.iter_mut().zip(replies) {
             for t in targets {
                 let result = match t.reply {
@@ -207,7 +249,8 @@ impl DeadLetters {
             detail: job.detail,
             message: job.message,
         }];
-        for (id, result) in self.transfer(job.group, &job.config, letters).await {
+        let copies = self.prepare_letters(job.group, &job.config, &letters);
+        for (id, result) in self.commit(copies).await {
             if let Err(e) = result {
                 return Err(format!(
                     "queue '{}': at-most-once dead letter {id} dropped: {e:?}",
@@ -218,17 +261,21 @@ impl DeadLetters {
         Ok(())
     }
 
-    /// At-least-once: transfer these held dead letters of the queue (a batch the caller took
-    /// with [`qq_core::queue::QueueState::first_held_dead_letters`], in death order) to every
-    /// target. The caller settles those every target committed ([`DeadLetters::settle`]).
-    pub async fn transfer_held(
+    /// At-least-once, first half of a round: read these held dead letters of the queue (a
+    /// batch the caller took with [`qq_core::queue::QueueState::first_held_dead_letters`], in
+    /// death order) and make their copies. Blocking (RocksDB reads): run it off the async
+    /// workers. Nothing is sent yet: the caller sends the round with [`DeadLetters::commit_round`]
+    /// when the rounds before it have succeeded, so every target gets them in death order.
+    pub fn prepare_round(
         &self,
         group: GroupId,
         machine: &QueueMachine,
         config: &QueueConfig,
         batch: Vec<HeldDeadLetter>,
-    ) -> Round {
-        let mut failure = None;
+    ) -> PreparedRound {
+        let started = std::time::Instant::now();
+        let ids = batch.iter().map(|h| h.id).collect();
+        let mut read_failure = None;
         let mut letters = Vec::with_capacity(batch.len());
         for h in batch {
             match machine.read_message(h.id) {
@@ -239,17 +286,42 @@ impl DeadLetters {
                     detail: h.detail,
                     message,
                 }),
-                Err(e) => failure = Some(TransferError::Unavailable(e.to_string())),
+                Err(e) => read_failure = Some(TransferError::Unavailable(e.to_string())),
             }
         }
+        let copies = self.prepare_letters(group, config, &letters);
+        debug!(
+            n = letters.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "dead-letter round prepared"
+        );
+        PreparedRound {
+            ids,
+            copies,
+            read_failure,
+        }
+    }
+
+    /// At-least-once, second half of a round: commit its copies into every target. The caller
+    /// settles those every target committed ([`DeadLetters::settle`]).
+    pub async fn commit_round(&self, round: PreparedRound) -> Round {
+        let started = std::time::Instant::now();
+        let n = round.copies.outcome.len();
+        let mut failure = round.read_failure;
         let mut transferred = Vec::new();
-        for (id, r) in self.transfer(group, config, letters).await {
+        for (id, r) in self.commit(round.copies).await {
             match r {
                 Ok(()) => transferred.push(id),
                 Err(e) => failure = Some(e),
             }
         }
+        debug!(
+            n,
+            ms = started.elapsed().as_millis() as u64,
+            "dead-letter round committed"
+        );
         Round {
+            ids: round.ids,
             transferred,
             failure,
         }

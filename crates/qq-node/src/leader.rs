@@ -15,9 +15,10 @@
 //!   unused for its expiry; the state machine decides, and if it answers expired the actor
 //!   deletes the queue through the metadata (its messages are not dead-lettered);
 //! - at-least-once dead letters: transfer held ones in rounds ([`crate::deadletter`]), one
-//!   round at a time (per-target order), each round's settle overlapping the next rounds (at
-//!   most [`SETTLES_IN_FLIGHT`]; dead letters being settled are not taken again); after a
-//!   failed round, retry on a metadata change or after `dead_letter_retry_ms`;
+//!   round committing at a time (per-target order) while the next one is prepared (see
+//!   [`Relay`]), each round's settle overlapping the next rounds (at most
+//!   [`SETTLES_IN_FLIGHT`]; dead letters in a round or being settled are not taken again);
+//!   after a failed round, retry on a metadata change or after `dead_letter_retry_ms`;
 //! - consumers that no session here serves (their stream ended on an earlier leader, or their
 //!   clean-up failed): `ConsumerDown` at election and every [`CONSUMER_RECONCILE`];
 //! - the queue's configuration in its own log follows the metadata (`UpdateConfig`);
@@ -53,7 +54,9 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span, debug, info, warn};
 
 use crate::clock::now_ms;
-use crate::deadletter::{DeadLetters, Round, TRANSFER_BATCH, TRANSFER_BATCH_BYTES, TransferError};
+use crate::deadletter::{
+    DeadLetters, PreparedRound, Round, TRANSFER_BATCH, TRANSFER_BATCH_BYTES, TransferError,
+};
 use crate::groups::queue_sm::{LEADER_EVENTS_BOUND, LeaderEvent, QueueMachine, QueueRequest};
 use crate::groups::quiet::Quiet;
 use crate::groups::registry::QueueRaft;
@@ -163,7 +166,9 @@ pub async fn watch_leadership(
     }
 }
 
-type Transfer = Pin<Box<dyn Future<Output = Round> + Send>>;
+type Commit = Pin<Box<dyn Future<Output = Round> + Send>>;
+/// A preparation's epoch and its round (Err: the preparation failed; its dead letters).
+type Prepare = Pin<Box<dyn Future<Output = (u64, Result<PreparedRound, Vec<MessageId>>)> + Send>>;
 type Settle = Pin<Box<dyn Future<Output = Vec<MessageId>> + Send>>;
 
 /// Settles of transferred dead letters in flight at once; at the bound no new round starts.
@@ -175,6 +180,71 @@ pub const SETTLES_IN_FLIGHT: usize = 4;
 struct Settling {
     ids: HashSet<MessageId>,
     running: FuturesUnordered<Settle>,
+}
+
+/// The at-least-once relay of the queue's held dead letters, a pipeline of rounds: one round
+/// commits at a time, so every target gets the rounds in death order; the next round is
+/// prepared meanwhile (bodies read and copies made on a blocking thread) and is sent as soon
+/// as the committing one succeeded. A round that failed, even in part, discards the round
+/// prepared after it (sent, it would overtake the failed dead letters), so the retry starts
+/// again from the oldest held one. A round takes its dead letters out of reach of the next
+/// ones until it ends.
+#[derive(Default)]
+struct Relay {
+    /// Dead letters in a round being prepared, prepared or committing.
+    in_rounds: HashSet<MessageId>,
+    /// Bumped by every failed round: a preparation started before it is discarded.
+    epoch: u64,
+    preparing: Option<Prepare>,
+    prepared: Option<PreparedRound>,
+    committing: Option<Commit>,
+    settling: Settling,
+}
+
+impl Relay {
+    fn busy(&self) -> bool {
+        self.preparing.is_some()
+            || self.prepared.is_some()
+            || self.committing.is_some()
+            || !self.settling.running.is_empty()
+    }
+
+    /// Dead letters held but in no round and not being settled: none means no round to take.
+    fn untaken(&self, held: u64) -> u64 {
+        held.saturating_sub((self.in_rounds.len() + self.settling.ids.len()) as u64)
+    }
+
+    fn release(&mut self, ids: &[MessageId]) {
+        for id in ids {
+            self.in_rounds.remove(id);
+        }
+    }
+
+    /// A preparation ended: keep its round for sending, unless a round failed since it began.
+    /// False: the preparation itself failed.
+    fn prepared(&mut self, epoch: u64, round: Result<PreparedRound, Vec<MessageId>>) -> bool {
+        match round {
+            Ok(round) if epoch == self.epoch => self.prepared = Some(round),
+            Ok(round) => self.release(&round.ids),
+            Err(ids) => {
+                self.release(&ids);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A round ended: what every target committed goes to settling; a failure discards the
+    /// prepared round (the in-flight preparation is discarded when it ends).
+    fn committed(&mut self, round: &Round) {
+        self.release(&round.ids);
+        if round.failure.is_some() {
+            self.epoch += 1;
+            if let Some(next) = self.prepared.take() {
+                self.release(&next.ids);
+            }
+        }
+    }
 }
 type Publish = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 type MoveRound = Pin<Box<dyn Future<Output = (Instant, MoveOutcome)> + Send>>;
@@ -260,6 +330,71 @@ impl DropLog {
 }
 
 #[cfg(test)]
+mod relay_tests {
+    use super::*;
+
+    /// A relay with round `committing` sent and round `next` prepared.
+    fn relay_with(committing: &[MessageId], next: &[MessageId]) -> Relay {
+        let mut relay = Relay::default();
+        relay
+            .in_rounds
+            .extend(committing.iter().chain(next).copied());
+        assert!(relay.prepared(0, Ok(PreparedRound::without_copies(next.to_vec()))));
+        relay
+    }
+
+    fn round(ids: &[MessageId], transferred: &[MessageId], failed: bool) -> Round {
+        Round {
+            ids: ids.to_vec(),
+            transferred: transferred.to_vec(),
+            failure: failed.then(|| TransferError::Unavailable("target down".into())),
+        }
+    }
+
+    #[test]
+    fn a_round_that_succeeded_lets_the_prepared_one_go() {
+        let mut relay = relay_with(&[1, 2], &[3, 4]);
+        relay.committed(&round(&[1, 2], &[1, 2], false));
+        let next = relay.prepared.as_ref().expect("the prepared round is kept");
+        assert_eq!(next.ids, vec![3, 4]);
+        assert_eq!(relay.in_rounds, HashSet::from([3, 4]));
+    }
+
+    #[test]
+    fn a_failed_round_discards_the_round_prepared_after_it() {
+        // Dead letter 2 failed: sending 3 and 4 now would put them before 2 in the target.
+        let mut relay = relay_with(&[1, 2], &[3, 4]);
+        relay.committed(&round(&[1, 2], &[1], true));
+        assert!(relay.prepared.is_none());
+        assert!(relay.in_rounds.is_empty(), "all of them can be taken again");
+        assert_eq!(relay.untaken(4), 4);
+    }
+
+    #[test]
+    fn a_preparation_begun_before_a_failure_is_discarded_when_it_ends() {
+        let mut relay = Relay::default();
+        relay.in_rounds.extend([1, 2, 3, 4]);
+        let epoch = relay.epoch; // round 3-4 starts preparing while 1-2 commits
+        relay.committed(&round(&[1, 2], &[], true));
+        assert!(relay.prepared(epoch, Ok(PreparedRound::without_copies(vec![3, 4]))));
+        assert!(relay.prepared.is_none());
+        assert!(relay.in_rounds.is_empty());
+        // A preparation begun after the failure is kept.
+        relay.in_rounds.extend([1, 2]);
+        assert!(relay.prepared(relay.epoch, Ok(PreparedRound::without_copies(vec![1, 2]))));
+        assert!(relay.prepared.is_some());
+    }
+
+    #[test]
+    fn a_failed_preparation_releases_its_dead_letters() {
+        let mut relay = Relay::default();
+        relay.in_rounds.extend([1, 2]);
+        assert!(!relay.prepared(0, Err(vec![1, 2])));
+        assert!(relay.in_rounds.is_empty());
+    }
+}
+
+#[cfg(test)]
 mod drop_log_tests {
     use super::*;
 
@@ -308,8 +443,7 @@ impl QueueLeader {
         let quiesce_after = self.ctx.quiesce_after;
         let mut sleep_at = quiesce_after.map(|d| Instant::now() + d);
         let mut timers = Timers::default();
-        let mut transfer: Option<Transfer> = None;
-        let mut settling = Settling::default();
+        let mut relay = Relay::default();
         let mut publish: Option<Publish> = None;
         let mut moving: Option<MoveRound> = None;
         let mut logged_no_route = false;
@@ -321,8 +455,14 @@ impl QueueLeader {
             if self.cancel.is_cancelled() || self.expire_due(&mut timers).await {
                 return; // stopped, or the queue expired and is being deleted
             }
-            if transfer.is_none() {
-                transfer = self.next_transfer(&mut timers, &mut logged_no_route, &settling);
+            if relay.committing.is_none()
+                && let Some(round) = relay.prepared.take()
+            {
+                let dl = self.ctx.dead_letters.clone();
+                relay.committing = Some(Box::pin(async move { dl.commit_round(round).await }));
+            }
+            if relay.preparing.is_none() && relay.prepared.is_none() {
+                relay.preparing = self.next_round(&mut timers, &mut logged_no_route, &mut relay);
             }
             if moving.is_none() {
                 moving = self.next_move(&mut timers);
@@ -330,13 +470,20 @@ impl QueueLeader {
             let wake = self.next_wake(&timers);
             tokio::select! {
                 _ = self.cancel.cancelled() => return,
-                round = poll_some(&mut transfer) => {
-                    transfer = None;
-                    self.after_round(round, &mut timers, &mut logged_no_route, &mut settling);
+                (epoch, round) = poll_some(&mut relay.preparing) => {
+                    relay.preparing = None;
+                    if !relay.prepared(epoch, round) {
+                        timers.transfer_retry = Some(Instant::now() + self.ctx.dead_letter_retry);
+                    }
                 }
-                Some(settled) = settling.running.next(), if !settling.running.is_empty() => {
+                round = poll_some(&mut relay.committing) => {
+                    relay.committing = None;
+                    relay.committed(&round);
+                    self.after_round(round, &mut timers, &mut logged_no_route, &mut relay.settling);
+                }
+                Some(settled) = relay.settling.running.next(), if !relay.settling.running.is_empty() => {
                     for id in settled {
-                        settling.ids.remove(&id);
+                        relay.settling.ids.remove(&id);
                     }
                 }
                 (started, outcome) = poll_some(&mut moving) => {
@@ -369,10 +516,7 @@ impl QueueLeader {
                 }
                 _ = sleep_until(sleep_at) => {
                     sleep_at = None;
-                    let busy = transfer.is_some()
-                        || moving.is_some()
-                        || publish.is_some()
-                        || !settling.running.is_empty();
+                    let busy = relay.busy() || moving.is_some() || publish.is_some();
                     let slept = !busy
                         && quiesce::try_sleep(
                             self.group,
@@ -406,51 +550,63 @@ impl QueueLeader {
         }
     }
 
-    /// A transfer round of held at-least-once dead letters, if any are held that are not being
-    /// settled, no retry pause is running and fewer than [`SETTLES_IN_FLIGHT`] settles are.
-    fn next_transfer(
+    /// Start preparing a round of held at-least-once dead letters, if any are held that are in
+    /// no round and not being settled, no retry pause is running and fewer than
+    /// [`SETTLES_IN_FLIGHT`] settles are.
+    fn next_round(
         &self,
         timers: &mut Timers,
         logged_no_route: &mut bool,
-        settling: &Settling,
-    ) -> Option<Transfer> {
+        relay: &mut Relay,
+    ) -> Option<Prepare> {
         let held = self.machine.with_state(|s| s.counts().held);
         if held == 0 {
             *logged_no_route = false;
             return None;
         }
-        // No more held than being settled: nothing to take (or a settle just applied, and its
-        // completion wakes the loop again). Saves walking the settling ids on every applied
-        // entry while the last rounds settle.
+        // Every held one taken: nothing to take (or a round or settle just ended, and that
+        // wakes the loop again). Saves walking the taken ids on every applied entry.
         if timers.transfer_retry.is_some_and(|t| t > Instant::now())
-            || settling.running.len() >= SETTLES_IN_FLIGHT
-            || held <= settling.ids.len() as u64
+            || relay.settling.running.len() >= SETTLES_IN_FLIGHT
+            || relay.untaken(held) == 0
         {
             return None;
         }
         let (batch, config) = self.machine.with_state(|s| {
             let batch = s.first_held_dead_letters(TRANSFER_BATCH, TRANSFER_BATCH_BYTES, |id| {
-                settling.ids.contains(&id)
+                relay.in_rounds.contains(&id) || relay.settling.ids.contains(&id)
             });
             (batch, s.config().clone())
         });
         if batch.is_empty() {
-            return None; // every held dead letter is being settled
+            return None; // every held dead letter is taken
         }
         debug!(
             first = batch[0].id,
             n = batch.len(),
-            settling = settling.ids.len(),
+            in_rounds = relay.in_rounds.len(),
+            settling = relay.settling.ids.len(),
             "dead-letter transfer round"
         );
         timers.transfer_retry = None;
-        let (dl, machine, group) = (
+        let ids: Vec<MessageId> = batch.iter().map(|h| h.id).collect();
+        relay.in_rounds.extend(ids.iter().copied());
+        let (dl, machine, group, epoch) = (
             self.ctx.dead_letters.clone(),
             self.machine.clone(),
             self.group,
+            relay.epoch,
         );
+        let preparation =
+            tokio::task::spawn_blocking(move || dl.prepare_round(group, &machine, &config, batch));
         Some(Box::pin(async move {
-            dl.transfer_held(group, &machine, &config, batch).await
+            match preparation.await {
+                Ok(round) => (epoch, Ok(round)),
+                Err(e) => {
+                    warn!("dead-letter round preparation failed: {e}");
+                    (epoch, Err(ids))
+                }
+            }
         }))
     }
 
