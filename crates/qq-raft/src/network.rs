@@ -2,8 +2,10 @@
 //!
 //! Each openraft RPC is encoded with postcard as a `RaftRequest { group, kind, payload }`; the
 //! receiving node looks the group up and hands the request to its `Raft`. Small requests (votes,
-//! heartbeats, small appends) of every group travel batched on one stream per peer
-//! ([`crate::mux`]); large appends and snapshot chunks as unary `Internal.Raft` calls.
+//! heartbeats, small appends) of every queue group travel batched on one stream per peer
+//! ([`crate::mux`]), those of the metadata group on a second one, so that queue groups that
+//! fill theirs never hold up the metadata's heartbeats and votes; large appends and snapshot
+//! chunks go as unary `Internal.Raft` calls.
 //! Channels are created lazily and shared (tonic channels multiplex streams), never one per RPC.
 //!
 //! Node-to-node traffic goes to each peer's cluster address (its own port, apart from the
@@ -40,7 +42,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use crate::mux::{self, Mux};
 use crate::snapshot::{ChunkReply, SNAPSHOT_CHUNK_BYTES, SnapshotChunk, SnapshotFile};
-use crate::types::{GroupId, TypeConfig};
+use crate::types::{GroupId, META_GROUP, TypeConfig};
 
 /// HTTP/2 flow-control windows used on every channel and server of the cluster.
 pub const HTTP2_CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
@@ -149,8 +151,14 @@ struct PeerChannels {
     cluster_address: String,
     raft: Channel,
     work: Channel,
-    /// The batched Raft stream, on the `raft` connection.
+    /// The batched Raft stream of the queue groups, on the `raft` connection.
     mux: Mux,
+    /// The metadata group's own batched stream, on the same connection: the metadata is the
+    /// cluster's control plane (declares, membership, where queues are), and thousands of queue
+    /// groups catching up or electing at once (a node hosting 10 000 queues restarting) fill
+    /// the queue groups' stream to its bound; its heartbeats and votes must not queue behind
+    /// them.
+    meta_mux: Mux,
 }
 
 impl Peers {
@@ -267,7 +275,12 @@ impl Peers {
         let alone = request.payload.len() > mux::MAX_BATCHED_PAYLOAD_BYTES
             || request.kind == RaftKind::SnapshotChunk as i32;
         if !alone {
-            return peer.mux.call(request, timeout).await;
+            let mux = if request.group == META_GROUP {
+                &peer.meta_mux
+            } else {
+                &peer.mux
+            };
+            return mux.call(request, timeout).await;
         }
         let mut request = tonic::Request::new(request);
         request.set_timeout(timeout);
@@ -316,6 +329,7 @@ impl PeerChannels {
         let raft = endpoint.connect_lazy();
         Ok(PeerChannels {
             mux: Mux::new(raft.clone(), *id, MAX_INTERNAL_MESSAGE_BYTES),
+            meta_mux: Mux::new(raft.clone(), *id, MAX_INTERNAL_MESSAGE_BYTES),
             raft,
             work: endpoint.connect_lazy(),
             address: address.clone(),
@@ -848,6 +862,49 @@ mod mux_tests {
             .await
             .expect("a large append is answered");
         assert_eq!(reply.payload.as_ref(), &large[..]);
+    }
+
+    /// The queue groups' stream full to its bound with calls the peer does not answer: a
+    /// queue group's call finds no room, the metadata group's calls still go through at once
+    /// on their own stream.
+    #[tokio::test]
+    async fn a_full_queue_group_stream_does_not_hold_up_the_metadata() {
+        let peers = peer().await;
+        let mut hung = tokio::task::JoinSet::new();
+        for group in 0..mux::MAX_IN_FLIGHT as u64 {
+            let peers = peers.clone();
+            hung.spawn(async move {
+                let transfer = RaftRequest {
+                    group: 1 + group,
+                    kind: RaftKind::TransferLeader as i32,
+                    payload: Default::default(),
+                };
+                peers.raft_call(1, transfer, Duration::from_secs(120)).await
+            });
+        }
+        // Every hung call holds its room once the peer has the full bound of them.
+        let err = loop {
+            match peers
+                .raft_call(1, append(5, vec![1; 8]), Duration::from_millis(200))
+                .await
+            {
+                Err(e) => break e,
+                Ok(_) => tokio::task::yield_now().await, // the hung calls are still queuing
+            }
+        };
+        assert!(err.contains("no answer within"), "{err}");
+        for round in 0..20u8 {
+            let reply = peers
+                .raft_call(
+                    1,
+                    append(META_GROUP, vec![round; 8]),
+                    Duration::from_secs(5),
+                )
+                .await
+                .expect("the metadata's call is answered beside the full stream");
+            assert_eq!(reply.payload.as_ref(), &[round; 8]);
+        }
+        hung.abort_all();
     }
 
     /// A peer nobody listens at: calls fail fast with an error that names it, they do not wait
