@@ -65,6 +65,8 @@ struct GroupRow {
     term: u64,
     committed: u64,
     applied: u64,
+    /// Last log index removed from this node's log by compaction (0: none yet).
+    purged: u64,
     /// The replica sleeps (an idle queue group: no election timer, no heartbeats).
     asleep: bool,
     /// Only for a queue this node leads (counts are exact there).
@@ -84,7 +86,7 @@ impl NodeCollector {
             .queues()
             .into_iter()
             .map(|g| {
-                let (state, term, committed, applied) = {
+                let (state, term, committed, applied, purged) = {
                     let metrics = g.raft.metrics();
                     let m = metrics.borrow_watched();
                     (
@@ -92,6 +94,7 @@ impl NodeCollector {
                         m.current_term,
                         m.local_committed.as_ref().map_or(0, |l| l.index),
                         m.last_applied.as_ref().map_or(0, |l| l.index),
+                        m.purged.as_ref().map_or(0, |l| l.index),
                     )
                 };
                 let counts =
@@ -103,6 +106,7 @@ impl NodeCollector {
                     term,
                     committed,
                     applied,
+                    purged,
                     asleep: g.quiet.is_asleep(),
                     counts,
                 }
@@ -117,6 +121,7 @@ impl NodeCollector {
             term: m.current_term,
             committed: m.local_committed.as_ref().map_or(0, |l| l.index),
             applied: m.last_applied.as_ref().map_or(0, |l| l.index),
+            purged: m.purged.as_ref().map_or(0, |l| l.index),
             asleep: false,
             counts: None,
         };
@@ -329,7 +334,7 @@ impl Collector for NodeCollector {
             )?;
         }
         // Per Raft group hosted here (leaders and followers: lag shows between them).
-        let per_group: [(&str, &str, fn(&GroupRow) -> u64); 4] = [
+        let per_group: [(&str, &str, fn(&GroupRow) -> u64); 5] = [
             (
                 "raft_term",
                 "Raft term of the queue's group on this node",
@@ -344,6 +349,13 @@ impl Collector for NodeCollector {
                 "raft_applied_index",
                 "Last log index of the queue's group applied on this node",
                 |g| g.applied,
+            ),
+            (
+                "raft_log_purged_index",
+                "Last log index of the queue's group removed from this node's log by compaction \
+                 (0: none); a follower whose next entry is at or below the leader's catches up \
+                 by snapshot",
+                |g| g.purged,
             ),
             (
                 "raft_leader",
