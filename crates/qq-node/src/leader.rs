@@ -234,8 +234,9 @@ impl Relay {
         true
     }
 
-    /// A round ended: what every target committed goes to settling; a failure discards the
-    /// prepared round (the in-flight preparation is discarded when it ends).
+    /// A round ended: its dead letters leave it (those every target committed go on to be
+    /// settled, by [`QueueLeader::after_round`]); a failure discards the prepared round (a
+    /// preparation still running is discarded when it ends).
     fn committed(&mut self, round: &Round) {
         self.release(&round.ids);
         if round.failure.is_some() {
@@ -246,6 +247,7 @@ impl Relay {
         }
     }
 }
+
 type Publish = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 type MoveRound = Pin<Box<dyn Future<Output = (Instant, MoveOutcome)> + Send>>;
 
