@@ -563,18 +563,14 @@ impl Config {
 mod tests {
     use super::*;
 
-    fn parse(extra: &str) -> anyhow::Result<Config> {
-        Config::for_tests(extra)
-    }
-
     fn err(extra: &str) -> String {
-        format!("{:#}", parse(extra).expect_err(extra))
+        format!("{:#}", Config::for_tests(extra).expect_err(extra))
     }
 
     #[test]
     fn cluster_tls_is_required_unless_insecure() {
         assert!(err("").starts_with("cluster_ca: not set"), "{}", err(""));
-        assert!(parse("insecure_cluster = true").is_ok());
+        assert!(Config::for_tests("insecure_cluster = true").is_ok());
         let missing = "cluster_ca = \"/nonexistent/ca.pem\"\ncluster_cert = \"/nonexistent/c\"\n\
                        cluster_key = \"/nonexistent/k\"";
         assert!(

@@ -222,7 +222,11 @@ impl Relay {
 
     /// A preparation ended: keep its round for sending, unless a round failed since it began.
     /// False: the preparation itself failed.
-    fn prepared(&mut self, epoch: u64, round: Result<PreparedRound, Vec<MessageId>>) -> bool {
+    fn preparation_ended(
+        &mut self,
+        epoch: u64,
+        round: Result<PreparedRound, Vec<MessageId>>,
+    ) -> bool {
         match round {
             Ok(round) if epoch == self.epoch => self.prepared = Some(round),
             Ok(round) => self.release(&round.ids),
@@ -237,7 +241,7 @@ impl Relay {
     /// A round ended: its dead letters leave it (those every target committed go on to be
     /// settled, by [`QueueLeader::after_round`]); a failure discards the prepared round (a
     /// preparation still running is discarded when it ends).
-    fn committed(&mut self, round: &Round) {
+    fn round_ended(&mut self, round: &Round) {
         self.release(&round.ids);
         if round.failure.is_some() {
             self.epoch += 1;
@@ -341,7 +345,7 @@ mod relay_tests {
         relay
             .in_rounds
             .extend(committing.iter().chain(next).copied());
-        assert!(relay.prepared(0, Ok(PreparedRound::without_copies(next.to_vec()))));
+        assert!(relay.preparation_ended(0, Ok(PreparedRound::without_copies(next.to_vec()))));
         relay
     }
 
@@ -356,7 +360,7 @@ mod relay_tests {
     #[test]
     fn a_round_that_succeeded_lets_the_prepared_one_go() {
         let mut relay = relay_with(&[1, 2], &[3, 4]);
-        relay.committed(&round(&[1, 2], &[1, 2], false));
+        relay.round_ended(&round(&[1, 2], &[1, 2], false));
         let next = relay.prepared.as_ref().expect("the prepared round is kept");
         assert_eq!(next.ids, vec![3, 4]);
         assert_eq!(relay.in_rounds, HashSet::from([3, 4]));
@@ -366,7 +370,7 @@ mod relay_tests {
     fn a_failed_round_discards_the_round_prepared_after_it() {
         // Dead letter 2 failed: sending 3 and 4 now would put them before 2 in the target.
         let mut relay = relay_with(&[1, 2], &[3, 4]);
-        relay.committed(&round(&[1, 2], &[1], true));
+        relay.round_ended(&round(&[1, 2], &[1], true));
         assert!(relay.prepared.is_none());
         assert!(relay.in_rounds.is_empty(), "all of them can be taken again");
         assert_eq!(relay.untaken(4), 4);
@@ -377,13 +381,15 @@ mod relay_tests {
         let mut relay = Relay::default();
         relay.in_rounds.extend([1, 2, 3, 4]);
         let epoch = relay.epoch; // round 3-4 starts preparing while 1-2 commits
-        relay.committed(&round(&[1, 2], &[], true));
-        assert!(relay.prepared(epoch, Ok(PreparedRound::without_copies(vec![3, 4]))));
+        relay.round_ended(&round(&[1, 2], &[], true));
+        assert!(relay.preparation_ended(epoch, Ok(PreparedRound::without_copies(vec![3, 4]))));
         assert!(relay.prepared.is_none());
         assert!(relay.in_rounds.is_empty());
         // A preparation begun after the failure is kept.
         relay.in_rounds.extend([1, 2]);
-        assert!(relay.prepared(relay.epoch, Ok(PreparedRound::without_copies(vec![1, 2]))));
+        assert!(
+            relay.preparation_ended(relay.epoch, Ok(PreparedRound::without_copies(vec![1, 2])))
+        );
         assert!(relay.prepared.is_some());
     }
 
@@ -391,7 +397,7 @@ mod relay_tests {
     fn a_failed_preparation_releases_its_dead_letters() {
         let mut relay = Relay::default();
         relay.in_rounds.extend([1, 2]);
-        assert!(!relay.prepared(0, Err(vec![1, 2])));
+        assert!(!relay.preparation_ended(0, Err(vec![1, 2])));
         assert!(relay.in_rounds.is_empty());
     }
 }
@@ -474,13 +480,13 @@ impl QueueLeader {
                 _ = self.cancel.cancelled() => return,
                 (epoch, round) = poll_some(&mut relay.preparing) => {
                     relay.preparing = None;
-                    if !relay.prepared(epoch, round) {
+                    if !relay.preparation_ended(epoch, round) {
                         timers.transfer_retry = Some(Instant::now() + self.ctx.dead_letter_retry);
                     }
                 }
                 round = poll_some(&mut relay.committing) => {
                     relay.committing = None;
-                    relay.committed(&round);
+                    relay.round_ended(&round);
                     self.after_round(round, &mut timers, &mut logged_no_route, &mut relay.settling);
                 }
                 Some(settled) = relay.settling.running.next(), if !relay.settling.running.is_empty() => {

@@ -12,14 +12,15 @@
 use std::fmt;
 use std::sync::Arc;
 
-use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
+use openraft::{RaftMetrics, ServerState};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use qq_core::queue::Counts;
+use qq_raft::TypeConfig;
 use tokio::sync::watch;
 
 use crate::alarms::rss_bytes;
@@ -73,6 +74,24 @@ struct GroupRow {
     counts: Option<Counts>,
 }
 
+impl GroupRow {
+    /// A group's Raft state from its metrics; awake, no counts (the caller adds them).
+    fn of(m: &RaftMetrics<TypeConfig>, vhost: String, queue: String) -> GroupRow {
+        let index = |l: Option<&openraft::alias::LogIdOf<TypeConfig>>| l.map_or(0, |l| l.index);
+        GroupRow {
+            vhost,
+            queue,
+            state: m.state,
+            term: m.current_term,
+            committed: index(m.local_committed.as_ref()),
+            applied: index(m.last_applied.as_ref()),
+            purged: index(m.purged.as_ref()),
+            asleep: false,
+            counts: None,
+        }
+    }
+}
+
 /// Everything one scrape reports, read before anything is encoded.
 struct Scrape {
     groups: Vec<GroupRow>,
@@ -86,46 +105,19 @@ impl NodeCollector {
             .queues()
             .into_iter()
             .map(|g| {
-                let (state, term, committed, applied, purged) = {
+                let mut row = {
                     let metrics = g.raft.metrics();
                     let m = metrics.borrow_watched();
-                    (
-                        m.state,
-                        m.current_term,
-                        m.local_committed.as_ref().map_or(0, |l| l.index),
-                        m.last_applied.as_ref().map_or(0, |l| l.index),
-                        m.purged.as_ref().map_or(0, |l| l.index),
-                    )
+                    GroupRow::of(&m, g.meta.vhost.clone(), g.meta.name.clone())
                 };
-                let counts =
-                    (state == ServerState::Leader).then(|| g.machine.with_state(|s| s.counts()));
-                GroupRow {
-                    vhost: g.meta.vhost.clone(),
-                    queue: g.meta.name.clone(),
-                    state,
-                    term,
-                    committed,
-                    applied,
-                    purged,
-                    asleep: g.quiet.is_asleep(),
-                    counts,
-                }
+                row.asleep = g.quiet.is_asleep();
+                row.counts = (row.state == ServerState::Leader)
+                    .then(|| g.machine.with_state(|s| s.counts()));
+                row
             })
             .collect();
         let metrics = registry.meta_raft().metrics();
-        let m = metrics.borrow_watched();
-        let meta = GroupRow {
-            vhost: String::new(),
-            queue: String::new(),
-            state: m.state,
-            term: m.current_term,
-            committed: m.local_committed.as_ref().map_or(0, |l| l.index),
-            applied: m.last_applied.as_ref().map_or(0, |l| l.index),
-            purged: m.purged.as_ref().map_or(0, |l| l.index),
-            asleep: false,
-            counts: None,
-        };
-        drop(m);
+        let meta = GroupRow::of(&metrics.borrow_watched(), String::new(), String::new());
         Scrape { groups, meta }
     }
 }
