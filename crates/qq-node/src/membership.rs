@@ -422,6 +422,7 @@ pub async fn online_nodes(node: &Node) -> BTreeSet<NodeId> {
         let mut req = tonic::Request::new(QueueInfoRequest {
             group: 0,
             with_digest: false,
+            wait_applied: 0,
         });
         req.set_timeout(PROBE_TIMEOUT);
         (id, client.queue_info(req).await.is_ok())

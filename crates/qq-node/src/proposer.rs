@@ -40,6 +40,8 @@ const PROPOSE_DEADLINE: Duration = Duration::from_secs(8);
 
 /// How long a metadata change waits for reachable nodes to apply it.
 const META_PROPAGATION_WAIT: Duration = Duration::from_secs(3);
+/// How long a peer asked for a metadata index holds its answer until it has applied it.
+const META_APPLIED_WAIT: Duration = Duration::from_millis(500);
 
 /// How long a proposal already inside Raft may still take once the node starts to shut down;
 /// then it fails with UNAVAILABLE (it may still commit: a retry is safe, as for any
@@ -336,32 +338,50 @@ impl Proposer {
         }
     }
 
+    /// Wait (up to [`META_PROPAGATION_WAIT`]) until every reachable node applied the metadata
+    /// `index`: all peers at once, each asked to answer as soon as it has applied it (a peer
+    /// that does not wait, an older version, is asked again after 10 ms).
     async fn wait_meta_applied_everywhere(&self, index: u64) {
         let deadline = tokio::time::Instant::now() + META_PROPAGATION_WAIT;
-        for id in self.peers.ids() {
-            loop {
-                let applied = if id == self.id {
-                    Some(self.view.applied_index())
-                } else {
-                    let Some(mut client) = self.peers.client(id) else {
-                        break;
-                    };
-                    let mut req = tonic::Request::new(QueueInfoRequest {
-                        group: META_GROUP,
-                        with_digest: false,
-                    });
-                    req.set_timeout(Duration::from_millis(500));
-                    match client.queue_info(req).await {
-                        Ok(r) => decode::<u64>(&r.into_inner().payload).ok(),
-                        Err(_) => None, // unreachable: it catches up when it returns
-                    }
-                };
-                match applied {
-                    Some(a) if a >= index => break,
-                    None => break,
-                    Some(_) if tokio::time::Instant::now() >= deadline => break,
-                    Some(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        let waits = self
+            .peers
+            .ids()
+            .into_iter()
+            .filter(|id| *id != self.id)
+            .map(|id| self.wait_peer_meta_applied(id, index, deadline));
+        let here = tokio::time::timeout_at(deadline, async {
+            // Here too: a change proposed through the leader on another node has applied there.
+            while self.view.applied_index() < index {
+                self.wait_meta_applied_here(index).await;
+            }
+        });
+        let _ = tokio::join!(futures::future::join_all(waits), here);
+    }
+
+    async fn wait_peer_meta_applied(&self, id: NodeId, index: u64, deadline: tokio::time::Instant) {
+        loop {
+            let Some(mut client) = self.peers.client(id) else {
+                return;
+            };
+            let asked = tokio::time::Instant::now();
+            let mut req = tonic::Request::new(QueueInfoRequest {
+                group: META_GROUP,
+                with_digest: false,
+                wait_applied: index,
+            });
+            req.set_timeout(META_APPLIED_WAIT + Duration::from_millis(500));
+            let applied = match client.queue_info(req).await {
+                Ok(r) => decode::<u64>(&r.into_inner().payload).ok(),
+                Err(_) => None, // unreachable: it catches up when it returns
+            };
+            match applied {
+                Some(a) if a >= index => return,
+                None => return,
+                Some(_) if tokio::time::Instant::now() >= deadline => return,
+                Some(_) if asked.elapsed() < Duration::from_millis(10) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
                 }
+                Some(_) => {}
             }
         }
     }
@@ -432,7 +452,11 @@ impl Proposer {
             } else if let Some(mut client) = self.peers.client(target) {
                 let reply = match read {
                     LeaderRead::Info { with_digest } => {
-                        let mut req = tonic::Request::new(QueueInfoRequest { group, with_digest });
+                        let mut req = tonic::Request::new(QueueInfoRequest {
+                            group,
+                            with_digest,
+                            wait_applied: 0,
+                        });
                         req.set_timeout(Duration::from_secs(2));
                         client.queue_info(req).await
                     }
@@ -473,6 +497,20 @@ impl Proposer {
         }
     }
 
+    /// Until this node applied the metadata `index`, at most [`META_APPLIED_WAIT`].
+    async fn wait_meta_applied_here(&self, index: u64) {
+        let mut applied = self.view.subscribe();
+        let _ = tokio::time::timeout(META_APPLIED_WAIT, async {
+            loop {
+                applied.borrow_and_update();
+                if self.view.applied_index() >= index || applied.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+    }
+
     /// Serve `Internal.Browse`: as [`Proposer::serve_queue_info`], with the browsed messages.
     pub async fn serve_browse(&self, group: GroupId, offset: u64, limit: u32) -> QueueInfoReply {
         self.registry.wake_to_lead(group).await;
@@ -501,10 +539,18 @@ impl Proposer {
     }
 
     /// Serve `Internal.QueueInfo`. For the metadata group (0) the payload is the metadata index
-    /// applied on this node.
-    pub async fn serve_queue_info(&self, group: GroupId, with_digest: bool) -> QueueInfoReply {
+    /// applied on this node, once it reaches `wait_applied` or after [`META_APPLIED_WAIT`].
+    pub async fn serve_queue_info(
+        &self,
+        group: GroupId,
+        with_digest: bool,
+        wait_applied: u64,
+    ) -> QueueInfoReply {
         let mut reply = QueueInfoReply::default();
         if group == META_GROUP {
+            if wait_applied > 0 {
+                self.wait_meta_applied_here(wait_applied).await;
+            }
             if let Ok(b) = encode(&self.view.applied_index()) {
                 reply.payload = b.into();
             }

@@ -248,6 +248,7 @@ pub(crate) async fn cluster_status_of(api: &Api, caller: &Caller) -> pb::Cluster
         let mut req = tonic::Request::new(qq_proto::internal::QueueInfoRequest {
             group: 0,
             with_digest: false,
+            wait_applied: 0,
         });
         req.set_timeout(REACH_TIMEOUT);
         (id, client.queue_info(req).await.is_ok())

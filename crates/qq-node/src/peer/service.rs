@@ -409,7 +409,7 @@ impl Internal for InternalService {
         Ok(Response::new(
             self.node
                 .proposer()
-                .serve_queue_info(r.group, r.with_digest)
+                .serve_queue_info(r.group, r.with_digest, r.wait_applied)
                 .await,
         ))
     }
