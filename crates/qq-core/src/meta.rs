@@ -50,6 +50,8 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
+use imbl::{OrdMap, OrdSet};
+
 use argon2::{Argon2, PasswordVerifier};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
@@ -611,9 +613,9 @@ struct Placement {
 /// Everything that lives in one vhost.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Vhost {
-    pub exchanges: BTreeMap<String, Exchange>,
-    pub queues: BTreeMap<String, QueueMeta>,
-    pub bindings: BTreeSet<Binding>,
+    pub exchanges: OrdMap<String, Exchange>,
+    pub queues: OrdMap<String, QueueMeta>,
+    pub bindings: OrdSet<Binding>,
     pub policies: BTreeMap<String, Policy>,
     /// user name → permissions on this vhost.
     pub permissions: BTreeMap<String, Permissions>,
@@ -667,7 +669,7 @@ impl Vhost {
             .filter(|b| doomed(b))
             .map(|b| b.source.clone())
             .collect();
-        self.bindings.retain(|b| !doomed(b));
+        self.bindings = self.bindings.iter().filter(|b| !doomed(b)).cloned().collect();
         for source in removed {
             let auto_delete = self.exchanges.get(&source).is_some_and(|x| x.auto_delete);
             if auto_delete && self.bindings_from(&source).next().is_none() {
@@ -679,11 +681,11 @@ impl Vhost {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MetaState {
-    vhosts: BTreeMap<String, Vhost>,
+    vhosts: OrdMap<String, Vhost>,
     users: BTreeMap<String, User>,
     next_queue_id: QueueId,
     /// Index id → (vhost, name), kept in step with `vhosts[..].queues`.
-    queue_ids: BTreeMap<QueueId, (String, String)>,
+    queue_ids: OrdMap<QueueId, (String, String)>,
     /// Set limits only; a missing entry is unlimited. Removed with the vhost or user.
     vhost_limits: BTreeMap<String, Limits>,
     user_limits: BTreeMap<String, Limits>,
@@ -803,10 +805,10 @@ impl MetaState {
             tags: vec!["administrator".into()],
         };
         MetaState {
-            vhosts: BTreeMap::from([(DEFAULT_VHOST.to_string(), vhost)]),
+            vhosts: OrdMap::unit(DEFAULT_VHOST.to_string(), vhost),
             users: BTreeMap::from([("guest".to_string(), guest)]),
             next_queue_id: 1,
-            queue_ids: BTreeMap::new(),
+            queue_ids: OrdMap::new(),
             vhost_limits: BTreeMap::new(),
             user_limits: BTreeMap::new(),
             joined: BTreeMap::new(),
@@ -1210,7 +1212,7 @@ impl MetaState {
             .remove(name)
             .ok_or_else(|| vhost_not_found(name))?;
         self.vhost_limits.remove(name);
-        for queue in vhost.queues.into_values() {
+        for queue in vhost.queues.values().cloned() {
             self.queue_ids.remove(&queue.id);
             effects.push(MetaEffect::QueueDeleted(queue));
         }
@@ -1242,8 +1244,16 @@ impl MetaState {
             .remove(name)
             .ok_or_else(|| MetaError::not_found(format!("user '{name}' not found")))?;
         self.user_limits.remove(name);
-        for vhost in self.vhosts.values_mut() {
-            vhost.permissions.remove(name);
+        let holding: Vec<String> = self
+            .vhosts
+            .iter()
+            .filter(|(_, v)| v.permissions.contains_key(name))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for vhost in holding {
+            if let Some(v) = self.vhosts.get_mut(&vhost) {
+                v.permissions.remove(name);
+            }
         }
         Ok(MetaReply::Ok)
     }
@@ -1367,7 +1377,7 @@ impl MetaState {
             )));
         }
         v.exchanges.remove(name);
-        v.bindings.retain(|b| b.source != name);
+        v.remove_bindings(|b| b.source == name);
         Ok(MetaReply::Ok)
     }
 
@@ -1386,11 +1396,20 @@ impl MetaState {
         let Placement { mut nodes, origin } = placement;
         nodes.sort_unstable();
         nodes.dedup();
-        let least_leading = self.least_leading(&nodes);
-        let next_id = self.next_queue_id;
-        let owned = owner.as_deref().map_or(0, |u| {
-            self.count_owned(u, |v| v.queues.values().map(|q| &q.owner))
+        // Both scan every queue: only when they decide something (a declare with neither a
+        // balanced locator nor a user limit must not cost time linear in the queues).
+        let balanced = self.vhosts.get(vhost).is_some_and(|v| {
+            let matching = policy::matching_policy(v.policies.values(), name);
+            leader_locator(&arguments, matching) == Some("balanced")
         });
+        let least_leading = if balanced { self.least_leading(&nodes) } else { 0 };
+        let next_id = self.next_queue_id;
+        let owned = owner
+            .as_deref()
+            .filter(|u| self.user_limits.contains_key(*u))
+            .map_or(0, |u| {
+                self.count_owned(u, |v| v.queues.values().map(|q| &q.owner))
+            });
         let user_limits = owner.as_deref().map(|u| self.user_limits(u));
         let vhost_limits = self.vhost_limits(vhost);
         let v = self.vhost_mut(vhost)?;
@@ -1424,12 +1443,7 @@ impl MetaState {
         let matching = policy::matching_policy(v.policies.values(), name);
         let config = policy::effective_config(vhost, name, &arguments, matching);
         policy::check_declared_strategy(&arguments, &config)?;
-        // The argument wins over the policy (RabbitMQ's rabbit_queue_location).
-        let locator = arguments
-            .get("x-queue-leader-locator")
-            .or_else(|| matching.and_then(|p| p.definition.get("queue-leader-locator")))
-            .and_then(Value::as_str)
-            .map(str::to_string);
+        let locator = leader_locator(&arguments, matching).map(str::to_string);
 
         if nodes.is_empty() {
             return Err(MetaError::failed_precondition(
@@ -1655,16 +1669,32 @@ impl MetaState {
     }
 }
 
+/// A new queue's leader locator: the argument wins over the policy (RabbitMQ's
+/// rabbit_queue_location).
+fn leader_locator<'a>(arguments: &'a Table, matching: Option<&'a Policy>) -> Option<&'a str> {
+    arguments
+        .get("x-queue-leader-locator")
+        .or_else(|| matching.and_then(|p| p.definition.get("queue-leader-locator")))
+        .and_then(Value::as_str)
+}
+
 /// Recomputes the effective configuration of every queue of `v` and reports those that changed.
 fn recompute_configs(vhost: &str, v: &mut Vhost, effects: &mut Vec<MetaEffect>) {
-    for queue in v.queues.values_mut() {
-        let config = policy::effective_config(
-            vhost,
-            &queue.name,
-            &queue.arguments,
-            policy::matching_policy(v.policies.values(), &queue.name),
-        );
-        if config != queue.config {
+    let changed: Vec<(String, QueueConfig)> = v
+        .queues
+        .values()
+        .filter_map(|queue| {
+            let config = policy::effective_config(
+                vhost,
+                &queue.name,
+                &queue.arguments,
+                policy::matching_policy(v.policies.values(), &queue.name),
+            );
+            (config != queue.config).then(|| (queue.name.clone(), config))
+        })
+        .collect();
+    for (name, config) in changed {
+        if let Some(queue) = v.queues.get_mut(&name) {
             queue.config = config;
             effects.push(MetaEffect::QueueConfigChanged(queue.clone()));
         }
