@@ -669,7 +669,12 @@ impl Vhost {
             .filter(|b| doomed(b))
             .map(|b| b.source.clone())
             .collect();
-        self.bindings = self.bindings.iter().filter(|b| !doomed(b)).cloned().collect();
+        self.bindings = self
+            .bindings
+            .iter()
+            .filter(|b| !doomed(b))
+            .cloned()
+            .collect();
         for source in removed {
             let auto_delete = self.exchanges.get(&source).is_some_and(|x| x.auto_delete);
             if auto_delete && self.bindings_from(&source).next().is_none() {
@@ -1402,7 +1407,11 @@ impl MetaState {
             let matching = policy::matching_policy(v.policies.values(), name);
             leader_locator(&arguments, matching) == Some("balanced")
         });
-        let least_leading = if balanced { self.least_leading(&nodes) } else { 0 };
+        let least_leading = if balanced {
+            self.least_leading(&nodes)
+        } else {
+            0
+        };
         let next_id = self.next_queue_id;
         let owned = owner
             .as_deref()
