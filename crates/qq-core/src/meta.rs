@@ -50,8 +50,6 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
-use imbl::{OrdMap, OrdSet};
-
 use argon2::{Argon2, PasswordVerifier};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
@@ -613,9 +611,9 @@ struct Placement {
 /// Everything that lives in one vhost.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Vhost {
-    pub exchanges: OrdMap<String, Exchange>,
-    pub queues: OrdMap<String, QueueMeta>,
-    pub bindings: OrdSet<Binding>,
+    pub exchanges: BTreeMap<String, Exchange>,
+    pub queues: BTreeMap<String, QueueMeta>,
+    pub bindings: BTreeSet<Binding>,
     pub policies: BTreeMap<String, Policy>,
     /// user name → permissions on this vhost.
     pub permissions: BTreeMap<String, Permissions>,
@@ -669,12 +667,7 @@ impl Vhost {
             .filter(|b| doomed(b))
             .map(|b| b.source.clone())
             .collect();
-        self.bindings = self
-            .bindings
-            .iter()
-            .filter(|b| !doomed(b))
-            .cloned()
-            .collect();
+        self.bindings.retain(|b| !doomed(b));
         for source in removed {
             let auto_delete = self.exchanges.get(&source).is_some_and(|x| x.auto_delete);
             if auto_delete && self.bindings_from(&source).next().is_none() {
@@ -686,11 +679,11 @@ impl Vhost {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MetaState {
-    vhosts: OrdMap<String, Vhost>,
+    vhosts: BTreeMap<String, Vhost>,
     users: BTreeMap<String, User>,
     next_queue_id: QueueId,
     /// Index id → (vhost, name), kept in step with `vhosts[..].queues`.
-    queue_ids: OrdMap<QueueId, (String, String)>,
+    queue_ids: BTreeMap<QueueId, (String, String)>,
     /// Set limits only; a missing entry is unlimited. Removed with the vhost or user.
     vhost_limits: BTreeMap<String, Limits>,
     user_limits: BTreeMap<String, Limits>,
@@ -810,10 +803,10 @@ impl MetaState {
             tags: vec!["administrator".into()],
         };
         MetaState {
-            vhosts: OrdMap::unit(DEFAULT_VHOST.to_string(), vhost),
+            vhosts: BTreeMap::from([(DEFAULT_VHOST.to_string(), vhost)]),
             users: BTreeMap::from([("guest".to_string(), guest)]),
             next_queue_id: 1,
-            queue_ids: OrdMap::new(),
+            queue_ids: BTreeMap::new(),
             vhost_limits: BTreeMap::new(),
             user_limits: BTreeMap::new(),
             joined: BTreeMap::new(),
@@ -1217,7 +1210,7 @@ impl MetaState {
             .remove(name)
             .ok_or_else(|| vhost_not_found(name))?;
         self.vhost_limits.remove(name);
-        for queue in vhost.queues.values().cloned() {
+        for queue in vhost.queues.into_values() {
             self.queue_ids.remove(&queue.id);
             effects.push(MetaEffect::QueueDeleted(queue));
         }
@@ -1249,16 +1242,8 @@ impl MetaState {
             .remove(name)
             .ok_or_else(|| MetaError::not_found(format!("user '{name}' not found")))?;
         self.user_limits.remove(name);
-        let holding: Vec<String> = self
-            .vhosts
-            .iter()
-            .filter(|(_, v)| v.permissions.contains_key(name))
-            .map(|(n, _)| n.clone())
-            .collect();
-        for vhost in holding {
-            if let Some(v) = self.vhosts.get_mut(&vhost) {
-                v.permissions.remove(name);
-            }
+        for vhost in self.vhosts.values_mut() {
+            vhost.permissions.remove(name);
         }
         Ok(MetaReply::Ok)
     }
@@ -1382,7 +1367,7 @@ impl MetaState {
             )));
         }
         v.exchanges.remove(name);
-        v.remove_bindings(|b| b.source == name);
+        v.bindings.retain(|b| b.source != name);
         Ok(MetaReply::Ok)
     }
 
@@ -1689,21 +1674,14 @@ fn leader_locator<'a>(arguments: &'a Table, matching: Option<&'a Policy>) -> Opt
 
 /// Recomputes the effective configuration of every queue of `v` and reports those that changed.
 fn recompute_configs(vhost: &str, v: &mut Vhost, effects: &mut Vec<MetaEffect>) {
-    let changed: Vec<(String, QueueConfig)> = v
-        .queues
-        .values()
-        .filter_map(|queue| {
-            let config = policy::effective_config(
-                vhost,
-                &queue.name,
-                &queue.arguments,
-                policy::matching_policy(v.policies.values(), &queue.name),
-            );
-            (config != queue.config).then(|| (queue.name.clone(), config))
-        })
-        .collect();
-    for (name, config) in changed {
-        if let Some(queue) = v.queues.get_mut(&name) {
+    for queue in v.queues.values_mut() {
+        let config = policy::effective_config(
+            vhost,
+            &queue.name,
+            &queue.arguments,
+            policy::matching_policy(v.policies.values(), &queue.name),
+        );
+        if config != queue.config {
             queue.config = config;
             effects.push(MetaEffect::QueueConfigChanged(queue.clone()));
         }

@@ -176,35 +176,13 @@ impl Registry {
     }
 
     /// Before a write or a leader-only read on a queue group this node leads: wake it if it
-    /// sleeps, and wait (up to twice the read lease) until a quorum answered a heartbeat. An
-    /// awake leader that no quorum has acknowledged yet (just elected: its first entry is
-    /// still being replicated) is waited for the same way, rather than answered "no leader":
-    /// a declare read its new queue through here and waited 100 ms more for one in four
-    /// queues.
+    /// sleeps, and wait (up to twice the read lease) until a quorum answered a heartbeat.
     pub async fn wake_to_lead(&self, group: GroupId) {
-        let Some(g) = self.queue(group) else {
-            return;
-        };
-        let confirmed = {
-            let metrics = g.raft.metrics();
-            let m = metrics.borrow_watched();
-            if m.state != ServerState::Leader {
-                return;
-            }
-            self.leads_now(&m)
-        };
-        let wait = 2 * self.read_lease;
-        if g.quiet.is_asleep() {
-            quiet::wake_leader(&g.raft, &g.quiet, self.read_lease, wait).await;
-        } else if !confirmed {
-            let _ = g
-                .raft
-                .wait(Some(wait))
-                .metrics(
-                    |m| m.state != ServerState::Leader || self.leads_now(m),
-                    "a quorum acknowledged the new leader",
-                )
-                .await;
+        if let Some(g) = self.queue(group)
+            && g.quiet.is_asleep()
+            && g.raft.metrics().borrow_watched().state == ServerState::Leader
+        {
+            quiet::wake_leader(&g.raft, &g.quiet, self.read_lease, 2 * self.read_lease).await;
         }
     }
 
