@@ -40,6 +40,9 @@ const PROPOSE_DEADLINE: Duration = Duration::from_secs(8);
 
 /// How long a metadata change waits for reachable nodes to apply it.
 const META_PROPAGATION_WAIT: Duration = Duration::from_secs(3);
+/// How long a peer asked for a metadata index holds its answer until it has applied it.
+const META_APPLIED_WAIT: Duration = Duration::from_millis(500);
+
 /// The pause before the `attempt`th (from 1) new try of a leader-only read that found no
 /// leader to answer: 5, 10, 20, 40, 80 ms, then 100 ms. A declare reads its new queue this way,
 /// and one in four used to wait a whole 100 ms for a leader that was ready after a few.
@@ -49,9 +52,6 @@ fn retry_pause(attempt: usize) -> Duration {
         .min(5);
     Duration::from_millis((5u64 << exp).min(100))
 }
-
-/// How long a peer asked for a metadata index holds its answer until it has applied it.
-const META_APPLIED_WAIT: Duration = Duration::from_millis(500);
 
 /// How long a proposal already inside Raft may still take once the node starts to shut down;
 /// then it fails with UNAVAILABLE (it may still commit: a retry is safe, as for any
