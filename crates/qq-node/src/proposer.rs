@@ -359,13 +359,9 @@ impl Proposer {
             .into_iter()
             .filter(|id| *id != self.id)
             .map(|id| self.wait_peer_meta_applied(id, index, deadline));
-        let here = tokio::time::timeout_at(deadline, async {
-            // Here too: a change proposed through the leader on another node has applied there.
-            while self.view.applied_index() < index {
-                self.wait_meta_applied_here(index).await;
-            }
-        });
-        let _ = tokio::join!(futures::future::join_all(waits), here);
+        // Here too: a change proposed through the leader on another node has applied there.
+        let here = self.wait_meta_applied_here(index, deadline);
+        tokio::join!(futures::future::join_all(waits), here);
     }
 
     async fn wait_peer_meta_applied(&self, id: NodeId, index: u64, deadline: tokio::time::Instant) {
@@ -509,10 +505,10 @@ impl Proposer {
         }
     }
 
-    /// Until this node applied the metadata `index`, at most [`META_APPLIED_WAIT`].
-    async fn wait_meta_applied_here(&self, index: u64) {
+    /// Until this node applied the metadata `index`, at most until `deadline`.
+    async fn wait_meta_applied_here(&self, index: u64, deadline: tokio::time::Instant) {
         let mut applied = self.view.subscribe();
-        let _ = tokio::time::timeout(META_APPLIED_WAIT, async {
+        let _ = tokio::time::timeout_at(deadline, async {
             loop {
                 applied.borrow_and_update();
                 if self.view.applied_index() >= index || applied.changed().await.is_err() {
@@ -561,7 +557,8 @@ impl Proposer {
         let mut reply = QueueInfoReply::default();
         if group == META_GROUP {
             if wait_applied > 0 {
-                self.wait_meta_applied_here(wait_applied).await;
+                let deadline = tokio::time::Instant::now() + META_APPLIED_WAIT;
+                self.wait_meta_applied_here(wait_applied, deadline).await;
             }
             if let Ok(b) = encode(&self.view.applied_index()) {
                 reply.payload = b.into();

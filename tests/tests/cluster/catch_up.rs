@@ -65,12 +65,12 @@ async fn a_returning_follower_catches_up_by_a_chunked_snapshot_and_serves_every_
     // The story needs the follower's next entry gone from the leader's log. The leader
     // compacts after a snapshot build, and under load (a full `make test`) the last build
     // can end only after the follower is back, which then catches up by appends: wait for it.
-    let purged = "quorumq_raft_log_purged_index{vhost=\"/\",queue=\"catch.up\"}";
+    let purged = format!("quorumq_raft_log_purged_index{{vhost=\"/\",queue=\"{Q}\"}}");
     eventually(
         "the leader's log compacted past the follower's next entry",
         Duration::from_secs(60),
         || async {
-            let n = metric(&cluster, leader, purged).await?;
+            let n = metric(&cluster, leader, &purged).await?;
             Ok((n > at_kill as f64).then_some(()))
         },
     )
