@@ -129,6 +129,11 @@ pub struct Config {
     /// heartbeats) until something wakes it ([`crate::groups::quiet`]); 0: never.
     #[serde(default = "default_quiesce_after_ms")]
     pub quiesce_after_ms: u64,
+    /// A queue replica that has slept this long lets its Raft instance go (about two thirds
+    /// of an idle queue's memory) until something needs it again
+    /// ([`crate::groups::registry`]); 0: never.
+    #[serde(default = "default_unload_after_ms")]
+    pub unload_after_ms: u64,
     /// Snapshot (and compact the log of) a group after this many entries.
     #[serde(default = "default_snapshot_entries")]
     pub snapshot_after_entries: u64,
@@ -225,6 +230,9 @@ fn default_election_max_ms() -> u64 {
 }
 fn default_quiesce_after_ms() -> u64 {
     2000
+}
+fn default_unload_after_ms() -> u64 {
+    5000
 }
 fn default_snapshot_entries() -> u64 {
     20_000

@@ -92,7 +92,9 @@ pub struct LeaderContext {
 }
 
 /// Follow the group's leadership until `stop` is cancelled; run a [`QueueLeader`] while this
-/// node leads.
+/// node leads. `reloaded`: the replica's Raft instance was loaded again after an unload, so a
+/// leadership it finds at once is the one it had, not a leader change (not logged or counted).
+#[allow(clippy::too_many_arguments)]
 pub async fn watch_leadership(
     ctx: LeaderContext,
     group: GroupId,
@@ -100,8 +102,10 @@ pub async fn watch_leadership(
     machine: Arc<QueueMachine>,
     quiet: Arc<Quiet>,
     stop: CancellationToken,
+    reloaded: bool,
     span: Span,
 ) {
+    let mut first = true;
     let mut metrics = raft.metrics();
     let mut actor: Option<CancellationToken> = None;
     // The voters last seen; a change is logged by the leader only, so once per cluster.
@@ -124,14 +128,16 @@ pub async fn watch_leadership(
         match (&actor, leading) {
             (None, true) => {
                 // One line per leader change of the group, from the new leader.
-                let (vhost, queue) = ctx
-                    .view
-                    .current()
-                    .queue_by_id(group)
-                    .map(|q| (q.vhost.clone(), q.name.clone()))
-                    .unwrap_or_default();
-                info!(group, vhost = %vhost, queue = %queue, leader = me, term, "leader changed");
-                crate::metrics::became_leader(crate::metrics::QUEUE);
+                if !(reloaded && first) {
+                    let (vhost, queue) = ctx
+                        .view
+                        .current()
+                        .queue_by_id(group)
+                        .map(|q| (q.vhost.clone(), q.name.clone()))
+                        .unwrap_or_default();
+                    info!(group, vhost = %vhost, queue = %queue, leader = me, term, "leader changed");
+                    crate::metrics::became_leader(crate::metrics::QUEUE);
+                }
                 let token = stop.child_token();
                 let leader = QueueLeader {
                     ctx: ctx.clone(),
@@ -155,6 +161,7 @@ pub async fn watch_leadership(
             }
             _ => {}
         }
+        first = false;
         tokio::select! {
             changed = metrics.changed() => if changed.is_err() { break },
             _ = stop.cancelled() => break,

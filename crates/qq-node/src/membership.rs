@@ -688,10 +688,9 @@ async fn serve_local(node: &Node, group: GroupId, op: GroupOp) -> OpOutcome {
     if group == META_GROUP {
         return serve_on(node, node.registry().meta_raft(), op).await;
     }
-    let Some(g) = node.registry().queue(group) else {
+    let Some((g, _write)) = node.registry().for_write(group).await else {
         return OpOutcome::NotHere;
     };
-    let _write = g.quiet.begin_write();
     node.registry().wake_to_lead(group).await;
     serve_on(node, &g.raft, op).await
 }

@@ -66,6 +66,9 @@ pub struct Instruments {
     pub group_sleeps: Counter,
     /// Times a sleeping queue group's replica here woke.
     pub group_wakes: Counter,
+    /// Times a sleeping replica here let its Raft instance go, and had it loaded again.
+    pub group_unloads: Counter,
+    pub group_loads: Counter,
 }
 
 fn commit_histogram() -> Histogram {
@@ -85,6 +88,8 @@ static INSTRUMENTS: LazyLock<Instruments> = LazyLock::new(|| Instruments {
     snapshots_installed: Family::default(),
     group_sleeps: Counter::default(),
     group_wakes: Counter::default(),
+    group_unloads: Counter::default(),
+    group_loads: Counter::default(),
 });
 
 pub fn instruments() -> &'static Instruments {
@@ -123,6 +128,16 @@ pub fn group_slept() {
 /// A sleeping queue group's replica here woke.
 pub fn group_woke() {
     INSTRUMENTS.group_wakes.inc();
+}
+
+/// A sleeping replica here let its Raft instance go ([`crate::groups::registry`]).
+pub fn group_unloaded() {
+    INSTRUMENTS.group_unloads.inc();
+}
+
+/// An unloaded replica here had its Raft instance loaded again.
+pub fn group_loaded() {
+    INSTRUMENTS.group_loads.inc();
 }
 
 /// A snapshot chunk of `bytes` was written here.

@@ -17,15 +17,17 @@
 //! anything a queue's leader decides ([`crate::leader`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{InitializeError, RaftError};
-use openraft::{BasicNode, Raft, SnapshotPolicy};
+use futures::future::BoxFuture;
+use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
 use qq_core::NodeId;
 use qq_core::meta::{MetaEffect, QueueMeta};
+use qq_core::queue::MoveState;
 use qq_raft::log_store::LogStore;
 use qq_raft::network::{GroupNetwork, PeerAddress, Peers};
 use qq_raft::store::Store;
@@ -43,7 +45,9 @@ use crate::enqueue::Enqueuer;
 use crate::groups::meta_sm::MetaMachine;
 use crate::groups::queue_sm::QueueMachine;
 use crate::groups::quiet::Quiet;
-use crate::groups::registry::{MetaRaft, QueueGroup, Registry};
+use crate::groups::registry::{
+    Dormant, GroupLoader, MetaRaft, QueueGroup, Registry, Replica, next_instance,
+};
 use crate::groups::shell::Shell;
 use crate::leader::{LeaderContext, watch_leadership};
 use crate::meta_view::MetaView;
@@ -61,12 +65,18 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// TransferLeader requests leave.
 const HANDOVER_WAIT: Duration = Duration::from_millis(500);
 
+/// How often the node looks for replicas that have slept for `unload_after_ms`.
+const UNLOAD_SWEEP: Duration = Duration::from_secs(1);
+
 pub struct Node {
     id: NodeId,
     config: Config,
     store: Store,
     peers: Peers,
     raft_config: Arc<openraft::Config>,
+    /// The Raft settings of a queue replica loaded again after an unload: timers off (it
+    /// sleeps until something wakes it), and a leader comes back as the leader of its term.
+    reload_config: Arc<openraft::Config>,
     registry: Arc<Registry>,
     view: MetaView,
     proposer: Proposer,
@@ -97,6 +107,12 @@ impl Node {
             config.cluster_tls()?.as_ref(),
         )?;
         let raft_config = raft_config(&config)?;
+        let reload_config = Arc::new(openraft::Config {
+            enable_tick: false,
+            enable_heartbeat: false,
+            enable_leader_restore: Some(true),
+            ..(*raft_config).clone()
+        });
         let (meta, effects) = MetaMachine::new(store.clone());
         let meta_raft = Raft::new(
             config.node_id,
@@ -146,6 +162,7 @@ impl Node {
             store,
             peers,
             raft_config,
+            reload_config,
             registry,
             view,
             proposer,
@@ -157,8 +174,14 @@ impl Node {
             shutdown,
             tasks,
         });
+        let loader: Weak<dyn GroupLoader> = Arc::downgrade(&node) as Weak<Node>;
+        node.registry.set_loader(loader);
         node.tasks.spawn(node.clone().supervise(effects));
         node.tasks.spawn(node.clone().follow_meta_sync());
+        if node.config.unload_after_ms > 0 && node.config.quiesce_after_ms > 0 {
+            let after = Duration::from_millis(node.config.unload_after_ms);
+            node.tasks.spawn(node.clone().unload_sleepers(after));
+        }
         let stop = node.shutdown.clone();
         node.tasks
             .spawn(async move { alarms.watch(bounds, stop).await });
@@ -301,10 +324,15 @@ impl Node {
         if let Some(rx) = transfer_away(self.registry.meta_raft(), me).await {
             handed.push(rx);
         }
+        // Unloaded leaders too: their followers hear the successor's term at once instead of
+        // electing after the liveness link breaks.
+        self.registry
+            .load_where(|d| d.metrics.state == ServerState::Leader)
+            .await;
         for g in self.registry.queues() {
             // A sleeping leader's heartbeats and timers back on first: the successor's term
             // must reach the followers as it does from an awake group.
-            g.quiet.wake(&g.raft);
+            g.quiet.wake();
             if let Some(rx) = transfer_away(&g.raft, me).await {
                 handed.push(rx);
             }
@@ -366,7 +394,7 @@ impl Node {
                 let Some(qm) = current.queue_by_id(qm.id).cloned() else {
                     return true;
                 };
-                if qm.members.contains(&self.id) && self.registry.queue(qm.id).is_none() {
+                if qm.members.contains(&self.id) && !self.registry.hosts(qm.id) {
                     return self.start_queue_group(qm).await;
                 }
             }
@@ -376,9 +404,10 @@ impl Node {
                 }
             }
             MetaEffect::QueueConfigChanged(qm) => {
-                if let Some(g) = self.registry.queue(qm.id) {
+                if self.registry.hosts(qm.id) {
+                    let id = qm.id;
                     self.registry.update_meta(qm);
-                    g.machine.notify_config_changed();
+                    self.config_changed(id).await;
                 }
             }
             MetaEffect::QueueMembersChanged(qm) => {
@@ -386,7 +415,7 @@ impl Node {
                     return true;
                 };
                 let mine = qm.replicas().any(|n| n == self.id);
-                match (mine, self.registry.queue(qm.id).is_some()) {
+                match (mine, self.registry.hosts(qm.id)) {
                     (true, false) => return self.start_queue_group(qm).await,
                     (false, true) => self.stop_queue_group(qm.id).await,
                     (true, true) => self.registry.update_meta(qm),
@@ -471,17 +500,53 @@ impl Node {
         }
         let mut ok = true;
         for qm in wanted {
-            match self.registry.queue(qm.id) {
+            match self.registry.replica(qm.id) {
                 None => ok &= self.start_queue_group(qm).await,
-                Some(g) => {
-                    if g.meta.config != qm.config {
-                        g.machine.notify_config_changed();
-                    }
+                Some(r) => {
+                    let id = qm.id;
+                    let changed = r.meta().config != qm.config;
                     self.registry.update_meta(qm);
+                    if changed {
+                        self.config_changed(id).await;
+                    }
                 }
             }
         }
         ok
+    }
+
+    /// A hosted queue's configuration changed in the metadata: its leader actor brings the
+    /// queue's own log in line. An unloaded replica that leads is loaded for it (its actor
+    /// syncs the configuration as it starts).
+    async fn config_changed(&self, group: GroupId) {
+        match self.registry.replica(group) {
+            Some(Replica::Loaded(g)) => g.machine.notify_config_changed(),
+            Some(Replica::Dormant(_)) if self.registry.is_queue_leader(group) => {
+                self.registry.load(group).await;
+            }
+            _ => {}
+        }
+    }
+
+    /// Unload the Raft instance of every replica that has slept for `after` (and, where it
+    /// leads, whose leader actor has nothing to wait for): see [`crate::groups::registry`].
+    async fn unload_sleepers(self: Arc<Self>, after: Duration) {
+        let mut sweep = tokio::time::interval(UNLOAD_SWEEP);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = sweep.tick() => {}
+            }
+            for g in self.registry.queues() {
+                if self.shutdown.is_cancelled() {
+                    return;
+                }
+                if g.quiet.asleep_for().is_some_and(|d| d >= after) {
+                    self.registry.unload(g.meta.id, leader_has_no_work).await;
+                }
+            }
+        }
     }
 
     async fn start_queue_group(&self, qm: QueueMeta) -> bool {
@@ -495,15 +560,24 @@ impl Node {
         }
     }
 
-    async fn try_start_queue_group(
+    /// Create a queue replica's Raft instance and start its tasks (the leadership watch).
+    /// `reload`: the replica was unloaded (it sleeps; see [`Node::reload_config`]).
+    async fn open_queue_group(
         &self,
         qm: QueueMeta,
-        span: tracing::Span,
-    ) -> anyhow::Result<()> {
-        let machine = QueueMachine::new(qm.id, self.store.clone(), qm.config.clone());
+        machine: Arc<QueueMachine>,
+        quiet: Arc<Quiet>,
+        reload: bool,
+    ) -> anyhow::Result<QueueGroup> {
+        let span = info_span!("queue", node_id = self.id, queue = %qm.name, group = qm.id);
+        let config = if reload {
+            self.reload_config.clone()
+        } else {
+            self.raft_config.clone()
+        };
         let raft = Raft::new(
             self.id,
-            self.raft_config.clone(),
+            config,
             GroupNetwork {
                 group: qm.id,
                 peers: self.peers.clone(),
@@ -513,29 +587,47 @@ impl Node {
         )
         .instrument(span.clone())
         .await?;
+        quiet.attach(&raft);
         let stop = self.shutdown.child_token();
-        let quiet = Arc::new(Quiet::default());
-        self.registry.insert(QueueGroup {
+        let group = QueueGroup {
             raft: raft.clone(),
             machine: machine.clone(),
             meta: qm.clone(),
             stop: stop.clone(),
             quiet: quiet.clone(),
-        });
+            instance: next_instance(),
+        };
         // The leadership watch starts with the group, before anything can fail: the group is
-        // in the registry (peers reach it) from here on, so it may lead whatever happens next.
+        // in the registry (peers reach it) as soon as it is returned, so it may lead whatever
+        // happens next.
         self.tasks.spawn(
             watch_leadership(
                 self.leader_ctx.clone(),
                 qm.id,
-                raft.clone(),
+                raft,
                 machine,
                 quiet,
                 stop,
+                reload,
                 span.clone(),
             )
-            .instrument(span.clone()),
+            .instrument(span),
         );
+        Ok(group)
+    }
+
+    async fn try_start_queue_group(
+        &self,
+        qm: QueueMeta,
+        span: tracing::Span,
+    ) -> anyhow::Result<()> {
+        let machine = QueueMachine::new(qm.id, self.store.clone(), qm.config.clone());
+        let quiet = Arc::new(Quiet::default());
+        let group = self
+            .open_queue_group(qm.clone(), machine, quiet, false)
+            .await?;
+        let raft = group.raft.clone();
+        self.registry.insert(group);
         if qm.members.first() == Some(&self.id) {
             let members: BTreeMap<u64, BasicNode> = qm
                 .members
@@ -551,7 +643,7 @@ impl Node {
                 .collect();
             if let Err(e) = initialize_unless_joined(&raft, members, &span).await {
                 // Taken out again, so that the next reconcile starts it afresh.
-                if let Some(g) = self.registry.remove(qm.id) {
+                if let Some(Replica::Loaded(g)) = self.registry.remove(qm.id).await {
                     g.stop.cancel();
                     let _ = g.raft.shutdown().await;
                 }
@@ -562,16 +654,46 @@ impl Node {
     }
 
     async fn stop_queue_group(&self, group: GroupId) {
-        if let Some(g) = self.registry.remove(group) {
-            info!(group, queue = %g.meta.name, "queue deleted or replica removed here: stopping its group, deleting its data");
-            g.stop.cancel();
-            g.machine.cancel_consumers("queue deleted", false);
-            let _ = g.raft.shutdown().await;
+        if let Some(r) = self.registry.remove(group).await {
+            info!(group, queue = %r.meta().name, "queue deleted or replica removed here: stopping its group, deleting its data");
+            r.machine().cancel_consumers("queue deleted", false);
+            if let Replica::Loaded(g) = r {
+                g.stop.cancel();
+                let _ = g.raft.shutdown().await;
+            }
             if let Err(e) = self.store.delete_group(group) {
                 warn!(group, "delete data of queue group: {e}");
             }
         }
     }
+}
+
+impl GroupLoader for Node {
+    fn load<'a>(&'a self, dormant: &'a Dormant) -> BoxFuture<'a, anyhow::Result<QueueGroup>> {
+        Box::pin(self.open_queue_group(
+            dormant.meta.clone(),
+            dormant.machine.clone(),
+            dormant.quiet.clone(),
+            true,
+        ))
+    }
+}
+
+/// Whether a sleeping replica's leader actor (if it leads) has nothing to wait for, so its
+/// Raft instance may be unloaded: no message deadline (TTL, Get lease, delayed requeue), no
+/// `x-expires` to watch, no dead letters held for transfer, no move task running. Any of them
+/// keeps the group loaded (asleep) until it is done.
+fn leader_has_no_work(g: &QueueGroup) -> bool {
+    if g.raft.metrics().borrow_watched().state != ServerState::Leader {
+        return true;
+    }
+    g.machine.with_state(|s| {
+        let counts = s.counts();
+        s.next_deadline().is_none()
+            && counts.held == 0
+            && (s.config().expires_ms.is_none() || counts.consumers > 0)
+            && s.moves().values().all(|m| m.state != MoveState::Running)
+    })
 }
 
 /// The Raft settings of every group on this node.

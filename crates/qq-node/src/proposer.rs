@@ -212,10 +212,10 @@ impl Proposer {
             if group == META_GROUP {
                 Ok(self.registry.meta_raft().client_write(req).await)
             } else {
-                match self.registry.queue(group) {
-                    Some(g) => {
-                        // Counted before the wake, so the group cannot fall asleep between.
-                        let _write = g.quiet.begin_write();
+                // Counted before the wake, so the group cannot fall asleep (or be unloaded)
+                // between; loaded first if it was unloaded.
+                match self.registry.for_write(group).await {
+                    Some((g, _write)) => {
                         self.registry.wake_to_lead(group).await;
                         Ok(g.raft.client_write(req).await)
                     }

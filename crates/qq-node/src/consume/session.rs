@@ -91,8 +91,8 @@ pub async fn run_session(
 ) {
     let group = args.group;
     let registry = node.registry();
-    let Some(g) = registry
-        .queue(group)
+    let Some(r) = registry
+        .replica(group)
         .filter(|_| registry.is_queue_leader(group))
     else {
         let _ = out
@@ -104,7 +104,8 @@ pub async fn run_session(
         return;
     };
     let consumer: ConsumerId = node.next_consumer_id();
-    let events = g.machine.register_consumer(consumer, args.prefetch);
+    let machine = r.machine().clone();
+    let events = machine.register_consumer(consumer, args.prefetch);
     let checkout = Command::Checkout {
         now_ms: now_ms(),
         consumer,
@@ -116,7 +117,7 @@ pub async fn run_session(
         .propose_queue(group, QueueRequest::command(checkout))
         .await
     {
-        g.machine.unregister_consumer(consumer);
+        machine.unregister_consumer(consumer);
         let status = tonic::Status::from(e);
         let _ = out.send(error(status.code(), status.message())).await;
         return;
@@ -350,8 +351,8 @@ async fn finish(node: &Arc<Node>, group: GroupId, consumer: ConsumerId, settler:
         drop(tx);
         let _ = task.await;
     }
-    if let Some(g) = node.registry().queue(group) {
-        g.machine.unregister_consumer(consumer);
+    if let Some(r) = node.registry().replica(group) {
+        r.machine().unregister_consumer(consumer);
     }
     node.proposer().consumer_down(group, consumer).await;
 }

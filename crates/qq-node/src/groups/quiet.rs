@@ -46,9 +46,9 @@
 //! follower as an append that wakes it. Safety never depends on this module: it only turns
 //! timers off and on and refuses votes, and refusing a vote never breaks Raft's safety.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use openraft::ServerState;
 use openraft::alias::{LogIdOf, VoteOf};
@@ -89,16 +89,21 @@ pub struct Quiet {
 #[derive(Default)]
 struct State {
     asleep: bool,
+    /// Since when it sleeps (for the unload of long-sleeping replicas, [`super::registry`]).
+    since: Option<Instant>,
     /// As a sleeping follower: what the leader said when it asked to sleep.
     slept_with: Option<SleepRequest>,
+    /// The replica's Raft instance while it is loaded (None while it is unloaded, see
+    /// [`super::registry::Dormant`]): sleeping and waking turn its timers off and on.
+    raft: Option<QueueRaft>,
 }
 
 /// Ends a write on drop ([`Quiet::begin_write`]).
-pub struct WriteGuard<'a> {
-    quiet: &'a Quiet,
+pub struct WriteGuard {
+    quiet: Arc<Quiet>,
 }
 
-impl Drop for WriteGuard<'_> {
+impl Drop for WriteGuard {
     fn drop(&mut self) {
         self.quiet.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
     }
@@ -120,35 +125,69 @@ impl Quiet {
         self.state.lock().unwrap().asleep
     }
 
+    /// How long this replica has slept, if it sleeps.
+    pub fn asleep_for(&self) -> Option<Duration> {
+        let state = self.state.lock().unwrap();
+        state.since.filter(|_| state.asleep).map(|t| t.elapsed())
+    }
+
     /// Subscribe to wakes (the leader actor re-arms its idle timer on each).
     pub fn subscribe_woken(&self) -> watch::Receiver<u64> {
         self.woken.subscribe()
     }
 
     /// Turn this replica's timers back on, if it sleeps. Returns whether it slept. A leader
-    /// should then start a heartbeat round ([`wake_leader`] does).
-    pub fn wake(&self, raft: &QueueRaft) -> bool {
+    /// should then start a heartbeat round ([`wake_leader`] does). On an unloaded replica the
+    /// timers go on when its Raft instance is loaded again ([`Quiet::attach`]).
+    pub fn wake(&self) -> bool {
         let mut state = self.state.lock().unwrap();
         if !state.asleep {
             return false;
         }
         state.asleep = false;
+        state.since = None;
         state.slept_with = None;
-        let rc = raft.runtime_config();
-        rc.heartbeat(true);
-        rc.tick(true);
+        if let Some(raft) = &state.raft {
+            let rc = raft.runtime_config();
+            rc.heartbeat(true);
+            rc.tick(true);
+        }
         drop(state);
         crate::metrics::group_woke();
         self.woken.send_modify(|n| *n += 1);
         true
     }
 
+    /// The replica's Raft instance runs (again): its timers follow whether the replica sleeps
+    /// (an instance loaded for a sleeping replica is created with them off).
+    pub fn attach(&self, raft: &QueueRaft) {
+        let mut state = self.state.lock().unwrap();
+        let rc = raft.runtime_config();
+        rc.heartbeat(!state.asleep);
+        rc.tick(!state.asleep);
+        state.raft = Some(raft.clone());
+    }
+
+    /// Let the replica's Raft instance go (it is being unloaded), if the replica still sleeps
+    /// and no write began since `begun` was read. From here a wake only marks the replica
+    /// awake; [`Quiet::attach`] turns the timers of the next instance on.
+    pub fn detach_if_asleep(&self, begun: u64) -> bool {
+        let mut state = self.state.lock().unwrap();
+        if !state.asleep || self.writes() != (begun, 0) {
+            return false;
+        }
+        state.raft = None;
+        true
+    }
+
     /// Count a write (and wake the group first if it sleeps). Returns the guard that ends the
     /// write, and whether the group slept: then wait for [`wake_leader`] before writing.
-    pub fn begin_write(&self) -> WriteGuard<'_> {
+    pub fn begin_write(self: &Arc<Self>) -> WriteGuard {
         self.writes_begun.fetch_add(1, Ordering::SeqCst);
         self.writes_in_flight.fetch_add(1, Ordering::SeqCst);
-        WriteGuard { quiet: self }
+        WriteGuard {
+            quiet: self.clone(),
+        }
     }
 
     /// As a follower: sleep if `req` describes exactly this replica's state (it follows that
@@ -167,10 +206,13 @@ impl Quiet {
         if ok {
             if !state.asleep {
                 crate::metrics::group_slept();
+                state.since = Some(Instant::now());
             }
             state.asleep = true;
             state.slept_with = Some(req);
-            raft.runtime_config().tick(false);
+            if let Some(raft) = &state.raft {
+                raft.runtime_config().tick(false);
+            }
         }
         ok
     }
@@ -202,10 +244,13 @@ impl Quiet {
             return false;
         }
         state.asleep = true;
+        state.since = Some(Instant::now());
         state.slept_with = None;
-        let rc = raft.runtime_config();
-        rc.heartbeat(false);
-        rc.tick(false);
+        if let Some(raft) = &state.raft {
+            let rc = raft.runtime_config();
+            rc.heartbeat(false);
+            rc.tick(false);
+        }
         crate::metrics::group_slept();
         true
     }
@@ -230,7 +275,7 @@ impl Quiet {
 /// As the leader: wake the group if it sleeps, and wait (up to `wait`) until a quorum answered
 /// a heartbeat, so that a write or a leader-only read that follows is accepted.
 pub async fn wake_leader(raft: &QueueRaft, quiet: &Quiet, lease: Duration, wait: Duration) {
-    if !quiet.wake(raft) {
+    if !quiet.wake() {
         return;
     }
     if raft.trigger().heartbeat().await.is_err() {

@@ -3,13 +3,26 @@
 //! The registry answers "is group G running here, who leads it as far as this node knows, what
 //! is its local state". Starting and stopping groups is the supervisor's job
 //! ([`crate::node`]); proposing is the proposer's ([`crate::proposer`]).
+//!
+//! **Unloaded replicas.** A queue replica that has slept for `unload_after_ms` lets its Raft
+//! instance go ([`Registry::unload`]): openraft reserves per instance, as constants, queues
+//! and buffers whose pages a working group touches and keeps (about 330 KiB of a 500 KiB
+//! idle queue across three nodes). What stays is a [`Dormant`]: the state machine (in memory,
+//! as before), the metadata, the sleep state and the Raft metrics at the unload (vote, leader,
+//! log and membership do not move while nothing runs). Whatever needs the Raft instance loads
+//! it again first ([`Registry::load`]: a proposal, a leader-only read, a peer's Raft message,
+//! a lost or reopened node link, a membership change); it is created from the same storage
+//! as at a restart, with its timers off (the replica still sleeps until something wakes it)
+//! and, where this replica led, as the leader of the same term (openraft's
+//! `enable_leader_restore`: its vote is committed, so no other node can lead that term).
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use openraft::async_runtime::WatchReceiver;
-use openraft::{Raft, ServerState};
+use openraft::{Raft, RaftMetrics, ServerState};
 use qq_core::NodeId;
 use qq_core::meta::QueueMeta;
 use qq_core::queue::{Browsed, Counts, Stats};
@@ -17,6 +30,7 @@ use qq_core::{Message, QueueConfig};
 use qq_raft::{GroupId, META_GROUP, TypeConfig};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 use super::meta_sm::MetaMachine;
 use super::queue_sm::QueueMachine;
@@ -36,6 +50,88 @@ pub struct QueueGroup {
     pub stop: CancellationToken,
     /// Whether this replica sleeps ([`super::quiet`]).
     pub quiet: Arc<Quiet>,
+    /// Which Raft instance of the replica this is (a fresh one per load, [`next_instance`]).
+    pub instance: u64,
+}
+
+/// A number for a new Raft instance of a queue replica ([`QueueGroup::instance`]).
+pub fn next_instance() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A queue replica whose Raft instance is unloaded (module docs). It sleeps.
+#[derive(Clone)]
+pub struct Dormant {
+    pub machine: Arc<QueueMachine>,
+    pub meta: QueueMeta,
+    pub quiet: Arc<Quiet>,
+    /// The replica's Raft metrics at the unload.
+    pub metrics: Arc<RaftMetrics<TypeConfig>>,
+}
+
+/// A queue replica hosted here: loaded (its Raft runs) or unloaded.
+#[derive(Clone)]
+pub enum Replica {
+    Loaded(QueueGroup),
+    Dormant(Dormant),
+}
+
+impl Replica {
+    pub fn machine(&self) -> &Arc<QueueMachine> {
+        match self {
+            Replica::Loaded(g) => &g.machine,
+            Replica::Dormant(d) => &d.machine,
+        }
+    }
+
+    pub fn meta(&self) -> &QueueMeta {
+        match self {
+            Replica::Loaded(g) => &g.meta,
+            Replica::Dormant(d) => &d.meta,
+        }
+    }
+
+    pub fn quiet(&self) -> &Arc<Quiet> {
+        match self {
+            Replica::Loaded(g) => &g.quiet,
+            Replica::Dormant(d) => &d.quiet,
+        }
+    }
+
+    /// The Raft metrics: current where loaded, as at the unload otherwise.
+    pub fn metrics(&self) -> Arc<RaftMetrics<TypeConfig>> {
+        match self {
+            Replica::Loaded(g) => Arc::new(g.raft.metrics().borrow_watched().clone()),
+            Replica::Dormant(d) => d.metrics.clone(),
+        }
+    }
+
+    fn state(&self) -> ServerState {
+        match self {
+            Replica::Loaded(g) => g.raft.metrics().borrow_watched().state,
+            Replica::Dormant(d) => d.metrics.state,
+        }
+    }
+
+    fn current_leader(&self) -> Option<NodeId> {
+        match self {
+            Replica::Loaded(g) => g.raft.metrics().borrow_watched().current_leader,
+            Replica::Dormant(d) => d.metrics.current_leader,
+        }
+    }
+}
+
+/// Creates the Raft instance of an unloaded replica (the supervisor, [`crate::node`]): the
+/// group's tasks start again as at a start, with the replica's timers off.
+pub trait GroupLoader: Send + Sync {
+    fn load<'a>(&'a self, dormant: &'a Dormant) -> BoxFuture<'a, anyhow::Result<QueueGroup>>;
+}
+
+struct Hosted {
+    replica: Replica,
+    /// Held while the replica is loaded, unloaded or removed: one transition at a time.
+    transition: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Live information about a queue, as its leader sees it (counts are only exact there).
@@ -80,9 +176,10 @@ pub struct Registry {
     read_lease: Duration,
     meta_raft: MetaRaft,
     meta: Arc<MetaMachine>,
-    queues: RwLock<HashMap<GroupId, QueueGroup>>,
+    queues: RwLock<HashMap<GroupId, Hosted>>,
     /// Bumped whenever a queue group starts here ([`Registry::queue_when_started`] waits on it).
     started: tokio::sync::watch::Sender<u64>,
+    loader: OnceLock<Weak<dyn GroupLoader>>,
 }
 
 impl Registry {
@@ -99,7 +196,13 @@ impl Registry {
             meta,
             queues: RwLock::new(HashMap::new()),
             started: tokio::sync::watch::Sender::new(0),
+            loader: OnceLock::new(),
         }
+    }
+
+    /// Who loads unloaded replicas (set once, by the supervisor at start).
+    pub fn set_loader(&self, loader: Weak<dyn GroupLoader>) {
+        let _ = self.loader.set(loader);
     }
 
     pub fn node_id(&self) -> NodeId {
@@ -114,21 +217,182 @@ impl Registry {
         &self.meta
     }
 
+    /// The queue group if its replica here is loaded ([`Registry::load`] loads it).
     pub fn queue(&self, group: GroupId) -> Option<QueueGroup> {
-        self.queues.read().unwrap().get(&group).cloned()
+        match self.queues.read().unwrap().get(&group) {
+            Some(Hosted {
+                replica: Replica::Loaded(g),
+                ..
+            }) => Some(g.clone()),
+            _ => None,
+        }
     }
 
+    /// The loaded queue groups.
     pub fn queues(&self) -> Vec<QueueGroup> {
-        self.queues.read().unwrap().values().cloned().collect()
+        self.queues
+            .read()
+            .unwrap()
+            .values()
+            .filter_map(|h| match &h.replica {
+                Replica::Loaded(g) => Some(g.clone()),
+                Replica::Dormant(_) => None,
+            })
+            .collect()
     }
 
+    /// Every queue replica hosted here, loaded or not.
+    pub fn replicas(&self) -> Vec<Replica> {
+        self.queues
+            .read()
+            .unwrap()
+            .values()
+            .map(|h| h.replica.clone())
+            .collect()
+    }
+
+    pub fn replica(&self, group: GroupId) -> Option<Replica> {
+        self.queues
+            .read()
+            .unwrap()
+            .get(&group)
+            .map(|h| h.replica.clone())
+    }
+
+    /// How many replicas here are unloaded.
+    pub fn dormant_count(&self) -> usize {
+        self.queues
+            .read()
+            .unwrap()
+            .values()
+            .filter(|h| matches!(h.replica, Replica::Dormant(_)))
+            .count()
+    }
+
+    /// The groups hosted here, loaded or not.
     pub fn running(&self) -> Vec<GroupId> {
         self.queues.read().unwrap().keys().copied().collect()
     }
 
+    /// Whether this node hosts a replica of the group (loaded or not).
+    pub fn hosts(&self, group: GroupId) -> bool {
+        self.queues.read().unwrap().contains_key(&group)
+    }
+
     pub fn insert(&self, group: QueueGroup) {
-        self.queues.write().unwrap().insert(group.meta.id, group);
+        self.queues.write().unwrap().insert(
+            group.meta.id,
+            Hosted {
+                replica: Replica::Loaded(group),
+                transition: Arc::default(),
+            },
+        );
         self.started.send_modify(|n| *n += 1);
+    }
+
+    /// The queue group with its Raft instance, loading it if it is unloaded. None if the
+    /// group is not hosted here (or its instance cannot be created: logged).
+    pub async fn load(&self, group: GroupId) -> Option<QueueGroup> {
+        let transition = {
+            let queues = self.queues.read().unwrap();
+            let hosted = queues.get(&group)?;
+            if let Replica::Loaded(g) = &hosted.replica {
+                return Some(g.clone());
+            }
+            hosted.transition.clone()
+        };
+        let _transition = transition.lock().await;
+        let dormant = match self.replica(group)? {
+            Replica::Loaded(g) => return Some(g),
+            Replica::Dormant(d) => d,
+        };
+        let loader = self.loader.get()?.upgrade()?;
+        match loader.load(&dormant).await {
+            Ok(g) => {
+                if let Some(h) = self.queues.write().unwrap().get_mut(&group) {
+                    h.replica = Replica::Loaded(g.clone());
+                }
+                crate::metrics::group_loaded();
+                Some(g)
+            }
+            Err(e) => {
+                warn!(group, "cannot load the Raft instance of an unloaded replica: {e:#}");
+                None
+            }
+        }
+    }
+
+    /// Load every unloaded replica that `wanted` picks; returns how many.
+    pub async fn load_where(&self, wanted: impl Fn(&Dormant) -> bool) -> usize {
+        let picked: Vec<GroupId> = self
+            .replicas()
+            .into_iter()
+            .filter_map(|r| match r {
+                Replica::Dormant(d) if wanted(&d) => Some(d.meta.id),
+                _ => None,
+            })
+            .collect();
+        let mut n = 0;
+        for group in picked {
+            n += usize::from(self.load(group).await.is_some());
+        }
+        n
+    }
+
+    /// The group for a write, loaded, with the write counted ([`Quiet::begin_write`]): the
+    /// count is taken before the registry is read again, so an unload either sees the write
+    /// and stays its hand, or happened first and the group is loaded anew.
+    pub async fn for_write(&self, group: GroupId) -> Option<(QueueGroup, quiet::WriteGuard)> {
+        loop {
+            let g = self.load(group).await?;
+            let guard = g.quiet.begin_write();
+            if self.queue(group).is_some_and(|now| now.instance == g.instance) {
+                return Some((g, guard));
+            }
+        }
+    }
+
+    /// Unload the replica's Raft instance if it still sleeps and nothing began since `ready`
+    /// judged it (module docs). Returns whether it did.
+    pub async fn unload(&self, group: GroupId, ready: impl Fn(&QueueGroup) -> bool) -> bool {
+        let Some(transition) = self
+            .queues
+            .read()
+            .unwrap()
+            .get(&group)
+            .map(|h| h.transition.clone())
+        else {
+            return false;
+        };
+        let _transition = transition.lock().await;
+        let Some(g) = self.queue(group) else {
+            return false;
+        };
+        let (begun, in_flight) = g.quiet.writes();
+        if in_flight > 0 || !g.quiet.is_asleep() || !ready(&g) {
+            return false;
+        }
+        let dormant = Dormant {
+            machine: g.machine.clone(),
+            meta: g.meta.clone(),
+            quiet: g.quiet.clone(),
+            metrics: Arc::new(g.raft.metrics().borrow_watched().clone()),
+        };
+        if let Some(h) = self.queues.write().unwrap().get_mut(&group) {
+            h.replica = Replica::Dormant(dormant);
+        }
+        // After the swap: a write counted from here on finds the registry changed and loads
+        // again ([`Registry::for_write`]); one counted before stops the unload here.
+        if !g.quiet.detach_if_asleep(begun) {
+            if let Some(h) = self.queues.write().unwrap().get_mut(&group) {
+                h.replica = Replica::Loaded(g);
+            }
+            return false;
+        }
+        g.stop.cancel();
+        let _ = g.raft.shutdown().await;
+        crate::metrics::group_unloaded();
+        true
     }
 
     /// The queue group, waiting up to `wait` for it to start here. For a peer's Raft message
@@ -139,24 +403,39 @@ impl Registry {
         let mut started = self.started.subscribe();
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            if let Some(g) = self.queue(group) {
-                return Some(g);
+            if self.hosts(group) {
+                return self.load(group).await;
             }
             match tokio::time::timeout_at(deadline, started.changed()).await {
                 Ok(Ok(())) => continue,
-                _ => return self.queue(group),
+                _ => return self.load(group).await,
             }
         }
     }
 
-    pub fn remove(&self, group: GroupId) -> Option<QueueGroup> {
-        self.queues.write().unwrap().remove(&group)
+    /// Take the replica out of the registry (after any load or unload in progress).
+    pub async fn remove(&self, group: GroupId) -> Option<Replica> {
+        let transition = self
+            .queues
+            .read()
+            .unwrap()
+            .get(&group)
+            .map(|h| h.transition.clone())?;
+        let _transition = transition.lock().await;
+        self.queues
+            .write()
+            .unwrap()
+            .remove(&group)
+            .map(|h| h.replica)
     }
 
     /// Record the queue's latest metadata (its members and configuration).
     pub fn update_meta(&self, meta: QueueMeta) {
-        if let Some(g) = self.queues.write().unwrap().get_mut(&meta.id) {
-            g.meta = meta;
+        if let Some(h) = self.queues.write().unwrap().get_mut(&meta.id) {
+            match &mut h.replica {
+                Replica::Loaded(g) => g.meta = meta,
+                Replica::Dormant(d) => d.meta = meta,
+            }
         }
     }
 
@@ -165,20 +444,21 @@ impl Registry {
         if group == META_GROUP {
             return self.meta_raft.metrics().borrow_watched().current_leader;
         }
-        self.queue(group)
-            .and_then(|g| g.raft.metrics().borrow_watched().current_leader)
+        self.replica(group).and_then(|r| r.current_leader())
     }
 
     pub fn is_queue_leader(&self, group: GroupId) -> bool {
-        self.queue(group)
-            .map(|g| g.raft.metrics().borrow_watched().state == ServerState::Leader)
-            .unwrap_or(false)
+        self.replica(group)
+            .is_some_and(|r| r.state() == ServerState::Leader)
     }
 
-    /// Before a write or a leader-only read on a queue group this node leads: wake it if it
-    /// sleeps, and wait (up to twice the read lease) until a quorum answered a heartbeat.
+    /// Before a write or a leader-only read on a queue group this node leads: load and wake it
+    /// if it sleeps, and wait (up to twice the read lease) until a quorum answered a heartbeat.
     pub async fn wake_to_lead(&self, group: GroupId) {
-        if let Some(g) = self.queue(group)
+        if !self.is_queue_leader(group) {
+            return;
+        }
+        if let Some(g) = self.load(group).await
             && g.quiet.is_asleep()
             && g.raft.metrics().borrow_watched().state == ServerState::Leader
         {
@@ -186,41 +466,47 @@ impl Registry {
         }
     }
 
-    /// The sleeping queue groups here whose leader is `peer`.
+    /// The sleeping queue groups here whose leader is `peer` (loaded or not).
     pub fn asleep_led_by(&self, peer: NodeId) -> Vec<GroupId> {
-        self.queues()
+        self.replicas()
             .into_iter()
-            .filter(|g| {
-                g.quiet.is_asleep()
-                    && g.raft.metrics().borrow_watched().current_leader == Some(peer)
-            })
-            .map(|g| g.meta.id)
+            .filter(|r| r.quiet().is_asleep() && r.current_leader() == Some(peer))
+            .map(|r| r.meta().id)
             .collect()
     }
 
-    /// Wake these queue groups (followers whose leader is gone: their election timers run).
-    pub fn wake_groups(&self, groups: &[GroupId]) -> usize {
-        groups
-            .iter()
-            .filter_map(|id| self.queue(*id))
-            .filter(|g| g.quiet.wake(&g.raft))
-            .count()
+    /// Wake these queue groups (followers whose leader is gone: their election timers run),
+    /// loading those that are unloaded.
+    pub async fn wake_groups(&self, groups: &[GroupId]) -> usize {
+        let mut n = 0;
+        for id in groups {
+            if let Some(g) = self.load(*id).await {
+                n += usize::from(g.quiet.wake());
+            }
+        }
+        n
     }
 
-    /// Of `groups`, wake those this node leads (a heartbeat round at once) and return them:
-    /// the answer to sleeping followers that ask (`WAKE`).
-    pub fn wake_led(&self, groups: &[GroupId]) -> Vec<GroupId> {
-        groups
-            .iter()
-            .filter_map(|id| self.queue(*id))
-            .filter(|g| g.raft.metrics().borrow_watched().state == ServerState::Leader)
-            .map(|g| {
-                if g.quiet.wake(&g.raft) {
-                    quiet::heartbeat_soon(&g.raft);
-                }
-                g.meta.id
-            })
-            .collect()
+    /// Of `groups`, wake those this node leads (a heartbeat round at once, loading those that
+    /// are unloaded) and return them: the answer to sleeping followers that ask (`WAKE`).
+    pub async fn wake_led(&self, groups: &[GroupId]) -> Vec<GroupId> {
+        let mut led = Vec::new();
+        for id in groups {
+            if !self.is_queue_leader(*id) {
+                continue;
+            }
+            let Some(g) = self.load(*id).await else {
+                continue;
+            };
+            if g.raft.metrics().borrow_watched().state != ServerState::Leader {
+                continue;
+            }
+            if g.quiet.wake() {
+                quiet::heartbeat_soon(&g.raft);
+            }
+            led.push(g.meta.id);
+        }
+        led
     }
 
     /// Wait (up to `wait`) until this node's replica of a new group knows a leader that can
@@ -275,12 +561,12 @@ impl Registry {
         require_leader: bool,
         with_digest: bool,
     ) -> Option<QueueInfoData> {
-        let g = self.queue(group)?;
-        let m = g.raft.metrics().borrow_watched().clone();
+        let r = self.replica(group)?;
+        let m = r.metrics();
         if require_leader && !self.leads_now(&m) {
             return None;
         }
-        let (mut info, whole) = g.machine.with_state(|state| {
+        let (mut info, whole) = r.machine().with_state(|state| {
             let info = QueueInfoData {
                 counts: state.counts(),
                 stats: state.stats().clone(),

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 
 use crate::alarms::rss_bytes;
 use crate::node::Node;
+use crate::groups::registry::Replica;
 
 /// The alarms a node can raise, each exported as 0 or 1.
 const ALARM_KINDS: [&str; 2] = ["memory", "disk"];
@@ -70,6 +71,8 @@ struct GroupRow {
     purged: u64,
     /// The replica sleeps (an idle queue group: no election timer, no heartbeats).
     asleep: bool,
+    /// The replica's Raft instance is unloaded (it slept for `unload_after_ms`).
+    unloaded: bool,
     /// Only for a queue this node leads (counts are exact there).
     counts: Option<Counts>,
 }
@@ -87,6 +90,7 @@ impl GroupRow {
             applied: index(m.last_applied.as_ref()),
             purged: index(m.purged.as_ref()),
             asleep: false,
+            unloaded: false,
             counts: None,
         }
     }
@@ -102,17 +106,15 @@ impl NodeCollector {
     fn read(&self) -> Scrape {
         let registry = self.node.registry();
         let groups = registry
-            .queues()
+            .replicas()
             .into_iter()
-            .map(|g| {
-                let mut row = {
-                    let metrics = g.raft.metrics();
-                    let m = metrics.borrow_watched();
-                    GroupRow::of(&m, g.meta.vhost.clone(), g.meta.name.clone())
-                };
-                row.asleep = g.quiet.is_asleep();
+            .map(|r| {
+                let meta = r.meta();
+                let mut row = GroupRow::of(&r.metrics(), meta.vhost.clone(), meta.name.clone());
+                row.asleep = r.quiet().is_asleep();
+                row.unloaded = matches!(r, Replica::Dormant(_));
                 row.counts = (row.state == ServerState::Leader)
-                    .then(|| g.machine.with_state(|s| s.counts()));
+                    .then(|| r.machine().with_state(|s| s.counts()));
                 row
             })
             .collect();
@@ -218,6 +220,12 @@ impl Collector for NodeCollector {
             "raft_groups_asleep",
             "Queue groups whose replica on this node sleeps (idle: no election timer, no heartbeats)",
             int(scrape.groups.iter().filter(|g| g.asleep).count() as u64),
+        )?;
+        gauge(
+            &mut encoder,
+            "raft_groups_unloaded",
+            "Queue groups whose replica on this node sleeps with its Raft instance unloaded",
+            int(scrape.groups.iter().filter(|g| g.unloaded).count() as u64),
         )?;
         let (calls, messages) = qq_raft::mux::sent();
         counter(

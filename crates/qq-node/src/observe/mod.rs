@@ -161,6 +161,16 @@ impl Observability {
             "Times a sleeping queue group's replica on this node woke",
             instruments.group_wakes.clone(),
         );
+        registry.register(
+            "raft_group_unloads",
+            "Times a sleeping queue replica on this node let its Raft instance go (unload_after_ms)",
+            instruments.group_unloads.clone(),
+        );
+        registry.register(
+            "raft_group_loads",
+            "Times an unloaded queue replica on this node had its Raft instance created again",
+            instruments.group_loads.clone(),
+        );
         registry.register_collector(Box::new(NodeCollector::new(
             self.node.clone(),
             self.serving.clone(),

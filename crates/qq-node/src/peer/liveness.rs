@@ -142,7 +142,7 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
                     Err(_) if !silent => {
                         silent = true;
                         let linked = links.borrow().clone();
-                        let woke = wake_leaders_without_quorum(&node, peer, &linked)
+                        let woke = wake_leaders_without_quorum(&node, peer, &linked).await
                             + wake_followers_of(&node, peer, &linked).await;
                         info!(
                             peer,
@@ -162,7 +162,7 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
             // the handover below elects the groups it led, paced; waking them too would start
             // a second, unpaced round of elections.
             let linked = links.borrow().clone();
-            let mut woke = wake_leaders_without_quorum(&node, peer, &linked);
+            let mut woke = wake_leaders_without_quorum(&node, peer, &linked).await;
             if probe(&address).await != Probe::Refused {
                 woke += wake_followers_of(&node, peer, &linked).await;
             }
@@ -195,16 +195,28 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
 /// (they must step down when their lease runs out, as awake ones do); the others keep their
 /// quorum and sleep on (waking them all made thousands of leaders heartbeat at once). Returns
 /// how many woke.
-fn wake_leaders_without_quorum(node: &Arc<Node>, peer: NodeId, linked: &BTreeSet<NodeId>) -> usize {
+async fn wake_leaders_without_quorum(
+    node: &Arc<Node>,
+    peer: NodeId,
+    linked: &BTreeSet<NodeId>,
+) -> usize {
     let me = node.id();
     let reach: BTreeSet<NodeId> = linked.iter().copied().filter(|p| *p != peer).collect();
     let mut woke = 0;
+    // Unloaded ones among them are loaded first (as the leaders they were).
+    node.registry()
+        .load_where(|d| {
+            d.metrics.state == ServerState::Leader
+                && d.meta.members.contains(&peer)
+                && !reaches_majority(&d.meta.members, me, &reach)
+        })
+        .await;
     for g in node.registry().queues() {
         if g.quiet.is_asleep()
             && g.meta.members.contains(&peer)
             && !reaches_majority(&g.meta.members, me, &reach)
             && g.raft.metrics().borrow_watched().state == ServerState::Leader
-            && g.quiet.wake(&g.raft)
+            && g.quiet.wake()
         {
             crate::groups::quiet::heartbeat_soon(&g.raft);
             woke += 1;
@@ -236,23 +248,24 @@ async fn wake_followers_of(node: &Arc<Node>, peer: NodeId, linked: &BTreeSet<Nod
     let (mine, others): (Vec<_>, Vec<_>) = followed
         .into_iter()
         .filter(|g| !confirmed.contains(g))
-        .filter_map(|g| registry.queue(g))
-        .partition(|g| {
-            let members: Vec<NodeId> = g
-                .meta
+        .filter_map(|g| registry.replica(g))
+        .map(|r| r.meta().clone())
+        .partition(|meta| {
+            let members: Vec<NodeId> = meta
                 .members
                 .iter()
                 .copied()
                 .filter(|m| *m != peer)
                 .collect();
-            reaches_majority(&g.meta.members, me, &reach)
+            reaches_majority(&meta.members, me, &reach)
                 && successor(&members, me, &reach) == Some(me)
         });
+    let mine: Vec<GroupId> = mine.iter().map(|meta| meta.id).collect();
     for chunk in mine.chunks(WAKE_CHUNK) {
-        woke += chunk.iter().filter(|g| g.quiet.wake(&g.raft)).count();
+        woke += registry.wake_groups(chunk).await;
         tokio::time::sleep(WAKE_PAUSE).await;
     }
-    fall_back(node, peer, others.iter().map(|g| g.meta.id).collect());
+    fall_back(node, peer, others.iter().map(|meta| meta.id).collect());
     woke
 }
 
@@ -270,7 +283,7 @@ fn fall_back(node: &Arc<Node>, peer: NodeId, groups: Vec<GroupId>) {
         let late: Vec<_> = groups.into_iter().filter(|g| still.contains(g)).collect();
         let mut n = 0;
         for chunk in late.chunks(WAKE_CHUNK) {
-            n += node.registry().wake_groups(chunk);
+            n += node.registry().wake_groups(chunk).await;
             tokio::time::sleep(WAKE_PAUSE).await;
         }
         if n > 0 {
@@ -320,6 +333,13 @@ async fn hand_over_from(node: &Arc<Node>, dead: NodeId) {
     let me = node.id();
     let all = node.peers().ids();
     let meta_vote = followed_vote(node.registry().meta_raft(), dead);
+    // Unloaded followers of the dead leader are loaded first (their lease is dropped, or
+    // they campaign, below).
+    node.registry()
+        .load_where(|d| {
+            d.metrics.current_leader == Some(dead) && d.metrics.state == ServerState::Follower
+        })
+        .await;
     let groups: Vec<_> = node
         .registry()
         .queues()
@@ -365,7 +385,7 @@ async fn hand_over_from(node: &Arc<Node>, dead: NodeId) {
         |(g, vote)| {
             let (g, vote, reachable) = (g.clone(), *vote, reachable.clone());
             Box::pin(async move {
-                g.quiet.wake(&g.raft);
+                g.quiet.wake();
                 hand_over(&g.raft, g.meta.id, vote, &g.meta.members, me, &reachable).await;
                 true
             })
@@ -418,6 +438,12 @@ async fn paced<T>(
 pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
     let node2 = node.clone();
     node.tasks().spawn(async move {
+        node2
+            .registry()
+            .load_where(|d| {
+                d.metrics.state == ServerState::Leader && d.meta.members.contains(&peer)
+            })
+            .await;
         let led: Vec<QueueGroup> = node2
             .registry()
             .queues()
@@ -431,7 +457,7 @@ pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
         let woke = paced(
             led,
             |g| {
-                let woke = g.quiet.wake(&g.raft);
+                let woke = g.quiet.wake();
                 if woke {
                     crate::groups::quiet::heartbeat_soon(&g.raft);
                 }

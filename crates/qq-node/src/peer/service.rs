@@ -137,11 +137,11 @@ async fn refuse_vote_while_asleep(
         ),
     };
     if req.leadership_transfer {
-        g.quiet.wake(&g.raft);
+        g.quiet.wake();
         return None;
     }
     if leading {
-        if g.quiet.wake(&g.raft) {
+        if g.quiet.wake() {
             quiet::heartbeat_soon(&g.raft);
         }
         return Some(refuse("this node".into()));
@@ -153,7 +153,7 @@ async fn refuse_vote_while_asleep(
     {
         return Some(refuse(format!("node {leader}")));
     }
-    g.quiet.wake(&g.raft);
+    g.quiet.wake();
     None
 }
 
@@ -207,13 +207,13 @@ async fn serve_raft(node: &Arc<Node>, r: RaftRequest) -> Result<RaftReply, Statu
         // Asked by sleeping followers: their groups that this node leads wake, and are
         // named in the answer.
         let groups: Vec<u64> = decode(&r.payload)?;
-        let led = node.registry().wake_led(&groups);
+        let led = node.registry().wake_led(&groups).await;
         return Ok(reply::<Vec<u64>, String>(Ok(led)));
     }
     let out = if r.group == META_GROUP {
         dispatch!(node.registry().meta_raft())
     } else {
-        let group = match node.registry().queue(r.group) {
+        let group = match node.registry().load(r.group).await {
             Some(g) => Some(g),
             None if node.may_start_group(r.group) => {
                 node.registry()
@@ -234,7 +234,7 @@ async fn serve_raft(node: &Arc<Node>, r: RaftRequest) -> Result<RaftReply, Statu
                     let wakes = g.quiet.append_wakes(&req);
                     let out = reply(g.raft.append_entries(req).await);
                     if wakes {
-                        g.quiet.wake(&g.raft);
+                        g.quiet.wake();
                     }
                     out
                 }
