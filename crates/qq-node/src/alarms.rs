@@ -249,7 +249,7 @@ mod tests {
 }
 
 /// Returns the allocator's free pages to the OS (glibc's `malloc_trim`); elsewhere a no-op.
-fn release_free_heap() {
+pub fn release_free_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free memory of the allocator; it takes no pointers.
     unsafe {

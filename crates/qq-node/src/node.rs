@@ -17,13 +17,13 @@
 //! anything a queue's leader decides ([`crate::leader`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Weak};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{InitializeError, RaftError};
-use futures::future::BoxFuture;
 use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
 use qq_core::NodeId;
 use qq_core::meta::{MetaEffect, QueueMeta};
@@ -48,7 +48,7 @@ use crate::groups::quiet::Quiet;
 use crate::groups::registry::{
     Dormant, GroupLoader, MetaRaft, QueueGroup, Registry, Replica, next_instance,
 };
-use crate::groups::shell::Shell;
+use crate::groups::shell::{AppliedMembership, Shell};
 use crate::leader::{LeaderContext, watch_leadership};
 use crate::meta_view::MetaView;
 use crate::proposer::Proposer;
@@ -538,13 +538,22 @@ impl Node {
                 _ = self.shutdown.cancelled() => return,
                 _ = sweep.tick() => {}
             }
+            let mut unloaded = 0;
             for g in self.registry.queues() {
                 if self.shutdown.is_cancelled() {
                     return;
                 }
-                if g.quiet.asleep_for().is_some_and(|d| d >= after) {
-                    self.registry.unload(g.meta.id, leader_has_no_work).await;
+                if g.quiet.asleep_for().is_some_and(|d| d >= after)
+                    && self.registry.unload(g.meta.id, leader_has_no_work).await
+                {
+                    unloaded += 1;
                 }
+            }
+            // glibc keeps what the instances freed resident (in the middle of its arenas)
+            // until asked; without this an unload saved nothing (measured: 1 000 queues,
+            // 656 MB across three nodes either way, 337 MB after a trim).
+            if unloaded > 0 {
+                let _ = tokio::task::spawn_blocking(crate::alarms::release_free_heap).await;
             }
         }
     }
@@ -567,6 +576,7 @@ impl Node {
         qm: QueueMeta,
         machine: Arc<QueueMachine>,
         quiet: Arc<Quiet>,
+        membership: AppliedMembership,
         reload: bool,
     ) -> anyhow::Result<QueueGroup> {
         let span = info_span!("queue", node_id = self.id, queue = %qm.name, group = qm.id);
@@ -583,7 +593,7 @@ impl Node {
                 peers: self.peers.clone(),
             },
             LogStore::new(self.store.clone(), qm.id),
-            Shell::new(machine.clone()),
+            Shell::resume(machine.clone(), membership.clone()),
         )
         .instrument(span.clone())
         .await?;
@@ -596,6 +606,7 @@ impl Node {
             stop: stop.clone(),
             quiet: quiet.clone(),
             instance: next_instance(),
+            membership,
         };
         // The leadership watch starts with the group, before anything can fail: the group is
         // in the registry (peers reach it) as soon as it is returned, so it may lead whatever
@@ -624,7 +635,7 @@ impl Node {
         let machine = QueueMachine::new(qm.id, self.store.clone(), qm.config.clone());
         let quiet = Arc::new(Quiet::default());
         let group = self
-            .open_queue_group(qm.clone(), machine, quiet, false)
+            .open_queue_group(qm.clone(), machine, quiet, Default::default(), false)
             .await?;
         let raft = group.raft.clone();
         self.registry.insert(group);
@@ -674,6 +685,7 @@ impl GroupLoader for Node {
             dormant.meta.clone(),
             dormant.machine.clone(),
             dormant.quiet.clone(),
+            dormant.membership.clone(),
             true,
         ))
     }

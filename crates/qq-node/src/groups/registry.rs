@@ -35,7 +35,7 @@ use tracing::warn;
 use super::meta_sm::MetaMachine;
 use super::queue_sm::QueueMachine;
 use super::quiet::{self, Quiet};
-use super::shell::Shell;
+use super::shell::{AppliedMembership, Shell};
 
 pub type MetaRaft = Raft<TypeConfig, Shell<MetaMachine>>;
 pub type QueueRaft = Raft<TypeConfig, Shell<QueueMachine>>;
@@ -52,6 +52,8 @@ pub struct QueueGroup {
     pub quiet: Arc<Quiet>,
     /// Which Raft instance of the replica this is (a fresh one per load, [`next_instance`]).
     pub instance: u64,
+    /// The membership the machine has applied (kept across an unload, [`Shell::resume`]).
+    pub membership: AppliedMembership,
 }
 
 /// A number for a new Raft instance of a queue replica ([`QueueGroup::instance`]).
@@ -66,6 +68,7 @@ pub struct Dormant {
     pub machine: Arc<QueueMachine>,
     pub meta: QueueMeta,
     pub quiet: Arc<Quiet>,
+    pub membership: AppliedMembership,
     /// The replica's Raft metrics at the unload.
     pub metrics: Arc<RaftMetrics<TypeConfig>>,
 }
@@ -316,7 +319,10 @@ impl Registry {
                 Some(g)
             }
             Err(e) => {
-                warn!(group, "cannot load the Raft instance of an unloaded replica: {e:#}");
+                warn!(
+                    group,
+                    "cannot load the Raft instance of an unloaded replica: {e:#}"
+                );
                 None
             }
         }
@@ -346,7 +352,10 @@ impl Registry {
         loop {
             let g = self.load(group).await?;
             let guard = g.quiet.begin_write();
-            if self.queue(group).is_some_and(|now| now.instance == g.instance) {
+            if self
+                .queue(group)
+                .is_some_and(|now| now.instance == g.instance)
+            {
                 return Some((g, guard));
             }
         }
@@ -376,6 +385,7 @@ impl Registry {
             machine: g.machine.clone(),
             meta: g.meta.clone(),
             quiet: g.quiet.clone(),
+            membership: g.membership.clone(),
             metrics: Arc::new(g.raft.metrics().borrow_watched().clone()),
         };
         if let Some(h) = self.queues.write().unwrap().get_mut(&group) {

@@ -57,17 +57,39 @@ pub trait Machine: Send + Sync + 'static {
     fn install(&self, snapshot: &mut SnapshotReader) -> io::Result<()>;
 }
 
+/// The membership as of the last applied entry, shared with whoever outlives this shell: a
+/// queue replica unloaded and loaded again ([`super::registry`]) gets a new shell around the
+/// same machine, and openraft reads the applied membership from it at start.
+pub type AppliedMembership = Arc<std::sync::Mutex<StoredMembershipOf<TypeConfig>>>;
+
 pub struct Shell<M: Machine> {
     machine: Arc<M>,
-    membership: StoredMembershipOf<TypeConfig>,
+    membership: AppliedMembership,
 }
 
 impl<M: Machine> Shell<M> {
     pub fn new(machine: Arc<M>) -> Shell<M> {
+        Shell::resume(machine, AppliedMembership::default())
+    }
+
+    /// A shell around a machine that has applied entries already, with their membership.
+    pub fn resume(machine: Arc<M>, membership: AppliedMembership) -> Shell<M> {
         Shell {
             machine,
-            membership: Default::default(),
+            membership,
         }
+    }
+
+    pub fn applied_membership(&self) -> AppliedMembership {
+        self.membership.clone()
+    }
+
+    fn membership(&self) -> StoredMembershipOf<TypeConfig> {
+        self.membership.lock().unwrap().clone()
+    }
+
+    fn set_membership(&self, membership: StoredMembershipOf<TypeConfig>) {
+        *self.membership.lock().unwrap() = membership;
     }
 }
 
@@ -78,7 +100,7 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for Shell<M> {
     async fn applied_state(
         &mut self,
     ) -> Result<(Option<LogId>, StoredMembershipOf<TypeConfig>), io::Error> {
-        Ok((self.machine.last_applied(), self.membership.clone()))
+        Ok((self.machine.last_applied(), self.membership()))
     }
 
     async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
@@ -91,7 +113,10 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for Shell<M> {
             match entry.payload {
                 EntryPayload::Blank => {}
                 EntryPayload::Membership(m) => {
-                    self.membership = StoredMembershipOf::<TypeConfig>::new(Some(entry.log_id), m);
+                    self.set_membership(StoredMembershipOf::<TypeConfig>::new(
+                        Some(entry.log_id),
+                        m,
+                    ));
                 }
                 EntryPayload::Normal(req) => {
                     payload = self
@@ -113,7 +138,7 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for Shell<M> {
             machine: self.machine.clone(),
             cut: Some(self.machine.cut()),
             last_applied: self.machine.last_applied(),
-            membership: self.membership.clone(),
+            membership: self.membership(),
         }
     }
 
@@ -129,7 +154,7 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for Shell<M> {
             .await
             .map_err(|e| store.fault(e))?;
         self.machine.set_last_applied(meta.last_log_id);
-        self.membership = meta.last_membership.clone();
+        self.set_membership(meta.last_membership.clone());
         save(store, self.machine.group(), meta.clone(), snapshot)
             .await
             .map_err(|e| store.fault(e))?;

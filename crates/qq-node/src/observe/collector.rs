@@ -24,8 +24,8 @@ use qq_raft::TypeConfig;
 use tokio::sync::watch;
 
 use crate::alarms::rss_bytes;
-use crate::node::Node;
 use crate::groups::registry::Replica;
+use crate::node::Node;
 
 /// The alarms a node can raise, each exported as 0 or 1.
 const ALARM_KINDS: [&str; 2] = ["memory", "disk"];
