@@ -48,7 +48,7 @@ use crate::groups::quiet::Quiet;
 use crate::groups::registry::{
     Dormant, GroupLoader, MetaRaft, QueueGroup, Registry, Replica, next_instance,
 };
-use crate::groups::shell::{AppliedMembership, Shell};
+use crate::groups::shell::{AppliedMembership, Machine, Shell};
 use crate::leader::{LeaderContext, watch_leadership};
 use crate::meta_view::MetaView;
 use crate::proposer::Proposer;
@@ -67,6 +67,8 @@ const HANDOVER_WAIT: Duration = Duration::from_millis(500);
 
 /// How often the node looks for replicas that have slept for `unload_after_ms`.
 const UNLOAD_SWEEP: Duration = Duration::from_secs(1);
+/// How long a load waits for the new instance's core to report its state.
+const LOAD_WAIT: Duration = Duration::from_secs(5);
 
 pub struct Node {
     id: NodeId,
@@ -107,12 +109,7 @@ impl Node {
             config.cluster_tls()?.as_ref(),
         )?;
         let raft_config = raft_config(&config)?;
-        let reload_config = Arc::new(openraft::Config {
-            enable_tick: false,
-            enable_heartbeat: false,
-            enable_leader_restore: Some(true),
-            ..(*raft_config).clone()
-        });
+        let reload_config = reload_config(&raft_config);
         let (meta, effects) = MetaMachine::new(store.clone());
         let meta_raft = Raft::new(
             config.node_id,
@@ -597,6 +594,15 @@ impl Node {
         )
         .instrument(span.clone())
         .await?;
+        if reload {
+            // Until its core has started, the instance's metrics are the initial ones (a
+            // learner that knows nothing); what the replica is must be known before anyone
+            // reads "who leads" or "am I the leader" from it.
+            let applied = machine.last_applied();
+            raft.wait(Some(LOAD_WAIT))
+                .metrics(|m| m.last_applied == applied, "the loaded instance started")
+                .await?;
+        }
         quiet.attach(&raft);
         let stop = self.shutdown.child_token();
         let group = QueueGroup {
@@ -737,6 +743,17 @@ fn raft_config(config: &Config) -> anyhow::Result<Arc<openraft::Config>> {
         ..Default::default()
     };
     Ok(Arc::new(raft.validate()?))
+}
+
+/// The Raft settings of a queue replica loaded again after an unload: the node's, with the
+/// timers off (it still sleeps) and a leader restored as the leader of its term.
+fn reload_config(raft_config: &openraft::Config) -> Arc<openraft::Config> {
+    Arc::new(openraft::Config {
+        enable_tick: false,
+        enable_heartbeat: false,
+        enable_leader_restore: Some(true),
+        ..raft_config.clone()
+    })
 }
 
 /// What to do when the data directory cannot be opened (said in the node's refusal).
@@ -917,6 +934,76 @@ mod tests {
             .await
             .expect("a replica that heard its leader is started, not failed");
         assert_eq!(raft.metrics().borrow_watched().vote, vote);
+        raft.shutdown().await.unwrap();
+    }
+
+    /// An unloaded replica loaded again (the unload's shutdown, then a new instance with the
+    /// reload settings around the same machine and applied membership) is what it was: here
+    /// the leader of a one-voter group, of the same term, with the same voters, without an
+    /// election. Without the applied membership it would come back as a learner (found when
+    /// the first unloaded group was read: it had no leader any more).
+    #[tokio::test]
+    async fn a_reloaded_leader_is_the_leader_of_its_term_with_its_membership() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let config = Config::for_tests("insecure_cluster = true").unwrap();
+        let machine = QueueMachine::new(GROUP, store.clone(), QueueConfig::new("/", "q"));
+        let open = |raft_config: Arc<openraft::Config>, shell: Shell<QueueMachine>| {
+            let store = store.clone();
+            async move {
+                Raft::new(
+                    1,
+                    raft_config,
+                    GroupNetwork {
+                        group: GROUP,
+                        peers: Peers::new(Vec::new(), None).unwrap(),
+                    },
+                    LogStore::new(store, GROUP),
+                    shell,
+                )
+                .await
+                .unwrap()
+            }
+        };
+        let shell = Shell::new(machine.clone());
+        let membership = shell.applied_membership();
+        let raft = open(raft_config(&config).unwrap(), shell).await;
+        let one: BTreeMap<u64, BasicNode> = [(1, BasicNode::default())].into();
+        raft.initialize(one).await.unwrap();
+        let before = raft
+            .wait(Some(Duration::from_secs(5)))
+            .metrics(
+                |m| m.state == ServerState::Leader && m.last_applied.is_some(),
+                "leader with its first entry applied",
+            )
+            .await
+            .unwrap();
+        raft.shutdown().await.unwrap();
+
+        let reload = reload_config(&raft_config(&config).unwrap());
+        let raft = open(reload.clone(), Shell::resume(machine.clone(), membership)).await;
+        let started = |m: &openraft::RaftMetrics<TypeConfig>| m.last_applied.is_some();
+        let after = raft
+            .wait(Some(Duration::from_secs(5)))
+            .metrics(started, "the reloaded instance's first metrics")
+            .await
+            .unwrap();
+        assert_eq!(after.state, ServerState::Leader);
+        assert_eq!(after.current_term, before.current_term);
+        assert_eq!(after.vote, before.vote);
+        let voters: Vec<u64> = after.membership_config.voter_ids().collect();
+        assert_eq!(voters, vec![1]);
+        assert_eq!(after.last_applied, before.last_applied);
+        raft.shutdown().await.unwrap();
+
+        // The same without the applied membership: not a voter any more.
+        let raft = open(reload, Shell::new(machine)).await;
+        let lost = raft
+            .wait(Some(Duration::from_secs(5)))
+            .metrics(started, "the reloaded instance's first metrics")
+            .await
+            .unwrap();
+        assert_eq!(lost.state, ServerState::Learner);
         raft.shutdown().await.unwrap();
     }
 

@@ -2,7 +2,10 @@
 //! groups sleep").
 //!
 //! 1. Twenty idle queues on three nodes: every replica of every group falls asleep (the
-//!    `quorumq_raft_groups_asleep` gauge of every node reaches 20).
+//!    `quorumq_raft_groups_asleep` gauge of every node reaches 20), and then lets its Raft
+//!    instance go (`quorumq_raft_groups_unloaded` reaches 20: after `unload_after_ms`, 5 s by
+//!    default). Every step below starts from unloaded replicas, so each path that needs a
+//!    Raft instance loads it again: reads, writes, a peer's messages, the liveness link.
 //! 2. Reads and writes wake them without an election: GetQueue on every queue, then a confirmed
 //!    publish and a Get on one of them; no node becomes the leader of a queue meanwhile
 //!    (`quorumq_raft_leader_changes_total{kind="queue"}` summed over the nodes is unchanged),
@@ -23,7 +26,8 @@ use qq_tests::{FAILOVER_TIMEOUT, TestCluster, eventually, info};
 use crate::body;
 
 const QUEUES: usize = 20;
-/// Default `quiesce_after_ms` is 2 s; sleeping needs that after the last entry plus a round.
+/// Default `quiesce_after_ms` is 2 s; sleeping needs that after the last entry plus a round,
+/// and unloading `unload_after_ms` (5 s) more plus a sweep (1 s).
 const SLEEP_WAIT: Duration = Duration::from_secs(30);
 
 fn queue(i: usize) -> String {
@@ -45,14 +49,28 @@ async fn metric(cluster: &TestCluster, id: u64, name: &str) -> anyhow::Result<f6
 
 /// Waits until every running node reports all [`QUEUES`] groups asleep.
 async fn all_asleep(cluster: &TestCluster, when: &str) -> anyhow::Result<()> {
+    all_counted(cluster, "quorumq_raft_groups_asleep", "asleep", when).await
+}
+
+/// Waits until every running node reports all [`QUEUES`] replicas unloaded.
+async fn all_unloaded(cluster: &TestCluster, when: &str) -> anyhow::Result<()> {
+    all_counted(cluster, "quorumq_raft_groups_unloaded", "unloaded", when).await
+}
+
+async fn all_counted(
+    cluster: &TestCluster,
+    gauge: &str,
+    what: &str,
+    when: &str,
+) -> anyhow::Result<()> {
     eventually(
-        &format!("every group asleep on every node ({when})"),
+        &format!("every group {what} on every node ({when})"),
         SLEEP_WAIT,
         || async move {
             for id in cluster.live_ids() {
-                let n = metric(cluster, id, "quorumq_raft_groups_asleep").await?;
+                let n = metric(cluster, id, gauge).await?;
                 if n as usize != QUEUES {
-                    bail!("node {id}: {n} of {QUEUES} asleep");
+                    bail!("node {id}: {n} of {QUEUES} {what}");
                 }
             }
             Ok(Some(()))
@@ -122,6 +140,8 @@ async fn idle_queues_sleep_and_wake_for_reads_writes_and_lost_leaders() -> anyho
     // 1. Idle: everything sleeps.
     all_asleep(&cluster, "after the declares").await?;
     info!("all {QUEUES} groups asleep on every node");
+    all_unloaded(&cluster, "after the declares").await?;
+    info!("all {QUEUES} replicas unloaded on every node");
 
     // 2. Reads and a write wake without an election.
     let leaderships = queue_leaderships(&cluster).await?;
@@ -137,6 +157,7 @@ async fn idle_queues_sleep_and_wake_for_reads_writes_and_lost_leaders() -> anyho
         "a read or a write of a sleeping queue caused an election"
     );
     all_asleep(&cluster, "after reads and writes").await?;
+    all_unloaded(&cluster, "after reads and writes").await?;
 
     // 3. A frozen leader: only the node-level link notices.
     let frozen = cluster.leader_of(&queue(5)).await?;
@@ -171,6 +192,7 @@ async fn idle_queues_sleep_and_wake_for_reads_writes_and_lost_leaders() -> anyho
     publish_and_get(&client, &led[0], "after the freeze").await?;
     cluster.freeze(frozen, false)?;
     all_asleep(&cluster, "after the thaw").await?;
+    all_unloaded(&cluster, "after the thaw").await?;
 
     // 4. A killed leader, restarted.
     let killed = cluster.leader_of(&queue(6)).await?;
@@ -184,6 +206,7 @@ async fn idle_queues_sleep_and_wake_for_reads_writes_and_lost_leaders() -> anyho
     publish_and_get(&client, &led[0], "after the kill").await?;
     cluster.restart(killed).await?;
     all_asleep(&cluster, "after the restart").await?;
+    all_unloaded(&cluster, "after the restart").await?;
     // The restarted node serves a queue it may now lead, woken by the request.
     let c = cluster.client(killed).await?;
     publish_and_get(&c, &queue(7), "through the restarted node").await?;

@@ -159,13 +159,19 @@ impl Quiet {
     }
 
     /// The replica's Raft instance runs (again): its timers follow whether the replica sleeps
-    /// (an instance loaded for a sleeping replica is created with them off).
+    /// (an instance loaded for a sleeping replica is created with them off), and a sleeping
+    /// one counts its sleep from now for the unload.
     pub fn attach(&self, raft: &QueueRaft) {
         let mut state = self.state.lock().unwrap();
         let rc = raft.runtime_config();
         rc.heartbeat(!state.asleep);
         rc.tick(!state.asleep);
         state.raft = Some(raft.clone());
+        // The unload clock starts again: a replica loaded to be woken must not be unloaded
+        // before its turn comes (a reopened link wakes the groups it loaded 128 at a time).
+        if state.asleep {
+            state.since = Some(Instant::now());
+        }
     }
 
     /// Let the replica's Raft instance go (it is being unloaded), if the replica still sleeps

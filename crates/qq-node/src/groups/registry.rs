@@ -30,7 +30,7 @@ use qq_core::{Message, QueueConfig};
 use qq_raft::{GroupId, META_GROUP, TypeConfig};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::meta_sm::MetaMachine;
 use super::queue_sm::QueueMachine;
@@ -338,9 +338,17 @@ impl Registry {
                 _ => None,
             })
             .collect();
+        let started = std::time::Instant::now();
         let mut n = 0;
         for group in picked {
             n += usize::from(self.load(group).await.is_some());
+        }
+        if n > 0 {
+            info!(
+                replicas = n,
+                ms = started.elapsed().as_millis() as u64,
+                "loaded unloaded replicas"
+            );
         }
         n
     }

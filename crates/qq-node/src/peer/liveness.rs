@@ -54,7 +54,6 @@ use qq_proto::internal::WatchRequest;
 use qq_raft::{GroupId, META_GROUP, TypeConfig};
 use tracing::{debug, info, warn};
 
-use crate::groups::registry::QueueGroup;
 use crate::node::Node;
 use crate::quiesce;
 
@@ -438,32 +437,38 @@ async fn paced<T>(
 pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
     let node2 = node.clone();
     node.tasks().spawn(async move {
-        node2
+        // Unloaded ones too, each loaded when its turn comes.
+        let led: Vec<GroupId> = node2
             .registry()
-            .load_where(|d| {
-                d.metrics.state == ServerState::Leader && d.meta.members.contains(&peer)
-            })
-            .await;
-        let led: Vec<QueueGroup> = node2
-            .registry()
-            .queues()
+            .replicas()
             .into_iter()
-            .filter(|g| {
-                g.quiet.is_asleep()
-                    && g.meta.members.contains(&peer)
-                    && g.raft.metrics().borrow_watched().state == ServerState::Leader
+            .filter(|r| {
+                r.quiet().is_asleep()
+                    && r.meta().members.contains(&peer)
+                    && r.metrics().state == ServerState::Leader
             })
+            .map(|r| r.meta().id)
             .collect();
         let woke = paced(
             led,
-            |g| {
-                let woke = g.quiet.wake();
-                if woke {
-                    crate::groups::quiet::heartbeat_soon(&g.raft);
-                }
-                Box::pin(std::future::ready(woke))
+            |id| {
+                let node = node2.clone();
+                let id = *id;
+                Box::pin(async move {
+                    let Some(g) = node.registry().load(id).await else {
+                        return false;
+                    };
+                    let woke = g.quiet.wake();
+                    if woke {
+                        crate::groups::quiet::heartbeat_soon(&g.raft);
+                    }
+                    woke
+                })
             },
-            |g| {
+            |id| {
+                let Some(g) = node2.registry().queue(*id) else {
+                    return true;
+                };
                 let m = g.raft.metrics();
                 let m = m.borrow_watched();
                 let matched = m
