@@ -107,7 +107,7 @@ pub async fn watch_leadership(
 ) {
     let mut first = true;
     let mut metrics = raft.metrics();
-    let mut actor: Option<CancellationToken> = None;
+    let mut actor: Option<(CancellationToken, u64)> = None;
     // The voters last seen; a change is logged by the leader only, so once per cluster.
     let mut voters: Option<Vec<u64>> = None;
     loop {
@@ -139,10 +139,11 @@ pub async fn watch_leadership(
                     crate::metrics::became_leader(crate::metrics::QUEUE);
                 }
                 let token = stop.child_token();
+                let (attachment, inbox) = machine.attach_leader();
                 let leader = QueueLeader {
                     ctx: ctx.clone(),
                     group,
-                    inbox: machine.attach_leader(),
+                    inbox,
                     machine: machine.clone(),
                     raft: raft.clone(),
                     quiet: quiet.clone(),
@@ -150,13 +151,13 @@ pub async fn watch_leadership(
                     cancel: token.clone(),
                 };
                 ctx.tasks.spawn(leader.run().instrument(span.clone()));
-                actor = Some(token);
+                actor = Some((token, attachment));
             }
-            (Some(token), false) => {
+            (Some((token, attachment)), false) => {
                 info!("not the leader any more");
                 token.cancel();
+                machine.detach_leader(*attachment);
                 actor = None;
-                machine.detach_leader();
                 machine.cancel_consumers("queue leader changed; subscribe again", true);
             }
             _ => {}
@@ -167,9 +168,9 @@ pub async fn watch_leadership(
             _ = stop.cancelled() => break,
         }
     }
-    if let Some(token) = actor {
+    if let Some((token, attachment)) = actor {
         token.cancel();
-        machine.detach_leader();
+        machine.detach_leader(attachment);
     }
 }
 

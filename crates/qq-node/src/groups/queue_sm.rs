@@ -155,7 +155,9 @@ pub struct QueueMachine {
     last_applied: Mutex<Option<LogId>>,
     consumers: Mutex<HashMap<ConsumerId, mpsc::Sender<ConsumerEvent>>>,
     /// The leader actor's inbox while this node leads the queue; `None` otherwise.
-    leader: Mutex<Option<mpsc::Sender<LeaderEvent>>>,
+    /// The attached leader actor's inbox, with the number of its attachment.
+    leader: Mutex<Option<(u64, mpsc::Sender<LeaderEvent>)>>,
+    attachments: std::sync::atomic::AtomicU64,
     /// Bumped after every applied batch (the leader actor and waiters watch it).
     applied: watch::Sender<u64>,
     /// Body writes of the entry being applied: one RocksDB write per entry, not per message.
@@ -218,6 +220,7 @@ impl QueueMachine {
             last_applied: Mutex::new(None),
             consumers: Mutex::new(HashMap::new()),
             leader: Mutex::new(None),
+            attachments: std::sync::atomic::AtomicU64::new(0),
             applied: watch::channel(0).0,
             pending: Mutex::new(PendingBodies::default()),
             dropped_dead_letters: AtomicU64::new(0),
@@ -280,20 +283,30 @@ impl QueueMachine {
         }
     }
 
-    /// The leader actor starts: it receives the leader-only effects from now on.
-    pub fn attach_leader(&self) -> mpsc::Receiver<LeaderEvent> {
+    /// The leader actor starts: it receives the leader-only effects from now on. Returns the
+    /// attachment's number (for [`QueueMachine::detach_leader`]) and the inbox.
+    pub fn attach_leader(&self) -> (u64, mpsc::Receiver<LeaderEvent>) {
         let (tx, rx) = mpsc::channel(LEADER_EVENTS_BOUND);
-        *self.leader.lock().unwrap() = Some(tx);
-        rx
+        let n = self
+            .attachments
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *self.leader.lock().unwrap() = Some((n, tx));
+        (n, rx)
     }
 
-    pub fn detach_leader(&self) {
-        *self.leader.lock().unwrap() = None;
+    /// The actor of attachment `n` ended. A later attachment stays: the machine outlives a
+    /// replica's Raft instance (unloaded and loaded again), and the watcher of the old instance
+    /// may end after the new one attached its actor.
+    pub fn detach_leader(&self, n: u64) {
+        let mut leader = self.leader.lock().unwrap();
+        if leader.as_ref().is_some_and(|(current, _)| *current == n) {
+            *leader = None;
+        }
     }
 
     /// Tell the leader actor, if any, that the metadata changed the queue's configuration.
     pub fn notify_config_changed(&self) {
-        if let Some(tx) = self.leader.lock().unwrap().as_ref() {
+        if let Some((_, tx)) = self.leader.lock().unwrap().as_ref() {
             // Full: the actor is busy; it compares configurations again on its retry timer.
             let _ = tx.try_send(LeaderEvent::ConfigChanged);
         }
@@ -462,7 +475,7 @@ impl QueueMachine {
             detail,
             message,
         };
-        if let Some(tx) = self.leader.lock().unwrap().as_ref() {
+        if let Some((_, tx)) = self.leader.lock().unwrap().as_ref() {
             if tx.try_send(LeaderEvent::DeadLetter(job)).is_err() {
                 // Counted here; the leader actor logs the count, rate-limited (no clock here).
                 self.dropped_dead_letters.fetch_add(1, Ordering::Relaxed);
@@ -659,6 +672,24 @@ mod tests {
         let mut out = m.store.snapshots().writer(m.group, None).unwrap();
         m.write_cut(cut, &mut out).unwrap();
         out.finish().unwrap()
+    }
+
+    /// The watcher of an unloaded instance can end after the next instance's watcher attached
+    /// its leader actor: its detach must leave the newer attachment in place (else the new
+    /// actor hears no config change and no at-most-once dead letter).
+    #[test]
+    fn a_stale_detach_leaves_the_newer_leader_attached() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let m = QueueMachine::new(5, store, QueueConfig::new("/", "q"));
+        let (old, _old_inbox) = m.attach_leader();
+        let (new, mut inbox) = m.attach_leader();
+        m.detach_leader(old);
+        assert!(m.is_leader());
+        m.notify_config_changed();
+        assert!(matches!(inbox.try_recv(), Ok(LeaderEvent::ConfigChanged)));
+        m.detach_leader(new);
+        assert!(!m.is_leader());
     }
 
     /// A snapshot is the state and bodies as of its cut, whatever is applied while it is
