@@ -232,7 +232,7 @@ fn default_quiesce_after_ms() -> u64 {
     2000
 }
 fn default_unload_after_ms() -> u64 {
-    5000
+    10_000
 }
 fn default_snapshot_entries() -> u64 {
     20_000

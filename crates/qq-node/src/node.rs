@@ -67,6 +67,8 @@ const HANDOVER_WAIT: Duration = Duration::from_millis(500);
 
 /// How often the node looks for replicas that have slept for `unload_after_ms`.
 const UNLOAD_SWEEP: Duration = Duration::from_secs(1);
+/// At most one `malloc_trim` per this long after unloads ([`Node::unload_sleepers`]).
+const UNLOAD_TRIM_EVERY: Duration = Duration::from_secs(10);
 /// How long a load waits for the new instance's core to report its state.
 const LOAD_WAIT: Duration = Duration::from_secs(5);
 
@@ -530,6 +532,8 @@ impl Node {
     async fn unload_sleepers(self: Arc<Self>, after: Duration) {
         let mut sweep = tokio::time::interval(UNLOAD_SWEEP);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut untrimmed = 0usize;
+        let mut trimmed_at = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
@@ -548,9 +552,13 @@ impl Node {
             }
             // glibc keeps what the instances freed resident (in the middle of its arenas)
             // until asked; without this an unload saved nothing (measured: 1 000 queues,
-            // 656 MB across three nodes either way, 337 MB after a trim).
-            if unloaded > 0 {
+            // 656 MB across three nodes either way, 337 MB after a trim). A trim walks every
+            // arena under its lock, so at most one per UNLOAD_TRIM_EVERY.
+            untrimmed += unloaded;
+            if untrimmed > 0 && trimmed_at.elapsed() >= UNLOAD_TRIM_EVERY {
                 let _ = tokio::task::spawn_blocking(crate::alarms::release_free_heap).await;
+                untrimmed = 0;
+                trimmed_at = tokio::time::Instant::now();
             }
         }
     }

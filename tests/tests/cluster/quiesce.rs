@@ -3,7 +3,7 @@
 //!
 //! 1. Twenty idle queues on three nodes: every replica of every group falls asleep (the
 //!    `quorumq_raft_groups_asleep` gauge of every node reaches 20), and then lets its Raft
-//!    instance go (`quorumq_raft_groups_unloaded` reaches 20: after `unload_after_ms`, 5 s by
+//!    instance go (`quorumq_raft_groups_unloaded` reaches 20: after `unload_after_ms`, 10 s by
 //!    default). Every step below starts from unloaded replicas, so each path that needs a
 //!    Raft instance loads it again: reads, writes, a peer's messages, the liveness link.
 //! 2. Reads and writes wake them without an election: GetQueue on every queue, then a confirmed
@@ -27,7 +27,7 @@ use crate::body;
 
 const QUEUES: usize = 20;
 /// Default `quiesce_after_ms` is 2 s; sleeping needs that after the last entry plus a round,
-/// and unloading `unload_after_ms` (5 s) more plus a sweep (1 s).
+/// and unloading `unload_after_ms` (10 s) more plus a sweep (1 s).
 const SLEEP_WAIT: Duration = Duration::from_secs(30);
 
 fn queue(i: usize) -> String {

@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::future::BoxFuture;
 use openraft::async_runtime::WatchReceiver;
 use openraft::{Raft, RaftMetrics, ServerState};
@@ -55,6 +56,10 @@ pub struct QueueGroup {
     /// The membership the machine has applied (kept across an unload, [`Shell::resume`]).
     pub membership: AppliedMembership,
 }
+
+/// Loads [`Registry::load_where`] runs at once: one after another, the 3 333 followers of a
+/// dead node's groups (10 000 queues) took seconds before the first campaign.
+pub const LOADS_AT_ONCE: usize = 64;
 
 /// A number for a new Raft instance of a queue replica ([`QueueGroup::instance`]).
 pub fn next_instance() -> u64 {
@@ -328,7 +333,8 @@ impl Registry {
         }
     }
 
-    /// Load every unloaded replica that `wanted` picks; returns how many.
+    /// Load every unloaded replica that `wanted` picks, [`LOADS_AT_ONCE`] at a time; returns
+    /// how many.
     pub async fn load_where(&self, wanted: impl Fn(&Dormant) -> bool) -> usize {
         let picked: Vec<GroupId> = self
             .replicas()
@@ -339,10 +345,12 @@ impl Registry {
             })
             .collect();
         let started = std::time::Instant::now();
-        let mut n = 0;
-        for group in picked {
-            n += usize::from(self.load(group).await.is_some());
-        }
+        let n = futures::stream::iter(picked)
+            .map(|group| self.load(group))
+            .buffer_unordered(LOADS_AT_ONCE)
+            .filter(|g| std::future::ready(g.is_some()))
+            .count()
+            .await;
         if n > 0 {
             info!(
                 replicas = n,

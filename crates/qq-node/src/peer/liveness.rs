@@ -54,6 +54,7 @@ use qq_proto::internal::WatchRequest;
 use qq_raft::{GroupId, META_GROUP, TypeConfig};
 use tracing::{debug, info, warn};
 
+use crate::groups::registry::Replica;
 use crate::node::Node;
 use crate::quiesce;
 
@@ -452,22 +453,24 @@ pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
         let woke = paced(
             led,
             |id| {
+                // Loaded (where unloaded) and woken in a task of its own: the window, not
+                // the loads one after another, bounds how many run at once.
                 let node = node2.clone();
                 let id = *id;
-                Box::pin(async move {
-                    let Some(g) = node.registry().load(id).await else {
-                        return false;
-                    };
-                    let woke = g.quiet.wake();
-                    if woke {
+                node2.tasks().spawn(async move {
+                    if let Some(g) = node.registry().load(id).await
+                        && g.quiet.wake()
+                    {
                         crate::groups::quiet::heartbeat_soon(&g.raft);
                     }
-                    woke
-                })
+                });
+                Box::pin(std::future::ready(true))
             },
             |id| {
-                let Some(g) = node2.registry().queue(*id) else {
-                    return true;
+                let g = match node2.registry().replica(*id) {
+                    None => return true,
+                    Some(Replica::Dormant(_)) => return false, // not loaded yet
+                    Some(Replica::Loaded(g)) => g,
                 };
                 let m = g.raft.metrics();
                 let m = m.borrow_watched();
