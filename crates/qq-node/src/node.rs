@@ -70,7 +70,7 @@ const UNLOAD_SWEEP: Duration = Duration::from_secs(1);
 /// At most one `malloc_trim` per this long after unloads ([`Node::unload_sleepers`]).
 const UNLOAD_TRIM_EVERY: Duration = Duration::from_secs(10);
 /// How long a load waits for the new instance's core to report its state.
-const LOAD_WAIT: Duration = Duration::from_secs(20);
+const LOAD_WAIT: Duration = Duration::from_secs(5);
 
 pub struct Node {
     id: NodeId,
@@ -607,14 +607,9 @@ impl Node {
             // learner that knows nothing); what the replica is must be known before anyone
             // reads "who leads" or "am I the leader" from it.
             let applied = machine.last_applied();
-            if let Err(e) = raft
-                .wait(Some(LOAD_WAIT))
+            raft.wait(Some(LOAD_WAIT))
                 .metrics(|m| m.last_applied == applied, "the loaded instance started")
-                .await
-            {
-                let _ = raft.shutdown().await;
-                return Err(e.into());
-            }
+                .await?;
         }
         quiet.attach(&raft);
         let stop = self.shutdown.child_token();

@@ -57,9 +57,8 @@ pub struct QueueGroup {
     pub membership: AppliedMembership,
 }
 
-/// Loads running at once on a node (and in one [`Registry::load_where`]): one after another,
-/// the 3 333 followers of a dead node's groups (10 000 queues) took seconds before the first
-/// campaign; unbounded, a restarted peer's votes started thousands at once and they timed out.
+/// Loads [`Registry::load_where`] runs at once: one after another, the 3 333 followers of a
+/// dead node's groups (10 000 queues) took seconds before the first campaign.
 pub const LOADS_AT_ONCE: usize = 64;
 
 /// A number for a new Raft instance of a queue replica ([`QueueGroup::instance`]).
@@ -189,9 +188,6 @@ pub struct Registry {
     /// Bumped whenever a queue group starts here ([`Registry::queue_when_started`] waits on it).
     started: tokio::sync::watch::Sender<u64>,
     loader: OnceLock<Weak<dyn GroupLoader>>,
-    /// Loads running at once, node-wide ([`LOADS_AT_ONCE`]): the others wait their turn
-    /// rather than all starve each other.
-    loads: tokio::sync::Semaphore,
 }
 
 impl Registry {
@@ -209,7 +205,6 @@ impl Registry {
             queues: RwLock::new(HashMap::new()),
             started: tokio::sync::watch::Sender::new(0),
             loader: OnceLock::new(),
-            loads: tokio::sync::Semaphore::new(LOADS_AT_ONCE),
         }
     }
 
@@ -320,7 +315,6 @@ impl Registry {
             Replica::Dormant(d) => d,
         };
         let loader = self.loader.get()?.upgrade()?;
-        let _turn = self.loads.acquire().await.ok()?;
         match loader.load(&dormant).await {
             Ok(g) => {
                 if let Some(h) = self.queues.write().unwrap().get_mut(&group) {

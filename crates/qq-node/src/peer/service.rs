@@ -17,7 +17,7 @@ use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use qq_proto::internal::internal_server::Internal;
 use qq_proto::internal::*;
 use qq_raft::snapshot::{ChunkReply, Received, SnapshotChunk, SnapshotFile};
-use qq_raft::{GroupId, META_GROUP, TypeConfig};
+use qq_raft::{META_GROUP, TypeConfig};
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -26,7 +26,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::consume::relay::RELAY_BOUND;
 use crate::consume::session::{SessionIn, SessionOut, run_session};
 use crate::groups::quiet;
-use crate::groups::registry::{QueueGroup, Replica};
+use crate::groups::registry::QueueGroup;
 use crate::node::Node;
 use crate::quiesce;
 
@@ -157,38 +157,6 @@ async fn refuse_vote_while_asleep(
     None
 }
 
-/// A vote request to an unloaded follower (not a leadership transfer's): as for a sleeping one
-/// ([`refuse_vote_while_asleep`]), but the leader is asked before the replica is loaded, so a
-/// refused vote costs no load. A restarted node's thousands of replicas ask while their
-/// leaders bring them up to date; loading every follower they asked overloaded the node
-/// (loads timed out). None: go on as for a loaded replica (loaded first).
-async fn refuse_vote_while_unloaded(
-    node: &Node,
-    group: GroupId,
-    payload: &[u8],
-) -> Result<Option<RaftReply>, Status> {
-    let Some(Replica::Dormant(d)) = node.registry().replica(group) else {
-        return Ok(None);
-    };
-    let req: VoteRequest<TypeConfig> = decode(payload)?;
-    if req.leadership_transfer || d.metrics.state == openraft::ServerState::Leader {
-        return Ok(None);
-    }
-    let Some(leader) = d.metrics.current_leader.filter(|l| *l != node.id()) else {
-        return Ok(None);
-    };
-    if quiesce::confirm_leader(node.peers(), leader, vec![group], quiesce::ASK_TIMEOUT)
-        .await
-        .contains(&group)
-    {
-        return Ok(Some(RaftReply {
-            payload: Default::default(),
-            error: format!("group {group} sleeps here and node {leader} leads it: vote refused"),
-        }));
-    }
-    Ok(None)
-}
-
 /// One Raft request for any group here, from a unary `Raft` call or a `RaftBatch` stream.
 async fn serve_raft(node: &Arc<Node>, r: RaftRequest) -> Result<RaftReply, Status> {
     let kind = RaftKind::try_from(r.kind).map_err(|_| Status::invalid_argument("kind"))?;
@@ -241,11 +209,6 @@ async fn serve_raft(node: &Arc<Node>, r: RaftRequest) -> Result<RaftReply, Statu
         let groups: Vec<u64> = decode(&r.payload)?;
         let led = node.registry().wake_led(&groups).await;
         return Ok(reply::<Vec<u64>, String>(Ok(led)));
-    }
-    if matches!(kind, RaftKind::Vote | RaftKind::PreVote)
-        && let Some(refusal) = refuse_vote_while_unloaded(node, r.group, &r.payload).await?
-    {
-        return Ok(refusal);
     }
     let out = if r.group == META_GROUP {
         dispatch!(node.registry().meta_raft())
