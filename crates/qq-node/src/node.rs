@@ -607,9 +607,15 @@ impl Node {
             // learner that knows nothing); what the replica is must be known before anyone
             // reads "who leads" or "am I the leader" from it.
             let applied = machine.last_applied();
-            raft.wait(Some(LOAD_WAIT))
+            if let Err(e) = raft
+                .wait(Some(LOAD_WAIT))
                 .metrics(|m| m.last_applied == applied, "the loaded instance started")
-                .await?;
+                .await
+            {
+                // Not left running beside the next attempt's instance.
+                let _ = raft.shutdown().await;
+                return Err(e.into());
+            }
         }
         quiet.attach(&raft);
         let stop = self.shutdown.child_token();
