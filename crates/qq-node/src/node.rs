@@ -951,6 +951,17 @@ mod tests {
         raft.shutdown().await.unwrap();
     }
 
+    /// The metrics of a started instance over an applied machine (before its core started, an
+    /// instance reports the initial ones: a learner that knows nothing).
+    async fn first_metrics(
+        raft: &Raft<TypeConfig, Shell<QueueMachine>>,
+    ) -> openraft::RaftMetrics<TypeConfig> {
+        raft.wait(Some(Duration::from_secs(5)))
+            .metrics(|m| m.last_applied.is_some(), "the instance's first metrics")
+            .await
+            .unwrap()
+    }
+
     /// An unloaded replica loaded again (the unload's shutdown, then a new instance with the
     /// reload settings around the same machine and applied membership) is what it was: here
     /// the leader of a one-voter group, of the same term, with the same voters, without an
@@ -996,12 +1007,7 @@ mod tests {
 
         let reload = reload_config(&raft_config(&config).unwrap());
         let raft = open(reload.clone(), Shell::resume(machine.clone(), membership)).await;
-        let started = |m: &openraft::RaftMetrics<TypeConfig>| m.last_applied.is_some();
-        let after = raft
-            .wait(Some(Duration::from_secs(5)))
-            .metrics(started, "the reloaded instance's first metrics")
-            .await
-            .unwrap();
+        let after = first_metrics(&raft).await;
         assert_eq!(after.state, ServerState::Leader);
         assert_eq!(after.current_term, before.current_term);
         assert_eq!(after.vote, before.vote);
@@ -1012,11 +1018,7 @@ mod tests {
 
         // The same without the applied membership: not a voter any more.
         let raft = open(reload, Shell::new(machine)).await;
-        let lost = raft
-            .wait(Some(Duration::from_secs(5)))
-            .metrics(started, "the reloaded instance's first metrics")
-            .await
-            .unwrap();
+        let lost = first_metrics(&raft).await;
         assert_eq!(lost.state, ServerState::Learner);
         raft.shutdown().await.unwrap();
     }
