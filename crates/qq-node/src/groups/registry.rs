@@ -115,7 +115,7 @@ impl Replica {
         }
     }
 
-    fn state(&self) -> ServerState {
+    pub fn state(&self) -> ServerState {
         match self {
             Replica::Loaded(g) => g.raft.metrics().borrow_watched().state,
             Replica::Dormant(d) => d.metrics.state,
@@ -267,19 +267,18 @@ impl Registry {
             .map(|h| h.replica.clone())
     }
 
-    /// How many replicas here are unloaded.
-    pub fn dormant_count(&self) -> usize {
-        self.queues
-            .read()
-            .unwrap()
-            .values()
-            .filter(|h| matches!(h.replica, Replica::Dormant(_)))
-            .count()
-    }
-
     /// The groups hosted here, loaded or not.
     pub fn running(&self) -> Vec<GroupId> {
         self.queues.read().unwrap().keys().copied().collect()
+    }
+
+    /// The lock of the group's transitions (load, unload, removal), if it is hosted here.
+    fn transition(&self, group: GroupId) -> Option<Arc<tokio::sync::Mutex<()>>> {
+        self.queues
+            .read()
+            .unwrap()
+            .get(&group)
+            .map(|h| h.transition.clone())
     }
 
     /// Whether this node hosts a replica of the group (loaded or not).
@@ -301,14 +300,10 @@ impl Registry {
     /// The queue group with its Raft instance, loading it if it is unloaded. None if the
     /// group is not hosted here (or its instance cannot be created: logged).
     pub async fn load(&self, group: GroupId) -> Option<QueueGroup> {
-        let transition = {
-            let queues = self.queues.read().unwrap();
-            let hosted = queues.get(&group)?;
-            if let Replica::Loaded(g) = &hosted.replica {
-                return Some(g.clone());
-            }
-            hosted.transition.clone()
-        };
+        if let Some(g) = self.queue(group) {
+            return Some(g);
+        }
+        let transition = self.transition(group)?;
         let _transition = transition.lock().await;
         let dormant = match self.replica(group)? {
             Replica::Loaded(g) => return Some(g),
@@ -368,10 +363,15 @@ impl Registry {
         loop {
             let g = self.load(group).await?;
             let guard = g.quiet.begin_write();
-            if self
-                .queue(group)
-                .is_some_and(|now| now.instance == g.instance)
-            {
+            // Only the instance number is compared: no clone of the group on every write.
+            let current = match self.queues.read().unwrap().get(&group) {
+                Some(Hosted {
+                    replica: Replica::Loaded(now),
+                    ..
+                }) => Some(now.instance),
+                _ => None,
+            };
+            if current == Some(g.instance) {
                 return Some((g, guard));
             }
         }
@@ -380,13 +380,7 @@ impl Registry {
     /// Unload the replica's Raft instance if it still sleeps and nothing began since `ready`
     /// judged it (module docs). Returns whether it did.
     pub async fn unload(&self, group: GroupId, ready: impl Fn(&QueueGroup) -> bool) -> bool {
-        let Some(transition) = self
-            .queues
-            .read()
-            .unwrap()
-            .get(&group)
-            .map(|h| h.transition.clone())
-        else {
+        let Some(transition) = self.transition(group) else {
             return false;
         };
         let _transition = transition.lock().await;
@@ -441,12 +435,7 @@ impl Registry {
 
     /// Take the replica out of the registry (after any load or unload in progress).
     pub async fn remove(&self, group: GroupId) -> Option<Replica> {
-        let transition = self
-            .queues
-            .read()
-            .unwrap()
-            .get(&group)
-            .map(|h| h.transition.clone())?;
+        let transition = self.transition(group)?;
         let _transition = transition.lock().await;
         self.queues
             .write()

@@ -446,7 +446,7 @@ pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
             .filter(|r| {
                 r.quiet().is_asleep()
                     && r.meta().members.contains(&peer)
-                    && r.metrics().state == ServerState::Leader
+                    && r.state() == ServerState::Leader
             })
             .map(|r| r.meta().id)
             .collect();
