@@ -44,9 +44,9 @@ use crate::deadletter::DeadLetters;
 use crate::enqueue::Enqueuer;
 use crate::groups::meta_sm::MetaMachine;
 use crate::groups::queue_sm::QueueMachine;
-use crate::groups::quiet::Quiet;
+use crate::groups::quiet::{Quiet, SleepRequest};
 use crate::groups::registry::{
-    Dormant, GroupLoader, MetaRaft, QueueGroup, Registry, Replica, next_instance,
+    Dormant, GroupLoader, MetaRaft, QueueGroup, Registry, Replica, holds_whole_log, next_instance,
 };
 use crate::groups::shell::{AppliedMembership, Machine, Shell};
 use crate::leader::{LeaderContext, watch_leadership};
@@ -545,7 +545,7 @@ impl Node {
                     return;
                 }
                 if g.quiet.asleep_for().is_some_and(|d| d >= after)
-                    && self.registry.unload(g.meta.id, leader_has_no_work).await
+                    && self.registry.unload(g.meta.id, may_unload).await
                 {
                     unloaded += 1;
                 }
@@ -585,7 +585,9 @@ impl Node {
         reload: bool,
     ) -> anyhow::Result<QueueGroup> {
         let span = info_span!("queue", node_id = self.id, queue = %qm.name, group = qm.id);
-        let config = if reload {
+        // A replica started asleep ([`follower_at_rest`]) starts with its timers off too; the
+        // reload settings' leader restore does not apply to it (it follows another node).
+        let config = if reload || quiet.is_asleep() {
             self.reload_config.clone()
         } else {
             self.raft_config.clone()
@@ -653,7 +655,10 @@ impl Node {
         span: tracing::Span,
     ) -> anyhow::Result<()> {
         let machine = QueueMachine::new(qm.id, self.store.clone(), qm.config.clone());
-        let quiet = Arc::new(Quiet::default());
+        let quiet = Arc::new(match follower_at_rest(&self.store, qm.id, self.id).await {
+            Some(req) => Quiet::asleep_following(req),
+            None => Quiet::default(),
+        });
         let group = self
             .open_queue_group(qm.clone(), machine, quiet, Default::default(), false)
             .await?;
@@ -711,13 +716,29 @@ impl GroupLoader for Node {
     }
 }
 
-/// Whether a sleeping replica's leader actor (if it leads) has nothing to wait for, so its
-/// Raft instance may be unloaded: no message deadline (TTL, Get lease, delayed requeue), no
-/// `x-expires` to watch, no dead letters held for transfer, no move task running. Any of them
-/// keeps the group loaded (asleep) until it is done.
-fn leader_has_no_work(g: &QueueGroup) -> bool {
-    if g.raft.metrics().borrow_watched().state != ServerState::Leader {
-        return true;
+/// Whether a sleeping replica's Raft instance may be unloaded: where it leads, every member
+/// holds its whole log, and its leader actor has nothing to wait for: no message deadline (TTL,
+/// Get lease, delayed requeue), no `x-expires` to watch, no dead letters held for transfer, no
+/// move task running. Any of them keeps the group loaded (asleep) until it is done.
+///
+/// A leader with a member behind (a node down, which a leader may sleep through) stays loaded:
+/// that member's return must find it ready to catch it up. Unloaded, the survivors of a node
+/// lost with 10 000 queues had to load every such leader at once when it came back, and its
+/// restart did not finish in 150 s (59 s with every replica loaded).
+fn may_unload(g: &QueueGroup) -> bool {
+    let m = g.raft.metrics();
+    {
+        let m = m.borrow_watched();
+        if m.state != ServerState::Leader {
+            return true;
+        }
+        // The leader replicates to every other member (voter or learner).
+        let Some(replication) = &m.replication else {
+            return false;
+        };
+        if !replication.keys().all(|id| holds_whole_log(&m, *id)) {
+            return false;
+        }
     }
     g.machine.with_state(|s| {
         let counts = s.counts();
@@ -841,6 +862,28 @@ where
     }
 }
 
+/// A replica starting here (the node starts) that may start asleep: what its leader would
+/// have asked it to sleep with. That is when its persisted vote is committed and names another
+/// node, and its whole log is committed: it followed that leader with nothing pending, as a
+/// sleeping follower does ([`crate::groups::quiet`]). Started awake instead, the replicas of a
+/// restarted node hosting thousands of queues all ran their election timers before their
+/// leaders (themselves asleep and unloaded) could reach them, and their pre-votes made every
+/// peer load the replicas they asked.
+///
+/// A vote that is stale (another leader was elected while this node was down) is safe: that
+/// leader's first append carries its newer vote and wakes the replica, and a leader with a
+/// member behind is woken when that member's link opens ([`crate::peer::liveness`]).
+async fn follower_at_rest(store: &Store, group: GroupId, me: NodeId) -> Option<SleepRequest> {
+    use openraft::storage::{RaftLogReader, RaftLogStorage};
+    let mut log = LogStore::new(store.clone(), group);
+    let vote = log.read_vote().await.ok()??;
+    let committed = log.read_committed().await.ok()?;
+    let last = log.get_log_state().await.ok()?.last_log_id;
+    let leader = vote.leader_id().node_id;
+    (vote.is_committed() && leader != me && committed.is_some() && committed == last)
+        .then_some(SleepRequest { vote, committed })
+}
+
 /// If `raft` leads its group, ask the voter with the most replicated log to take over; a
 /// receiver that turns false once this node no longer leads.
 async fn transfer_away<SM>(raft: &Raft<TypeConfig, SM>, me: NodeId) -> Option<watch::Receiver<bool>>
@@ -948,6 +991,74 @@ mod tests {
             .await
             .expect("a replica that heard its leader is started, not failed");
         assert_eq!(raft.metrics().borrow_watched().vote, vote);
+        raft.shutdown().await.unwrap();
+    }
+
+    /// A replica that followed another node's leader with its whole log committed starts
+    /// asleep (its node restarted); one with an uncommitted tail, or whose vote names itself,
+    /// starts awake.
+    #[tokio::test]
+    async fn a_follower_at_rest_is_known_from_its_stored_state() {
+        use openraft::entry::RaftEntry;
+        use openraft::raft::AppendEntriesRequest;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let raft = queue_raft(&store).await;
+        let vote = openraft::alias::VoteOf::<TypeConfig>::new_committed(1, 2);
+        let log_id = |index| {
+            openraft::alias::LogIdOf::<TypeConfig>::new(
+                openraft::impls::leader_id_adv::LeaderId {
+                    term: 1,
+                    node_id: 2,
+                },
+                index,
+            )
+        };
+        let voters: BTreeSet<u64> = (1..=3).collect();
+        let membership = openraft::Membership::new_with_defaults(vec![voters], []);
+        let append = |prev, entries, commit| AppendEntriesRequest::<TypeConfig> {
+            vote: vote.clone(),
+            prev_log_id: prev,
+            entries,
+            leader_commit: Some(log_id(commit)),
+        };
+        let reply = raft
+            .append_entries(append(
+                None,
+                vec![
+                    openraft::alias::EntryOf::<TypeConfig>::new_membership(log_id(0), membership),
+                    openraft::alias::EntryOf::<TypeConfig>::new_blank(log_id(1)),
+                ],
+                1,
+            ))
+            .await
+            .unwrap();
+        assert!(reply.is_success(), "{reply:?}");
+        raft.wait(Some(Duration::from_secs(5)))
+            .metrics(|m| m.last_applied == Some(log_id(1)), "the entries applied")
+            .await
+            .unwrap();
+
+        let at_rest = follower_at_rest(&store, GROUP, 1).await;
+        let req = at_rest.expect("a follower of node 2 with its whole log committed");
+        assert_eq!(req.vote, vote);
+        assert_eq!(req.committed, Some(log_id(1)));
+        assert!(
+            follower_at_rest(&store, GROUP, 2).await.is_none(),
+            "the vote names the node itself: it led, so it starts awake"
+        );
+
+        // An entry beyond the commit: not at rest.
+        let reply = raft
+            .append_entries(append(
+                Some(log_id(1)),
+                vec![openraft::alias::EntryOf::<TypeConfig>::new_blank(log_id(2))],
+                1,
+            ))
+            .await
+            .unwrap();
+        assert!(reply.is_success(), "{reply:?}");
+        assert!(follower_at_rest(&store, GROUP, 1).await.is_none());
         raft.shutdown().await.unwrap();
     }
 

@@ -18,7 +18,7 @@ use qq_raft::network::Peers;
 use tracing::debug;
 
 use crate::groups::quiet::{Quiet, SleepRequest};
-use crate::groups::registry::QueueRaft;
+use crate::groups::registry::{QueueRaft, holds_whole_log};
 
 /// How long the leader waits for its followers' answers to a [`SleepRequest`], and a sleeping
 /// follower asked for a vote for its leader's answer to a wake (shorter than a candidate's
@@ -59,16 +59,10 @@ pub async fn try_sleep(
         // matches; requiring all of them kept every group with a member down awake, and
         // heartbeating, for as long as it was down (found with 10 000 queues and a node
         // killed). A live follower out of step answers the SLEEP below with no.
-        let matched = match &m.replication {
-            Some(r) => followers
-                .iter()
-                .filter(|f| {
-                    r.get(f)
-                        .is_some_and(|matched| matched.as_ref().map(|l| l.index) == last)
-                })
-                .count(),
-            None => 0,
-        };
+        let matched = followers
+            .iter()
+            .filter(|f| holds_whole_log(&m, **f))
+            .count();
         if (matched + 1) * 2 <= voters.len() {
             return false;
         }

@@ -121,6 +121,23 @@ impl Default for Quiet {
 }
 
 impl Quiet {
+    /// A replica that starts (the node starts) asleep as a follower of the leader that `req`
+    /// describes: its persisted vote is that leader's committed one and its whole log is
+    /// committed, as a follower put to sleep by that leader would hold ([`Quiet::sleep_as_follower`]).
+    /// Everything that wakes a sleeping follower wakes it: an append with anything new (a
+    /// newer leader's vote among them), a vote request, its leader's node lost.
+    pub fn asleep_following(req: SleepRequest) -> Quiet {
+        crate::metrics::group_slept();
+        let quiet = Quiet::default();
+        *quiet.state.lock().unwrap() = State {
+            asleep: true,
+            since: Some(Instant::now()),
+            slept_with: Some(req),
+            raft: None,
+        };
+        quiet
+    }
+
     pub fn is_asleep(&self) -> bool {
         self.state.lock().unwrap().asleep
     }

@@ -57,6 +57,15 @@ pub struct QueueGroup {
     pub membership: AppliedMembership,
 }
 
+/// As seen by a leader (its metrics, current or as at an unload): whether `member` holds its
+/// whole log.
+pub fn holds_whole_log(m: &RaftMetrics<TypeConfig>, member: NodeId) -> bool {
+    m.replication
+        .as_ref()
+        .and_then(|r| r.get(&member))
+        .is_some_and(|matched| matched.as_ref().map(|l| l.index) == m.last_log_index)
+}
+
 /// Loads [`Registry::load_where`] runs at once: one after another, the 3 333 followers of a
 /// dead node's groups (10 000 queues) took seconds before the first campaign.
 pub const LOADS_AT_ONCE: usize = 64;

@@ -54,7 +54,7 @@ use qq_proto::internal::WatchRequest;
 use qq_raft::{GroupId, META_GROUP, TypeConfig};
 use tracing::{debug, info, warn};
 
-use crate::groups::registry::Replica;
+use crate::groups::registry::{Replica, holds_whole_log};
 use crate::node::Node;
 use crate::quiesce;
 
@@ -435,16 +435,22 @@ async fn paced<T>(
 /// once, the 6 666 groups the two survivors led with a restarted node (10 000 queues) kept
 /// each other's heartbeats timing out; a peer whose replica is not reached in time asks by a
 /// vote, which a sleeping leader answers by waking.
+///
+/// Unloaded leaders are left asleep: one unloads only while every member holds its whole log
+/// (`may_unload` in [`crate::node`]), and nothing was written since (a write loads it first),
+/// so the peer's replica has all it needs. A restarted peer's replica starts asleep following
+/// it; one that starts awake (it led, or its data directory was re-seeded) asks for votes,
+/// and a vote request loads and wakes the leader.
 pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
     let node2 = node.clone();
     node.tasks().spawn(async move {
-        // Unloaded ones too, each loaded when its turn comes.
         let led: Vec<GroupId> = node2
             .registry()
             .replicas()
             .into_iter()
             .filter(|r| {
-                r.quiet().is_asleep()
+                matches!(r, Replica::Loaded(_))
+                    && r.quiet().is_asleep()
                     && r.meta().members.contains(&peer)
                     && r.state() == ServerState::Leader
             })
@@ -453,8 +459,8 @@ pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
         let woke = paced(
             led,
             |id| {
-                // Loaded (where unloaded) and woken in a task of its own: the window, not
-                // the loads one after another, bounds how many run at once.
+                // Woken in a task of its own (loaded first if it was unloaded since): the
+                // window, not the wakes one after another, bounds how many run at once.
                 let node = node2.clone();
                 let id = *id;
                 node2.tasks().spawn(async move {
@@ -474,12 +480,7 @@ pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
                 };
                 let m = g.raft.metrics();
                 let m = m.borrow_watched();
-                let matched = m
-                    .replication
-                    .as_ref()
-                    .and_then(|r| r.get(&peer))
-                    .is_some_and(|l| l.as_ref().map(|l| l.index) == m.last_log_index);
-                m.state != ServerState::Leader || matched
+                m.state != ServerState::Leader || holds_whole_log(&m, peer)
             },
         )
         .await;
