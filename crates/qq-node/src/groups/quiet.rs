@@ -31,12 +31,19 @@
 //!   an event every `heartbeat_ms`, silent after `election_timeout_min_ms`). Followers of the
 //!   lost leader then elect as after any leader loss; a leader that lost its followers steps
 //!   down when its lease expires, as an awake one does;
-//! - on a leader, for its groups shared with a peer whose link (re)opens: a restarted or
-//!   returning node is brought up to date before its own election timers run out;
+//! - on a leader, for its loaded groups shared with a peer whose link (re)opens: a restarted
+//!   or returning node is brought up to date before its own election timers run out (an
+//!   unloaded leader had every member up to date, see [`super::registry`]);
 //! - on a sleeping follower asked for a vote: it asks the leader it follows to wake
 //!   ([`SleepRequest`]'s counterpart, the `WAKE` Raft message) and refuses this vote only if
 //!   that node answers that it leads the group and is heartbeating again; otherwise it wakes
 //!   and lets Raft judge the vote. A leadership transfer's vote is never refused.
+//!
+//! **Starting asleep.** A replica whose node starts, and whose stored vote is committed for
+//! another node with its whole log committed, starts asleep as that leader's follower
+//! ([`Quiet::asleep_following`]): it is in the state a `SLEEP` would have left it in. If a
+//! newer leader was elected meanwhile, that leader holds this member behind, so it is loaded
+//! and awake, and its first append (a newer vote) wakes the replica.
 //!
 //! **Why a sleeping group cannot miss a leader change.** A follower sleeps only while it
 //! follows the leader's current vote with the leader's whole log committed. A new leader needs

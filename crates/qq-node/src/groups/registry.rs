@@ -131,7 +131,7 @@ impl Replica {
         }
     }
 
-    fn current_leader(&self) -> Option<NodeId> {
+    pub fn current_leader(&self) -> Option<NodeId> {
         match self {
             Replica::Loaded(g) => g.raft.metrics().borrow_watched().current_leader,
             Replica::Dormant(d) => d.metrics.current_leader,

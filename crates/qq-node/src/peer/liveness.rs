@@ -29,8 +29,8 @@
 //! event for `election_timeout_max_ms` (the peer frozen, cut off, or only slow), or a broken
 //! one, wakes the sleeping groups the peer leads (they elect if it is gone) and those this node
 //! leads with it (they notice a lost quorum); only a broken stream counts as a lost link;
-//! a link that (re)opens wakes the groups this node leads with that peer, so a returning node
-//! hears its leaders before its election timers run out. One stream per node pair, however
+//! a link that (re)opens wakes the (loaded) groups this node leads with that peer, so a
+//! returning node hears its leaders before its election timers run out. One stream per node pair, however
 //! many groups.
 //!
 //! The peers whose watch is open right now are published ([`PeerLinks`]) for the node's health
@@ -380,19 +380,29 @@ async fn hand_over_from(node: &Arc<Node>, dead: NodeId) {
     }
     fall_back(node, dead, others.iter().map(|(g, _)| g.meta.id).collect());
 
+    // By group id: a group's turn may come after the unload sweep let its instance go again
+    // (it slept on, untouched, for `unload_after_ms`), and the instance taken above would be
+    // a stopped one (found with 10 000 queues: hundreds of "raft stopped" handovers, and their
+    // groups without a leader for minutes). Each is loaded (again) and woken at its turn.
+    let mine: Vec<(GroupId, VoteOf<TypeConfig>)> =
+        mine.into_iter().map(|(g, vote)| (g.meta.id, vote)).collect();
     paced(
         mine,
-        |(g, vote)| {
-            let (g, vote, reachable) = (g.clone(), *vote, reachable.clone());
+        |(id, vote)| {
+            let (node, id, vote, reachable) = (node.clone(), *id, *vote, reachable.clone());
             Box::pin(async move {
+                let Some(g) = node.registry().load(id).await else {
+                    return false;
+                };
                 g.quiet.wake();
-                hand_over(&g.raft, g.meta.id, vote, &g.meta.members, me, &reachable).await;
+                hand_over(&g.raft, id, vote, &g.meta.members, me, &reachable).await;
                 true
             })
         },
-        |(g, _)| {
-            let m = g.raft.metrics();
-            m.borrow_watched().current_leader.is_some_and(|l| l != dead)
+        |(id, _)| {
+            node.registry()
+                .replica(*id)
+                .is_none_or(|r| r.current_leader().is_some_and(|l| l != dead))
         },
     )
     .await;
