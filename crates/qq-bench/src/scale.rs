@@ -905,20 +905,28 @@ pub async fn many_idle_queues(cl: &mut Cluster, s: &Settings) -> Result<Outcome>
         }
     }
 
-    // 9. Clean up.
-    cl.ensure_up(s.scale_deadline).await?;
+    // 9. Clean up. Nothing is measured here, so a cluster that cannot be cleaned up (RabbitMQ
+    // with 7 743 queues at 115 % of a core: its node 1 did not answer for 300 s) is a note,
+    // and the figures above are kept; the next scenario starts on fresh clusters.
     let clean = format!("clean-up: delete {b}, {k} in flight");
-    phase(
-        &mut out,
-        system,
-        &names_b,
-        Op::Delete,
-        k,
-        s,
-        b,
-        &clean,
-        false,
-    )
-    .await?;
+    let cleaned = async {
+        cl.ensure_up(s.scale_deadline).await?;
+        phase(
+            &mut out,
+            system,
+            &names_b,
+            Op::Delete,
+            k,
+            s,
+            b,
+            &clean,
+            false,
+        )
+        .await
+    }
+    .await;
+    if let Err(e) = cleaned {
+        out.notes.push(format!("clean-up failed (nothing measured there): {e:#}"));
+    }
     Ok(out)
 }
