@@ -926,7 +926,8 @@ pub async fn many_idle_queues(cl: &mut Cluster, s: &Settings) -> Result<Outcome>
     }
     .await;
     if let Err(e) = cleaned {
-        out.notes.push(format!("clean-up failed (nothing measured there): {e:#}"));
+        out.notes
+            .push(format!("clean-up failed (nothing measured there): {e:#}"));
     }
     Ok(out)
 }

@@ -10,7 +10,11 @@
 //! every call, so verified credentials are cached for [`VERIFIED_TTL`] keyed by user, SHA-256
 //! of the password (compared in constant time) and a digest of the user's stored record (a
 //! password change or a deleted user misses). Misses verify in `spawn_blocking` behind a
-//! semaphore of [`MAX_CONCURRENT_VERIFIES`]. A wrong password is logged at WARN with the peer.
+//! semaphore of [`MAX_CONCURRENT_VERIFIES`], one at a time per user and password: requests
+//! that miss together wait for that one verify and read its result from the cache (when the
+//! entry expired under a client with 64 requests in flight, each ran its own Argon2id: over a
+//! second of CPU every 15 s, which halved the declare rate of `qq-bench` scenario 12 whenever
+//! it fell in the measured window). A wrong password is logged at WARN with the peer.
 //! The management page's login form ([`Auth::login_http`]) goes through the same checks and the
 //! same verify bound; its transport is always plain HTTP.
 //!
@@ -24,6 +28,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -81,6 +86,11 @@ pub struct Auth {
     /// User → the last password verified for it.
     verified: Mutex<HashMap<String, Verified>>,
     verifies: Arc<Semaphore>,
+    /// Verifies in flight, by SHA-256 of user and password: the turn each waits for. An entry
+    /// lives while a request holds it, so there are at most as many as requests in flight.
+    verifying: Mutex<HashMap<[u8; 32], Arc<tokio::sync::Mutex<()>>>>,
+    /// Argon2id verifies run (for the tests).
+    argon2_runs: AtomicU64,
     /// Connections per user and per vhost are counted here, as requests authenticate and name
     /// vhosts.
     conns: Arc<Connections>,
@@ -183,6 +193,8 @@ impl Auth {
             granted: Mutex::new((0, HashSet::new())),
             verified: Mutex::new(HashMap::new()),
             verifies: Arc::new(Semaphore::new(MAX_CONCURRENT_VERIFIES)),
+            verifying: Mutex::new(HashMap::new()),
+            argon2_runs: AtomicU64::new(0),
             conns,
         }
     }
@@ -301,16 +313,56 @@ impl Auth {
         };
         let password_digest = sha256(&[user.as_bytes(), password.as_bytes()]);
         let record_digest = record_digest(&record);
+        if self.cached(user, &password_digest, &record_digest) {
+            return Ok(true);
+        }
+        let turn = self
+            .verifying
+            .lock()
+            .unwrap()
+            .entry(password_digest)
+            .or_default()
+            .clone();
+        let result = {
+            let _turn = turn.lock().await;
+            if self.cached(user, &password_digest, &record_digest) {
+                Ok(true)
+            } else {
+                self.verify_now(user, password, record, password_digest, record_digest)
+                    .await
+            }
+        };
         {
-            let cache = self.verified.lock().unwrap();
-            if let Some(v) = cache.get(user)
-                && v.at.elapsed() < VERIFIED_TTL
-                && bool::from(v.password_digest.ct_eq(&password_digest))
-                && bool::from(v.record_digest.ct_eq(&record_digest))
-            {
-                return Ok(true);
+            let mut verifying = self.verifying.lock().unwrap();
+            // Clones are taken under this lock: two holders are the map and this request.
+            if Arc::strong_count(&turn) == 2 {
+                verifying.remove(&password_digest);
             }
         }
+        result
+    }
+
+    /// Whether `user`'s password with this digest was verified against this record less than
+    /// [`VERIFIED_TTL`] ago.
+    fn cached(&self, user: &str, password_digest: &[u8; 32], record_digest: &[u8; 32]) -> bool {
+        let cache = self.verified.lock().unwrap();
+        cache.get(user).is_some_and(|v| {
+            v.at.elapsed() < VERIFIED_TTL
+                && bool::from(v.password_digest.ct_eq(password_digest))
+                && bool::from(v.record_digest.ct_eq(record_digest))
+        })
+    }
+
+    /// Argon2id, off the async workers, behind the verify bound; a success is cached.
+    async fn verify_now(
+        &self,
+        user: &str,
+        password: String,
+        record: User,
+        password_digest: [u8; 32],
+        record_digest: [u8; 32],
+    ) -> Result<bool, Status> {
+        self.argon2_runs.fetch_add(1, Ordering::Relaxed);
         let permit = self
             .verifies
             .clone()
@@ -442,6 +494,42 @@ mod tests {
         assert!(!is_loopback(a("192.0.2.2:1")));
         assert!(!is_loopback(a("[::ffff:192.0.2.2]:1")));
         assert!(!is_loopback(None));
+    }
+
+    /// Requests that miss the cache together (an expired entry under a client with many
+    /// calls in flight) run one Argon2id verify between them, not one each; a wrong password
+    /// is never taken from a right one's verify.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_misses_for_the_same_credentials_verify_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = qq_raft::store::Store::open(dir.path()).unwrap();
+        let (meta, _effects) = crate::groups::meta_sm::MetaMachine::new(store);
+        let auth = Arc::new(Auth::new(
+            MetaView::new(meta),
+            watch::channel(true).1,
+            AuthSettings {
+                loopback_users: vec![],
+                allow_plaintext_auth: true,
+                client_tls: false,
+            },
+            Connections::new(16, 16),
+        ));
+        let calls: Vec<_> = (0..16)
+            .map(|_| {
+                let auth = auth.clone();
+                tokio::spawn(async move { auth.verify("guest", "guest".into()).await })
+            })
+            .collect();
+        for call in calls {
+            assert!(call.await.unwrap().unwrap(), "guest/guest verifies");
+        }
+        assert_eq!(auth.argon2_runs.load(Ordering::Relaxed), 1);
+        assert!(
+            auth.verifying.lock().unwrap().is_empty(),
+            "no turn left behind"
+        );
+        assert!(!auth.verify("guest", "wrong".into()).await.unwrap());
+        assert_eq!(auth.argon2_runs.load(Ordering::Relaxed), 2);
     }
 
     #[test]

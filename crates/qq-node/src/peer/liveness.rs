@@ -384,8 +384,10 @@ async fn hand_over_from(node: &Arc<Node>, dead: NodeId) {
     // (it slept on, untouched, for `unload_after_ms`), and the instance taken above would be
     // a stopped one (found with 10 000 queues: hundreds of "raft stopped" handovers, and their
     // groups without a leader for minutes). Each is loaded (again) and woken at its turn.
-    let mine: Vec<(GroupId, VoteOf<TypeConfig>)> =
-        mine.into_iter().map(|(g, vote)| (g.meta.id, vote)).collect();
+    let mine: Vec<(GroupId, VoteOf<TypeConfig>)> = mine
+        .into_iter()
+        .map(|(g, vote)| (g.meta.id, vote))
+        .collect();
     paced(
         mine,
         |(id, vote)| {
