@@ -579,6 +579,7 @@ impl Node {
     async fn open_queue_group(
         &self,
         qm: QueueMeta,
+        log: LogStore,
         machine: Arc<QueueMachine>,
         quiet: Arc<Quiet>,
         membership: AppliedMembership,
@@ -599,7 +600,7 @@ impl Node {
                 group: qm.id,
                 peers: self.peers.clone(),
             },
-            LogStore::new(self.store.clone(), qm.id),
+            log,
             Shell::resume(machine.clone(), membership.clone()),
         )
         .instrument(span.clone())
@@ -655,12 +656,14 @@ impl Node {
         span: tracing::Span,
     ) -> anyhow::Result<()> {
         let machine = QueueMachine::new(qm.id, self.store.clone(), qm.config.clone());
-        let quiet = Arc::new(match follower_at_rest(&self.store, qm.id, self.id).await {
+        // One log store for the check and the instance: the vote it read stays cached.
+        let log = LogStore::new(self.store.clone(), qm.id);
+        let quiet = Arc::new(match follower_at_rest(log.clone(), self.id).await {
             Some(req) => Quiet::asleep_following(req),
             None => Quiet::default(),
         });
         let group = self
-            .open_queue_group(qm.clone(), machine, quiet, Default::default(), false)
+            .open_queue_group(qm.clone(), log, machine, quiet, Default::default(), false)
             .await?;
         let raft = group.raft.clone();
         self.registry.insert(group);
@@ -708,6 +711,7 @@ impl GroupLoader for Node {
     fn load<'a>(&'a self, dormant: &'a Dormant) -> BoxFuture<'a, anyhow::Result<QueueGroup>> {
         Box::pin(self.open_queue_group(
             dormant.meta.clone(),
+            LogStore::new(self.store.clone(), dormant.meta.id),
             dormant.machine.clone(),
             dormant.quiet.clone(),
             dormant.membership.clone(),
@@ -873,9 +877,8 @@ where
 /// A vote that is stale (another leader was elected while this node was down) is safe: that
 /// leader's first append carries its newer vote and wakes the replica, and a leader with a
 /// member behind is woken when that member's link opens ([`crate::peer::liveness`]).
-async fn follower_at_rest(store: &Store, group: GroupId, me: NodeId) -> Option<SleepRequest> {
+async fn follower_at_rest(mut log: LogStore, me: NodeId) -> Option<SleepRequest> {
     use openraft::storage::{RaftLogReader, RaftLogStorage};
-    let mut log = LogStore::new(store.clone(), group);
     let vote = log.read_vote().await.ok()??;
     let committed = log.read_committed().await.ok()?;
     let last = log.get_log_state().await.ok()?.last_log_id;
@@ -1039,12 +1042,13 @@ mod tests {
             .await
             .unwrap();
 
-        let at_rest = follower_at_rest(&store, GROUP, 1).await;
+        let log = || LogStore::new(store.clone(), GROUP);
+        let at_rest = follower_at_rest(log(), 1).await;
         let req = at_rest.expect("a follower of node 2 with its whole log committed");
         assert_eq!(req.vote, vote);
         assert_eq!(req.committed, Some(log_id(1)));
         assert!(
-            follower_at_rest(&store, GROUP, 2).await.is_none(),
+            follower_at_rest(log(), 2).await.is_none(),
             "the vote names the node itself: it led, so it starts awake"
         );
 
@@ -1058,7 +1062,7 @@ mod tests {
             .await
             .unwrap();
         assert!(reply.is_success(), "{reply:?}");
-        assert!(follower_at_rest(&store, GROUP, 1).await.is_none());
+        assert!(follower_at_rest(log(), 1).await.is_none());
         raft.shutdown().await.unwrap();
     }
 

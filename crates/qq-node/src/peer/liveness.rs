@@ -471,24 +471,18 @@ pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
         let woke = paced(
             led,
             |id| {
-                // Woken in a task of its own (loaded first if it was unloaded since): the
-                // window, not the wakes one after another, bounds how many run at once.
-                let node = node2.clone();
-                let id = *id;
-                node2.tasks().spawn(async move {
-                    if let Some(g) = node.registry().load(id).await
-                        && g.quiet.wake()
-                    {
-                        crate::groups::quiet::heartbeat_soon(&g.raft);
-                    }
-                });
+                // Loaded ones only (above); one unloaded since needs nothing (below).
+                if let Some(g) = node2.registry().queue(*id)
+                    && g.quiet.wake()
+                {
+                    crate::groups::quiet::heartbeat_soon(&g.raft);
+                }
                 Box::pin(std::future::ready(true))
             },
             |id| {
-                let g = match node2.registry().replica(*id) {
-                    None => return true,
-                    Some(Replica::Dormant(_)) => return false, // not loaded yet
-                    Some(Replica::Loaded(g)) => g,
+                // Unloaded since it was picked: it had every member up to date to unload.
+                let Some(g) = node2.registry().queue(*id) else {
+                    return true;
                 };
                 let m = g.raft.metrics();
                 let m = m.borrow_watched();
