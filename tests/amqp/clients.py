@@ -2,7 +2,7 @@
 """Real-client checks of an AMQP 0-9-1 broker with pika, as RabbitMQ's tutorials write them.
 
     clients.py URL [URL2] [--only NAME] [--list]
-    clients.py reconnect-publish URL N [--prefix P]
+    clients.py reconnect-publish URL N [--prefix P] [--timeout S]
     clients.py reconnect-drain URL [URL...] [--expect N] [--timeout S] [--delete]
 
 The first form runs every case (or the one named by --only) and prints one line per case,
@@ -31,10 +31,13 @@ import uuid
 import pika
 import pika.exceptions
 
+from common import Deadline, deadline, parameters
+
 QUORUM = {'x-queue-type': 'quorum'}
-SOCKET_TIMEOUT = 10.0      # every socket read/write of pika
 WAIT = 10.0                # how long a case waits for an expected delivery
 QUIET = 0.5                # how long a case waits to be sure nothing more arrives
+CASE_DEADLINE = 120.0      # a case that takes longer fails (a broker that stopped answering)
+CLEANUP_DEADLINE = 30.0
 
 
 class CheckFailed(Exception):
@@ -48,15 +51,6 @@ def check(condition, message):
 
 def expect_equal(actual, expected, what):
     check(actual == expected, f'{what}: expected {expected!r}, got {actual!r}')
-
-
-def parameters(url):
-    params = pika.URLParameters(url)
-    params.socket_timeout = SOCKET_TIMEOUT
-    params.stack_timeout = 2 * SOCKET_TIMEOUT
-    params.blocked_connection_timeout = 30
-    params.connection_attempts = 1
-    return params
 
 
 def connect(url):
@@ -76,9 +70,14 @@ def declare_quorum(channel, name, arguments=None):
 def cleanup(url, queues=(), exchanges=()):
     """Deletes what a case declared, on a fresh connection; errors are ignored (best effort)."""
     try:
-        connection = connect(url)
-    except pika.exceptions.AMQPError:
-        return
+        with deadline(CLEANUP_DEADLINE, 'clean-up'):
+            delete_all(url, queues, exchanges)
+    except (Deadline, pika.exceptions.AMQPError, OSError):
+        pass
+
+
+def delete_all(url, queues, exchanges):
+    connection = connect(url)
     try:
         for queue in queues:
             try:
@@ -96,9 +95,10 @@ def cleanup(url, queues=(), exchanges=()):
 
 def close_quietly(connection):
     try:
-        if connection.is_open:
-            connection.close()
-    except pika.exceptions.AMQPError:
+        with deadline(5, 'connection.close'):
+            if connection.is_open:
+                connection.close()
+    except (Deadline, pika.exceptions.AMQPError, OSError):
         pass
 
 
@@ -656,11 +656,12 @@ def run_cases(url, url2, only):
     for name, case in selected.items():
         started = time.monotonic()
         try:
-            if name in TWO_NODE_CASES:
-                case(url, url2)
-            else:
-                case(url)
-        except CheckFailed as error:
+            with deadline(CASE_DEADLINE, name):
+                if name in TWO_NODE_CASES:
+                    case(url, url2)
+                else:
+                    case(url)
+        except (CheckFailed, Deadline) as error:
             failed += 1
             print(f'FAIL {name}: {error}', flush=True)
         except Exception as error:  # pylint: disable=broad-except
@@ -676,58 +677,48 @@ def run_cases(url, url2, only):
 RECONNECT_QUEUE = 'reconnect-q'
 
 
-def reconnect_publish(url, count, prefix):
-    connection = connect(url)
-    channel = connection.channel()
-    declare_quorum(channel, RECONNECT_QUEUE)
-    channel.confirm_delivery()
+def reconnect_publish(url, count, prefix, timeout):
+    """Prints how many messages were confirmed: PREFIX-0 .. PREFIX-(printed - 1) (each publish
+    waits for its confirm). Exits 1 when not all N were."""
     confirmed = 0
-    for i in range(count):
-        channel.basic_publish(exchange='', routing_key=RECONNECT_QUEUE, body=f'{prefix}-{i}',
-                              properties=pika.BasicProperties(delivery_mode=2))
-        confirmed += 1  # pika raised if the broker nacked it or the connection failed
-    connection.close()
+    try:
+        with deadline(timeout, 'reconnect-publish'):
+            connection = connect(url)
+            channel = connection.channel()
+            declare_quorum(channel, RECONNECT_QUEUE)
+            channel.confirm_delivery()
+            for i in range(count):
+                channel.basic_publish(exchange='', routing_key=RECONNECT_QUEUE,
+                                      body=f'{prefix}-{i}',
+                                      properties=pika.BasicProperties(delivery_mode=2))
+                confirmed += 1  # pika raised if the broker nacked it or the connection failed
+            connection.close()
+    except (Deadline, pika.exceptions.AMQPError, OSError) as error:
+        print(f'reconnect-publish: stopped after {confirmed} confirms: {error!r}',
+              file=sys.stderr)
     print(confirmed)
-    return 0
+    return 0 if confirmed == count else 1
 
 
 def reconnect_drain(urls, expect, timeout, delete):
-    """Takes every message from reconnect-q; moves to the next URL when a connection fails."""
-    deadline = time.monotonic() + timeout
+    """Takes every message from reconnect-q; moves to the next URL when a connection fails.
+    Prints the sorted bodies as JSON; exits 1 when --expect was not reached."""
+    deadline_at = time.monotonic() + timeout
     bodies = set()
     attempt = 0
     while True:
         url = urls[attempt % len(urls)]
         attempt += 1
         try:
-            connection = connect(url)
-            try:
-                channel = connection.channel()
-                empties = 0
-                # Done when the queue answered get-empty twice in a row (and, with --expect,
-                # when that many distinct bodies came).
-                while empties < 2 or (expect is not None and len(bodies) < expect):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError
-                    method, _properties, body = channel.basic_get(queue=RECONNECT_QUEUE)
-                    if method is None:
-                        empties += 1
-                        connection.sleep(0.25)
-                        continue
-                    empties = 0
-                    bodies.add(body.decode())
-                    channel.basic_ack(delivery_tag=method.delivery_tag)
-                if delete:
-                    channel.queue_delete(queue=RECONNECT_QUEUE)
-            finally:
-                close_quietly(connection)
+            with deadline(max(deadline_at - time.monotonic(), 0.001), 'reconnect-drain'):
+                drain_from(url, bodies, expect, deadline_at, delete)
             break
-        except TimeoutError:
+        except (TimeoutError, Deadline):
             print(f'reconnect-drain: timed out after {timeout}s with {len(bodies)} bodies',
                   file=sys.stderr)
             break
         except (pika.exceptions.AMQPError, OSError) as error:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline_at:
                 print(f'reconnect-drain: gave up: {error!r}', file=sys.stderr)
                 break
             print(f'reconnect-drain: {url}: {error!r}; retrying', file=sys.stderr)
@@ -736,14 +727,39 @@ def reconnect_drain(urls, expect, timeout, delete):
     return 0 if expect is None or len(bodies) >= expect else 1
 
 
+def drain_from(url, bodies, expect, deadline_at, delete):
+    """basic.get + ack from reconnect-q into `bodies`, until the queue answered get-empty twice
+    in a row (and, with --expect, that many distinct bodies came)."""
+    connection = connect(url)
+    try:
+        channel = connection.channel()
+        empties = 0
+        while empties < 2 or (expect is not None and len(bodies) < expect):
+            if time.monotonic() > deadline_at:
+                raise TimeoutError
+            method, _properties, body = channel.basic_get(queue=RECONNECT_QUEUE)
+            if method is None:
+                empties += 1
+                connection.sleep(0.25)
+                continue
+            empties = 0
+            bodies.add(body.decode())
+            channel.basic_ack(delivery_tag=method.delivery_tag)
+        if delete:
+            channel.queue_delete(queue=RECONNECT_QUEUE)
+    finally:
+        close_quietly(connection)
+
+
 def main(argv):
     if argv and argv[0] == 'reconnect-publish':
         parser = argparse.ArgumentParser(prog='clients.py reconnect-publish')
         parser.add_argument('url')
         parser.add_argument('count', type=int)
         parser.add_argument('--prefix', default='m', help='bodies are PREFIX-0 .. PREFIX-(N-1)')
+        parser.add_argument('--timeout', type=float, default=120.0)
         args = parser.parse_args(argv[1:])
-        return reconnect_publish(args.url, args.count, args.prefix)
+        return reconnect_publish(args.url, args.count, args.prefix, args.timeout)
     if argv and argv[0] == 'reconnect-drain':
         parser = argparse.ArgumentParser(prog='clients.py reconnect-drain')
         parser.add_argument('urls', nargs='+', metavar='URL', help='tried in turn')

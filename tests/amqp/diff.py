@@ -56,9 +56,11 @@ import pika.data
 import pika.exceptions
 import pika.spec
 
+from common import Deadline, deadline, parameters
+
 QUORUM = {'x-queue-type': 'quorum'}
-SOCKET_TIMEOUT = 10.0
-WAIT = 10.0
+WAIT = 10.0                    # how long a step waits for an expected delivery
+STEP_DEADLINE = 30.0           # a step that takes longer is recorded as a timeout
 PREFIX = 'qqdiff.'
 NOCONF_USER = 'qqdiff-noconf'
 NOVHOST_USER = 'qqdiff-novhost'
@@ -288,22 +290,13 @@ def error_json(error):
     close = close_of(error)
     if close is not None:
         return {'connection-close': {'code': close[0], 'text': close[1]}}
-    return {'error': f'{type(error).__name__}: {error}'}
+    return {'error': f'{type(error).__name__}: {error!r}'}
 
 
 # --- Sessions --------------------------------------------------------------------------------------
 
 class StepTimeout(Exception):
     """A step waited WAIT seconds for something that did not come."""
-
-
-def parameters(url):
-    params = pika.URLParameters(url)
-    params.socket_timeout = SOCKET_TIMEOUT
-    params.stack_timeout = 2 * SOCKET_TIMEOUT
-    params.blocked_connection_timeout = 30
-    params.connection_attempts = 1
-    return params
 
 
 def url_with_user(url, user, password, vhost=None):
@@ -345,17 +338,34 @@ class Session:
     def step(self, label, action):
         """Runs action(channel) and records what it returned or what the broker answered."""
         try:
-            entry = result_json(action(self.channel))
+            with deadline(STEP_DEADLINE, label):
+                entry = result_json(action(self.channel))
         except StepTimeout as error:
             entry = {'error': f'timeout: {error}'}
+        except Deadline as error:
+            entry = {'error': f'timeout: {error}'}
+            self.abandon()  # in an unknown state: start afresh
         except (pika.exceptions.AMQPError, OSError) as error:
             entry = error_json(error)
             if isinstance(error, pika.exceptions.ChannelClosedByBroker):
                 self.channel_ = None
             elif self.connection is not None and not self.connection.is_open:
                 self.connection = None
+        except Exception as error:  # pylint: disable=broad-except
+            # An answer pika or this script did not expect: recorded, and the session goes on.
+            entry = {'error': f'{type(error).__name__}: {error}'}
+            self.abandon()
         self.steps.append({'step': label, **entry})
         return entry
+
+    def abandon(self):
+        connection, self.connection, self.channel_ = self.connection, None, None
+        if connection is not None:
+            try:
+                with deadline(5, 'abandoning a connection'):
+                    connection.close()
+            except (Deadline, pika.exceptions.AMQPError, OSError):
+                pass
 
     def consume(self, queue, tag, count, **flags):
         """An action: starts a consumer that keeps what it receives (no ack) and waits for
@@ -384,32 +394,33 @@ class Session:
         return action
 
     def close(self):
-        if self.connection is not None and self.connection.is_open:
-            try:
-                self.connection.close()
-            except pika.exceptions.AMQPError:
-                pass
+        self.abandon()
 
 
 def delete_names(url, queues=(), exchanges=()):
     """Best effort, not recorded: deletes queues and exchanges left by a previous run."""
     try:
-        connection = pika.BlockingConnection(parameters(url))
-    except (pika.exceptions.AMQPError, OSError):
-        return
+        with deadline(STEP_DEADLINE, 'deleting names'):
+            delete_all(url, queues, exchanges)
+    except (Deadline, pika.exceptions.AMQPError, OSError):
+        pass
+
+
+def delete_all(url, queues, exchanges):
+    connection = None
     try:
-        for queue in queues:
+        for kind, name in [('queue', q) for q in queues] + [('exchange', x) for x in exchanges]:
+            if connection is None or not connection.is_open:
+                connection = pika.BlockingConnection(parameters(url))
             try:
-                connection.channel().queue_delete(queue=queue)
-            except pika.exceptions.AMQPError:
-                pass
-        for exchange in exchanges:
-            try:
-                connection.channel().exchange_delete(exchange=exchange)
+                if kind == 'queue':
+                    connection.channel().queue_delete(queue=name)
+                else:
+                    connection.channel().exchange_delete(exchange=name)
             except pika.exceptions.AMQPError:
                 pass
     finally:
-        if connection.is_open:
+        if connection is not None and connection.is_open:
             connection.close()
 
 
