@@ -57,6 +57,8 @@ import pika.exceptions
 import pika.spec
 
 from common import Deadline, deadline, parameters
+from rawwire import (PROTOCOL_HEADER, RawConnection, amqplain, describe,
+                     method_payload, raw_frame)
 
 QUORUM = {'x-queue-type': 'quorum'}
 WAIT = 10.0                    # how long a step waits for an expected delivery
@@ -335,11 +337,12 @@ class Session:
         self.confirms = True
         self.channel.confirm_delivery()
 
-    def step(self, label, action):
-        """Runs action(channel) and records what it returned or what the broker answered."""
+    def step(self, label, action, channel=True):
+        """Runs action(channel) and records what it returned or what the broker answered.
+        With channel=False the action gets None (it makes its own connection)."""
         try:
             with deadline(STEP_DEADLINE, label):
-                entry = result_json(action(self.channel))
+                entry = result_json(action(self.channel if channel else None))
         except StepTimeout as error:
             entry = {'error': f'timeout: {error}'}
         except Deadline as error:
@@ -1103,6 +1106,116 @@ def single_active(channel, queue):
     return got
 
 
+# --- Wire-level sessions (rawwire.py): what pika will not send -----------------------------------
+
+def raw(url, script):
+    """An action: script(raw connection) on a fresh socket; returns what it observed."""
+    def action(_channel):
+        connection = RawConnection(url)
+        try:
+            return script(connection)
+        finally:
+            connection.close()
+    return action
+
+
+def header_reply(data):
+    def script(connection):
+        connection.send(data)
+        reply, deadline_at = b'', time.monotonic() + 5
+        while time.monotonic() < deadline_at:
+            chunk = connection.read_bytes(deadline_at - time.monotonic())
+            if not chunk:
+                return {'reply-hex': reply.hex(), 'socket-closed': chunk == b''}
+            reply += chunk
+        return {'reply-hex': reply.hex(), 'socket-closed': False}
+    return script
+
+
+def session_wire_handshake(s, url):
+    s.step('AMQP 0-10 protocol header', raw(url, header_reply(b'AMQP\x01\x01\x00\x0a')),
+           channel=False)
+    s.step('AMQP 0-8 protocol header', raw(url, header_reply(b'AMQP\x01\x01\x08\x00')),
+           channel=False)
+    s.step('an HTTP request', raw(url, header_reply(b'GET / HTTP/1.1\r\nHost: x\r\n\r\n')),
+           channel=False)
+
+    def start(connection):
+        connection.send(PROTOCOL_HEADER)
+        return describe(connection.read_frame())
+
+    s.step('connection.start', raw(url, start), channel=False)
+
+    def login(mechanism, response=None, auth_failure_close=True):
+        def script(connection):
+            _start, answer = connection.handshake(
+                mechanism, response(connection) if response else None, auth_failure_close)
+            if (isinstance(answer, pika.frame.Method)
+                    and isinstance(answer.method, pika.spec.Connection.Close)):
+                connection.send_method(0, pika.spec.Connection.CloseOk())
+            return [describe(answer), *connection.observe(timeout=1)]
+        return script
+
+    s.step('PLAIN login', raw(url, login('PLAIN')), channel=False)
+    s.step('AMQPLAIN login', raw(url, login(
+        'AMQPLAIN', lambda c: amqplain(c.user, c.password))), channel=False)
+    s.step('AMQPLAIN wrong password', raw(url, login(
+        'AMQPLAIN', lambda c: amqplain(c.user, c.password + '-wrong'))), channel=False)
+    s.step('PLAIN wrong password', raw(url, login(
+        'PLAIN', lambda c: f'\0{c.user}\0{c.password}-wrong'.encode())), channel=False)
+    s.step('PLAIN wrong password, no authentication_failure_close capability', raw(url, login(
+        'PLAIN', lambda c: f'\0{c.user}\0{c.password}-wrong'.encode(), False)), channel=False)
+    s.step('unknown mechanism', raw(url, login('X-UNKNOWN')), channel=False)
+    s.step('PLAIN with a malformed response', raw(url, login('PLAIN', lambda c: b'garbage')),
+           channel=False)
+
+
+def session_wire_bad_frames(s, url):
+    def after_open(send):
+        """A script: handshake, open channel 1, send(connection), observe the answer."""
+        def script(connection):
+            _start, opened = connection.handshake()
+            if not (isinstance(opened, pika.frame.Method)
+                    and isinstance(opened.method, pika.spec.Connection.OpenOk)):
+                return ['handshake failed', describe(opened)]
+            connection.open_channel(1)
+            send(connection)
+            return connection.observe(timeout=3)
+        return script
+
+    def publish_start(connection, body_size):
+        connection.send_method(1, pika.spec.Basic.Publish(exchange='', routing_key='qqdiff.nowhere'))
+        connection.send(pika.frame.Header(1, body_size, pika.spec.BasicProperties()).marshal())
+
+    qos = pika.frame.Method(1, pika.spec.Basic.Qos(prefetch_count=1)).marshal()
+    cases = {
+        'unknown method id': lambda c: c.send(raw_frame(1, 1, method_payload(60, 999))),
+        'unknown class id': lambda c: c.send(raw_frame(1, 1, method_payload(999, 10))),
+        'method on an unopened channel': lambda c: c.send_method(
+            5, pika.spec.Basic.Qos(prefetch_count=1)),
+        'channel.open on an open channel': lambda c: c.send_method(1, pika.spec.Channel.Open()),
+        'channel above channel-max': lambda c: c.send_method(60000, pika.spec.Channel.Open()),
+        'connection method on channel 1': lambda c: c.send_method(
+            1, pika.spec.Connection.TuneOk(channel_max=10, frame_max=131072, heartbeat=0)),
+        'channel method on channel 0': lambda c: c.send_method(0, pika.spec.Channel.Flow()),
+        'content header without a method': lambda c: c.send(
+            pika.frame.Header(1, 4, pika.spec.BasicProperties()).marshal()),
+        'content body without a method': lambda c: c.send(pika.frame.Body(1, b'abcd').marshal()),
+        'a method before the body ends': lambda c: (publish_start(c, 10), c.send(qos)),
+        'a body longer than declared': lambda c: (publish_start(c, 4),
+                                                  c.send(pika.frame.Body(1, b'12345678').marshal())),
+        'a frame larger than frame-max': lambda c: c.send(raw_frame(
+            1, 1, method_payload(60, 10, b'\0' * (c.frame_max + 100)))),
+        'a bad frame-end octet': lambda c: c.send(qos[:-1] + b'\x00'),
+        'an unknown frame type': lambda c: c.send(raw_frame(9, 1, b'')),
+        'a heartbeat on channel 1': lambda c: c.send(raw_frame(8, 1, b'')),
+        'a truncated method': lambda c: c.send(raw_frame(1, 1, method_payload(60, 10, b'\0'))),
+        'garbage after the handshake': lambda c: c.send(b'\xff' * 16),
+    }
+    for label, send in cases.items():
+        s.step(label, raw(url, after_open(send)), channel=False)
+
+
 SESSIONS = {
     # name: (function, extra argument names, queues, exchanges)
     'server_properties': (session_server_properties, (), [], []),
@@ -1138,6 +1251,8 @@ SESSIONS = {
     'consumer_cancel': (session_consumer_cancel, ('url',), [PREFIX + 'cancel'], []),
     'acks': (session_acks, (), [PREFIX + 'acks'], []),
     'exchanges': (session_exchanges, (), [PREFIX + 'x.q'], exchange_names()),
+    'wire_handshake': (session_wire_handshake, ('url',), [], []),
+    'wire_bad_frames': (session_wire_bad_frames, ('url',), [], []),
     'consumers': (session_consumers, ('url',), [PREFIX + 'consumers', PREFIX + 'consumers.sac',
                                                 PREFIX + 'consumers.noack'], []),
 }
