@@ -482,8 +482,22 @@ def sync(channel):
     return channel.basic_qos(prefetch_count=0)
 
 
-def depth(queue):
-    return lambda channel: channel.queue_declare(queue=queue, passive=True)
+def depth(queue, quiet=1.0):
+    """An action: passive declare, repeated until its counts stayed the same for `quiet` seconds
+    (at most WAIT): requeues after a channel closes and dead letters are asynchronous."""
+    def action(channel):
+        deadline_at = time.monotonic() + WAIT
+        reply = channel.queue_declare(queue=queue, passive=True)
+        stable_since = time.monotonic()
+        while time.monotonic() - stable_since < quiet and time.monotonic() < deadline_at:
+            channel.connection.sleep(0.1)
+            again = channel.queue_declare(queue=queue, passive=True)
+            counts = (again.method.message_count, again.method.consumer_count)
+            if counts != (reply.method.message_count, reply.method.consumer_count):
+                stable_since = time.monotonic()
+            reply = again
+        return reply
+    return action
 
 
 def session_server_properties(s):
@@ -745,21 +759,17 @@ def session_dead_letter_rejected(s):
 
     # The dead letter, republished by a client with its death headers, dies again.
     def republish(ch):
-        method, properties, body = ch.basic_get(queue=dlq, auto_ack=True)
-        if method is None:
-            raise StepTimeout('the dead letter is gone')
+        method, properties, body = get_when_there(dlq)(ch)
         ch.basic_publish(exchange=entry, routing_key='work', body=body, properties=properties)
         return 'republished'
 
     s.step('basic.recover (requeue the unacked dead letter)',
            lambda ch: ch.basic_recover(requeue=True))
     s.step('republish the dead letter with its headers', republish)
-    s.step('basic.get', lambda ch: ch.basic_get(queue=source, auto_ack=False))
+    s.step('basic.get', get_when_there(source, auto_ack=False))
 
     def reject_last(ch):
-        method, _properties, _body = ch.basic_get(queue=source, auto_ack=False)
-        if method is None:
-            raise StepTimeout('nothing to reject')
+        method, _properties, _body = get_when_there(source, auto_ack=False)(ch)
         ch.basic_reject(delivery_tag=method.delivery_tag, requeue=False)
         return 'rejected'
 
@@ -811,7 +821,7 @@ def session_delivery_limit(s):
     s.step('publish', publish('', source, b'poison', message_id='limit-1'))
     s.step('basic.get', lambda ch: ch.basic_get(queue=source))
     s.step('basic.nack requeue=true', lambda ch: ch.basic_nack(delivery_tag=1, requeue=True))
-    s.step('basic.get again', lambda ch: ch.basic_get(queue=source))
+    s.step('basic.get again', get_when_there(source, auto_ack=False))
     s.step('basic.nack requeue=true', lambda ch: ch.basic_nack(delivery_tag=2, requeue=True))
     s.step('the dead letter', get_when_there(dlq))
     s.step('the source is empty', depth(source))
@@ -849,8 +859,7 @@ def session_max_length(s):
     for n in range(1, 4):
         s.step(f'publish {n}', publish('', rejecting_dlx, f'd{n}'.encode()))
     s.step('depth', depth(rejecting_dlx))
-    s.step('dead-letter queue depth (after a moment)',
-           lambda ch: (ch.connection.sleep(0.5), ch.queue_declare(queue=dlq, passive=True))[1])
+    s.step('dead-letter queue depth', depth(dlq))
 
 
 def session_permissions(s, url):
@@ -981,16 +990,19 @@ def session_acks(s):
     s.step('basic.get', lambda ch: ch.basic_get(queue=queue))
     s.step('ack an unknown delivery tag', lambda ch: ch.basic_ack(delivery_tag=99))
     s.step('round trip', sync)
+    s.step('depth', depth(queue))
     s.step('get 2 (new channel)', lambda ch: [result_json(ch.basic_get(queue=queue))
                                               for _ in range(2)])
     s.step('ack tag 1', lambda ch: ch.basic_ack(delivery_tag=1))
     s.step('ack tag 1 again', lambda ch: ch.basic_ack(delivery_tag=1))
     s.step('round trip', sync)
+    s.step('depth', depth(queue))
     s.step('get 3 (new channel)', lambda ch: [result_json(ch.basic_get(queue=queue))
                                               for _ in range(3)])
     s.step('nack multiple up to 2, requeue', lambda ch: ch.basic_nack(delivery_tag=2,
                                                                       multiple=True))
     s.step('ack tag 3', lambda ch: ch.basic_ack(delivery_tag=3))
+    s.step('depth', depth(queue))
     s.step('get the rest', lambda ch: [result_json(ch.basic_get(queue=queue, auto_ack=True))
                                        for _ in range(4)])
     s.step('reject a tag already acked', lambda ch: ch.basic_reject(delivery_tag=3))
@@ -1329,6 +1341,11 @@ def compare(path_a, path_b, allow_path, common=False):
         unexplained += 1
         print(f'sessions/{name}: ' + ('recorded vs <absent>' if name in sessions_a
                                        else '<absent> vs recorded'))
+    for name, steps in sessions_a.items():
+        if name in sessions_b and [s['step'] for s in steps] != \
+                [s['step'] for s in sessions_b[name]]:
+            print(f'sessions/{name}: the steps differ (recorded by different versions of '
+                  f'diff.py? record both with the same one)')
     flat_a, flat_b = {}, {}
     flatten({n: s for n, s in sessions_a.items() if n in sessions_b}, 'sessions', flat_a)
     flatten({n: s for n, s in sessions_b.items() if n in sessions_a}, 'sessions', flat_b)
