@@ -1099,6 +1099,7 @@ def session_consumers(s, url):
     s.step('declare single-active-consumer',
            lambda ch: quorum(ch, sac, {'x-single-active-consumer': True}))
     s.step('two consumers, publish 2', lambda ch: single_active(ch, sac))
+    s.step('basic.get on the single-active-consumer queue', lambda ch: ch.basic_get(queue=sac))
 
 
 def single_active(channel, queue):
@@ -1228,6 +1229,71 @@ def session_wire_bad_frames(s, url):
         s.step(label, raw(url, after_open(send)), channel=False)
 
 
+def session_wire_heartbeat(s, url):
+    """Heartbeat 1 s negotiated, then silence: when and how does the broker drop the peer?
+    Heartbeat frames are counted, not recorded (their number depends on timing)."""
+    def silent(connection):
+        _start, opened = connection.handshake(heartbeat=1)
+        if not (isinstance(opened, pika.frame.Method)
+                and isinstance(opened.method, pika.spec.Connection.OpenOk)):
+            return ['handshake failed', describe(opened)]
+        started, seen, heartbeats = time.monotonic(), [], 0
+        while time.monotonic() - started < 10:
+            frame = connection.read_frame(timeout=10 - (time.monotonic() - started))
+            if isinstance(frame, pika.frame.Heartbeat):
+                heartbeats += 1
+                continue
+            seen.append(describe(frame) if frame is not None else 'nothing more')
+            if frame is None or isinstance(frame, str):
+                break
+        after = time.monotonic() - started
+        return {'frames': seen, 'sent heartbeats': heartbeats > 0,
+                'dropped within 1.5-4.5 s (two to four missed intervals)': 1.5 <= after <= 4.5}
+    s.step('negotiate heartbeat 1 s, then stay silent', raw(url, silent), channel=False)
+
+    def chatty(connection):
+        _start, opened = connection.handshake(heartbeat=1)
+        started = time.monotonic()
+        while time.monotonic() - started < 4:
+            connection.send(raw_frame(8, 0, b''))
+            frame = connection.read_frame(timeout=0.4)
+            if isinstance(frame, str):
+                return {'dropped': True, 'after-s': round(time.monotonic() - started)}
+        return {'dropped': False}
+    s.step('negotiate heartbeat 1 s, send heartbeats for 4 s', raw(url, chatty), channel=False)
+
+
+def session_transactions(s):
+    queue = PREFIX + 'tx'
+    s.step('declare', lambda ch: quorum(ch, queue))
+    s.step('tx.select', lambda ch: ch.tx_select())
+    s.step('publish', publish('', queue, b'in tx'))
+    s.step('depth before commit', depth(queue, quiet=0.3))
+    s.step('tx.commit', lambda ch: ch.tx_commit())
+    s.step('depth after commit', depth(queue, quiet=0.3))
+    s.step('publish', publish('', queue, b'rolled back'))
+    s.step('tx.rollback', lambda ch: ch.tx_rollback())
+    s.step('depth after rollback', depth(queue, quiet=0.3))
+    s.step('confirm.select on a tx channel', lambda ch: ch.confirm_delivery())
+    s.step('tx.commit without tx.select', lambda ch: ch.tx_commit())
+    s.step('confirm mode', lambda ch: s.confirm())
+    s.step('tx.select on a confirm channel', lambda ch: ch.tx_select())
+
+
+def session_alternate_exchange(s):
+    main, alternate, queue = PREFIX + 'ae.main', PREFIX + 'ae.alternate', PREFIX + 'ae.q'
+    s.step('declare the alternate exchange (fanout)',
+           lambda ch: ch.exchange_declare(exchange=alternate, exchange_type='fanout'))
+    s.step('declare a queue', lambda ch: quorum(ch, queue))
+    s.step('bind it', lambda ch: ch.queue_bind(queue=queue, exchange=alternate))
+    s.step('declare an exchange with alternate-exchange', lambda ch: ch.exchange_declare(
+        exchange=main, exchange_type='direct', arguments={'alternate-exchange': alternate}))
+    s.step('confirm mode', lambda ch: s.confirm())
+    s.step('mandatory publish, no binding in main', publish(main, 'unbound', b'to AE',
+                                                             mandatory=True))
+    s.step('it is in the queue', get_when_there(queue))
+
+
 SESSIONS = {
     # name: (function, extra argument names, queues, exchanges)
     'server_properties': (session_server_properties, (), [], []),
@@ -1265,6 +1331,10 @@ SESSIONS = {
     'exchanges': (session_exchanges, (), [PREFIX + 'x.q'], exchange_names()),
     'wire_handshake': (session_wire_handshake, ('url',), [], []),
     'wire_bad_frames': (session_wire_bad_frames, ('url',), [], []),
+    'wire_heartbeat': (session_wire_heartbeat, ('url',), [], []),
+    'transactions': (session_transactions, (), [PREFIX + 'tx'], []),
+    'alternate_exchange': (session_alternate_exchange, (), [PREFIX + 'ae.q'],
+                           [PREFIX + 'ae.main', PREFIX + 'ae.alternate']),
     'consumers': (session_consumers, ('url',), [PREFIX + 'consumers', PREFIX + 'consumers.sac',
                                                 PREFIX + 'consumers.noack'], []),
 }

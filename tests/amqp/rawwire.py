@@ -102,7 +102,7 @@ class RawConnection:
             raise ConnectionError(f'expected {method_class.NAME}, got {describe(frame)}')
         return frame.method
 
-    def handshake(self, mechanism='PLAIN', response=None, auth_failure_close=True):
+    def handshake(self, mechanism='PLAIN', response=None, auth_failure_close=True, heartbeat=0):
         """Protocol header to Connection.Open; returns (Connection.Start, the answer to Open or
         whatever came instead of Tune). Announces the client capabilities pika announces,
         authentication_failure_close included unless told not to."""
@@ -122,7 +122,8 @@ class RawConnection:
             return start, tune
         self.frame_max = tune.method.frame_max
         self.send_method(0, pika.spec.Connection.TuneOk(
-            channel_max=tune.method.channel_max, frame_max=tune.method.frame_max, heartbeat=0))
+            channel_max=tune.method.channel_max, frame_max=tune.method.frame_max,
+            heartbeat=heartbeat))
         self.send_method(0, pika.spec.Connection.Open(virtual_host=self.vhost))
         return start, self.read_frame()
 
