@@ -373,6 +373,48 @@ def case_tutorial5_topics(url):
         cleanup(url, queues=[q1, q2], exchanges=[exchange])
 
 
+def case_tutorial2_worker_dies(url):
+    """Tutorial 2, "message acknowledgment": a worker that dies before acking loses nothing;
+    the task goes to another worker, marked redelivered."""
+    queue = unique('task_queue')
+    try:
+        connection = connect(url)
+        channel = connection.channel()
+        declare_quorum(channel, queue)
+        channel.confirm_delivery()
+        channel.basic_publish(exchange='', routing_key=queue, body='a task...',
+                              properties=pika.BasicProperties(
+                                  delivery_mode=pika.DeliveryMode.Persistent))
+        connection.close()
+
+        dying = connect(url)
+        dying_channel = dying.channel()
+        dying_channel.basic_qos(prefetch_count=1)
+        held = []
+        dying_channel.basic_consume(queue=queue, on_message_callback=lambda *m: held.append(m))
+        pump_until(dying, lambda: held, WAIT, 'the task at the first worker')
+        expect_equal(held[0][1].redelivered, False, 'first delivery redelivered flag')
+        dying.close()  # dies without acking
+
+        worker = connect(url)
+        channel = worker.channel()
+        channel.basic_qos(prefetch_count=1)
+        got = []
+
+        def callback(ch, method, properties, body):
+            got.append((method.redelivered, body))
+            ch.basic_ack(delivery_tag=method.delivery_tag)
+
+        channel.basic_consume(queue=queue, on_message_callback=callback)
+        pump_until(worker, lambda: got, WAIT, 'the task at the second worker')
+        pump_for(worker, QUIET)
+        expect_equal(got, [(True, b'a task...')], '(redelivered, body) at the second worker')
+        expect_equal(queue_depth(channel, queue), 0, 'tasks left')
+        worker.close()
+    finally:
+        cleanup(url, queues=[queue])
+
+
 # --- Publisher confirms ---------------------------------------------------------------------------
 
 def case_publisher_confirms(url):
@@ -558,6 +600,56 @@ def case_dead_letter_expired_message_ttl(url):
                          original_expiration='200')
 
 
+def delivery_count(properties):
+    return (properties.headers or {}).get('x-delivery-count')
+
+
+def case_redelivery_count(url):
+    """basic.nack requeue=true: the message comes back redelivered with x-delivery-count 1,
+    then 2 (absent or 0 on the first delivery: RabbitMQ 3.10 sends 0 with basic.get and
+    nothing with basic.deliver)."""
+    queue = unique('redelivery')
+    try:
+        connection = connect(url)
+        channel = connection.channel()
+        declare_quorum(channel, queue)
+        channel.confirm_delivery()
+        channel.basic_publish(exchange='', routing_key=queue, body=b'again')
+        got = []
+        tag = channel.basic_consume(queue=queue, on_message_callback=lambda *m: got.append(m))
+        for attempt in range(3):
+            pump_until(connection, lambda n=attempt: len(got) > n, WAIT, f'delivery {attempt + 1}')
+            _ch, method, properties, body = got[attempt]
+            expect_equal(body, b'again', f'delivery {attempt + 1} body')
+            expect_equal(method.redelivered, attempt > 0, f'delivery {attempt + 1} redelivered')
+            count = delivery_count(properties)
+            if attempt == 0:
+                check(count in (None, 0), f'first delivery x-delivery-count: {count!r}')
+            else:
+                expect_equal(count, attempt, f'delivery {attempt + 1} x-delivery-count')
+            if attempt < 2:
+                channel.basic_nack(delivery_tag=method.delivery_tag, requeue=True)
+            else:
+                channel.basic_ack(delivery_tag=method.delivery_tag)
+        pump_for(connection, QUIET)
+        expect_equal(len(got), 3, 'deliveries')
+        channel.basic_cancel(consumer_tag=tag)
+
+        # The same with basic.get.
+        channel.basic_publish(exchange='', routing_key=queue, body=b'get me')
+        method, properties, _body = get_one(channel, queue, auto_ack=False)
+        check(method.redelivered is False and delivery_count(properties) in (None, 0),
+              f'first get: redelivered {method.redelivered}, '
+              f'x-delivery-count {delivery_count(properties)!r}')
+        channel.basic_nack(delivery_tag=method.delivery_tag, requeue=True)
+        method, properties, _body = get_one(channel, queue, auto_ack=True)
+        expect_equal((method.redelivered, delivery_count(properties)), (True, 1),
+                     'second get (redelivered, x-delivery-count)')
+        connection.close()
+    finally:
+        cleanup(url, queues=[queue])
+
+
 # --- Consumer cancel notification -----------------------------------------------------------------
 
 def case_consumer_cancel_on_queue_delete(url):
@@ -630,6 +722,7 @@ def case_cross_node(url, url2):
 CASES = {
     'tutorial1_hello_world': case_tutorial1_hello_world,
     'tutorial2_work_queues': case_tutorial2_work_queues,
+    'tutorial2_worker_dies': case_tutorial2_worker_dies,
     'tutorial3_publish_subscribe': case_tutorial3_publish_subscribe,
     'tutorial4_routing': case_tutorial4_routing,
     'tutorial5_topics': case_tutorial5_topics,
@@ -639,6 +732,7 @@ CASES = {
     'dead_letter_rejected': case_dead_letter_rejected,
     'dead_letter_expired_queue_ttl': case_dead_letter_expired_queue_ttl,
     'dead_letter_expired_message_ttl': case_dead_letter_expired_message_ttl,
+    'redelivery_count': case_redelivery_count,
     'consumer_cancel_on_queue_delete': case_consumer_cancel_on_queue_delete,
 }
 TWO_NODE_CASES = {'cross_node': case_cross_node}

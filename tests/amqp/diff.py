@@ -1416,6 +1416,7 @@ def compare(path_a, path_b, allow_path, common=False):
                 [s['step'] for s in sessions_b[name]]:
             print(f'sessions/{name}: the steps differ (recorded by different versions of '
                   f'diff.py? record both with the same one)')
+    per_step = {}  # (sessions, session, step) -> differences not allow-listed
     flat_a, flat_b = {}, {}
     flatten({n: s for n, s in sessions_a.items() if n in sessions_b}, 'sessions', flat_a)
     flatten({n: s for n, s in sessions_b.items() if n in sessions_a}, 'sessions', flat_b)
@@ -1430,10 +1431,16 @@ def compare(path_a, path_b, allow_path, common=False):
                 f'{json.dumps(right, ensure_ascii=False)}'
         if reason is None:
             unexplained += 1
+            steps = path.split('/')[:3]
+            per_step[tuple(steps)] = per_step.get(tuple(steps), 0) + 1
             print(shown)
         else:
             explained += 1
             print(f'{shown}   [known: {reason}]')
+    if per_step:
+        print(f'steps with differences not in the allow-list ({len(per_step)}):')
+        for steps, count in per_step.items():
+            print(f'  {"/".join(steps[1:])}: {count}')
     print(f'{unexplained + explained} differences, {explained} known, {unexplained} not '
           f'in {allow_path or "an allow-list"}')
     return 1 if unexplained else 0
