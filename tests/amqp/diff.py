@@ -288,7 +288,7 @@ def error_json(error):
         return {'returned': [message_json(m.method, m.properties, m.body)
                              for m in error.messages]}
     if isinstance(error, pika.exceptions.NackError):
-        return {'nacked': len(error.messages) or 1}
+        return {'nacked': True}  # basic.nack for this publish (confirm mode)
     close = close_of(error)
     if close is not None:
         return {'connection-close': {'code': close[0], 'text': close[1]}}
