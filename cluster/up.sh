@@ -36,9 +36,10 @@ fi
 config_value() { # node key
     sed -n "s/^$2 *= *\"\(.*\)\"/\1/p" "cluster/node$1.toml" | head -n 1
 }
-declare -A grpc_addr http_addr
+declare -A grpc_addr http_addr amqp_addr
 for n in "${nodes[@]}"; do
     grpc_addr[$n]=$(config_value "$n" listen)
+    amqp_addr[$n]=$(config_value "$n" amqp_addr)
     http_addr[$n]=$(config_value "$n" http_addr)
     if [[ -z ${http_addr[$n]} ]]; then
         echo "cluster/up.sh: cluster/node$n.toml has no http_addr (needed for /healthz)" >&2
@@ -124,6 +125,10 @@ quorumq is up (user guest, password guest; any node answers any request):
 
 $(for n in "${nodes[@]}"; do
     printf '  node %s  gRPC %s (qq.v1.Broker, health, reflection)\n' "$n" "${grpc_addr[$n]}"
+    if [[ -n ${amqp_addr[$n]} ]]; then
+        printf '          AMQP 0-9-1 amqp://guest:guest@%s/ (RabbitMQ clients: pika, lapin, amqp091-go, ...)\n' \
+            "${amqp_addr[$n]}"
+    fi
     printf '          page http://%s/   metrics http://%s/metrics   health http://%s/healthz\n' \
         "${http_addr[$n]}" "${http_addr[$n]}" "${http_addr[$n]}"
 done)

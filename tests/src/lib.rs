@@ -207,6 +207,8 @@ struct Node {
     cluster_address: String,
     /// `http_addr`: GET /metrics and /healthz.
     http_address: String,
+    /// `amqp_addr`: the AMQP 0-9-1 listener.
+    amqp_address: String,
     config: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -355,7 +357,7 @@ impl TestCluster {
             .prefix("qq-cluster-")
             .tempdir()
             .context("create temp dir")?;
-        let ports = free_ports(3 * n)?;
+        let ports = free_ports(4 * n)?;
         let addresses: Vec<String> = ports[..n]
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
@@ -409,6 +411,7 @@ impl TestCluster {
             };
             let (cert, key) = tls.node_cert(id);
             let http_port = ports[2 * n + i];
+            let amqp_port = ports[3 * n + i];
             let cluster_tls = format!(
                 "cluster_addr = \"{}\"\ncluster_ca = \"{}\"\ncluster_cert = \"{}\"\n\
                  cluster_key = \"{}\"\n",
@@ -435,7 +438,7 @@ impl TestCluster {
             };
             let mut text = format!(
                 "{cluster_tls}{client_tls_lines}\
-                 node_id = {id}\nhttp_addr = \"127.0.0.1:{http_port}\"\nlisten = \"{listen}\"\nadvertise = \"{address}\"\npeers = [\n{}\n]\ndata_dir = \"{}\"\n\
+                 node_id = {id}\nhttp_addr = \"127.0.0.1:{http_port}\"\namqp_addr = \"127.0.0.1:{amqp_port}\"\nlisten = \"{listen}\"\nadvertise = \"{address}\"\npeers = [\n{}\n]\ndata_dir = \"{}\"\n\
                  max_message_bytes = {TEST_MAX_MESSAGE_BYTES}\nheartbeat_ms = {heartbeat_ms}\n\
                  election_timeout_min_ms = {election_timeout_min_ms}\n\
                  election_timeout_max_ms = {election_timeout_max_ms}\n\
@@ -458,6 +461,7 @@ impl TestCluster {
                 address: address.clone(),
                 cluster_address: cluster_addresses[i].clone(),
                 http_address: format!("127.0.0.1:{http_port}"),
+                amqp_address: format!("127.0.0.1:{amqp_port}"),
                 config,
                 log: dir.path().join(format!("node{id}.log")),
                 child: None,
@@ -520,6 +524,16 @@ impl TestCluster {
     /// The gRPC address of node `id`.
     pub fn address(&self, id: u64) -> &str {
         &self.node(id).address
+    }
+
+    /// The AMQP 0-9-1 address (`amqp_addr`) of node `id`.
+    pub fn amqp_address(&self, id: u64) -> &str {
+        &self.node(id).amqp_address
+    }
+
+    /// An `amqp://` URL for node `id` as `guest` on the default vhost (`/`).
+    pub fn amqp_url(&self, id: u64) -> String {
+        format!("amqp://guest:guest@{}/%2f", self.amqp_address(id))
     }
 
     /// The HTTP address (`http_addr`: GET /metrics, /healthz) of node `id`.

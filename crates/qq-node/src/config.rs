@@ -153,6 +153,25 @@ pub struct Config {
     /// no credentials). Unset: no HTTP server.
     #[serde(default)]
     pub http_addr: Option<SocketAddr>,
+    /// Where the AMQP 0-9-1 listener accepts plain-TCP clients ([`crate::amqp`]). Unset: none.
+    #[serde(default)]
+    pub amqp_addr: Option<SocketAddr>,
+    /// Where the AMQP 0-9-1 listener accepts TLS clients (amqps), with the client port's
+    /// `tls_cert`, `tls_key` and `tls_client_ca` (which then also enables SASL EXTERNAL).
+    /// Unset: none.
+    #[serde(default)]
+    pub amqps_addr: Option<SocketAddr>,
+    /// Most channels one AMQP connection may open (offered in connection.tune; RabbitMQ's
+    /// default 2047).
+    #[serde(default = "default_amqp_channel_max")]
+    pub amqp_channel_max: u16,
+    /// Largest AMQP frame, in bytes (offered in connection.tune; RabbitMQ's default 131072).
+    #[serde(default = "default_amqp_frame_max")]
+    pub amqp_frame_max: u32,
+    /// AMQP heartbeat interval the node offers, in seconds (RabbitMQ's default 60); the client
+    /// may ask for less. A peer silent for two intervals is dropped.
+    #[serde(default = "default_amqp_heartbeat_s")]
+    pub amqp_heartbeat_s: u16,
     /// Export one series per queue this node leads (`quorumq_queue_*{vhost,queue}`) and per
     /// Raft group it hosts. Off: only per-node sums, so a node with many queues keeps a
     /// bounded number of series.
@@ -239,6 +258,15 @@ fn default_snapshot_entries() -> u64 {
 }
 fn default_dead_letter_retry_ms() -> u64 {
     3000
+}
+fn default_amqp_channel_max() -> u16 {
+    2047
+}
+fn default_amqp_frame_max() -> u32 {
+    131_072
+}
+fn default_amqp_heartbeat_s() -> u16 {
+    60
 }
 fn default_per_queue_metrics() -> bool {
     true
@@ -407,6 +435,7 @@ impl Config {
         {
             bail!("http_addr: must differ from listen and cluster_addr ({http})");
         }
+        self.validate_amqp()?;
         self.validate_tls()?;
         if !seen.contains_key(&self.node_id) {
             bail!(
@@ -461,6 +490,35 @@ impl Config {
         }
         if self.snapshot_after_entries < 100 {
             bail!("snapshot_after_entries: must be >= 100");
+        }
+        Ok(())
+    }
+
+    /// The AMQP listeners: each on its own port, amqps only with the client port's TLS
+    /// files, and tune values RabbitMQ's clients accept.
+    fn validate_amqp(&self) -> anyhow::Result<()> {
+        let others = [Some(self.listen), Some(self.cluster_addr), self.http_addr];
+        for (field, addr) in [
+            ("amqp_addr", self.amqp_addr),
+            ("amqps_addr", self.amqps_addr),
+        ] {
+            if let Some(a) = addr
+                && others.contains(&Some(a))
+            {
+                bail!("{field}: must differ from listen, cluster_addr and http_addr ({a})");
+            }
+        }
+        if self.amqp_addr.is_some() && self.amqp_addr == self.amqps_addr {
+            bail!("amqps_addr: must differ from amqp_addr");
+        }
+        if self.amqps_addr.is_some() && self.tls_cert.is_none() {
+            bail!("amqps_addr: needs tls_cert and tls_key (the client port's certificate)");
+        }
+        if self.amqp_frame_max < 4096 {
+            bail!("amqp_frame_max: must be at least 4096 (AMQP's frame-min-size)");
+        }
+        if self.amqp_channel_max == 0 {
+            bail!("amqp_channel_max: must be at least 1");
         }
         Ok(())
     }

@@ -27,6 +27,7 @@
 //! - [`config`], [`error`], [`codec`], [`clock`]: leaves.
 
 pub mod alarms;
+pub mod amqp;
 pub mod api;
 pub mod certs;
 pub mod clock;

@@ -64,6 +64,7 @@ pub async fn run(
         ),
         None => None,
     };
+    let amqp_listeners = crate::amqp::Listeners::bind(&config).await?;
     let client_tls = client_tls(&config)?;
     // A definitions file that does not parse stops the node here, naming the file.
     let boot_definitions = match &config.definitions_file {
@@ -106,6 +107,9 @@ pub async fn run(
         node.config().max_streams_per_connection,
     );
     let max_h2_streams = node.config().max_streams_per_connection as u32 + 256;
+    // AMQP listeners stop accepting with the gRPC ones; their connections end with the node's
+    // stopping token.
+    let signal_for_amqp = CancellationToken::new();
     // Every accepted client connection is counted while open; past max_connections it is
     // closed at once.
     let incoming = {
@@ -119,6 +123,7 @@ pub async fn run(
     };
     let broker_service = BrokerService::new(node.clone(), conns);
     let page_api = broker_service.api();
+    amqp_listeners.serve(page_api.clone(), signal_for_amqp.clone());
     let broker = BrokerServer::new(broker_service)
         .max_decoding_message_size(max_client)
         .max_encoding_message_size(max_client);
@@ -132,11 +137,13 @@ pub async fn run(
     let signal = CancellationToken::new();
     tokio::spawn({
         let signal = signal.clone();
+        let signal_for_amqp = signal_for_amqp.clone();
         async move {
             shutdown.await;
             // Streams end now, so they do not hold the servers' drain up.
             stopping.cancel();
             signal.cancel();
+            signal_for_amqp.cancel();
         }
     });
     let mut client_server = tonic::transport::Server::builder();

@@ -3,6 +3,7 @@
 //! cluster; `TestCluster` runs them one at a time.
 
 mod alarms;
+mod amqp;
 mod bad_entries;
 mod bad_input;
 mod catch_up;

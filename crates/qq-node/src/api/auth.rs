@@ -103,7 +103,15 @@ enum Transport {
     ClientPort { basic: bool },
     /// The management page's login form on `http_addr` (always plain HTTP).
     Http,
+    /// An AMQP 0-9-1 connection's start-ok (`tls`: on `amqps_addr`).
+    Amqp { tls: bool },
 }
+
+/// A caller this process authenticated already, carried in a request's extensions by an
+/// in-process adapter (the AMQP listener calls the same handlers as gRPC). Extensions are
+/// never filled from the wire, so a remote client cannot set it.
+#[derive(Debug, Clone)]
+pub struct Authenticated(pub Caller);
 
 /// An authenticated caller.
 #[derive(Debug, Clone)]
@@ -204,8 +212,12 @@ impl Auth {
         &self.view
     }
 
-    /// The authenticated caller: Basic credentials, or `guest` without them.
+    /// The authenticated caller: an in-process adapter's [`Authenticated`], Basic
+    /// credentials, or `guest` without them.
     pub async fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
+        if let Some(Authenticated(caller)) = req.extensions().get::<Authenticated>() {
+            return Ok(caller.clone());
+        }
         let (user, password, basic) = match basic_credentials(req)? {
             Some((u, p)) => (u, p, true),
             None => ("guest".to_string(), "guest".to_string(), false),
@@ -234,6 +246,46 @@ impl Auth {
             .await
     }
 
+    /// An AMQP 0-9-1 login (PLAIN or AMQPLAIN credentials from connection.start-ok) by
+    /// `peer`: the client port's rules (loopback-only users; a password over plain TCP from a
+    /// remote address only with `allow_plaintext_auth`), counted toward the user's
+    /// connections.
+    pub async fn login_amqp(
+        &self,
+        user: String,
+        password: String,
+        peer: Option<SocketAddr>,
+        tls: bool,
+    ) -> Result<Caller, Status> {
+        self.authenticate(user, password, peer, Transport::Amqp { tls })
+            .await
+    }
+
+    /// An AMQP login by client certificate (SASL EXTERNAL, on `amqps_addr` with
+    /// `tls_client_ca`): the TLS handshake verified the certificate; the user named by its
+    /// subject's common name must exist. Counted toward the user's connections.
+    pub fn login_amqp_external(
+        &self,
+        user: String,
+        peer: Option<SocketAddr>,
+    ) -> Result<Caller, Status> {
+        if !*self.synced.borrow() {
+            return Err(Status::unavailable(
+                "this node is catching up on the cluster's metadata; retry, or use another node",
+            ));
+        }
+        let state = self.view.current();
+        if state.user(&user).is_none() {
+            warn!(user = %user, peer = ?peer, via = "amqps", "login refused: certificate names no user");
+            return Err(Status::unauthenticated(format!(
+                "EXTERNAL: no user named by the certificate's common name '{user}'"
+            )));
+        }
+        self.conns
+            .admit_user(peer, &user, state.user_limits(&user))?;
+        Ok(Caller { user, peer })
+    }
+
     async fn authenticate(
         &self,
         user: String,
@@ -253,6 +305,7 @@ impl Auth {
         let via = match transport {
             Transport::ClientPort { .. } => "client port",
             Transport::Http => "http page",
+            Transport::Amqp { .. } => "amqp",
         };
         if !loopback && self.settings.loopback_users.iter().any(|u| *u == user) {
             warn!(user = %user, peer = %shown_peer, via, "login refused: loopback-only user from a remote address");
@@ -263,10 +316,15 @@ impl Auth {
         let plain_text = match transport {
             Transport::ClientPort { basic } => basic && !self.settings.client_tls,
             Transport::Http => true,
+            Transport::Amqp { tls } => !tls,
         };
         if plain_text && !loopback && !self.settings.allow_plaintext_auth {
             warn!(user = %user, peer = %shown_peer, via, "login refused: credentials over plain text");
             return Err(Status::unauthenticated(match transport {
+                Transport::Amqp { .. } => {
+                    "a password over plain AMQP from a non-loopback address is refused; use \
+                     amqps or set allow_plaintext_auth = true"
+                }
                 Transport::ClientPort { .. } => {
                     "authorization: basic credentials over plain text from a non-loopback address \
                      are refused; use TLS on the client port or set allow_plaintext_auth = true"
@@ -280,7 +338,7 @@ impl Auth {
         }
         if self.verify(&user, password).await? {
             match transport {
-                Transport::ClientPort { .. } => {
+                Transport::ClientPort { .. } | Transport::Amqp { .. } => {
                     let limits = self.view.current().user_limits(&user);
                     self.conns.admit_user(peer, &user, limits)?;
                     Ok(Caller { user, peer })

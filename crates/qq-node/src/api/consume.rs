@@ -185,14 +185,7 @@ pub async fn consume(
     let vhost_name = vhost(&sub.vhost);
     let queue_name = sub.queue.clone();
     let args = subscribe_args(api, &caller, sub)?;
-    let state = api.node.view().current();
-    let consumer_slot = api.conns.admit_consumer(
-        &caller.user,
-        state.user_limits(&caller.user),
-        &vhost_name,
-        state.vhost_limits(&vhost_name),
-    )?;
-    drop(state);
+    let consumer_slot = admit_consumer(api, &caller, &vhost_name)?;
     let (in_tx, in_rx) = mpsc::channel::<SessionIn>(STREAM_BOUND);
     let (tx, rx) = mpsc::channel(STREAM_BOUND);
     // Ends the request pump (and so the session) when the response side ends first, e.g. when
@@ -222,8 +215,27 @@ pub async fn consume(
     Ok(Response::new(Box::pin(responses)))
 }
 
+/// Count a consumer toward the user's and the vhost's consumer limits while its guard lives.
+pub(crate) fn admit_consumer(
+    api: &Api,
+    caller: &Caller,
+    vhost: &str,
+) -> Result<ConsumerGuard, Status> {
+    let state = api.node.view().current();
+    api.conns.admit_consumer(
+        &caller.user,
+        state.user_limits(&caller.user),
+        vhost,
+        state.vhost_limits(vhost),
+    )
+}
+
 /// Check a subscribe request and make the session's arguments.
-fn subscribe_args(api: &Api, caller: &Caller, sub: pb::Subscribe) -> Result<SubscribeArgs, Status> {
+pub(crate) fn subscribe_args(
+    api: &Api,
+    caller: &Caller,
+    sub: pb::Subscribe,
+) -> Result<SubscribeArgs, Status> {
     let vhost = vhost(&sub.vhost);
     api.auth.check(caller, &vhost, Perm::Read, &sub.queue)?;
     let qm = api.queue_meta(&vhost, &sub.queue)?;

@@ -59,6 +59,11 @@ impl Api {
         &self.node
     }
 
+    /// The client connections this node counts (gRPC and AMQP alike).
+    pub(crate) fn conns(&self) -> &Arc<Connections> {
+        &self.conns
+    }
+
     /// Propose a metadata command; a refusal becomes its status.
     async fn meta(&self, cmd: MetaCommand) -> Result<MetaReply, Status> {
         self.node

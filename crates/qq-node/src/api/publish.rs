@@ -33,7 +33,7 @@ pub const STREAM_ANSWERS_BOUND: usize = 4096;
 pub const MAX_PUBLISHER_ID_BYTES: usize = 256;
 
 /// What [`prepare`] decided for one publish.
-enum Prepared {
+pub(crate) enum Prepared {
     /// Answered without enqueueing (unroutable).
     Done(pb::PublishResponse),
     Route {
@@ -76,15 +76,68 @@ fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepar
     if let Some(why) = api.node.alarms().publish_refusal() {
         return Err(Status::resource_exhausted(why));
     }
+    check_body_size(api, req.message.as_ref().map(|m| m.body.len()).unwrap_or(0))?;
+    let (properties, body) = message_from_pb(req.message.as_ref())?;
+    route_message(
+        api,
+        caller,
+        Publish {
+            vhost,
+            exchange: req.exchange,
+            routing_key: req.routing_key,
+            mandatory: req.mandatory,
+            seq: req.seq,
+            properties,
+            body,
+            publish_key,
+        },
+    )
+}
+
+/// A body over `max_message_bytes` is RESOURCE_EXHAUSTED naming the bound.
+pub(crate) fn check_body_size(api: &Api, size: usize) -> Result<(), Status> {
     let max = api.node.config().max_message_bytes;
-    let size = req.message.as_ref().map(|m| m.body.len()).unwrap_or(0);
     if size > max {
         return Err(Status::resource_exhausted(format!(
             "message.body: {size} bytes exceeds max_message_bytes {max}"
         )));
     }
+    Ok(())
+}
+
+/// One publish whatever protocol it came on, decoded, after the caller's write permission
+/// on the exchange was checked.
+pub(crate) struct Publish {
+    pub vhost: String,
+    pub exchange: String,
+    pub routing_key: String,
+    pub mandatory: bool,
+    /// The client's number for it (echoed in the answer).
+    pub seq: u64,
+    pub properties: qq_core::Properties,
+    pub body: Vec<u8>,
+    /// The client's publish key (user, publisher id, seq), if it gave a publisher id.
+    pub publish_key: Option<String>,
+}
+
+/// Validate a decoded publish's properties and route it with the metadata view.
+pub(crate) fn route_message(
+    api: &Api,
+    caller: &Caller,
+    publish: Publish,
+) -> Result<Prepared, Status> {
+    let Publish {
+        vhost,
+        exchange,
+        routing_key,
+        mandatory,
+        seq,
+        mut properties,
+        body,
+        publish_key,
+    } = publish;
+    let max = api.node.config().max_message_bytes;
     let meta_err = |e: qq_core::meta::MetaError| meta_error_to_status(&e);
-    let (mut properties, body) = message_from_pb(req.message.as_ref())?;
     check_headers(api, &properties.headers)?;
     // RabbitMQ's validated user-id: a set user_id must be the authenticated user.
     if !properties.user_id.is_empty() && properties.user_id != caller.user {
@@ -95,23 +148,27 @@ fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepar
     }
     qq_core::route::validate_sender_selected(&properties.headers).map_err(meta_err)?;
     qq_core::deadletter::strip_client_death_headers(&mut properties.headers);
-    let keys = qq_core::route::routing_keys(&req.routing_key, &properties.headers);
+    let keys = qq_core::route::routing_keys(&routing_key, &properties.headers);
     let state = api.node.view().current();
-    if let Some(x) = state.exchange(&vhost, &req.exchange) {
+    if let Some(x) = state.exchange(&vhost, &exchange) {
         if x.internal {
             return Err(Status::permission_denied(format!(
-                "exchange: '{}' in vhost '{vhost}' is internal and cannot be published to",
-                req.exchange
+                "exchange: '{exchange}' in vhost '{vhost}' is internal and cannot be published to"
             )));
         }
     }
     let targets = state
-        .route(&vhost, &req.exchange, &keys, &properties.headers)
+        .route(&vhost, &exchange, &keys, &properties.headers)
         .map_err(meta_err)?;
     if targets.is_empty() {
-        return Ok(Prepared::Done(unroutable(&req)));
+        return Ok(Prepared::Done(unroutable(
+            seq,
+            mandatory,
+            &exchange,
+            &routing_key,
+        )));
     }
-    let visible = qq_core::route::visible_routing_keys(&req.routing_key, &properties.headers).len();
+    let visible = qq_core::route::visible_routing_keys(&routing_key, &properties.headers).len();
     let bcc = keys[visible..].to_vec();
     qq_core::route::strip_bcc(&mut properties.headers);
     let expiration_ms = if properties.expiration.is_empty() {
@@ -122,8 +179,8 @@ fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepar
     let message = Message {
         properties,
         body,
-        exchange: req.exchange,
-        routing_key: req.routing_key,
+        exchange,
+        routing_key,
         bcc,
     };
     let encoded = postcard::to_stdvec(&message)
@@ -188,20 +245,17 @@ fn check_headers(api: &Api, headers: &qq_core::Table) -> Result<(), Status> {
 }
 
 /// The answer to a publish no queue is bound for: CONFIRMED, or UNROUTABLE if mandatory.
-fn unroutable(req: &pb::PublishRequest) -> pb::PublishResponse {
-    let (outcome, detail) = if req.mandatory {
+fn unroutable(seq: u64, mandatory: bool, exchange: &str, routing_key: &str) -> pb::PublishResponse {
+    let (outcome, detail) = if mandatory {
         (
             pb::PublishOutcome::Unroutable,
-            format!(
-                "no queue is bound to exchange '{}' for key '{}'",
-                req.exchange, req.routing_key
-            ),
+            format!("no queue is bound to exchange '{exchange}' for key '{routing_key}'"),
         )
     } else {
         (pb::PublishOutcome::Confirmed, String::new())
     };
     pb::PublishResponse {
-        seq: req.seq,
+        seq,
         outcome: outcome as i32,
         detail,
         code: 0,
@@ -271,7 +325,7 @@ fn prepare_batch(
 }
 
 /// Commit prepared publishes with one Raft entry per target queue; answers in order.
-async fn commit(
+pub(crate) async fn commit(
     api: &Api,
     batch: Vec<(u64, Prepared)>,
 ) -> Result<Vec<pb::PublishResponse>, Status> {

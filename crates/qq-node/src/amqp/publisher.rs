@@ -1,0 +1,266 @@
+//! basic.publish: validate and route at once (a refusal closes the channel with RabbitMQ's
+//! code before anything is stored), then commit through the same path as gRPC's
+//! `PublishStream` ([`crate::api::publish::commit`]), one batch at a time per channel, and
+//! answer confirms in order.
+//!
+//! A confirm (basic.ack) means what a gRPC CONFIRMED means: every routed queue committed the
+//! message, fsynced on a majority of its members. A queue that refuses it (reject-publish
+//! limits) or a commit that fails (no majority, leader lost) is basic.nack. An unroutable
+//! publish is acked at once; with `mandatory` it is first returned with 312 NO_ROUTE.
+//! Consecutive acks (or nacks) of a batch go out as one frame with `multiple`.
+//!
+//! Bounds: at most `max_inflight_publishes` publishes wait for their commit per channel; one
+//! more makes the read loop wait, so the connection's socket is not read (TCP backpressure,
+//! as RabbitMQ's credit flow). While a memory or disk alarm is on, a publish makes the
+//! connection send connection.blocked (to clients that asked for it) and stop reading until
+//! the alarm clears, then connection.unblocked.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use amq_protocol::frame::{AMQPContentHeader, AMQPFrame};
+use amq_protocol::protocol::{AMQPClass, basic, connection as conn};
+use futures::FutureExt;
+use qq_core::meta::Perm;
+use qq_proto::v1 as pb;
+use tokio::sync::mpsc;
+
+use super::channel::{Channel, Content};
+use super::codes::{AmqpError, NO_ROUTE, NOT_IMPLEMENTED};
+use super::connection::{Outbox, Session};
+use super::convert::{properties_from_amqp, properties_to_amqp, short};
+use super::frames::{FRAME_OVERHEAD, encode};
+use crate::api::publish::{self as grpc, Prepared, Publish};
+use crate::groups::queue_sm::MAX_BATCH;
+
+/// How often a blocked connection looks at the alarms again.
+const ALARM_POLL: Duration = Duration::from_millis(250);
+
+/// A publish on its way to its queues: its confirm number (0: not in confirm mode).
+struct Pending {
+    seq: u64,
+    prepared: Prepared,
+}
+
+/// A channel's commit pipeline.
+pub struct Publisher {
+    tx: mpsc::Sender<Pending>,
+}
+
+/// Checks made at the method frame, before the content is read.
+pub async fn check_publish(session: &Session, p: &basic::Publish) -> Result<(), AmqpError> {
+    if p.immediate {
+        return Err(AmqpError::new(NOT_IMPLEMENTED, "immediate=true"));
+    }
+    wait_out_alarm(session).await;
+    Ok(())
+}
+
+/// While an alarm refuses publishes: blocked, not reading, until it clears.
+async fn wait_out_alarm(session: &Session) {
+    let alarms = session.ctx.api.node().alarms();
+    let Some(why) = alarms.publish_refusal() else {
+        return;
+    };
+    if session.caps.connection_blocked {
+        let blocked = conn::Blocked {
+            reason: short(&why),
+        };
+        let m = AMQPClass::Connection(conn::AMQPMethod::Blocked(blocked));
+        session.out.method(0, m).await;
+    }
+    while alarms.publish_refusal().is_some() && !session.done.is_cancelled() {
+        tokio::time::sleep(ALARM_POLL).await;
+    }
+    if session.caps.connection_blocked {
+        let m = AMQPClass::Connection(conn::AMQPMethod::Unblocked(conn::Unblocked {}));
+        session.out.method(0, m).await;
+    }
+}
+
+/// A whole message: validated and routed now, committed by the channel's pipeline.
+pub async fn publish(
+    session: &Arc<Session>,
+    channel: &mut Channel,
+    content: Content,
+) -> Result<(), AmqpError> {
+    let Content {
+        publish,
+        header,
+        body,
+    } = content;
+    let header = header.expect("complete content has a header");
+    let api = &session.ctx.api;
+    let exchange = publish.exchange.to_string();
+    api.auth()
+        .check(&session.caller, &session.vhost, Perm::Write, &exchange)?;
+    grpc::check_body_size(api, body.len())?;
+    let properties = properties_from_amqp(&header.properties);
+    // Kept only for a mandatory publish, to return it if nothing routes it.
+    let returned = publish
+        .mandatory
+        .then(|| (header.properties.clone(), body.clone()));
+    let seq = if channel.confirm {
+        channel.publish_seq += 1;
+        channel.publish_seq
+    } else {
+        0
+    };
+    let prepared = grpc::route_message(
+        api,
+        &session.caller,
+        Publish {
+            vhost: session.vhost.clone(),
+            exchange: exchange.clone(),
+            routing_key: publish.routing_key.to_string(),
+            mandatory: publish.mandatory,
+            seq,
+            properties,
+            body,
+            publish_key: None,
+        },
+    )?;
+    if let (Prepared::Done(answer), Some((props, body))) = (&prepared, returned) {
+        if answer.outcome == pb::PublishOutcome::Unroutable as i32 {
+            let ret = basic::Return {
+                reply_code: NO_ROUTE,
+                reply_text: "NO_ROUTE".into(),
+                exchange: short(&exchange),
+                routing_key: publish.routing_key.clone(),
+            };
+            let bytes = content_frames(
+                channel.id,
+                AMQPClass::Basic(basic::AMQPMethod::Return(ret)),
+                props,
+                &body,
+                session.frame_max,
+            );
+            session.out.bytes(bytes).await;
+        }
+    }
+    let publisher = channel
+        .publisher
+        .get_or_insert_with(|| start(session.clone(), channel.id));
+    // Full: the read loop waits here, and the socket is not read meanwhile.
+    let _ = publisher.tx.send(Pending { seq, prepared }).await;
+    Ok(())
+}
+
+/// A delivery's or a return's frames: the method, the content header, the body in frames of
+/// at most frame_max.
+pub fn content_frames(
+    channel: u16,
+    method: AMQPClass,
+    properties: basic::AMQPProperties,
+    body: &[u8],
+    frame_max: u32,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 256);
+    encode(&AMQPFrame::Method(channel, method), &mut out);
+    let header = AMQPContentHeader {
+        class_id: 60,
+        body_size: body.len() as u64,
+        properties,
+    };
+    encode(&AMQPFrame::Header(channel, header), &mut out);
+    let chunk = (frame_max as usize).saturating_sub(FRAME_OVERHEAD).max(1);
+    for part in body.chunks(chunk) {
+        encode(&AMQPFrame::Body(channel, part.to_vec()), &mut out);
+    }
+    out
+}
+
+/// The delivered properties of a stored message.
+pub fn delivered_properties(p: &qq_core::Properties) -> basic::AMQPProperties {
+    properties_to_amqp(p)
+}
+
+fn start(session: Arc<Session>, channel: u16) -> Publisher {
+    let bound = session
+        .ctx
+        .api
+        .node()
+        .config()
+        .max_inflight_publishes
+        .max(1);
+    let (tx, rx) = mpsc::channel(bound);
+    let node = session.ctx.api.node().clone();
+    node.tasks().spawn(commit_loop(session, channel, rx));
+    Publisher { tx }
+}
+
+/// Commit what arrived, a batch at a time, and confirm in order.
+async fn commit_loop(session: Arc<Session>, channel: u16, mut rx: mpsc::Receiver<Pending>) {
+    let api = session.ctx.api.clone();
+    let max_batch = api
+        .node()
+        .config()
+        .max_inflight_publishes
+        .clamp(1, MAX_BATCH);
+    loop {
+        let first = tokio::select! {
+            p = rx.recv() => match p { Some(p) => p, None => return },
+            _ = session.done.cancelled() => return,
+        };
+        let mut batch = vec![first];
+        while batch.len() < max_batch {
+            match rx.recv().now_or_never() {
+                Some(Some(p)) => batch.push(p),
+                _ => break,
+            }
+        }
+        let seqs: Vec<u64> = batch.iter().map(|p| p.seq).collect();
+        let answers = grpc::commit(
+            &api,
+            batch.into_iter().map(|p| (p.seq, p.prepared)).collect(),
+        )
+        .await;
+        let acked: Vec<(u64, bool)> = match answers {
+            Ok(answers) => answers.iter().map(|a| (a.seq, confirms(a))).collect(),
+            Err(_) => seqs.iter().map(|s| (*s, false)).collect(),
+        };
+        if !send_confirms(&session.out, channel, &acked).await {
+            return;
+        }
+    }
+}
+
+/// Whether an answer is an ack (stored, or nothing to store) rather than a nack.
+fn confirms(a: &pb::PublishResponse) -> bool {
+    a.outcome == pb::PublishOutcome::Confirmed as i32
+        || a.outcome == pb::PublishOutcome::Unroutable as i32
+}
+
+/// basic.ack / basic.nack for the confirm-mode publishes of a batch, a run of the same answer
+/// as one frame with `multiple`.
+async fn send_confirms(out: &Outbox, channel: u16, acked: &[(u64, bool)]) -> bool {
+    let numbered: Vec<(u64, bool)> = acked.iter().copied().filter(|(s, _)| *s != 0).collect();
+    let mut bytes = Vec::new();
+    let mut i = 0;
+    while i < numbered.len() {
+        let (_, ack) = numbered[i];
+        let mut j = i;
+        while j + 1 < numbered.len() && numbered[j + 1].1 == ack {
+            j += 1;
+        }
+        let (tag, multiple) = (numbered[j].0, j > i);
+        let method = if ack {
+            basic::AMQPMethod::Ack(basic::Ack {
+                delivery_tag: tag,
+                multiple,
+            })
+        } else {
+            basic::AMQPMethod::Nack(basic::Nack {
+                delivery_tag: tag,
+                multiple,
+                requeue: false,
+            })
+        };
+        encode(
+            &AMQPFrame::Method(channel, AMQPClass::Basic(method)),
+            &mut bytes,
+        );
+        i = j + 1;
+    }
+    bytes.is_empty() || out.bytes(bytes).await
+}
