@@ -111,6 +111,29 @@ async fn amqp_tutorials_confirms_and_cross_protocol() -> anyhow::Result<()> {
     ensure!(d.data == b"Hello World!" && !d.redelivered, "hello: {d:?}");
     d.acker.ack(BasicAckOptions::default()).await?;
 
+    info!("--- publishes without confirms, then close at once: every one is still stored");
+    declare(&ch, "fire", quorum()).await?;
+    let quick = connect(&cluster, 3).await?;
+    let qch = quick.create_channel().await?;
+    for i in 0..20 {
+        qch.basic_publish(
+            "".into(),
+            "fire".into(),
+            BasicPublishOptions::default(),
+            format!("fire {i}").as_bytes(),
+            BasicProperties::default(),
+        )
+        .await?;
+    }
+    quick.close(200, "bye".into()).await?;
+    for i in 0..20 {
+        let got = get_body(&ch, "fire").await?;
+        ensure!(
+            got == Some(format!("fire {i}").into_bytes()),
+            "fire-and-forget {i}: {got:?}"
+        );
+    }
+
     info!("--- tutorial 2: work queue, prefetch 1, manual acks, 50 tasks on two workers");
     declare(&ch, "task_queue", quorum()).await?;
     for i in 0..50 {

@@ -340,8 +340,10 @@ fn close_ok() -> AMQPClass {
     AMQPClass::Channel(chan::AMQPMethod::CloseOk(chan::CloseOk {}))
 }
 
-/// A channel ends: its consumers stop and its publisher drains no further.
+/// A channel ends: its consumers stop, and what it published is committed.
 async fn teardown(channel: &mut Channel) {
     channel.deliveries.end();
-    channel.publisher = None;
+    if let Some(publisher) = channel.publisher.take() {
+        publisher.drain().await;
+    }
 }

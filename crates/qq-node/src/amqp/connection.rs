@@ -419,6 +419,8 @@ async fn serve<R: AsyncRead + Unpin>(
         match frame {
             AMQPFrame::Heartbeat => {}
             AMQPFrame::Method(0, AMQPClass::Connection(conn::AMQPMethod::Close(_))) => {
+                // What the client published before its close is committed before close-ok.
+                channels.close_all().await;
                 let ok = AMQPClass::Connection(conn::AMQPMethod::CloseOk(conn::CloseOk {}));
                 session.out.method(0, ok).await;
                 break None;

@@ -45,6 +45,19 @@ struct Pending {
 /// A channel's commit pipeline.
 pub struct Publisher {
     tx: mpsc::Sender<Pending>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// How long closing a channel waits for its publishes to be committed.
+const DRAIN_WAIT: Duration = Duration::from_secs(10);
+
+impl Publisher {
+    /// The channel closes: what was published before is still committed (as RabbitMQ routes
+    /// every publish it read before a close), waiting at most [`DRAIN_WAIT`].
+    pub async fn drain(self) {
+        drop(self.tx);
+        let _ = tokio::time::timeout(DRAIN_WAIT, self.task).await;
+    }
 }
 
 /// Checks made at the method frame, before the content is read.
@@ -185,11 +198,13 @@ fn start(session: Arc<Session>, channel: u16) -> Publisher {
         .max(1);
     let (tx, rx) = mpsc::channel(bound);
     let node = session.ctx.api.node().clone();
-    node.tasks().spawn(commit_loop(session, channel, rx));
-    Publisher { tx }
+    let task = node.tasks().spawn(commit_loop(session, channel, rx));
+    Publisher { tx, task }
 }
 
-/// Commit what arrived, a batch at a time, and confirm in order.
+/// Commit what arrived, a batch at a time, and confirm in order, until the channel drops
+/// its sender and everything sent before is committed (a client gone meanwhile gets no
+/// confirms, but what it published is stored).
 async fn commit_loop(session: Arc<Session>, channel: u16, mut rx: mpsc::Receiver<Pending>) {
     let api = session.ctx.api.clone();
     let max_batch = api
@@ -197,11 +212,8 @@ async fn commit_loop(session: Arc<Session>, channel: u16, mut rx: mpsc::Receiver
         .config()
         .max_inflight_publishes
         .clamp(1, MAX_BATCH);
-    loop {
-        let first = tokio::select! {
-            p = rx.recv() => match p { Some(p) => p, None => return },
-            _ = session.done.cancelled() => return,
-        };
+    let mut client_gone = false;
+    while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while batch.len() < max_batch {
             match rx.recv().now_or_never() {
@@ -219,8 +231,8 @@ async fn commit_loop(session: Arc<Session>, channel: u16, mut rx: mpsc::Receiver
             Ok(answers) => answers.iter().map(|a| (a.seq, confirms(a))).collect(),
             Err(_) => seqs.iter().map(|s| (*s, false)).collect(),
         };
-        if !send_confirms(&session.out, channel, &acked).await {
-            return;
+        if !client_gone && !send_confirms(&session.out, channel, &acked).await {
+            client_gone = true;
         }
     }
 }
