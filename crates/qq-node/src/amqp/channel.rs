@@ -170,7 +170,7 @@ impl Channels {
         };
         channel.closing = true;
         channel.content = None;
-        teardown(channel).await;
+        teardown(&self.session, channel).await;
         let close = chan::Close {
             reply_code: e.code,
             reply_text: short(&e.reply_text()),
@@ -187,7 +187,7 @@ impl Channels {
     /// their queues) and pending publishes are dropped unconfirmed.
     pub async fn close_all(&mut self) {
         for (_, mut channel) in self.open.drain() {
-            teardown(&mut channel).await;
+            teardown(&self.session, &mut channel).await;
         }
     }
 
@@ -195,7 +195,7 @@ impl Channels {
         let session = self.session.clone();
         if let AMQPClass::Channel(chan::AMQPMethod::Close(_)) = method {
             if let Some(mut channel) = self.open.remove(&id) {
-                teardown(&mut channel).await;
+                teardown(&self.session, &mut channel).await;
             }
             session.out.method(id, close_ok()).await;
             return Ok(());
@@ -340,9 +340,11 @@ fn close_ok() -> AMQPClass {
     AMQPClass::Channel(chan::AMQPMethod::CloseOk(chan::CloseOk {}))
 }
 
-/// A channel ends: its consumers stop, and what it published is committed.
-async fn teardown(channel: &mut Channel) {
-    channel.deliveries.end();
+/// A channel ends: its consumers stop, its unacked gets return to their queues, and what it
+/// published is committed.
+async fn teardown(session: &Session, channel: &mut Channel) {
+    let gets = channel.deliveries.end();
+    consumer::requeue_gets(session, gets).await;
     if let Some(publisher) = channel.publisher.take() {
         publisher.drain().await;
     }

@@ -91,12 +91,19 @@ impl Deliveries {
         })
     }
 
-    /// The channel ends: every consumer stops (its session ends, its unacked return).
-    pub fn end(&self) {
+    /// The channel ends: every consumer stops (its session ends, its unacked return). The
+    /// receipts of basic.get messages still unacked are returned, for the caller to requeue.
+    pub fn end(&self) -> Vec<String> {
         self.done.cancel();
         let mut state = self.state.lock().unwrap();
         state.consumers.clear();
-        state.unacked.clear();
+        std::mem::take(&mut state.unacked)
+            .into_values()
+            .filter_map(|u| match u {
+                Unacked::Get { receipt } => Some(receipt),
+                Unacked::Consumer { .. } => None,
+            })
+            .collect()
     }
 
     fn next_tag(&self, unacked: Option<Unacked>) -> u64 {
@@ -457,7 +464,12 @@ async fn get(
     });
     let tag = channel.deliveries.next_tag(unacked);
     let message = delivery.message.unwrap_or_default();
-    let (props, body) = crate::api::convert::message_from_pb(Some(&message))?;
+    let (mut props, body) = crate::api::convert::message_from_pb(Some(&message))?;
+    // RabbitMQ's quorum queues put the count on every basic.get, 0 the first time.
+    props
+        .headers
+        .entry("x-delivery-count".into())
+        .or_insert(qq_core::Value::Long(0));
     let ok = basic::GetOk {
         delivery_tag: tag,
         redelivered: delivery.redelivered,
@@ -510,6 +522,23 @@ async fn settle(
             .collect()
     };
     settle_taken(session, channel, taken, outcome).await
+}
+
+/// A closed channel's unacked basic.get messages go back to their queues at once (as
+/// RabbitMQ's), not when their leases end.
+pub async fn requeue_gets(session: &Session, receipts: Vec<String>) {
+    if receipts.is_empty() {
+        return;
+    }
+    let r = pb::SettleRequest {
+        receipts,
+        outcome: pb::SettleOutcome::Requeue as i32,
+        reason_detail: None,
+        delay_ms: None,
+    };
+    if let Err(e) = grpc::settle(&session.ctx.api, request(session, r)).await {
+        debug!("amqp: requeue of a closed channel's gets: {e}");
+    }
 }
 
 /// basic.recover: every unacked delivery of the channel goes back to its queue.

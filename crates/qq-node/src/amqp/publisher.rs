@@ -26,7 +26,7 @@ use qq_proto::v1 as pb;
 use tokio::sync::mpsc;
 
 use super::channel::{Channel, Content};
-use super::codes::{AmqpError, NO_ROUTE, NOT_IMPLEMENTED};
+use super::codes::{AmqpError, NO_ROUTE, NOT_IMPLEMENTED, PRECONDITION_FAILED};
 use super::connection::{Outbox, Session};
 use super::convert::{properties_from_amqp, properties_to_amqp, short};
 use super::frames::{FRAME_OVERHEAD, encode};
@@ -109,6 +109,16 @@ pub async fn publish(
         .check(&session.caller, &session.vhost, Perm::Write, &exchange)?;
     grpc::check_body_size(api, body.len())?;
     let properties = properties_from_amqp(&header.properties);
+    // RabbitMQ's validated user-id, with its code (gRPC answers PERMISSION_DENIED).
+    if !properties.user_id.is_empty() && properties.user_id != session.caller.user {
+        return Err(AmqpError::new(
+            PRECONDITION_FAILED,
+            format!(
+                "user_id property set to '{}' but authenticated user was '{}'",
+                properties.user_id, session.caller.user
+            ),
+        ));
+    }
     // Kept only for a mandatory publish, to return it if nothing routes it.
     let returned = publish
         .mandatory
