@@ -12,7 +12,7 @@ export QQ_NODE_BIN QQCTL_BIN
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short
+.PHONY: amqp-diff check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short
 
 all: build
 
@@ -69,6 +69,19 @@ CHAOS_DURATION ?= 150
 # About a minute of partitions plus leader kills with a fixed seed: part of `make test`.
 chaos-short: deps build
 	$(SUDO) $(QQ_CHAOS_BIN) --scenario short --node-bin $(QQ_NODE_BIN)
+
+# The AMQP differential test: the scripted sessions of tests/amqp/diff.py against the local
+# cluster (`make cluster` first), compared field by field with RabbitMQ 3.10's recorded
+# transcript; prints every difference not in tests/amqp/known-differences.json and exits 1 if
+# there is one. AMQP_DIFF_REFERENCE=<file> compares with another recording.
+AMQP_DIFF_REFERENCE ?= tests/amqp/rabbitmq-3.10.json
+amqp-diff:
+	bash tests/amqp/setup.sh
+	$(QQCTL_BIN) put-user qqdiff-noconf --new-password qqdiff-noconf
+	$(QQCTL_BIN) --vhost / set-permissions qqdiff-noconf --configure ''
+	$(QQCTL_BIN) put-user qqdiff-novhost --new-password qqdiff-novhost
+	python3 tests/amqp/diff.py record amqp://guest:guest@127.0.0.1:5672/%2f .qq-cluster/amqp-diff.json
+	python3 tests/amqp/diff.py compare $(AMQP_DIFF_REFERENCE) .qq-cluster/amqp-diff.json
 
 # The full matrix: every nemesis alone for CHAOS_DURATION seconds, then all of them together;
 # prints one table (also .qq-chaos/matrix-seed-$(CHAOS_SEED)/matrix.md). About 40 minutes.

@@ -80,10 +80,18 @@ impl Channels {
     pub async fn handle(&mut self, frame: AMQPFrame) -> Result<(), ConnError> {
         let id = frame.channel_id();
         if id == 0 {
-            return Err(ConnError::new(
-                COMMAND_INVALID,
-                format!("unexpected frame on channel 0: {frame}"),
-            ));
+            let (code, class_method) = match &frame {
+                AMQPFrame::Method(_, m) => (
+                    CHANNEL_ERROR,
+                    (m.get_amqp_class_id(), m.get_amqp_method_id()),
+                ),
+                _ => (COMMAND_INVALID, (0, 0)),
+            };
+            return Err(ConnError {
+                code,
+                text: format!("unexpected frame on channel 0: {frame}"),
+                class_method,
+            });
         }
         if let AMQPFrame::Method(_, AMQPClass::Channel(chan::AMQPMethod::Open(_))) = frame {
             return self.open_channel(id).await;

@@ -72,6 +72,7 @@ impl Outbox {
 pub struct ClientCaps {
     pub consumer_cancel_notify: bool,
     pub connection_blocked: bool,
+    pub authentication_failure_close: bool,
 }
 
 /// A connection after open-ok: who, where, and how to reach the socket.
@@ -173,7 +174,18 @@ async fn handshake<R: AsyncRead + Unpin>(
         other => return Err(unexpected(&other, "connection.start-ok")),
     };
     let caps = client_caps(&start_ok.client_properties);
-    let caller = login(ctx, &start_ok, peer, tls).await?;
+    // A refused login is told only to clients that asked (RabbitMQ's
+    // authentication_failure_close); others see the socket close.
+    let caller = login(ctx, &start_ok, peer, tls)
+        .await
+        .map_err(|end| match end {
+            HandshakeEnd::Close(e)
+                if e.code == ACCESS_REFUSED && !caps.authentication_failure_close =>
+            {
+                HandshakeEnd::Drop(e.text)
+            }
+            other => other,
+        })?;
     out.method(
         0,
         AMQPClass::Connection(conn::AMQPMethod::Tune(conn::Tune {
@@ -295,6 +307,7 @@ fn client_caps(props: &FieldTable) -> ClientCaps {
     ClientCaps {
         consumer_cancel_notify: flag("consumer_cancel_notify"),
         connection_blocked: flag("connection.blocked"),
+        authentication_failure_close: flag("authentication_failure_close"),
     }
 }
 

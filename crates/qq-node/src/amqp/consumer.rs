@@ -166,6 +166,12 @@ pub async fn basic(
             settle(session, channel, r.delivery_tag, false, outcome(r.requeue)).await?;
             None
         }
+        M::Recover(r) if !r.requeue => {
+            return Err(AmqpError::new(NOT_IMPLEMENTED, "requeue=false"));
+        }
+        M::RecoverAsync(r) if !r.requeue => {
+            return Err(AmqpError::new(NOT_IMPLEMENTED, "requeue=false"));
+        }
         M::Recover(_) => {
             recover(session, channel).await?;
             Some(M::RecoverOk(basic::RecoverOk {}))

@@ -6,7 +6,8 @@
 //! at most one frame of `frame_max` bytes (plus one read's worth). A frame that does not parse
 //! is a connection error with RabbitMQ's code: 501 FRAME_ERROR for bad framing (unknown frame
 //! type, missing frame-end octet, oversized frame), 540 NOT_IMPLEMENTED for a class or method
-//! AMQP 0-9-1 does not have, 502 SYNTAX_ERROR for a known method whose arguments do not decode.
+//! AMQP 0-9-1 does not have, 501 too for a known method whose arguments do not decode (as
+//! RabbitMQ), 502 SYNTAX_ERROR for a method frame too short to name its method.
 
 use amq_protocol::frame::{AMQPFrame, WriteContext, gen_frame, parse_frame};
 use amq_protocol::protocol::constants::{
@@ -150,8 +151,9 @@ fn undecodable(kind: u8, payload: &[u8]) -> ConnError {
     let class = u16::from_be_bytes([payload[0], payload[1]]);
     let method = u16::from_be_bytes([payload[2], payload[3]]);
     if known_method(class, method) {
+        // RabbitMQ answers a method whose arguments are cut short with a frame error.
         ConnError::new(
-            SYNTAX_ERROR,
+            FRAME_ERROR,
             format!("method {class}.{method}: arguments do not decode"),
         )
     } else {
@@ -254,14 +256,14 @@ mod tests {
             code_of(take_frame(&mut buf, 131_072)),
             Some(NOT_IMPLEMENTED)
         );
-        // queue.declare cut short inside its arguments (sizes adjusted): syntax error.
+        // queue.declare cut short inside its arguments (sizes adjusted): frame error.
         let mut buf = bytes.clone();
         let payload = bytes.len() - FRAME_OVERHEAD;
         buf.truncate(HEADER_LEN + 6);
         buf.push(FRAME_END);
         buf[3..7].copy_from_slice(&6u32.to_be_bytes());
         assert!(payload > 6);
-        assert_eq!(code_of(take_frame(&mut buf, 131_072)), Some(SYNTAX_ERROR));
+        assert_eq!(code_of(take_frame(&mut buf, 131_072)), Some(FRAME_ERROR));
     }
 
     proptest! {
