@@ -17,17 +17,16 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use qq_tests::{TestCluster, eventually, info};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const WAIT: Duration = Duration::from_secs(20);
+pub(crate) const WAIT: Duration = Duration::from_secs(20);
 
-async fn connect(cluster: &TestCluster, node: u64) -> anyhow::Result<Connection> {
+pub(crate) async fn connect(cluster: &TestCluster, node: u64) -> anyhow::Result<Connection> {
     Connection::connect(&cluster.amqp_url(node), ConnectionProperties::default())
         .await
         .with_context(|| format!("amqp connect to node {node}"))
 }
 
-fn quorum() -> FieldTable {
+pub(crate) fn quorum() -> FieldTable {
     let mut t = FieldTable::default();
     t.insert(
         "x-queue-type".into(),
@@ -36,14 +35,14 @@ fn quorum() -> FieldTable {
     t
 }
 
-fn durable() -> QueueDeclareOptions {
+pub(crate) fn durable() -> QueueDeclareOptions {
     QueueDeclareOptions {
         durable: true,
         ..Default::default()
     }
 }
 
-async fn declare(ch: &Channel, name: &str, args: FieldTable) -> anyhow::Result<()> {
+pub(crate) async fn declare(ch: &Channel, name: &str, args: FieldTable) -> anyhow::Result<()> {
     ch.queue_declare(name.into(), durable(), args).await?;
     Ok(())
 }
@@ -75,7 +74,7 @@ async fn get_body(ch: &Channel, queue: &str) -> anyhow::Result<Option<Vec<u8>>> 
 }
 
 /// The reply code of a lapin error that came from the broker.
-fn reply_code(e: &lapin::Error) -> Option<u16> {
+pub(crate) fn reply_code(e: &lapin::Error) -> Option<u16> {
     match e.kind() {
         lapin::ErrorKind::ProtocolError(amqp) => Some(amqp.get_id()),
         _ => None,
@@ -477,146 +476,6 @@ async fn amqp_dead_letters_and_cancel_on_delete() -> anyhow::Result<()> {
     );
     conn.close(200, "bye".into()).await?;
     other.close(200, "bye".into()).await?;
-    cluster.stop();
-    Ok(())
-}
-
-/// Soft errors close the channel and leave the connection usable; hard ones close the
-/// connection; a bad protocol header gets ours back; garbage after the handshake is a frame
-/// error; the node keeps serving.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn amqp_errors_close_the_channel_or_the_connection() -> anyhow::Result<()> {
-    let cluster = TestCluster::start(3).await?;
-    let conn = connect(&cluster, 1).await?;
-    let cases: Vec<(&str, u16)> = vec![
-        ("passive declare of a missing queue", 404),
-        ("non-durable quorum queue", 406),
-        ("publish to a missing exchange", 404),
-        ("inequivalent redeclare", 406),
-        ("unknown delivery tag", 406),
-    ];
-    let seed = conn.create_channel().await?;
-    declare(&seed, "eq", {
-        let mut a = quorum();
-        a.insert("x-max-length".into(), AMQPValue::LongLongInt(10));
-        a
-    })
-    .await?;
-    for (what, want) in cases {
-        let ch = conn.create_channel().await?;
-        let err = match what {
-            "passive declare of a missing queue" => ch
-                .queue_declare(
-                    "nope".into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
-                .map(|_| ()),
-            "non-durable quorum queue" => ch
-                .queue_declare(
-                    "transient".into(),
-                    QueueDeclareOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .map(|_| ()),
-            "publish to a missing exchange" => {
-                ch.confirm_select(ConfirmSelectOptions::default()).await?;
-                match ch
-                    .basic_publish(
-                        "no-such-x".into(),
-                        "k".into(),
-                        BasicPublishOptions::default(),
-                        b"x",
-                        BasicProperties::default(),
-                    )
-                    .await
-                {
-                    Ok(confirm) => confirm.await.map(|_| ()),
-                    Err(e) => Err(e),
-                }
-            }
-            "inequivalent redeclare" => {
-                let mut a = quorum();
-                a.insert("x-max-length".into(), AMQPValue::LongLongInt(11));
-                ch.queue_declare("eq".into(), durable(), a)
-                    .await
-                    .map(|_| ())
-            }
-            _ => ch.basic_ack(99, BasicAckOptions::default()).await.and(
-                // The ack has no answer; a round trip brings the channel's close.
-                ch.queue_declare(
-                    "eq".into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
-                .map(|_| ()),
-            ),
-        };
-        let e = match err {
-            Ok(()) => bail!("{what}: no error"),
-            Err(e) => e,
-        };
-        ensure!(reply_code(&e) == Some(want), "{what}: {e} (wanted {want})");
-        ensure!(
-            conn.status().connected(),
-            "{what}: the connection closed too"
-        );
-    }
-    let ch = conn.create_channel().await?;
-    declare(&ch, "still-fine", quorum()).await?;
-
-    info!("--- global qos then consume: 540 NOT_IMPLEMENTED closes the connection");
-    ch.basic_qos(5, BasicQosOptions { global: true }).await?;
-    let e = ch
-        .basic_consume(
-            "still-fine".into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .err()
-        .context("global qos consume accepted")?;
-    ensure!(reply_code(&e) == Some(540), "global qos: {e}");
-
-    info!("--- raw socket: a wrong protocol header gets AMQP 0-9-1's back");
-    let mut raw = tokio::net::TcpStream::connect(cluster.amqp_address(2)).await?;
-    raw.write_all(b"AMQP\x00\x00\x08\x00").await?;
-    let mut header = [0u8; 8];
-    tokio::time::timeout(WAIT, raw.read_exact(&mut header)).await??;
-    ensure!(&header == b"AMQP\x00\x00\x09\x01", "header {header:?}");
-
-    info!("--- raw socket: garbage after the header is a frame error (501)");
-    let mut raw = tokio::net::TcpStream::connect(cluster.amqp_address(2)).await?;
-    raw.write_all(b"AMQP\x00\x00\x09\x01").await?;
-    let mut start = vec![0u8; 4096];
-    let n = tokio::time::timeout(WAIT, raw.read(&mut start)).await??;
-    ensure!(n > 7 && start[0] == 1, "no connection.start");
-    raw.write_all(&[0x41; 64]).await?;
-    let mut rest = Vec::new();
-    let _ = tokio::time::timeout(WAIT, raw.read_to_end(&mut rest)).await;
-    // connection.close (class 10, method 50) with reply code 501.
-    ensure!(
-        rest.len() > 13 && rest[7..11] == [0, 10, 0, 50],
-        "no connection.close: {rest:?}"
-    );
-    ensure!(
-        u16::from_be_bytes([rest[11], rest[12]]) == 501,
-        "close code: {rest:?}"
-    );
-
-    let conn2 = connect(&cluster, 2).await?;
-    let ch2 = conn2.create_channel().await?;
-    declare(&ch2, "after-garbage", quorum()).await?;
     cluster.stop();
     Ok(())
 }

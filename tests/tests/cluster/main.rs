@@ -4,6 +4,7 @@
 
 mod alarms;
 mod amqp;
+mod amqp_errors;
 mod bad_entries;
 mod bad_input;
 mod catch_up;

@@ -8,7 +8,7 @@
 //! RabbitMQ. Exchange-to-exchange bindings are not supported (540).
 
 use amq_protocol::protocol::{AMQPClass, exchange as ex, queue as q};
-use amq_protocol::types::FieldTable;
+use amq_protocol::types::{FieldTable, ShortString};
 use qq_proto::v1 as pb;
 use tonic::{Code, Request, Status};
 
@@ -110,6 +110,23 @@ fn quorum_properties(d: &q::Declare, vhost: &str) -> Result<(), AmqpError> {
     Ok(())
 }
 
+/// The gRPC request of a queue.bind or queue.unbind.
+fn binding(
+    vhost: String,
+    queue: &ShortString,
+    exchange: &ShortString,
+    routing_key: &ShortString,
+    args: &FieldTable,
+) -> pb::BindRequest {
+    pb::BindRequest {
+        vhost,
+        queue: queue.to_string(),
+        exchange: exchange.to_string(),
+        routing_key: routing_key.to_string(),
+        arguments: arguments(args),
+    }
+}
+
 pub async fn queue(
     session: &Session,
     _channel: &mut Channel,
@@ -139,24 +156,12 @@ pub async fn queue(
             (reply, d.nowait)
         }
         q::AMQPMethod::Bind(b) => {
-            let r = pb::BindRequest {
-                vhost,
-                queue: b.queue.to_string(),
-                exchange: b.exchange.to_string(),
-                routing_key: b.routing_key.to_string(),
-                arguments: arguments(&b.arguments),
-            };
+            let r = binding(vhost, &b.queue, &b.exchange, &b.routing_key, &b.arguments);
             admin::binding(api, request(session, r), true).await?;
             (q::AMQPMethod::BindOk(q::BindOk {}), b.nowait)
         }
         q::AMQPMethod::Unbind(b) => {
-            let r = pb::BindRequest {
-                vhost,
-                queue: b.queue.to_string(),
-                exchange: b.exchange.to_string(),
-                routing_key: b.routing_key.to_string(),
-                arguments: arguments(&b.arguments),
-            };
+            let r = binding(vhost, &b.queue, &b.exchange, &b.routing_key, &b.arguments);
             admin::binding(api, request(session, r), false).await?;
             (q::AMQPMethod::UnbindOk(q::UnbindOk {}), false)
         }
