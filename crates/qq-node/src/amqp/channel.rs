@@ -97,10 +97,15 @@ impl Channels {
             return self.open_channel(id).await;
         }
         let Some(channel) = self.open.get_mut(&id) else {
-            return Err(ConnError::new(
-                CHANNEL_ERROR,
-                format!("expected 'channel.open' on channel {id}"),
-            ));
+            let class_method = match &frame {
+                AMQPFrame::Method(_, m) => (m.get_amqp_class_id(), m.get_amqp_method_id()),
+                _ => (0, 0),
+            };
+            return Err(ConnError {
+                code: CHANNEL_ERROR,
+                text: format!("expected 'channel.open' on channel {id}"),
+                class_method,
+            });
         };
         if channel.closing {
             match frame {

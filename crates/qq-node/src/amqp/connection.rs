@@ -286,9 +286,9 @@ fn start(ctx: &Ctx, external: bool) -> conn::Start {
     );
     props.insert("capabilities".into(), AMQPValue::FieldTable(caps));
     let mechanisms = if external {
-        "EXTERNAL PLAIN AMQPLAIN"
+        "EXTERNAL AMQPLAIN PLAIN"
     } else {
-        "PLAIN AMQPLAIN"
+        "AMQPLAIN PLAIN"
     };
     conn::Start {
         version_major: 0,

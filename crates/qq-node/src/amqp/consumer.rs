@@ -31,7 +31,7 @@ use tonic::Code;
 use tracing::debug;
 
 use super::channel::Channel;
-use super::codes::{AmqpError, NOT_IMPLEMENTED, PRECONDITION_FAILED};
+use super::codes::{AmqpError, NOT_IMPLEMENTED, PRECONDITION_FAILED, RESOURCE_LOCKED};
 use super::connection::Session;
 use super::convert::short;
 use super::publisher::{content_frames, delivered_properties};
@@ -453,9 +453,14 @@ async fn get(
         auto_ack: g.no_ack,
         lease_ms: 0,
     };
-    let got = grpc::get(&session.ctx.api, request(session, r))
-        .await?
-        .into_inner();
+    let got = match grpc::get(&session.ctx.api, request(session, r)).await {
+        Ok(got) => got.into_inner(),
+        // A single-active-consumer queue refuses basic.get: RabbitMQ's 405.
+        Err(s) if s.code() == Code::FailedPrecondition => {
+            return Err(AmqpError::new(RESOURCE_LOCKED, s.message()));
+        }
+        Err(s) => return Err(s.into()),
+    };
     let Some(delivery) = got.delivery else {
         let empty = basic::AMQPMethod::GetEmpty(basic::GetEmpty {});
         session

@@ -46,6 +46,14 @@ pub async fn exchange(
     let vhost = session.vhost.clone();
     let (reply, nowait) = match method {
         ex::AMQPMethod::Declare(d) => {
+            let kind = d.kind.as_str();
+            if !d.passive && !["direct", "fanout", "topic", "headers"].contains(&kind) {
+                // RabbitMQ's answer to a type it has no plugin for: a connection error.
+                return Err(AmqpError::new(
+                    super::codes::COMMAND_INVALID,
+                    format!("invalid exchange type '{kind}'"),
+                ));
+            }
             let r = pb::DeclareExchangeRequest {
                 vhost,
                 name: d.exchange.to_string(),
