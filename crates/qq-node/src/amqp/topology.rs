@@ -47,7 +47,7 @@ pub async fn exchange(
     let (reply, nowait) = match method {
         ex::AMQPMethod::Declare(d) => {
             let kind = d.kind.as_str();
-            if !d.passive && !["direct", "fanout", "topic", "headers"].contains(&kind) {
+            if !d.passive && qq_core::route::ExchangeType::parse(kind).is_none() {
                 // RabbitMQ's answer to a type it has no plugin for: a connection error.
                 return Err(AmqpError::new(
                     super::codes::COMMAND_INVALID,
