@@ -264,7 +264,7 @@ impl Proposer {
             let cmd: MetaCommand = postcard::from_bytes(&payload).map_err(|e| {
                 NodeError::InvalidArgument(format!("payload: not a metadata command: {e}"))
             })?;
-            cmd.validate()
+            cmd.validate_new()
                 .map_err(|e| NodeError::InvalidArgument(format!("payload: {e}")))?;
         } else {
             check_entry(&payload)
@@ -324,7 +324,7 @@ impl Proposer {
         &self,
         cmd: MetaCommand,
     ) -> Result<Result<MetaReply, MetaError>, NodeError> {
-        if let Err(e) = cmd.validate() {
+        if let Err(e) = cmd.validate_new() {
             return Ok(Err(e));
         }
         let bytes = self.propose(META_GROUP, encode(&cmd)?).await?;
