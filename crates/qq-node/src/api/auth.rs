@@ -43,6 +43,7 @@ use tracing::warn;
 
 use super::conn::Connections;
 use super::convert::meta_error_to_status;
+use super::guard::{bounded, shown};
 use crate::meta_view::MetaView;
 
 /// Cached grants, at most; the cache is emptied when full or when the metadata changes.
@@ -278,7 +279,8 @@ impl Auth {
         if state.user(&user).is_none() {
             warn!(user = %user, peer = ?peer, via = "amqps", "login refused: certificate names no user");
             return Err(Status::unauthenticated(format!(
-                "EXTERNAL: no user named by the certificate's common name '{user}'"
+                "EXTERNAL: no user named by the certificate's common name '{}'",
+                shown(&user)
             )));
         }
         self.conns
@@ -310,7 +312,8 @@ impl Auth {
         if !loopback && self.settings.loopback_users.iter().any(|u| *u == user) {
             warn!(user = %user, peer = %shown_peer, via, "login refused: loopback-only user from a remote address");
             return Err(Status::unauthenticated(format!(
-                "user '{user}' can only connect via localhost"
+                "user '{}' can only connect via localhost",
+                shown(&user)
             )));
         }
         let plain_text = match transport {
@@ -348,7 +351,8 @@ impl Auth {
         } else {
             warn!(user = %user, peer = %shown_peer, via, "login refused: invalid credentials");
             Err(Status::unauthenticated(format!(
-                "invalid credentials for user '{user}'"
+                "invalid credentials for user '{}'",
+                shown(&user)
             )))
         }
     }
@@ -467,15 +471,16 @@ impl Auth {
     /// OK for a visible vhost that exists; PERMISSION_DENIED for one the caller may not see
     /// (whether it exists or not); NOT_FOUND for a missing vhost an administrator names.
     pub fn require_visible(&self, caller: &Caller, vhost: &str) -> Result<(), Status> {
+        bounded(&[("vhost", vhost)])?;
         let state = self.view.current();
         if !self.may_see(&state, caller, vhost) {
-            return Err(Status::permission_denied(format!(
-                "access to vhost '{vhost}' refused for user '{}'",
-                caller.user
-            )));
+            return Err(refused(caller, vhost));
         }
         if !state.vhost_exists(vhost) {
-            return Err(Status::not_found(format!("vhost '{vhost}' not found")));
+            return Err(Status::not_found(format!(
+                "vhost '{}' not found",
+                shown(vhost)
+            )));
         }
         self.conns
             .admit_vhost(caller.peer, vhost, state.vhost_limits(vhost))
@@ -508,10 +513,7 @@ impl Auth {
         }
         let state = self.view.current();
         if !self.may_see(&state, caller, vhost) {
-            return Err(Status::permission_denied(format!(
-                "access to vhost '{vhost}' refused for user '{}'",
-                caller.user
-            )));
+            return Err(refused(caller, vhost));
         }
         state
             .check_permission(&caller.user, vhost, perm, resource)
@@ -532,10 +534,19 @@ impl Auth {
         } else {
             Err(Status::permission_denied(format!(
                 "user '{}' is not an administrator",
-                caller.user
+                shown(&caller.user)
             )))
         }
     }
+}
+
+/// PERMISSION_DENIED for a vhost `caller` may not see, whether it exists or not.
+fn refused(caller: &Caller, vhost: &str) -> Status {
+    Status::permission_denied(format!(
+        "access to vhost '{}' refused for user '{}'",
+        shown(vhost),
+        shown(&caller.user)
+    ))
 }
 
 #[cfg(test)]
