@@ -162,6 +162,22 @@ fn sha256(parts: &[&[u8]]) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// The record an unknown user's password is verified against, to spend a known user's time:
+/// an Argon2id hash with the parameters [`hash_new_password`] uses, of a password nobody
+/// sends (its result is ignored anyway).
+fn unknown_user(name: &str) -> User {
+    User {
+        name: name.to_string(),
+        password_hash: UNKNOWN_USER_HASH.as_bytes().to_vec(),
+        salt: Vec::new(),
+        tags: Vec::new(),
+    }
+}
+
+/// Argon2id (m=19456, t=2, p=1, the crate's defaults, as every stored password) of a random
+/// 32-byte secret that was thrown away.
+const UNKNOWN_USER_HASH: &str = "$argon2id$v=19$m=19456,t=2,p=1$c2R1bW15c2FsdHF1b3J1bXE$0HOB2UNGGoOYHRJo3BGvn2vaJPSBkzkUZxtAaxAmIVo";
+
 fn record_digest(u: &User) -> [u8; 32] {
     sha256(&[&u.password_hash, &u.salt])
 }
@@ -371,6 +387,10 @@ impl Auth {
     /// Whether `password` is `user`'s: from the cache, else verified off the async workers.
     async fn verify(&self, user: &str, password: String) -> Result<bool, Status> {
         let Some(record) = self.view.current().user(user).cloned() else {
+            // An unknown user costs what a wrong password costs, one Argon2id verify (against
+            // a hash no password matches here), so the time of the refusal does not tell
+            // which user names exist.
+            self.argon2_verify(unknown_user(user), password).await?;
             return Ok(false);
         };
         let password_digest = sha256(&[user.as_bytes(), password.as_bytes()]);
@@ -424,19 +444,7 @@ impl Auth {
         password_digest: [u8; 32],
         record_digest: [u8; 32],
     ) -> Result<bool, Status> {
-        self.argon2_runs.fetch_add(1, Ordering::Relaxed);
-        let permit = self
-            .verifies
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| Status::unavailable("authentication: node is shutting down"))?;
-        let ok = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            record.verify_password(&password)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("authentication: verify failed: {e}")))?;
+        let ok = self.argon2_verify(record, password).await?;
         if ok {
             let mut cache = self.verified.lock().unwrap();
             if cache.len() >= VERIFIED_CACHE_BOUND {
@@ -455,6 +463,23 @@ impl Auth {
             );
         }
         Ok(ok)
+    }
+
+    /// `password` against `record`'s hash, off the async workers, behind the verify bound.
+    async fn argon2_verify(&self, record: User, password: String) -> Result<bool, Status> {
+        self.argon2_runs.fetch_add(1, Ordering::Relaxed);
+        let permit = self
+            .verifies
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Status::unavailable("authentication: node is shutting down"))?;
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            record.verify_password(&password)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("authentication: verify failed: {e}")))
     }
 
     fn is_admin(state: &MetaState, user: &str) -> bool {
@@ -599,6 +624,35 @@ mod tests {
         );
         assert!(!auth.verify("guest", "wrong".into()).await.unwrap());
         assert_eq!(auth.argon2_runs.load(Ordering::Relaxed), 2);
+    }
+
+    /// An unknown user is refused after an Argon2id verify, as a wrong password is, so the
+    /// refusal's timing does not tell which user names exist.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unknown_user_costs_an_argon2_verify_like_a_wrong_password() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = qq_raft::store::Store::open(dir.path()).unwrap();
+        let (meta, _effects) = crate::groups::meta_sm::MetaMachine::new(store);
+        let auth = Auth::new(
+            MetaView::new(meta),
+            watch::channel(true).1,
+            AuthSettings {
+                loopback_users: vec![],
+                allow_plaintext_auth: true,
+                client_tls: false,
+            },
+            Connections::new(16, 16),
+        );
+        assert!(!auth.verify("nobody", "guest".into()).await.unwrap());
+        assert_eq!(auth.argon2_runs.load(Ordering::Relaxed), 1);
+        assert!(!auth.verify("guest", "wrong".into()).await.unwrap());
+        assert_eq!(auth.argon2_runs.load(Ordering::Relaxed), 2);
+        // The dummy parses, so a verify against it runs Argon2id in full.
+        let dummy = unknown_user("x");
+        let phc = std::str::from_utf8(&dummy.password_hash).unwrap();
+        let parsed = argon2::PasswordHash::new(phc).unwrap();
+        assert_eq!(parsed.algorithm.as_str(), "argon2id");
+        assert_eq!(parsed.hash.map(|h| h.len()), Some(32));
     }
 
     #[test]
