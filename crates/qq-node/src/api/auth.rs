@@ -590,15 +590,11 @@ mod tests {
         assert!(!is_loopback(None));
     }
 
-    /// Requests that miss the cache together (an expired entry under a client with many
-    /// calls in flight) run one Argon2id verify between them, not one each; a wrong password
-    /// is never taken from a right one's verify.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_misses_for_the_same_credentials_verify_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = qq_raft::store::Store::open(dir.path()).unwrap();
+    /// Checks over a fresh cluster's metadata (guest/guest), stored in `dir`.
+    fn fresh_auth(dir: &std::path::Path) -> Auth {
+        let store = qq_raft::store::Store::open(dir).unwrap();
         let (meta, _effects) = crate::groups::meta_sm::MetaMachine::new(store);
-        let auth = Arc::new(Auth::new(
+        Auth::new(
             MetaView::new(meta),
             watch::channel(true).1,
             AuthSettings {
@@ -607,7 +603,16 @@ mod tests {
                 client_tls: false,
             },
             Connections::new(16, 16),
-        ));
+        )
+    }
+
+    /// Requests that miss the cache together (an expired entry under a client with many
+    /// calls in flight) run one Argon2id verify between them, not one each; a wrong password
+    /// is never taken from a right one's verify.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_misses_for_the_same_credentials_verify_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = Arc::new(fresh_auth(dir.path()));
         let calls: Vec<_> = (0..16)
             .map(|_| {
                 let auth = auth.clone();
@@ -631,18 +636,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_unknown_user_costs_an_argon2_verify_like_a_wrong_password() {
         let dir = tempfile::tempdir().unwrap();
-        let store = qq_raft::store::Store::open(dir.path()).unwrap();
-        let (meta, _effects) = crate::groups::meta_sm::MetaMachine::new(store);
-        let auth = Auth::new(
-            MetaView::new(meta),
-            watch::channel(true).1,
-            AuthSettings {
-                loopback_users: vec![],
-                allow_plaintext_auth: true,
-                client_tls: false,
-            },
-            Connections::new(16, 16),
-        );
+        let auth = fresh_auth(dir.path());
         assert!(!auth.verify("nobody", "guest".into()).await.unwrap());
         assert_eq!(auth.argon2_runs.load(Ordering::Relaxed), 1);
         assert!(!auth.verify("guest", "wrong".into()).await.unwrap());
