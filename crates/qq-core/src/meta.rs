@@ -21,7 +21,8 @@
 //!   (and the implicit nameless default exchange, also reachable as `amq.default`), and user
 //!   `guest`/`guest` with `.*` permissions on `/`. A vhost created later gets the same
 //!   exchanges but no permissions, as in RabbitMQ.
-//! - Names: non-empty (queues are never server-named), at most 255 bytes. A *new* exchange or
+//! - Names: non-empty (queues are never server-named), at most 255 bytes, and a new one without
+//!   control or bidi/format characters ([`crate::names`]). A *new* exchange or
 //!   queue may not start with `amq.` and the default exchange cannot be declared, deleted or
 //!   bound: PERMISSION_DENIED, as RabbitMQ's ACCESS_REFUSED. Redeclaring an existing `amq.`
 //!   exchange equivalently is fine.
