@@ -9,6 +9,7 @@
 //! - [`meta`]: the metadata state machine (vhosts, users, exchanges, queues, bindings, policies).
 //! - [`error`]: [`MetaError`](error::MetaError) and its [`ErrorKind`](error::ErrorKind), the
 //!   deterministic client-visible errors (re-exported from [`meta`]).
+//! - [`names`]: the bound and characters of names, and how client input is shown in a message.
 //! - [`route`]: exchange routing (direct, fanout, topic, headers, default; CC/BCC).
 //! - [`policy`]: queue-argument validation and argument/policy precedence.
 //! - [`deadletter`]: the `x-death` history and dead-letter cycle detection.
@@ -19,6 +20,7 @@ pub mod dedup;
 pub mod error;
 pub mod limits;
 pub mod meta;
+pub mod names;
 pub mod policy;
 pub mod queue;
 pub mod route;

@@ -21,7 +21,8 @@
 //!   (and the implicit nameless default exchange, also reachable as `amq.default`), and user
 //!   `guest`/`guest` with `.*` permissions on `/`. A vhost created later gets the same
 //!   exchanges but no permissions, as in RabbitMQ.
-//! - Names: non-empty (queues are never server-named), at most 255 bytes. A *new* exchange or
+//! - Names: non-empty (queues are never server-named), at most 255 bytes, and a new one without
+//!   control or bidi/format characters ([`crate::names`]). A *new* exchange or
 //!   queue may not start with `amq.` and the default exchange cannot be declared, deleted or
 //!   bound: PERMISSION_DENIED, as RabbitMQ's ACCESS_REFUSED. Redeclaring an existing `amq.`
 //!   exchange equivalently is fine.
@@ -63,8 +64,8 @@ pub use crate::policy::Policy;
 use crate::route::{self, ExchangeType};
 use crate::types::{NodeId, QueueConfig, QueueId, Table, Value};
 
-/// Longest exchange or queue name, in bytes (AMQP shortstr).
-pub const MAX_NAME_BYTES: usize = 255;
+pub use crate::names::MAX_NAME_BYTES;
+use crate::names::{self, shown};
 /// Default number of members of a new queue's Raft group.
 pub const DEFAULT_GROUP_SIZE: usize = 3;
 /// The vhost every fresh cluster has.
@@ -384,6 +385,26 @@ pub const MAX_COMMAND_ITEMS: usize = 1024;
 pub const MAX_VALUE_DEPTH: usize = 16;
 
 impl MetaCommand {
+    /// [`MetaCommand::validate`], and the characters of every name the command creates
+    /// ([`names::check_new`]): checked by the proposing node and by a leader for a forwarded
+    /// proposal, not at apply, so a log written before the rule replays as it applied then.
+    pub fn validate_new(&self) -> Result<(), MetaError> {
+        self.validate()?;
+        match self {
+            MetaCommand::PutVhost { name } | MetaCommand::PutUser { name, .. } => {
+                names::check_new("name", name)
+            }
+            MetaCommand::DeclareExchange { name, passive, .. }
+            | MetaCommand::DeclareQueue { name, passive, .. }
+                if !passive =>
+            {
+                names::check_new("name", name)
+            }
+            MetaCommand::SetPolicy { name, .. } => names::check_new("name", name),
+            _ => Ok(()),
+        }
+    }
+
     /// Bounds checked before a command is proposed (by the proposing node, and by a leader
     /// for a forwarded proposal) and again at apply: a command outside them is refused
     /// without being applied. What depends on the state (does the vhost exist, is the
@@ -717,15 +738,23 @@ fn declare_refused(queue: &str, e: MetaError) -> MetaError {
 }
 
 fn vhost_not_found(name: &str) -> MetaError {
-    MetaError::not_found(format!("vhost '{name}' not found"))
+    MetaError::not_found(format!("vhost '{}' not found", shown(name)))
 }
 
 fn exchange_not_found(vhost: &str, name: &str) -> MetaError {
-    MetaError::not_found(format!("no exchange '{name}' in vhost '{vhost}'"))
+    MetaError::not_found(format!(
+        "no exchange '{}' in vhost '{}'",
+        shown(name),
+        shown(vhost)
+    ))
 }
 
 fn queue_not_found(vhost: &str, name: &str) -> MetaError {
-    MetaError::not_found(format!("no queue '{name}' in vhost '{vhost}'"))
+    MetaError::not_found(format!(
+        "no queue '{}' in vhost '{}'",
+        shown(name),
+        shown(vhost)
+    ))
 }
 
 fn default_exchange_refused() -> MetaError {
@@ -761,8 +790,16 @@ fn check_not_reserved(what: &str, name: &str) -> Result<(), MetaError> {
 }
 
 fn compile(what: &str, pattern: &str) -> Result<Regex, MetaError> {
-    Regex::new(pattern)
-        .map_err(|e| MetaError::invalid(format!("{what}: invalid regex '{pattern}': {e}")))
+    Regex::new(pattern).map_err(|e| {
+        // The regex crate's message repeats the whole pattern; its last line says what is wrong.
+        let e = e.to_string();
+        let why = e.lines().last().unwrap_or_default();
+        MetaError::invalid(format!(
+            "{what}: invalid regex '{}': {}",
+            shown(pattern),
+            shown(why)
+        ))
+    })
 }
 
 /// RabbitMQ's rendering of an argument value in an inequivalence message.
@@ -771,7 +808,7 @@ fn show_arg(value: Option<&Value>) -> String {
         None => "none".to_string(),
         Some(v) => {
             let shown = match v {
-                Value::String(s) => s.clone(),
+                Value::String(s) => shown(s),
                 Value::Long(n) | Value::Timestamp(n) => n.to_string(),
                 Value::Bool(b) => b.to_string(),
                 Value::Double(d) => d.to_string(),
@@ -967,7 +1004,9 @@ impl MetaState {
         };
         let Some(p) = v.permissions.get(user) else {
             return Err(MetaError::permission_denied(format!(
-                "access to vhost '{vhost}' refused for user '{user}'"
+                "access to vhost '{}' refused for user '{}'",
+                shown(vhost),
+                shown(user)
             )));
         };
         let pattern = match perm {
@@ -981,8 +1020,11 @@ impl MetaState {
             Ok(())
         } else {
             Err(MetaError::permission_denied(format!(
-                "user '{user}' has no {} permission on '{resource}' in vhost '{vhost}'",
-                perm.as_str()
+                "user '{}' has no {} permission on '{}' in vhost '{}'",
+                shown(user),
+                perm.as_str(),
+                shown(resource),
+                shown(vhost)
             )))
         }
     }

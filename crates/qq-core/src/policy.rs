@@ -215,7 +215,7 @@ fn describe_rule(rule: Rule) -> String {
 /// A value as shown in an error message: strings quoted, numbers bare, others by type.
 fn show_value(value: &Value) -> String {
     match value {
-        Value::String(s) => format!("'{s}'"),
+        Value::String(s) => format!("'{}'", crate::names::shown(s)),
         Value::Long(n) => n.to_string(),
         Value::Bool(b) => b.to_string(),
         other => other.type_name().to_string(),

@@ -181,7 +181,8 @@ pub fn validate_binding_arguments(kind: ExchangeType, arguments: &Table) -> Resu
         None => Ok(()),
         Some(Value::String(s)) if XMatch::parse(s).is_some() => Ok(()),
         Some(Value::String(s)) => Err(MetaError::invalid(format!(
-            "x-match: expected all, any, all-with-x or any-with-x, got '{s}'"
+            "x-match: expected all, any, all-with-x or any-with-x, got '{}'",
+            crate::names::shown(s)
         ))),
         Some(other) => Err(MetaError::invalid(format!(
             "x-match: expected a string, got {}",

@@ -42,6 +42,7 @@ use argon2::{ARGON2ID_IDENT, Params, PasswordHash};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use qq_core::meta::{ErrorKind, Limits, MetaCommand, MetaError, MetaState, Permissions, User};
+use qq_core::names::shown;
 use qq_core::{NodeId, Table, Value};
 use serde_json::{Map, Value as J, json};
 use tonic::{Code, Status};
@@ -443,7 +444,10 @@ pub fn validate_phc(field: &str, phc: &str) -> Result<(), Status> {
     if hash.algorithm != ARGON2ID_IDENT {
         return Err(invalid(
             field,
-            format!("algorithm '{}' is not argon2id", hash.algorithm),
+            format!(
+                "algorithm '{}' is not argon2id",
+                shown(hash.algorithm.as_str())
+            ),
         ));
     }
     if hash.salt.is_none() || hash.hash.is_none() {
@@ -502,9 +506,10 @@ pub fn put_user_with_hash(
             return Err(invalid(
                 field,
                 format!(
-                    "hashing_algorithm '{other}' cannot be verified by quorumq (only \
+                    "hashing_algorithm '{}' cannot be verified by quorumq (only \
                      {HASHING_ALGORITHM} and {LEGACY_HASHING_ALGORITHM}); set the password \
-                     with qqctl put-user instead"
+                     with qqctl put-user instead",
+                    shown(other)
                 ),
             ));
         }
@@ -699,7 +704,8 @@ fn parse_item(kind: usize, at: &At<'_>) -> Result<MetaCommand, Status> {
                 return Err(invalid(
                     &at.field("destination_type"),
                     format!(
-                        "'{destination_type}': only queues can be bound (no exchange-to-exchange bindings)"
+                        "'{}': only queues can be bound (no exchange-to-exchange bindings)",
+                        shown(&destination_type)
                     ),
                 ));
             }

@@ -134,6 +134,13 @@ impl Proposer {
             let moved = next.is_some() && next != hint;
             hint = next;
             attempt += 1;
+            // A queue deleted meanwhile has no group left to answer: say so now rather than
+            // after the deadline (a publish in flight while its queue was deleted waited 8 s).
+            if group != META_GROUP && self.view.queue_by_id(group).is_none() {
+                return Err(NodeError::Unavailable(format!(
+                    "queue group {group} was deleted meanwhile: {error} (safe to retry)"
+                )));
+            }
             if tokio::time::Instant::now() >= deadline {
                 let what = if group == META_GROUP {
                     "the metadata".to_string()
@@ -264,7 +271,7 @@ impl Proposer {
             let cmd: MetaCommand = postcard::from_bytes(&payload).map_err(|e| {
                 NodeError::InvalidArgument(format!("payload: not a metadata command: {e}"))
             })?;
-            cmd.validate()
+            cmd.validate_new()
                 .map_err(|e| NodeError::InvalidArgument(format!("payload: {e}")))?;
         } else {
             check_entry(&payload)
@@ -324,7 +331,7 @@ impl Proposer {
         &self,
         cmd: MetaCommand,
     ) -> Result<Result<MetaReply, MetaError>, NodeError> {
-        if let Err(e) = cmd.validate() {
+        if let Err(e) = cmd.validate_new() {
             return Ok(Err(e));
         }
         let bytes = self.propose(META_GROUP, encode(&cmd)?).await?;

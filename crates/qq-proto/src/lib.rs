@@ -1,5 +1,8 @@
 //! Generated gRPC code: `v1` is the client contract of docs/api.md (`qq.v1.Broker`), `internal` the
-//! node-to-node service (Raft traffic, forwarding). Nothing hand-written lives here.
+//! node-to-node service (Raft traffic, forwarding). Nothing hand-written lives here but
+//! [`codec`], the codec the generated services use.
+
+pub mod codec;
 
 pub mod v1 {
     tonic::include_proto!("qq.v1");

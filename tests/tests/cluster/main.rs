@@ -15,6 +15,7 @@ mod dedup;
 mod definitions;
 mod dlx_workflows;
 mod failover;
+mod hostile_input;
 mod limits;
 mod membership;
 mod move_tasks;

@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 
 use super::Api;
 use super::convert::{table_from_pb, vhost};
+use super::guard::{bounded, shown};
 use crate::groups::queue_sm::QueueRequest;
 
 type Empty = Result<Response<pb::Empty>, Status>;
@@ -22,21 +23,26 @@ fn empty() -> Empty {
 pub async fn declare_exchange(api: &Api, request: Request<pb::DeclareExchangeRequest>) -> Empty {
     let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
+    bounded(&[("vhost", &r.vhost), ("name", &r.name)])?;
     let vhost = vhost(&r.vhost);
     api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
     let arguments = table_from_pb("arguments", &r.arguments)?;
     if r.passive {
         let state = api.node.view().current();
         if !state.vhost_exists(&vhost) {
-            return Err(Status::not_found(format!("vhost '{vhost}' not found")));
+            return Err(Status::not_found(format!(
+                "vhost '{}' not found",
+                shown(&vhost)
+            )));
         }
         // The default exchange "" always exists, though no declare created it.
         if r.name.is_empty() || state.exchange(&vhost, &r.name).is_some() {
             return empty();
         }
         return Err(Status::not_found(format!(
-            "exchange '{}' in vhost '{vhost}' not found",
-            r.name
+            "exchange '{}' in vhost '{}' not found",
+            shown(&r.name),
+            shown(&vhost)
         )));
     }
     api.meta(MetaCommand::DeclareExchange {
@@ -57,6 +63,7 @@ pub async fn declare_exchange(api: &Api, request: Request<pb::DeclareExchangeReq
 pub async fn delete_exchange(api: &Api, request: Request<pb::DeleteExchangeRequest>) -> Empty {
     let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
+    bounded(&[("vhost", &r.vhost), ("name", &r.name)])?;
     let vhost = vhost(&r.vhost);
     api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
     api.meta(MetaCommand::DeleteExchange {
@@ -78,6 +85,7 @@ pub async fn declare_queue(
 ) -> Result<Response<pb::DeclareQueueResponse>, Status> {
     let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
+    bounded(&[("vhost", &r.vhost), ("name", &r.name)])?;
     let vhost = vhost(&r.vhost);
     if r.name.is_empty() {
         return Err(Status::invalid_argument(
@@ -128,6 +136,7 @@ pub async fn delete_queue(
 ) -> Result<Response<pb::DeleteQueueResponse>, Status> {
     let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
+    bounded(&[("vhost", &r.vhost), ("name", &r.name)])?;
     let vhost = vhost(&r.vhost);
     api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
     let qm = api.queue_meta(&vhost, &r.name)?;
@@ -136,9 +145,10 @@ pub async fn delete_queue(
         // Never delete a queue whose emptiness or consumers are unknown.
         let condition = if r.if_empty { "if_empty" } else { "if_unused" };
         return Err(Status::unavailable(format!(
-            "queue '{}' in vhost '{vhost}': no leader answers, so {condition} cannot be \
+            "queue '{}' in vhost '{}': no leader answers, so {condition} cannot be \
              checked; not deleted (safe to retry)",
-            r.name
+            shown(&r.name),
+            shown(&vhost)
         )));
     }
     let data = info.ok();
@@ -148,14 +158,16 @@ pub async fn delete_queue(
         .unwrap_or(0);
     if r.if_unused && data.as_ref().map(|d| d.counts.consumers).unwrap_or(0) > 0 {
         return Err(Status::failed_precondition(format!(
-            "queue '{}' in vhost '{vhost}' has consumers (if_unused)",
-            r.name
+            "queue '{}' in vhost '{}' has consumers (if_unused)",
+            shown(&r.name),
+            shown(&vhost)
         )));
     }
     if r.if_empty && messages > 0 {
         return Err(Status::failed_precondition(format!(
-            "queue '{}' in vhost '{vhost}' has {messages} messages (if_empty)",
-            r.name
+            "queue '{}' in vhost '{}' has {messages} messages (if_empty)",
+            shown(&r.name),
+            shown(&vhost)
         )));
     }
     api.meta(MetaCommand::DeleteQueue {
@@ -174,6 +186,7 @@ pub async fn purge_queue(
 ) -> Result<Response<pb::PurgeQueueResponse>, Status> {
     let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
+    bounded(&[("vhost", &r.vhost), ("name", &r.name)])?;
     let vhost = vhost(&r.vhost);
     api.auth.check(&caller, &vhost, Perm::Read, &r.name)?;
     let qm = api.queue_meta(&vhost, &r.name)?;
@@ -194,6 +207,11 @@ pub async fn purge_queue(
 pub async fn binding(api: &Api, request: Request<pb::BindRequest>, bind: bool) -> Empty {
     let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
+    bounded(&[
+        ("vhost", &r.vhost),
+        ("queue", &r.queue),
+        ("exchange", &r.exchange),
+    ])?;
     let vhost = vhost(&r.vhost);
     api.auth.check(&caller, &vhost, Perm::Write, &r.queue)?;
     api.auth.check(&caller, &vhost, Perm::Read, &r.exchange)?;

@@ -43,6 +43,7 @@ use tracing::warn;
 
 use super::conn::Connections;
 use super::convert::meta_error_to_status;
+use super::guard::{bounded, shown};
 use crate::meta_view::MetaView;
 
 /// Cached grants, at most; the cache is emptied when full or when the metadata changes.
@@ -161,6 +162,22 @@ fn sha256(parts: &[&[u8]]) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// The record an unknown user's password is verified against, to spend a known user's time:
+/// an Argon2id hash with the parameters [`hash_new_password`] uses, of a password nobody
+/// sends (its result is ignored anyway).
+fn unknown_user(name: &str) -> User {
+    User {
+        name: name.to_string(),
+        password_hash: UNKNOWN_USER_HASH.as_bytes().to_vec(),
+        salt: Vec::new(),
+        tags: Vec::new(),
+    }
+}
+
+/// Argon2id (m=19456, t=2, p=1, the crate's defaults, as every stored password) of a random
+/// 32-byte secret that was thrown away.
+const UNKNOWN_USER_HASH: &str = "$argon2id$v=19$m=19456,t=2,p=1$c2R1bW15c2FsdHF1b3J1bXE$0HOB2UNGGoOYHRJo3BGvn2vaJPSBkzkUZxtAaxAmIVo";
+
 fn record_digest(u: &User) -> [u8; 32] {
     sha256(&[&u.password_hash, &u.salt])
 }
@@ -278,7 +295,8 @@ impl Auth {
         if state.user(&user).is_none() {
             warn!(user = %user, peer = ?peer, via = "amqps", "login refused: certificate names no user");
             return Err(Status::unauthenticated(format!(
-                "EXTERNAL: no user named by the certificate's common name '{user}'"
+                "EXTERNAL: no user named by the certificate's common name '{}'",
+                shown(&user)
             )));
         }
         self.conns
@@ -310,7 +328,8 @@ impl Auth {
         if !loopback && self.settings.loopback_users.iter().any(|u| *u == user) {
             warn!(user = %user, peer = %shown_peer, via, "login refused: loopback-only user from a remote address");
             return Err(Status::unauthenticated(format!(
-                "user '{user}' can only connect via localhost"
+                "user '{}' can only connect via localhost",
+                shown(&user)
             )));
         }
         let plain_text = match transport {
@@ -348,7 +367,8 @@ impl Auth {
         } else {
             warn!(user = %user, peer = %shown_peer, via, "login refused: invalid credentials");
             Err(Status::unauthenticated(format!(
-                "invalid credentials for user '{user}'"
+                "invalid credentials for user '{}'",
+                shown(&user)
             )))
         }
     }
@@ -367,6 +387,10 @@ impl Auth {
     /// Whether `password` is `user`'s: from the cache, else verified off the async workers.
     async fn verify(&self, user: &str, password: String) -> Result<bool, Status> {
         let Some(record) = self.view.current().user(user).cloned() else {
+            // An unknown user costs what a wrong password costs, one Argon2id verify (against
+            // a hash no password matches here), so the time of the refusal does not tell
+            // which user names exist.
+            self.argon2_verify(unknown_user(user), password).await?;
             return Ok(false);
         };
         let password_digest = sha256(&[user.as_bytes(), password.as_bytes()]);
@@ -420,19 +444,7 @@ impl Auth {
         password_digest: [u8; 32],
         record_digest: [u8; 32],
     ) -> Result<bool, Status> {
-        self.argon2_runs.fetch_add(1, Ordering::Relaxed);
-        let permit = self
-            .verifies
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| Status::unavailable("authentication: node is shutting down"))?;
-        let ok = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            record.verify_password(&password)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("authentication: verify failed: {e}")))?;
+        let ok = self.argon2_verify(record, password).await?;
         if ok {
             let mut cache = self.verified.lock().unwrap();
             if cache.len() >= VERIFIED_CACHE_BOUND {
@@ -453,6 +465,23 @@ impl Auth {
         Ok(ok)
     }
 
+    /// `password` against `record`'s hash, off the async workers, behind the verify bound.
+    async fn argon2_verify(&self, record: User, password: String) -> Result<bool, Status> {
+        self.argon2_runs.fetch_add(1, Ordering::Relaxed);
+        let permit = self
+            .verifies
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Status::unavailable("authentication: node is shutting down"))?;
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            record.verify_password(&password)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("authentication: verify failed: {e}")))
+    }
+
     fn is_admin(state: &MetaState, user: &str) -> bool {
         state
             .user(user)
@@ -467,15 +496,16 @@ impl Auth {
     /// OK for a visible vhost that exists; PERMISSION_DENIED for one the caller may not see
     /// (whether it exists or not); NOT_FOUND for a missing vhost an administrator names.
     pub fn require_visible(&self, caller: &Caller, vhost: &str) -> Result<(), Status> {
+        bounded(&[("vhost", vhost)])?;
         let state = self.view.current();
         if !self.may_see(&state, caller, vhost) {
-            return Err(Status::permission_denied(format!(
-                "access to vhost '{vhost}' refused for user '{}'",
-                caller.user
-            )));
+            return Err(refused(caller, vhost));
         }
         if !state.vhost_exists(vhost) {
-            return Err(Status::not_found(format!("vhost '{vhost}' not found")));
+            return Err(Status::not_found(format!(
+                "vhost '{}' not found",
+                shown(vhost)
+            )));
         }
         self.conns
             .admit_vhost(caller.peer, vhost, state.vhost_limits(vhost))
@@ -508,10 +538,7 @@ impl Auth {
         }
         let state = self.view.current();
         if !self.may_see(&state, caller, vhost) {
-            return Err(Status::permission_denied(format!(
-                "access to vhost '{vhost}' refused for user '{}'",
-                caller.user
-            )));
+            return Err(refused(caller, vhost));
         }
         state
             .check_permission(&caller.user, vhost, perm, resource)
@@ -532,10 +559,19 @@ impl Auth {
         } else {
             Err(Status::permission_denied(format!(
                 "user '{}' is not an administrator",
-                caller.user
+                shown(&caller.user)
             )))
         }
     }
+}
+
+/// PERMISSION_DENIED for a vhost `caller` may not see, whether it exists or not.
+fn refused(caller: &Caller, vhost: &str) -> Status {
+    Status::permission_denied(format!(
+        "access to vhost '{}' refused for user '{}'",
+        shown(vhost),
+        shown(&caller.user)
+    ))
 }
 
 #[cfg(test)]
@@ -554,15 +590,11 @@ mod tests {
         assert!(!is_loopback(None));
     }
 
-    /// Requests that miss the cache together (an expired entry under a client with many
-    /// calls in flight) run one Argon2id verify between them, not one each; a wrong password
-    /// is never taken from a right one's verify.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_misses_for_the_same_credentials_verify_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = qq_raft::store::Store::open(dir.path()).unwrap();
+    /// Checks over a fresh cluster's metadata (guest/guest), stored in `dir`.
+    fn fresh_auth(dir: &std::path::Path) -> Auth {
+        let store = qq_raft::store::Store::open(dir).unwrap();
         let (meta, _effects) = crate::groups::meta_sm::MetaMachine::new(store);
-        let auth = Arc::new(Auth::new(
+        Auth::new(
             MetaView::new(meta),
             watch::channel(true).1,
             AuthSettings {
@@ -571,7 +603,16 @@ mod tests {
                 client_tls: false,
             },
             Connections::new(16, 16),
-        ));
+        )
+    }
+
+    /// Requests that miss the cache together (an expired entry under a client with many
+    /// calls in flight) run one Argon2id verify between them, not one each; a wrong password
+    /// is never taken from a right one's verify.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_misses_for_the_same_credentials_verify_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = Arc::new(fresh_auth(dir.path()));
         let calls: Vec<_> = (0..16)
             .map(|_| {
                 let auth = auth.clone();
@@ -588,6 +629,24 @@ mod tests {
         );
         assert!(!auth.verify("guest", "wrong".into()).await.unwrap());
         assert_eq!(auth.argon2_runs.load(Ordering::Relaxed), 2);
+    }
+
+    /// An unknown user is refused after an Argon2id verify, as a wrong password is, so the
+    /// refusal's timing does not tell which user names exist.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unknown_user_costs_an_argon2_verify_like_a_wrong_password() {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = fresh_auth(dir.path());
+        assert!(!auth.verify("nobody", "guest".into()).await.unwrap());
+        assert_eq!(auth.argon2_runs.load(Ordering::Relaxed), 1);
+        assert!(!auth.verify("guest", "wrong".into()).await.unwrap());
+        assert_eq!(auth.argon2_runs.load(Ordering::Relaxed), 2);
+        // The dummy parses, so a verify against it runs Argon2id in full.
+        let dummy = unknown_user("x");
+        let phc = std::str::from_utf8(&dummy.password_hash).unwrap();
+        let parsed = argon2::PasswordHash::new(phc).unwrap();
+        assert_eq!(parsed.algorithm.as_str(), "argon2id");
+        assert_eq!(parsed.hash.map(|h| h.len()), Some(32));
     }
 
     #[test]

@@ -69,6 +69,7 @@ pub(crate) async fn browse_of(
     offset: u64,
     limit: u32,
 ) -> Result<BrowseData, Status> {
+    super::guard::bounded(&[("vhost", v), ("queue", queue)])?;
     api.auth.check(caller, v, Perm::Read, queue)?;
     let qm = api.queue_meta(v, queue)?;
     let limit = match limit {

@@ -7,7 +7,7 @@
 //! (full: the adapter stops reading until the other side takes them).
 
 use futures::StreamExt;
-use qq_core::meta::{Perm, QueueMeta};
+use qq_core::meta::Perm;
 use qq_core::queue::{Command, Receipt, Reply};
 use qq_proto::v1 as pb;
 use tokio::sync::mpsc;
@@ -20,6 +20,7 @@ use std::sync::Arc;
 use super::auth::{Auth, Caller};
 use super::conn::{ConsumerGuard, StreamGuard};
 use super::convert::{delivery_pb, settle_outcome_with, vhost};
+use super::guard::{self, bounded, shown};
 use super::{Api, BoxStream};
 use crate::clock::now_ms;
 use crate::consume::relay::start_session;
@@ -39,6 +40,7 @@ pub async fn get(
 ) -> Result<Response<pb::GetResponse>, Status> {
     let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
+    bounded(&[("vhost", &r.vhost), ("queue", &r.queue)])?;
     let vhost = vhost(&r.vhost);
     api.auth.check(&caller, &vhost, Perm::Read, &r.queue)?;
     let qm = api.queue_meta(&vhost, &r.queue)?;
@@ -134,7 +136,10 @@ pub async fn settle(
     let mut by_group: std::collections::BTreeMap<u64, Vec<(u64, Receipt)>> = Default::default();
     for receipt in &r.receipts {
         let (group, id, token) = parse_receipt(receipt).ok_or_else(|| {
-            Status::invalid_argument(format!("receipts: '{receipt}' is not a receipt from Get"))
+            Status::invalid_argument(format!(
+                "receipts: '{}' is not a receipt from Get",
+                shown(receipt)
+            ))
         })?;
         let bound = Receipt {
             token,
@@ -143,12 +148,13 @@ pub async fn settle(
         by_group.entry(group).or_default().push((id, bound));
     }
     for (group, receipts) in by_group {
-        let qm: QueueMeta = api.node.view().queue_by_id(group).ok_or_else(|| {
+        // A receipt of a queue in a vhost the caller may not see answers as one of a queue
+        // that does not exist.
+        guard::queue_by_id(api, &caller, group, Perm::Read, || {
             Status::not_found(format!(
-                "receipts: the queue of receipt group {group} no longer exists"
+                "receipts: the queue of receipt group {group} does not exist"
             ))
         })?;
-        api.auth.check(&caller, &qm.vhost, Perm::Read, &qm.name)?;
         let cmd = Command::SettleReceipts {
             now_ms: now_ms(),
             receipts,
@@ -236,6 +242,10 @@ pub(crate) fn subscribe_args(
     caller: &Caller,
     sub: pb::Subscribe,
 ) -> Result<SubscribeArgs, Status> {
+    bounded(&[
+        ("subscribe.vhost", &sub.vhost),
+        ("subscribe.queue", &sub.queue),
+    ])?;
     let vhost = vhost(&sub.vhost);
     api.auth.check(caller, &vhost, Perm::Read, &sub.queue)?;
     let qm = api.queue_meta(&vhost, &sub.queue)?;

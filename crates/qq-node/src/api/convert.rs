@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use qq_core::meta::{ErrorKind, MetaError};
+use qq_core::names::shown;
 use qq_core::queue::SettleOutcome;
 use qq_core::{Message, Properties, Table, Value};
 use qq_proto::v1 as pb;
@@ -107,12 +108,14 @@ pub fn message_from_pb(m: Option<&pb::Message>) -> Result<(Properties, Vec<u8>),
 pub fn parse_expiration(s: &str) -> Result<u64, Status> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return Err(Status::invalid_argument(format!(
-            "message.properties.expiration: must be a non-negative decimal number of milliseconds, got '{s}'"
+            "message.properties.expiration: must be a non-negative decimal number of milliseconds, got '{}'",
+            shown(s)
         )));
     }
     s.parse::<u64>().map_err(|_| {
         Status::invalid_argument(format!(
-            "message.properties.expiration: '{s}' is out of range"
+            "message.properties.expiration: '{}' is out of range",
+            shown(s)
         ))
     })
 }

@@ -7,6 +7,7 @@ use tonic::{Request, Response, Status};
 
 use super::Api;
 use super::convert::meta_error_to_status;
+use super::guard::{bounded, shown};
 use crate::membership::{self, Change, MemberError};
 
 type Unary<T> = Result<Response<T>, Status>;
@@ -57,6 +58,7 @@ async fn member(
 ) -> Unary<pb::MemberChange> {
     api.admin(&request).await?;
     let r = request.into_inner();
+    bounded(&[("vhost", &r.vhost), ("queue", &r.queue)])?;
     let vhost = vhost_of(r.vhost);
     let node = node_field(r.node)?;
     api.queue_meta(&vhost, &r.queue)?;
@@ -73,10 +75,14 @@ async fn member(
 pub async fn grow(api: &Api, request: Request<pb::GrowQueuesRequest>) -> Unary<pb::MemberChanges> {
     api.admin(&request).await?;
     let r = request.into_inner();
+    bounded(&[("vhost", &r.vhost)])?;
     let node = node_field(r.node)?;
     let pattern = membership::compile_pattern(&r.pattern).map_err(|e| meta_error_to_status(&e))?;
     if !r.vhost.is_empty() && !api.node.view().current().vhost_exists(&r.vhost) {
-        return Err(Status::not_found(format!("vhost '{}' not found", r.vhost)));
+        return Err(Status::not_found(format!(
+            "vhost '{}' not found",
+            shown(&r.vhost)
+        )));
     }
     let changes = membership::grow(&api.node, node, &r.vhost, &pattern)
         .await

@@ -2,7 +2,7 @@
 //!
 //! One file per area: [`auth`] (who is calling and what they may do: the only place
 //! permissions are decided), [`publish`], [`consume`] (Get, Settle, Consume), [`browse`],
-//! [`moves`] (move tasks), [`admin`]
+//! [`moves`] (move tasks), [`guard`] (the bound of names, visibility of queues by id), [`admin`]
 //! (declare, delete, bind, policies, users, vhosts) and [`status`] (lists, queue info,
 //! cluster status, overview). Each handler decodes and validates its request (naming the
 //! field), checks the caller, reads the metadata view or calls the domain (proposer, enqueue,
@@ -19,6 +19,7 @@ pub mod conn;
 pub mod consume;
 pub mod convert;
 pub mod definitions;
+pub mod guard;
 pub mod members;
 pub mod moves;
 pub mod publish;
@@ -87,10 +88,17 @@ impl Api {
         }
         let state = self.node.view().current();
         if !state.vhost_exists(vhost) {
-            return Err(Status::not_found(format!("vhost '{vhost}' not found")));
+            return Err(Status::not_found(format!(
+                "vhost '{}' not found",
+                guard::shown(vhost)
+            )));
         }
         state.queue(vhost, name).cloned().ok_or_else(|| {
-            Status::not_found(format!("queue '{name}' in vhost '{vhost}' not found"))
+            Status::not_found(format!(
+                "queue '{}' in vhost '{}' not found",
+                guard::shown(name),
+                guard::shown(vhost)
+            ))
         })
     }
 }

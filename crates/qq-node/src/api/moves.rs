@@ -18,6 +18,7 @@ use tonic::{Request, Response, Status};
 use super::Api;
 use super::auth::Caller;
 use super::convert::vhost;
+use super::guard::{self, bounded, shown};
 use crate::groups::queue_sm::QueueRequest;
 
 pub async fn start(
@@ -26,6 +27,11 @@ pub async fn start(
 ) -> Result<Response<pb::StartMoveTaskResponse>, Status> {
     let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
+    bounded(&[
+        ("vhost", &r.vhost),
+        ("source", &r.source),
+        ("destination", &r.destination),
+    ])?;
     let vhost = vhost(&r.vhost);
     if r.source.is_empty() {
         return Err(Status::invalid_argument(
@@ -87,10 +93,9 @@ pub async fn list(
     let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
     let vhost = vhost(&r.vhost);
+    // PERMISSION_DENIED for a vhost the caller may not see, whether it exists or not.
+    api.auth.require_visible(&caller, &vhost)?;
     let state = api.node.view().current();
-    if !state.vhost_exists(&vhost) {
-        return Err(Status::not_found(format!("vhost '{vhost}' not found")));
-    }
     let queues: Vec<QueueMeta> = state
         .queues()
         .filter(|q| q.vhost == vhost)
@@ -137,7 +142,7 @@ fn task_id(source: &QueueMeta, task: u64) -> String {
 }
 
 fn not_found(task_id: &str) -> Status {
-    Status::not_found(format!("move task '{task_id}' not found"))
+    Status::not_found(format!("move task '{}' not found", shown(task_id)))
 }
 
 /// The source queue and task number of a task id; the caller needs `read` on the source.
@@ -147,16 +152,12 @@ fn find(api: &Api, caller: &Caller, task_id: &str) -> Result<(QueueMeta, u64), S
         .and_then(|(q, t)| Some((q.parse::<u64>().ok()?, t.parse::<u64>().ok()?)));
     let Some((queue, task)) = parsed else {
         return Err(Status::invalid_argument(format!(
-            "task_id: '{task_id}' is not a move task id (QUEUE.TASK)"
+            "task_id: '{}' is not a move task id (QUEUE.TASK)",
+            shown(task_id)
         )));
     };
-    let source = api
-        .node
-        .view()
-        .queue_by_id(queue)
-        .ok_or_else(|| not_found(task_id))?;
-    api.auth
-        .check(caller, &source.vhost, Perm::Read, &source.name)?;
+    // A task of a queue in a vhost the caller may not see answers as one that does not exist.
+    let source = guard::queue_by_id(api, caller, queue, Perm::Read, || not_found(task_id))?;
     Ok((source, task))
 }
 

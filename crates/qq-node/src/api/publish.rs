@@ -22,6 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::auth::Caller;
 use super::convert::{message_from_pb, meta_error_to_status, parse_expiration, vhost};
+use super::guard::{bounded, shown};
 use super::{Api, BoxStream};
 use crate::enqueue::{self, Routed};
 use crate::groups::queue_sm::MAX_BATCH;
@@ -70,6 +71,7 @@ fn publish_key(caller: &Caller, req: &pb::PublishRequest) -> Result<Option<Strin
 
 /// Validate and route one publish.
 fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepared, Status> {
+    bounded(&[("vhost", &req.vhost), ("exchange", &req.exchange)])?;
     let vhost = vhost(&req.vhost);
     api.auth.check(caller, &vhost, Perm::Write, &req.exchange)?;
     let publish_key = publish_key(caller, &req)?;
@@ -143,7 +145,8 @@ pub(crate) fn route_message(
     if !properties.user_id.is_empty() && properties.user_id != caller.user {
         return Err(Status::permission_denied(format!(
             "message.properties.user_id: set to '{}' but the authenticated user is '{}'",
-            properties.user_id, caller.user
+            shown(&properties.user_id),
+            shown(&caller.user)
         )));
     }
     qq_core::route::validate_sender_selected(&properties.headers).map_err(meta_err)?;
@@ -153,7 +156,9 @@ pub(crate) fn route_message(
     if let Some(x) = state.exchange(&vhost, &exchange) {
         if x.internal {
             return Err(Status::permission_denied(format!(
-                "exchange: '{exchange}' in vhost '{vhost}' is internal and cannot be published to"
+                "exchange: '{}' in vhost '{}' is internal and cannot be published to",
+                shown(&exchange),
+                shown(&vhost)
             )));
         }
     }
@@ -249,7 +254,11 @@ fn unroutable(seq: u64, mandatory: bool, exchange: &str, routing_key: &str) -> p
     let (outcome, detail) = if mandatory {
         (
             pb::PublishOutcome::Unroutable,
-            format!("no queue is bound to exchange '{exchange}' for key '{routing_key}'"),
+            format!(
+                "no queue is bound to exchange '{}' for key '{}'",
+                shown(exchange),
+                shown(routing_key)
+            ),
         )
     } else {
         (pb::PublishOutcome::Confirmed, String::new())
@@ -271,7 +280,8 @@ fn refusal(queue: &str, reply: &Reply) -> Result<Option<String>, Status> {
             Ok(Some(detail.clone()))
         }
         other => Err(Status::internal(format!(
-            "queue '{queue}': unexpected reply {other:?}"
+            "queue '{}': unexpected reply {other:?}",
+            shown(queue)
         ))),
     }
 }

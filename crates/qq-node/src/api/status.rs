@@ -156,6 +156,7 @@ pub(crate) async fn queue_of(
     v: &str,
     name: &str,
 ) -> Result<(QueueMeta, QueueInfoData), Status> {
+    super::guard::bounded(&[("name", name)])?;
     api.auth.require_visible(caller, v)?;
     let qm = api.queue_meta(v, name)?;
     let data = api.node.proposer().queue_info_with_digest(qm.id).await?;

@@ -15,7 +15,9 @@ use std::sync::Arc;
 use openraft::async_runtime::WatchReceiver;
 use openraft::{RaftMetrics, ServerState};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -94,6 +96,31 @@ impl GroupRow {
             counts: None,
         }
     }
+}
+
+/// A label value a client chose (a vhost or queue name), escaped as the Prometheus text
+/// format requires: backslash, double quote and line feed. prometheus-client writes label
+/// values as they are, so every client-chosen label value goes through this encoder.
+struct Escaped<'a>(&'a str);
+
+impl EncodeLabelValue for Escaped<'_> {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> fmt::Result {
+        use std::fmt::Write;
+        for c in self.0.chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The labels of a queue's series.
+fn queue_labels(g: &GroupRow) -> [(&'static str, Escaped<'_>); 2] {
+    [("vhost", Escaped(&g.vhost)), ("queue", Escaped(&g.queue))]
 }
 
 /// Everything one scrape reports, read before anything is encoded.
@@ -301,8 +328,6 @@ impl Collector for NodeCollector {
             return Ok(());
         }
         // Per queue this node leads.
-        let queue_labels =
-            |g: &'_ GroupRow| [("vhost", g.vhost.clone()), ("queue", g.queue.clone())];
         let per_queue: [(&str, &str, fn(&Counts) -> u64); 4] = [
             (
                 "queue_messages_ready",
