@@ -91,7 +91,37 @@ async fn amqp_tutorials_confirms_and_cross_protocol() -> anyhow::Result<()> {
     let ch = conn1.create_channel().await?;
     ch.confirm_select(ConfirmSelectOptions::default()).await?;
     let ch2 = conn2.create_channel().await?;
+    let c = Clients {
+        cluster: &cluster,
+        conn1: &conn1,
+        ch: &ch,
+        ch2: &ch2,
+    };
+    hello_world(&c).await?;
+    fire_and_forget_then_close(&c).await?;
+    work_queue(&c).await?;
+    publish_subscribe(&c).await?;
+    routing_and_topics(&c).await?;
+    mandatory_return(&c).await?;
+    properties_across_protocols(&c).await?;
+    get_returns_when_its_channel_closes(&c).await?;
+    conn1.close(200, "bye".into()).await?;
+    conn2.close(200, "bye".into()).await?;
+    cluster.stop();
+    Ok(())
+}
 
+/// What the tutorial stories share: node 1's connection with a confirm-mode channel, and a
+/// channel on node 2.
+struct Clients<'a> {
+    cluster: &'a TestCluster,
+    conn1: &'a Connection,
+    ch: &'a Channel,
+    ch2: &'a Channel,
+}
+
+async fn hello_world(c: &Clients<'_>) -> anyhow::Result<()> {
+    let Clients { ch, ch2, .. } = c;
     info!("--- tutorial 1: hello world (published on node 1, consumed on node 2)");
     declare(&ch, "hello", quorum()).await?;
     publish(&ch, "", "hello", b"Hello World!").await?;
@@ -109,7 +139,11 @@ async fn amqp_tutorials_confirms_and_cross_protocol() -> anyhow::Result<()> {
         .context("hello: consumer ended")??;
     ensure!(d.data == b"Hello World!" && !d.redelivered, "hello: {d:?}");
     d.acker.ack(BasicAckOptions::default()).await?;
+    Ok(())
+}
 
+async fn fire_and_forget_then_close(c: &Clients<'_>) -> anyhow::Result<()> {
+    let Clients { cluster, ch, .. } = c;
     info!("--- publishes without confirms, then close at once: every one is still stored");
     declare(&ch, "fire", quorum()).await?;
     let quick = connect(&cluster, 3).await?;
@@ -132,7 +166,11 @@ async fn amqp_tutorials_confirms_and_cross_protocol() -> anyhow::Result<()> {
             "fire-and-forget {i}: {got:?}"
         );
     }
+    Ok(())
+}
 
+async fn work_queue(c: &Clients<'_>) -> anyhow::Result<()> {
+    let Clients { conn1, ch, ch2, .. } = c;
     info!("--- tutorial 2: work queue, prefetch 1, manual acks, 50 tasks on two workers");
     declare(&ch, "task_queue", quorum()).await?;
     for i in 0..50 {
@@ -168,7 +206,11 @@ async fn amqp_tutorials_confirms_and_cross_protocol() -> anyhow::Result<()> {
         seen.insert(String::from_utf8(d.data.clone())?);
         d.acker.ack(BasicAckOptions::default()).await?;
     }
+    Ok(())
+}
 
+async fn publish_subscribe(c: &Clients<'_>) -> anyhow::Result<()> {
+    let Clients { ch, .. } = c;
     info!("--- tutorial 3: publish/subscribe on a fanout exchange");
     ch.exchange_declare(
         "logs".into(),
@@ -195,7 +237,11 @@ async fn amqp_tutorials_confirms_and_cross_protocol() -> anyhow::Result<()> {
             "fanout to {q}"
         );
     }
+    Ok(())
+}
 
+async fn routing_and_topics(c: &Clients<'_>) -> anyhow::Result<()> {
+    let Clients { ch, .. } = c;
     info!("--- tutorials 4 and 5: routing (direct) and topics");
     ch.exchange_declare(
         "direct_logs".into(),
@@ -249,7 +295,11 @@ async fn amqp_tutorials_confirms_and_cross_protocol() -> anyhow::Result<()> {
         get_body(&ch, "kern-all").await?.is_none(),
         "topic routed 'user.info'"
     );
+    Ok(())
+}
 
+async fn mandatory_return(c: &Clients<'_>) -> anyhow::Result<()> {
+    let Clients { ch, .. } = c;
     info!("--- mandatory unroutable: returned with 312 NO_ROUTE, then acked");
     let confirm = ch
         .basic_publish(
@@ -273,7 +323,13 @@ async fn amqp_tutorials_confirms_and_cross_protocol() -> anyhow::Result<()> {
         returned.reply_code
     );
     ensure!(returned.delivery.data == b"lost?");
+    Ok(())
+}
 
+async fn properties_across_protocols(c: &Clients<'_>) -> anyhow::Result<()> {
+    let Clients {
+        cluster, ch, ch2, ..
+    } = c;
     info!("--- every basic property and header type, AMQP → gRPC and gRPC → AMQP");
     declare(&ch, "props", quorum()).await?;
     let mut headers = FieldTable::default();
@@ -338,7 +394,11 @@ async fn amqp_tutorials_confirms_and_cross_protocol() -> anyhow::Result<()> {
         body.as_deref() == Some(&b"from AMQP"[..]),
         "AMQP → gRPC: {body:?}"
     );
+    Ok(())
+}
 
+async fn get_returns_when_its_channel_closes(c: &Clients<'_>) -> anyhow::Result<()> {
+    let Clients { conn1, ch, .. } = c;
     info!("--- an unacked basic.get returns to the queue when its channel closes");
     declare(&ch, "held", quorum()).await?;
     publish(&ch, "", "held", b"held once").await?;
@@ -354,10 +414,6 @@ async fn amqp_tutorials_confirms_and_cross_protocol() -> anyhow::Result<()> {
         .await?
         .context("the unacked get did not return to the queue when its channel closed")?;
     ensure!(again.delivery.data == b"held once" && again.delivery.redelivered);
-
-    conn1.close(200, "bye".into()).await?;
-    conn2.close(200, "bye".into()).await?;
-    cluster.stop();
     Ok(())
 }
 
