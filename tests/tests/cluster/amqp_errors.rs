@@ -17,6 +17,17 @@ use super::amqp::{WAIT, connect, declare, durable, quorum, reply_code};
 /// Soft errors close the channel and leave the connection usable; hard ones close the
 /// connection; a bad protocol header gets ours back; garbage after the handshake is a frame
 /// error; the node keeps serving.
+/// A passive queue.declare of `name`.
+async fn passive(ch: &lapin::Channel, name: &str) -> Result<(), lapin::Error> {
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    ch.queue_declare(name.into(), options, FieldTable::default())
+        .await
+        .map(|_| ())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqp_errors_close_the_channel_or_the_connection() -> anyhow::Result<()> {
     let cluster = TestCluster::start(3).await?;
@@ -38,17 +49,7 @@ async fn amqp_errors_close_the_channel_or_the_connection() -> anyhow::Result<()>
     for (what, want) in cases {
         let ch = conn.create_channel().await?;
         let err = match what {
-            "passive declare of a missing queue" => ch
-                .queue_declare(
-                    "nope".into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
-                .map(|_| ()),
+            "passive declare of a missing queue" => passive(&ch, "nope").await,
             "non-durable quorum queue" => ch
                 .queue_declare(
                     "transient".into(),
@@ -80,19 +81,11 @@ async fn amqp_errors_close_the_channel_or_the_connection() -> anyhow::Result<()>
                     .await
                     .map(|_| ())
             }
-            _ => ch.basic_ack(99, BasicAckOptions::default()).await.and(
-                // The ack has no answer; a round trip brings the channel's close.
-                ch.queue_declare(
-                    "eq".into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
+            // The ack has no answer; a round trip brings the channel's close.
+            _ => ch
+                .basic_ack(99, BasicAckOptions::default())
                 .await
-                .map(|_| ()),
-            ),
+                .and(passive(&ch, "eq").await),
         };
         let e = match err {
             Ok(()) => bail!("{what}: no error"),

@@ -16,48 +16,29 @@ use super::codes::{
     AmqpError, CHANNEL_ERROR, COMMAND_INVALID, ConnError, NOT_ALLOWED, NOT_IMPLEMENTED,
     PRECONDITION_FAILED, UNEXPECTED_FRAME, is_hard,
 };
-use super::connection::Session;
-use super::consumer::{self, Deliveries};
+use super::consumer::{self, Consuming};
 use super::convert::short;
-use super::publisher::{self, Publisher};
+use super::publisher::{self, Content, Publishing};
+use super::session::Session;
 use super::topology;
-
-/// A publish waiting for its content header and body.
-pub struct Content {
-    pub publish: basic::Publish,
-    pub header: Option<AMQPContentHeader>,
-    pub body: Vec<u8>,
-}
 
 /// One open channel's state, owned by the connection's read loop.
 pub struct Channel {
-    pub id: u16,
     /// channel.close was sent; waiting for close-ok.
     closing: bool,
     content: Option<Content>,
-    /// confirm.select seen, and the number of the last publish since.
-    pub confirm: bool,
-    pub publish_seq: u64,
-    /// basic.qos for consumers started after it.
-    pub prefetch: u16,
-    pub global_qos: bool,
-    pub publisher: Option<Publisher>,
-    /// Delivery tags, unacked deliveries and consumers, shared with the consumer tasks.
-    pub deliveries: Arc<Deliveries>,
+    publishing: Publishing,
+    /// Shared with the channel's consumer tasks.
+    consuming: Consuming,
 }
 
 impl Channel {
     fn new(id: u16, session: &Session) -> Channel {
         Channel {
-            id,
             closing: false,
             content: None,
-            confirm: false,
-            publish_seq: 0,
-            prefetch: 0,
-            global_qos: false,
-            publisher: None,
-            deliveries: Deliveries::new(session.done.child_token()),
+            publishing: Publishing::new(id),
+            consuming: Consuming::new(id, session.done.child_token()),
         }
     }
 }
@@ -234,9 +215,9 @@ impl Channels {
                 access::AMQPMethod::RequestOk(access::RequestOk {}),
             )),
             AMQPClass::Exchange(m) => topology::exchange(&session, m).await?,
-            AMQPClass::Queue(m) => topology::queue(&session, channel, m).await?,
+            AMQPClass::Queue(m) => topology::queue(&session, m).await?,
             AMQPClass::Confirm(confirm::AMQPMethod::Select(s)) => {
-                channel.confirm = true;
+                channel.publishing.confirm = true;
                 (!s.nowait).then_some(AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(
                     confirm::SelectOk {},
                 )))
@@ -256,7 +237,7 @@ impl Channels {
                 });
                 None
             }
-            AMQPClass::Basic(m) => consumer::basic(&session, channel, m).await?,
+            AMQPClass::Basic(m) => consumer::basic(&session, &mut channel.consuming, m).await?,
             other => {
                 return Err(AmqpError::new(
                     COMMAND_INVALID,
@@ -345,7 +326,7 @@ impl Channels {
             return Ok(());
         }
         let content = channel.content.take().expect("checked above");
-        publisher::publish(&session, channel, content).await
+        publisher::publish(&session, &mut channel.publishing, content).await
     }
 }
 
@@ -356,9 +337,9 @@ fn close_ok() -> AMQPClass {
 /// A channel ends: its consumers stop, its unacked gets return to their queues, and what it
 /// published is committed.
 async fn teardown(session: &Session, channel: &mut Channel) {
-    let gets = channel.deliveries.end();
+    let gets = channel.consuming.deliveries.end();
     consumer::requeue_gets(session, gets).await;
-    if let Some(publisher) = channel.publisher.take() {
+    if let Some(publisher) = channel.publishing.publisher.take() {
         publisher.drain().await;
     }
 }

@@ -27,65 +27,15 @@ use super::codes::{
 };
 use super::convert::short;
 use super::frames::{FrameReader, ReadError, encode};
+use super::session::{ClientCaps, OUTBOX_BOUND, Out, Outbox, Session};
 use crate::api::auth::Caller;
 
-/// Frame groups (a method, or a delivery's method, header and body) waiting for the socket,
-/// at most; full, senders wait (consumers stop taking deliveries, the read loop stops).
-pub const OUTBOX_BOUND: usize = 256;
 /// How long the handshake may take from the protocol header to open-ok (RabbitMQ's
 /// handshake_timeout: 10 s).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a closing side waits for the other's close-ok.
 const CLOSE_OK_WAIT: Duration = Duration::from_secs(3);
 const PROTOCOL_HEADER: [u8; 8] = *b"AMQP\x00\x00\x09\x01";
-
-/// What goes to the socket.
-pub enum Out {
-    Bytes(Vec<u8>),
-    /// Flush and close the socket.
-    End,
-}
-
-/// The sending side of a connection's socket. Cheap to clone.
-#[derive(Clone)]
-pub struct Outbox(mpsc::Sender<Out>);
-
-impl Outbox {
-    /// Queue whole frames; false when the connection is gone.
-    pub async fn bytes(&self, bytes: Vec<u8>) -> bool {
-        self.0.send(Out::Bytes(bytes)).await.is_ok()
-    }
-
-    pub async fn frame(&self, frame: AMQPFrame) -> bool {
-        let mut bytes = Vec::new();
-        encode(&frame, &mut bytes);
-        self.bytes(bytes).await
-    }
-
-    pub async fn method(&self, channel: u16, method: AMQPClass) -> bool {
-        self.frame(AMQPFrame::Method(channel, method)).await
-    }
-}
-
-/// What the client said it understands (start-ok's `capabilities`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ClientCaps {
-    pub consumer_cancel_notify: bool,
-    pub connection_blocked: bool,
-    pub authentication_failure_close: bool,
-}
-
-/// A connection after open-ok: who, where, and how to reach the socket.
-pub struct Session {
-    pub ctx: Arc<Ctx>,
-    pub caller: Caller,
-    pub vhost: String,
-    pub out: Outbox,
-    pub frame_max: u32,
-    pub caps: ClientCaps,
-    /// Cancelled when the connection ends: its consumers stop.
-    pub done: CancellationToken,
-}
 
 /// Serve one accepted connection to its end. `tls`: `Some(certificate common name)` on
 /// amqps (empty without a verified client certificate).

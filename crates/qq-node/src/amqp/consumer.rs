@@ -30,12 +30,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tracing::debug;
 
-use super::channel::Channel;
 use super::codes::{AmqpError, NOT_IMPLEMENTED, PRECONDITION_FAILED, RESOURCE_LOCKED};
-use super::connection::Session;
-use super::convert::short;
-use super::publisher::{content_frames, delivered_properties};
-use super::topology::request;
+use super::convert::{properties_to_amqp, short};
+use super::frames::content_frames;
+use super::session::{Session, request};
 use crate::api::conn::ConsumerGuard;
 use crate::api::consume::{self as grpc, STREAM_BOUND};
 use crate::consume::relay::start_session;
@@ -117,9 +115,29 @@ impl Deliveries {
     }
 }
 
+/// A channel's consuming state: basic.qos for the consumers started after it, and the
+/// channel's deliveries.
+pub struct Consuming {
+    pub id: u16,
+    pub prefetch: u16,
+    pub global_qos: bool,
+    pub deliveries: Arc<Deliveries>,
+}
+
+impl Consuming {
+    pub fn new(id: u16, done: CancellationToken) -> Consuming {
+        Consuming {
+            id,
+            prefetch: 0,
+            global_qos: false,
+            deliveries: Deliveries::new(done),
+        }
+    }
+}
+
 pub async fn basic(
     session: &Arc<Session>,
-    channel: &mut Channel,
+    channel: &mut Consuming,
     method: basic::AMQPMethod,
 ) -> Result<Option<AMQPClass>, AmqpError> {
     use basic::AMQPMethod as M;
@@ -200,7 +218,7 @@ fn outcome(requeue: bool) -> SettleOutcome {
 
 async fn consume(
     session: &Arc<Session>,
-    channel: &mut Channel,
+    channel: &mut Consuming,
     c: basic::Consume,
 ) -> Result<Option<basic::AMQPMethod>, AmqpError> {
     let api = &session.ctx.api;
@@ -393,7 +411,7 @@ impl Consumer {
         let bytes = content_frames(
             self.channel,
             AMQPClass::Basic(basic::AMQPMethod::Deliver(deliver)),
-            delivered_properties(&message.properties),
+            properties_to_amqp(&message.properties),
             &message.body,
             self.session.frame_max,
         );
@@ -428,7 +446,7 @@ impl Consumer {
 }
 
 /// basic.cancel: the consumer's session ends (its unacked messages return to the queue).
-async fn cancel(channel: &mut Channel, ctag: &str) {
+async fn cancel(channel: &mut Consuming, ctag: &str) {
     let handle = channel
         .deliveries
         .state
@@ -444,7 +462,7 @@ async fn cancel(channel: &mut Channel, ctag: &str) {
 
 async fn get(
     session: &Arc<Session>,
-    channel: &mut Channel,
+    channel: &mut Consuming,
     g: basic::Get,
 ) -> Result<(), AmqpError> {
     let r = pb::GetRequest {
@@ -491,7 +509,7 @@ async fn get(
     let bytes = content_frames(
         channel.id,
         AMQPClass::Basic(basic::AMQPMethod::GetOk(ok)),
-        delivered_properties(&props),
+        properties_to_amqp(&props),
         &body,
         session.frame_max,
     );
@@ -503,7 +521,7 @@ async fn get(
 /// unacked delivery of this channel, as RabbitMQ.
 async fn settle(
     session: &Arc<Session>,
-    channel: &mut Channel,
+    channel: &mut Consuming,
     tag: u64,
     multiple: bool,
     outcome: SettleOutcome,
@@ -553,7 +571,7 @@ pub async fn requeue_gets(session: &Session, receipts: Vec<String>) {
 }
 
 /// basic.recover: every unacked delivery of the channel goes back to its queue.
-async fn recover(session: &Arc<Session>, channel: &mut Channel) -> Result<(), AmqpError> {
+async fn recover(session: &Arc<Session>, channel: &mut Consuming) -> Result<(), AmqpError> {
     let taken: Vec<Unacked> = {
         let mut state = channel.deliveries.state.lock().unwrap();
         std::mem::take(&mut state.unacked).into_values().collect()
@@ -563,7 +581,7 @@ async fn recover(session: &Arc<Session>, channel: &mut Channel) -> Result<(), Am
 
 async fn settle_taken(
     session: &Arc<Session>,
-    channel: &mut Channel,
+    channel: &mut Consuming,
     taken: Vec<Unacked>,
     outcome: SettleOutcome,
 ) -> Result<(), AmqpError> {

@@ -9,10 +9,11 @@
 //! AMQP 0-9-1 does not have, 501 too for a known method whose arguments do not decode (as
 //! RabbitMQ), 502 SYNTAX_ERROR for a method frame too short to name its method.
 
-use amq_protocol::frame::{AMQPFrame, WriteContext, gen_frame, parse_frame};
+use amq_protocol::frame::{AMQPContentHeader, AMQPFrame, WriteContext, gen_frame, parse_frame};
 use amq_protocol::protocol::constants::{
     FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD,
 };
+use amq_protocol::protocol::{AMQPClass, basic};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::codes::{ConnError, FRAME_ERROR, NOT_IMPLEMENTED, SYNTAX_ERROR};
@@ -180,6 +181,30 @@ fn known_method(class: u16, method: u16) -> bool {
         _ => &[],
     };
     methods.contains(&method)
+}
+
+/// A delivery's or a return's frames: the method, the content header, the body in frames of
+/// at most frame_max.
+pub fn content_frames(
+    channel: u16,
+    method: AMQPClass,
+    properties: basic::AMQPProperties,
+    body: &[u8],
+    frame_max: u32,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 256);
+    encode(&AMQPFrame::Method(channel, method), &mut out);
+    let header = AMQPContentHeader {
+        class_id: 60,
+        body_size: body.len() as u64,
+        properties,
+    };
+    encode(&AMQPFrame::Header(channel, header), &mut out);
+    let chunk = (frame_max as usize).saturating_sub(FRAME_OVERHEAD).max(1);
+    for part in body.chunks(chunk) {
+        encode(&AMQPFrame::Body(channel, part.to_vec()), &mut out);
+    }
+    out
 }
 
 /// Appends `frame`'s bytes to `out`.

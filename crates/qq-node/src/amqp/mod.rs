@@ -8,18 +8,18 @@
 //! published over AMQP can be consumed over gRPC and the other way round, and a refusal is the
 //! same refusal, mapped onto RabbitMQ's reply codes by [`codes`].
 //!
-//! Layout: [`frames`] reads and writes frames (amq-protocol's codec, bounded by frame_max),
-//! [`connection`] runs the handshake, heartbeats and the connection's read loop,
-//! [`channel`] a channel's methods and content, [`topology`] declares and deletes,
-//! [`publisher`] the publish pipeline with confirms, [`consumer`] consumers, acks and
-//! basic.get.
+//! Layout, each module importing only those above it: [`codes`], [`convert`] and [`frames`]
+//! (amq-protocol's codec, bounded by frame_max); [`session`] (an open connection's caller,
+//! vhost and outbox); [`topology`] declares and deletes, [`publisher`] the publish pipeline
+//! with confirms, [`consumer`] consumers, acks and basic.get; [`channel`] a channel's state,
+//! content and dispatch; [`connection`] the handshake, heartbeats and read loop.
 //!
 //! Bounds: connections count toward `max_connections` and the per-user and per-vhost limits
-//! with the gRPC port's (one [`Connections`]); `amqp_channel_max` channels per connection;
+//! with the gRPC port's (one [`crate::api::conn::Connections`]); `amqp_channel_max` channels per connection;
 //! frames of at most `amqp_frame_max` bytes; messages of at most `max_message_bytes` (406 at
 //! the content header, before the body is read); at most `max_inflight_publishes` unconfirmed
 //! publishes per channel, past which the connection's socket is not read (TCP backpressure);
-//! [`connection::OUTBOX_BOUND`] frames waiting for the socket, past which consumers wait.
+//! [`session::OUTBOX_BOUND`] frames waiting for the socket, past which consumers wait.
 //!
 //! Must not: propose anything itself, or decide a permission (the API layer does both).
 
@@ -30,6 +30,7 @@ pub mod consumer;
 pub mod convert;
 pub mod frames;
 pub mod publisher;
+pub mod session;
 pub mod topology;
 
 use std::net::SocketAddr;
@@ -42,7 +43,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::api::Api;
-use crate::api::conn::Connections;
 use crate::config::Config;
 
 /// How long a TLS handshake may take on `amqps_addr`.
@@ -51,7 +51,6 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// What every AMQP connection of a node shares.
 pub struct Ctx {
     pub api: Api,
-    pub conns: Arc<Connections>,
     pub channel_max: u16,
     pub frame_max: u32,
     pub heartbeat_s: u16,
@@ -83,7 +82,7 @@ pub async fn serve(
             }
         };
         let _ = tcp.set_nodelay(true);
-        let Some(tracked) = ctx.conns.accept(tcp) else {
+        let Some(tracked) = ctx.api.conns().accept(tcp) else {
             continue;
         };
         let ctx = ctx.clone();
@@ -147,7 +146,6 @@ impl Listeners {
     pub fn serve(self, api: Api, signal: CancellationToken) {
         let config = api.node().config();
         let ctx = Arc::new(Ctx {
-            conns: api.conns().clone(),
             channel_max: config.amqp_channel_max,
             frame_max: config.amqp_frame_max,
             heartbeat_s: config.amqp_heartbeat_s,

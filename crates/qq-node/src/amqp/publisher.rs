@@ -25,11 +25,10 @@ use qq_core::meta::Perm;
 use qq_proto::v1 as pb;
 use tokio::sync::mpsc;
 
-use super::channel::{Channel, Content};
 use super::codes::{AmqpError, NO_ROUTE, NOT_IMPLEMENTED, PRECONDITION_FAILED};
-use super::connection::{Outbox, Session};
-use super::convert::{properties_from_amqp, properties_to_amqp, short};
-use super::frames::{FRAME_OVERHEAD, encode};
+use super::convert::{properties_from_amqp, short};
+use super::frames::{content_frames, encode};
+use super::session::{Outbox, Session};
 use crate::api::publish::{self as grpc, Prepared, Publish};
 use crate::groups::queue_sm::MAX_BATCH;
 
@@ -40,6 +39,33 @@ const ALARM_POLL: Duration = Duration::from_millis(250);
 struct Pending {
     seq: u64,
     prepared: Prepared,
+}
+
+/// A publish waiting for its content header and body.
+pub struct Content {
+    pub publish: basic::Publish,
+    pub header: Option<AMQPContentHeader>,
+    pub body: Vec<u8>,
+}
+
+/// A channel's publishing state: confirm mode and the number of the last publish since, and
+/// its commit pipeline once it published.
+pub struct Publishing {
+    pub channel: u16,
+    pub confirm: bool,
+    pub seq: u64,
+    pub publisher: Option<Publisher>,
+}
+
+impl Publishing {
+    pub fn new(channel: u16) -> Publishing {
+        Publishing {
+            channel,
+            confirm: false,
+            seq: 0,
+            publisher: None,
+        }
+    }
 }
 
 /// A channel's commit pipeline.
@@ -94,7 +120,7 @@ async fn wait_out_alarm(session: &Session) {
 /// A whole message: validated and routed now, committed by the channel's pipeline.
 pub async fn publish(
     session: &Arc<Session>,
-    channel: &mut Channel,
+    channel: &mut Publishing,
     content: Content,
 ) -> Result<(), AmqpError> {
     let Content {
@@ -124,8 +150,8 @@ pub async fn publish(
         .mandatory
         .then(|| (header.properties.clone(), body.clone()));
     let seq = if channel.confirm {
-        channel.publish_seq += 1;
-        channel.publish_seq
+        channel.seq += 1;
+        channel.seq
     } else {
         0
     };
@@ -152,7 +178,7 @@ pub async fn publish(
                 routing_key: publish.routing_key.clone(),
             };
             let bytes = content_frames(
-                channel.id,
+                channel.channel,
                 AMQPClass::Basic(basic::AMQPMethod::Return(ret)),
                 props,
                 &body,
@@ -163,39 +189,10 @@ pub async fn publish(
     }
     let publisher = channel
         .publisher
-        .get_or_insert_with(|| start(session.clone(), channel.id));
+        .get_or_insert_with(|| start(session.clone(), channel.channel));
     // Full: the read loop waits here, and the socket is not read meanwhile.
     let _ = publisher.tx.send(Pending { seq, prepared }).await;
     Ok(())
-}
-
-/// A delivery's or a return's frames: the method, the content header, the body in frames of
-/// at most frame_max.
-pub fn content_frames(
-    channel: u16,
-    method: AMQPClass,
-    properties: basic::AMQPProperties,
-    body: &[u8],
-    frame_max: u32,
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(body.len() + 256);
-    encode(&AMQPFrame::Method(channel, method), &mut out);
-    let header = AMQPContentHeader {
-        class_id: 60,
-        body_size: body.len() as u64,
-        properties,
-    };
-    encode(&AMQPFrame::Header(channel, header), &mut out);
-    let chunk = (frame_max as usize).saturating_sub(FRAME_OVERHEAD).max(1);
-    for part in body.chunks(chunk) {
-        encode(&AMQPFrame::Body(channel, part.to_vec()), &mut out);
-    }
-    out
-}
-
-/// The delivered properties of a stored message.
-pub fn delivered_properties(p: &qq_core::Properties) -> basic::AMQPProperties {
-    properties_to_amqp(p)
 }
 
 fn start(session: Arc<Session>, channel: u16) -> Publisher {

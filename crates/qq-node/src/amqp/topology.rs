@@ -10,21 +10,12 @@
 use amq_protocol::protocol::{AMQPClass, exchange as ex, queue as q};
 use amq_protocol::types::{FieldTable, ShortString};
 use qq_proto::v1 as pb;
-use tonic::{Code, Request, Status};
+use tonic::{Code, Status};
 
-use super::channel::Channel;
 use super::codes::{AmqpError, NOT_IMPLEMENTED, PRECONDITION_FAILED};
-use super::connection::Session;
 use super::convert::{short, table_from_amqp};
-use crate::api::{admin, auth::Authenticated, convert::table_to_pb};
-
-/// A request of the gRPC API, made by the connection's caller in its vhost.
-pub fn request<T>(session: &Session, message: T) -> Request<T> {
-    let mut r = Request::new(message);
-    r.extensions_mut()
-        .insert(Authenticated(session.caller.clone()));
-    r
-}
+use super::session::{Session, request};
+use crate::api::{admin, convert::table_to_pb};
 
 fn arguments(t: &FieldTable) -> std::collections::HashMap<String, pb::Value> {
     table_to_pb(&table_from_amqp(t))
@@ -137,7 +128,6 @@ fn binding(
 
 pub async fn queue(
     session: &Session,
-    _channel: &mut Channel,
     method: q::AMQPMethod,
 ) -> Result<Option<AMQPClass>, AmqpError> {
     let api = &session.ctx.api;

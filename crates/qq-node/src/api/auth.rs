@@ -42,9 +42,10 @@ use tonic::{Request, Status};
 use tracing::warn;
 
 use super::conn::Connections;
+use super::convert::bounded;
 use super::convert::meta_error_to_status;
-use super::guard::{bounded, shown};
 use crate::meta_view::MetaView;
+use qq_core::names::shown;
 
 /// Cached grants, at most; the cache is emptied when full or when the metadata changes.
 const GRANT_CACHE_BOUND: usize = 10_000;
@@ -286,11 +287,9 @@ impl Auth {
         user: String,
         peer: Option<SocketAddr>,
     ) -> Result<Caller, Status> {
-        if !*self.synced.borrow() {
-            return Err(Status::unavailable(
-                "this node is catching up on the cluster's metadata; retry, or use another node",
-            ));
-        }
+        self.require_synced()?;
+        let shown_peer = peer.map_or_else(|| "unknown".to_string(), |a| a.to_string());
+        self.refuse_remote_loopback_user(&user, peer, &shown_peer, "amqps")?;
         let state = self.view.current();
         if state.user(&user).is_none() {
             warn!(user = %user, peer = ?peer, via = "amqps", "login refused: certificate names no user");
@@ -304,6 +303,35 @@ impl Auth {
         Ok(Caller { user, peer })
     }
 
+    /// Users, permissions and everything a request is about live in the metadata: until this
+    /// node has caught up with the cluster's, it would answer from what it knew.
+    fn require_synced(&self) -> Result<(), Status> {
+        if *self.synced.borrow() {
+            return Ok(());
+        }
+        Err(Status::unavailable(
+            "this node is catching up on the cluster's metadata; retry, or use another node",
+        ))
+    }
+
+    /// `loopback_users` may log in only from a loopback address, whatever the mechanism.
+    fn refuse_remote_loopback_user(
+        &self,
+        user: &str,
+        peer: Option<SocketAddr>,
+        shown_peer: &str,
+        via: &str,
+    ) -> Result<(), Status> {
+        if is_loopback(peer) || !self.settings.loopback_users.iter().any(|u| u == user) {
+            return Ok(());
+        }
+        warn!(user = %user, peer = %shown_peer, via, "login refused: loopback-only user from a remote address");
+        Err(Status::unauthenticated(format!(
+            "user '{}' can only connect via localhost",
+            shown(user)
+        )))
+    }
+
     async fn authenticate(
         &self,
         user: String,
@@ -311,13 +339,7 @@ impl Auth {
         peer: Option<SocketAddr>,
         transport: Transport,
     ) -> Result<Caller, Status> {
-        // Users, permissions and everything a request is about live in the metadata: until
-        // this node has caught up with the cluster's, it would answer from what it knew.
-        if !*self.synced.borrow() {
-            return Err(Status::unavailable(
-                "this node is catching up on the cluster's metadata; retry, or use another node",
-            ));
-        }
+        self.require_synced()?;
         let loopback = is_loopback(peer);
         let shown_peer = peer.map_or_else(|| "unknown".to_string(), |a| a.to_string());
         let via = match transport {
@@ -325,13 +347,7 @@ impl Auth {
             Transport::Http => "http page",
             Transport::Amqp { .. } => "amqp",
         };
-        if !loopback && self.settings.loopback_users.iter().any(|u| *u == user) {
-            warn!(user = %user, peer = %shown_peer, via, "login refused: loopback-only user from a remote address");
-            return Err(Status::unauthenticated(format!(
-                "user '{}' can only connect via localhost",
-                shown(&user)
-            )));
-        }
+        self.refuse_remote_loopback_user(&user, peer, &shown_peer, via)?;
         let plain_text = match transport {
             Transport::ClientPort { basic } => basic && !self.settings.client_tls,
             Transport::Http => true,
@@ -604,6 +620,32 @@ mod tests {
             },
             Connections::new(16, 16),
         )
+    }
+
+    /// A client certificate (SASL EXTERNAL) naming a loopback-only user logs in only from a
+    /// loopback address, as a password would; a name that is no user is refused.
+    #[test]
+    fn external_logins_keep_the_loopback_rule() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut auth = fresh_auth(dir.path());
+        auth.settings.loopback_users = vec!["guest".into()];
+        let remote = Some("192.0.2.2:5000".parse().unwrap());
+        let local = Some("127.0.0.1:5000".parse().unwrap());
+        let refused = auth
+            .login_amqp_external("guest".into(), remote)
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+        assert!(refused.message().contains("only connect via localhost"));
+        assert_eq!(
+            auth.login_amqp_external("guest".into(), local)
+                .unwrap()
+                .user,
+            "guest"
+        );
+        let nobody = auth
+            .login_amqp_external("mallory".into(), local)
+            .unwrap_err();
+        assert_eq!(nobody.code(), tonic::Code::Unauthenticated);
     }
 
     /// Requests that miss the cache together (an expired entry under a client with many

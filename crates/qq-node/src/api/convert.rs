@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use qq_core::meta::{ErrorKind, MetaError};
+use qq_core::names::check_bound;
 use qq_core::names::shown;
 use qq_core::queue::SettleOutcome;
 use qq_core::{Message, Properties, Table, Value};
@@ -223,4 +224,12 @@ pub fn delivery_pb(tag: u64, receipt: String, redelivered: bool, m: &Message) ->
         routing_key: m.routing_key.clone(),
         message: Some(message_to_pb(m)),
     }
+}
+
+/// Every `(field, name)` within the name bound: INVALID_ARGUMENT naming the first that is not.
+pub fn bounded(names: &[(&str, &str)]) -> Result<(), Status> {
+    names
+        .iter()
+        .try_for_each(|(field, name)| check_bound(field, name))
+        .map_err(|e| meta_error_to_status(&e))
 }

@@ -12,22 +12,13 @@
 //! Must not: show client input in a message other than through [`shown`].
 
 use qq_core::meta::{Perm, QueueMeta};
-use qq_core::names::check_bound;
 use tonic::Status;
 
 use super::Api;
 use super::auth::Caller;
-use super::convert::meta_error_to_status;
 
+pub use super::convert::bounded;
 pub use qq_core::names::shown;
-
-/// Every `(field, name)` within the name bound: INVALID_ARGUMENT naming the first that is not.
-pub fn bounded(names: &[(&str, &str)]) -> Result<(), Status> {
-    names
-        .iter()
-        .try_for_each(|(field, name)| check_bound(field, name))
-        .map_err(|e| meta_error_to_status(&e))
-}
 
 /// The queue numbered `id`, if it exists in a vhost `caller` may see and `caller` has `perm`
 /// on it; `missing()` when it does not exist or its vhost is not visible, alike.
