@@ -108,7 +108,8 @@ fmt-check:
 
 # Side-by-side benchmark against RabbitMQ quorum queues (crates/qq-bench, bench/). Release
 # build of every binary (never a single package: see above), then three quorumq nodes and three
-# RabbitMQ nodes on loopback, every scenario against both; prints the table and writes
+# RabbitMQ nodes on loopback, every scenario against both (scenarios 1-4 also against quorumq's
+# AMQP port with lapin, RabbitMQ's client: the qq/AMQP column); prints the table and writes
 # bench/results/{results.json,results.md,latency.png}. BENCH_ARGS passes flags, e.g.
 # `make bench BENCH_ARGS=--quick` (a smoke run) or `BENCH_ARGS='--scenarios 1,2'`.
 # After it, the scale figures (issue 14) in runs of their own, each on fresh clusters:

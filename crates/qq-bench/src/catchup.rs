@@ -555,7 +555,7 @@ async fn variant(
 
         // Bring it back and watch it catch up.
         let mut watch = match system {
-            System::Quorumq => Watch::Qq,
+            System::Quorumq | System::QuorumqAmqp => Watch::Qq,
             System::Rabbitmq => Watch::Rabbit(Reporter::start(
                 cl,
                 queue,

@@ -1,7 +1,7 @@
 //! The two three-node clusters under test, as processes on this machine.
 //!
 //! quorumq: three `qq-node` processes started here, one generated config each, on
-//! 127.0.0.1:7501-7503 (`GET /metrics` on 7701-7703) with their data under
+//! 127.0.0.1:7501-7503 (`GET /metrics` on 7701-7703, AMQP on 7801-7803) with their data under
 //! `<run dir>/quorumq/nodeN`. RabbitMQ: three
 //! `beam.smp` nodes managed by `bench/rabbitmq.sh` (AMQP on 127.0.0.1:5681-5683, data under
 //! `<run dir>/rabbitmq`). Both start from empty data directories on every run.
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::System;
-use crate::driver::{Conn, qq_address, qq_cluster_address, qq_http_address};
+use crate::driver::{Conn, qq_address, qq_amqp_port, qq_cluster_address, qq_http_address};
 
 pub const NODES: usize = 3;
 
@@ -55,10 +55,22 @@ pub enum Cluster {
 }
 
 impl Cluster {
+    /// The system the scenarios drive: RabbitMQ, or quorumq through the client protocol last
+    /// chosen with [`Cluster::drive_over`].
     pub fn system(&self) -> System {
         match self {
-            Cluster::Qq(_) => System::Quorumq,
+            Cluster::Qq(c) => c.client,
             Cluster::Rabbit(_) => System::Rabbitmq,
+        }
+    }
+
+    /// Makes the scenarios drive quorumq over gRPC ([`System::Quorumq`]) or over its AMQP
+    /// port ([`System::QuorumqAmqp`]); RabbitMQ is always AMQP.
+    pub fn drive_over(&mut self, system: System) {
+        if let Cluster::Qq(c) = self
+            && system != System::Rabbitmq
+        {
+            c.client = system;
         }
     }
 
@@ -214,7 +226,7 @@ impl Cluster {
                     Ok(s) => s.metadata_leader != 0,
                     Err(_) => false,
                 },
-                Conn::Rabbit(c) => {
+                Conn::Amqp(c) => {
                     let ok = c.create_channel().await.is_ok();
                     let _ = c.close(200, "probe".into()).await;
                     ok
@@ -240,6 +252,8 @@ pub struct QqCluster {
     bin: PathBuf,
     dir: PathBuf,
     children: Vec<Option<Child>>,
+    /// How the scenarios speak to it (see [`Cluster::drive_over`]).
+    client: System,
 }
 
 impl QqCluster {
@@ -289,8 +303,10 @@ impl QqCluster {
             let mut config = format!(
                 "node_id = {id}\nlisten = \"{addr}\"\npeers = [\n{peers}\n]\ndata_dir = \"{data}\"\n\
                  cluster_addr = \"{cluster}\"\ncluster_ca = \"{ca}\"\ncluster_cert = \"{cert}\"\n\
-                 cluster_key = \"{key}\"\nhttp_addr = \"{http}\"\n",
+                 cluster_key = \"{key}\"\nhttp_addr = \"{http}\"\n\
+                 amqp_addr = \"127.0.0.1:{amqp}\"\n",
                 id = n + 1,
+                amqp = qq_amqp_port(n),
                 addr = qq_address(n),
                 cluster = qq_cluster_address(n),
                 http = qq_http_address(n),
@@ -310,6 +326,7 @@ impl QqCluster {
             bin: bin.to_path_buf(),
             dir,
             children: (0..NODES).map(|_| None).collect(),
+            client: System::Quorumq,
         };
         for n in 0..NODES {
             cluster.start_node(n)?;

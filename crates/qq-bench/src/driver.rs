@@ -3,9 +3,10 @@
 //!
 //! The scenarios are written once against these types, so both brokers see exactly the same
 //! load: the same message bodies, the same confirm window, the same prefetch, one settle per
-//! message. quorumq is driven over gRPC with `qq-client` (`PublishStream`, `Consume`);
-//! RabbitMQ over AMQP 0-9-1 with lapin (publisher confirms on a channel, `basic.consume` with a
-//! per-consumer `basic.qos`). Queues are quorum queues with three replicas on both sides.
+//! message. quorumq is driven over gRPC with `qq-client` (`PublishStream`, `Consume`), and
+//! ([`System::QuorumqAmqp`]) over its AMQP port with the very client RabbitMQ gets: lapin
+//! (publisher confirms on a channel, `basic.consume` with a per-consumer `basic.qos`). Queues
+//! are quorum queues with three replicas on both sides.
 //!
 //! Deliberately left out: reconnection. A publisher or consumer whose stream or channel breaks
 //! returns the error, and the scenario that expects breakage (failover) opens a new one.
@@ -46,6 +47,11 @@ pub fn qq_http_address(node: usize) -> String {
     format!("127.0.0.1:{}", QQ_BASE_PORT + 201 + node as u16)
 }
 
+/// AMQP port of quorumq node `node` (0-based): 300 above the client port.
+pub fn qq_amqp_port(node: usize) -> u16 {
+    QQ_BASE_PORT + 301 + node as u16
+}
+
 /// AMQP port of RabbitMQ node `node` (0-based).
 pub fn rabbit_port(node: usize) -> u16 {
     RABBIT_BASE_PORT + 1 + node as u16
@@ -78,7 +84,8 @@ fn qq_queue_args(spec: &QueueSpec) -> HashMap<String, Value> {
     args
 }
 
-/// The declare arguments of a RabbitMQ quorum queue.
+/// The declare arguments of a quorum queue over AMQP (RabbitMQ's, which quorumq's AMQP port
+/// takes as they are).
 fn rabbit_queue_args(spec: &QueueSpec) -> FieldTable {
     let mut args = FieldTable::default();
     args.insert(
@@ -120,11 +127,11 @@ fn rabbit_queue_args(spec: &QueueSpec) -> FieldTable {
 
 /// Declares and deletes queues one at a time: quorumq's client (every call a request on the
 /// connection's HTTP/2 stream pool), or one AMQP channel (whose methods are synchronous).
-/// Several on one connection pipeline declares: one channel each on RabbitMQ, concurrent
-/// requests on quorumq.
+/// Several on one connection pipeline declares: one channel each over AMQP, concurrent
+/// requests over gRPC.
 pub enum Declarer {
     Qq(qq_client::Client),
-    Rabbit(lapin::Channel),
+    Amqp(lapin::Channel),
 }
 
 impl Declarer {
@@ -136,7 +143,7 @@ impl Declarer {
                     .await
                     .with_context(|| format!("declare {name}"))?;
             }
-            Declarer::Rabbit(ch) => {
+            Declarer::Amqp(ch) => {
                 ch.queue_declare(
                     name.into(),
                     QueueDeclareOptions {
@@ -161,7 +168,7 @@ impl Declarer {
                 Err(e) if e.code() == tonic::Code::NotFound => Ok(()),
                 Err(e) => Err(anyhow!("delete {name}: {e}")),
             },
-            Declarer::Rabbit(ch) => {
+            Declarer::Amqp(ch) => {
                 ch.queue_delete(name.into(), QueueDeleteOptions::default())
                     .await
                     .with_context(|| format!("delete {name}"))?;
@@ -170,9 +177,9 @@ impl Declarer {
         }
     }
 
-    /// Closes the channel (RabbitMQ); nothing to do for quorumq.
+    /// Closes the channel (AMQP); nothing to do over gRPC.
     pub async fn close(self) {
-        if let Declarer::Rabbit(ch) = self {
+        if let Declarer::Amqp(ch) = self {
             let _ = ch.close(200, "done".into()).await;
         }
     }
@@ -182,11 +189,12 @@ impl Declarer {
 #[derive(Clone)]
 pub enum Conn {
     Qq(qq_client::Client),
-    Rabbit(std::sync::Arc<lapin::Connection>),
+    Amqp(std::sync::Arc<lapin::Connection>),
 }
 
 impl Conn {
-    /// Connects to node `node` (0-based) of `system` on the benchmark's loopback ports.
+    /// Connects to node `node` (0-based) of `system` on the benchmark's loopback ports (quorumq
+    /// over gRPC or over AMQP, RabbitMQ over AMQP).
     pub async fn connect(system: System, node: usize) -> Result<Conn> {
         match system {
             System::Quorumq => {
@@ -196,21 +204,25 @@ impl Conn {
                     .with_context(|| format!("connect to quorumq node {}", node + 1))?;
                 Ok(Conn::Qq(client))
             }
-            System::Rabbitmq => {
-                let uri = format!("amqp://guest:guest@127.0.0.1:{}/%2f", rabbit_port(node));
+            System::QuorumqAmqp | System::Rabbitmq => {
+                let port = match system {
+                    System::Rabbitmq => rabbit_port(node),
+                    _ => qq_amqp_port(node),
+                };
+                let uri = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
                 let conn = lapin::Connection::connect(&uri, lapin::ConnectionProperties::default())
                     .await
-                    .with_context(|| format!("connect to RabbitMQ node {}", node + 1))?;
-                Ok(Conn::Rabbit(std::sync::Arc::new(conn)))
+                    .with_context(|| format!("connect to {system} node {}", node + 1))?;
+                Ok(Conn::Amqp(std::sync::Arc::new(conn)))
             }
         }
     }
 
-    /// A [`Declarer`] on this connection (a new channel on RabbitMQ).
+    /// A [`Declarer`] on this connection (a new channel over AMQP).
     pub async fn declarer(&self) -> Result<Declarer> {
         Ok(match self {
             Conn::Qq(c) => Declarer::Qq(c.clone()),
-            Conn::Rabbit(conn) => Declarer::Rabbit(conn.create_channel().await?),
+            Conn::Amqp(conn) => Declarer::Amqp(conn.create_channel().await?),
         })
     }
 
@@ -230,8 +242,8 @@ impl Conn {
         r
     }
 
-    /// Messages in the queue (ready and unacknowledged for quorumq, ready for RabbitMQ, which
-    /// is all of them when nobody consumes).
+    /// Messages in the queue (ready and unacknowledged over gRPC, ready over AMQP, which is
+    /// all of them when nobody consumes).
     pub async fn message_count(&self, name: &str) -> Result<u64> {
         match self {
             // ListQueues: the counts without the state digest GetQueue computes (linear in
@@ -244,7 +256,7 @@ impl Conn {
                 .find(|q| q.name == name)
                 .map(|q| q.messages)
                 .with_context(|| format!("queue {name} not listed")),
-            Conn::Rabbit(conn) => {
+            Conn::Amqp(conn) => {
                 let ch = conn.create_channel().await?;
                 let q = ch
                     .queue_declare(
@@ -270,12 +282,12 @@ impl Conn {
                 publisher: c.publisher(window).await?,
                 queue: queue.to_string(),
             }),
-            Conn::Rabbit(conn) => {
+            Conn::Amqp(conn) => {
                 let channel = conn.create_channel().await?;
                 channel
                     .confirm_select(ConfirmSelectOptions::default())
                     .await?;
-                Ok(Pub::Rabbit {
+                Ok(Pub::Amqp {
                     channel,
                     queue: queue.to_string(),
                     pending: FuturesUnordered::new(),
@@ -289,7 +301,7 @@ impl Conn {
     pub async fn consumer(&self, queue: &str, prefetch: u16) -> Result<Cons> {
         match self {
             Conn::Qq(c) => Ok(Cons::Qq(c.consume(queue, u32::from(prefetch)).await?)),
-            Conn::Rabbit(conn) => {
+            Conn::Amqp(conn) => {
                 let channel = conn.create_channel().await?;
                 channel
                     .basic_qos(prefetch, BasicQosOptions { global: false })
@@ -303,7 +315,7 @@ impl Conn {
                     )
                     .await
                     .with_context(|| format!("consume {queue}"))?;
-                Ok(Cons::Rabbit { consumer, channel })
+                Ok(Cons::Amqp { consumer, channel })
             }
         }
     }
@@ -329,7 +341,7 @@ pub enum Pub {
         publisher: qq_client::Publisher,
         queue: String,
     },
-    Rabbit {
+    Amqp {
         channel: lapin::Channel,
         queue: String,
         pending: FuturesUnordered<RabbitConfirm>,
@@ -344,7 +356,7 @@ impl Pub {
             Pub::Qq { publisher, queue } => {
                 Ok(publisher.send("", queue, qq_client::message(body)).await?)
             }
-            Pub::Rabbit {
+            Pub::Amqp {
                 channel,
                 queue,
                 pending,
@@ -375,7 +387,7 @@ impl Pub {
                 .next_confirm()
                 .await?
                 .map(|c| (c.seq, c.is_confirmed()))),
-            Pub::Rabbit { pending, .. } => match pending.next().await {
+            Pub::Amqp { pending, .. } => match pending.next().await {
                 None => Ok(None),
                 Some((seq, Ok(confirmation))) => Ok(Some((seq, confirmation.is_ack()))),
                 Some((_, Err(e))) => Err(anyhow!("publisher confirm: {e}")),
@@ -387,7 +399,7 @@ impl Pub {
     pub fn in_flight(&self) -> usize {
         match self {
             Pub::Qq { publisher, .. } => publisher.in_flight(),
-            Pub::Rabbit { pending, .. } => pending.len(),
+            Pub::Amqp { pending, .. } => pending.len(),
         }
     }
 }
@@ -402,7 +414,7 @@ pub struct Msg {
 /// A consumer with manual acknowledgement.
 pub enum Cons {
     Qq(qq_client::Consumer),
-    Rabbit {
+    Amqp {
         consumer: lapin::Consumer,
         channel: lapin::Channel,
     },
@@ -421,7 +433,7 @@ impl Cons {
                     acker: None,
                 })),
             },
-            Cons::Rabbit { consumer, .. } => match consumer.next().await {
+            Cons::Amqp { consumer, .. } => match consumer.next().await {
                 None => Ok(None),
                 Some(Err(e)) => Err(e.into()),
                 Some(Ok(d)) => Ok(Some(Msg {
@@ -437,11 +449,11 @@ impl Cons {
     pub async fn ack(&self, msg: &Msg) -> Result<()> {
         match (self, &msg.acker) {
             (Cons::Qq(c), _) => Ok(c.ack(msg.tag, false).await?),
-            (Cons::Rabbit { .. }, Some(acker)) => {
+            (Cons::Amqp { .. }, Some(acker)) => {
                 acker.ack(BasicAckOptions::default()).await?;
                 Ok(())
             }
-            (Cons::Rabbit { .. }, None) => bail!("a RabbitMQ delivery without an acker"),
+            (Cons::Amqp { .. }, None) => bail!("an AMQP delivery without an acker"),
         }
     }
 
@@ -449,11 +461,11 @@ impl Cons {
     pub async fn reject(&self, msg: &Msg) -> Result<()> {
         match (self, &msg.acker) {
             (Cons::Qq(c), _) => Ok(c.nack(msg.tag, false, false).await?),
-            (Cons::Rabbit { .. }, Some(acker)) => {
+            (Cons::Amqp { .. }, Some(acker)) => {
                 acker.reject(BasicRejectOptions { requeue: false }).await?;
                 Ok(())
             }
-            (Cons::Rabbit { .. }, None) => bail!("a RabbitMQ delivery without an acker"),
+            (Cons::Amqp { .. }, None) => bail!("an AMQP delivery without an acker"),
         }
     }
 
@@ -464,7 +476,7 @@ impl Cons {
                 let _ = c.cancel().await;
                 c.close();
             }
-            Cons::Rabbit { channel, .. } => {
+            Cons::Amqp { channel, .. } => {
                 let _ = channel.close(200, "done".into()).await;
             }
         }

@@ -10,7 +10,10 @@
 //! a follower stopped or wiped while a million-message backlog builds comes back under load,
 //! against both when named; scenario 12, many queues: declare rate, idle CPU and RSS, failover
 //! and restart with 1 000 and 10 000 queues, against both when named),
-//! alternating which system goes first. It prints one table (each figure for both systems and
+//! alternating which system goes first. Scenarios 1-4 also run a third time, against the same
+//! quorumq cluster over its AMQP port (127.0.0.1:7801-7803) with lapin, the client RabbitMQ is
+//! driven with: the "quorumq/AMQP" column, so the protocol's cost shows beside the gRPC
+//! figure (`--no-amqp` leaves it out). It prints one table (each figure for both systems and
 //! their ratio, with the targets), and writes a JSON record, a Markdown summary and a
 //! PNG of latency percentiles to `bench/results/`.
 //!
@@ -52,10 +55,12 @@ use serde::Serialize;
 use crate::cluster::{Cluster, QqCluster, RabbitCluster};
 use crate::scenarios::{Outcome, Settings};
 
-/// The two systems under test.
+/// The systems under test, as the scenarios see them: quorumq over gRPC, quorumq over its
+/// AMQP port (the same cluster, driven by lapin as RabbitMQ is), and RabbitMQ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum System {
     Quorumq,
+    QuorumqAmqp,
     Rabbitmq,
 }
 
@@ -63,6 +68,7 @@ impl std::fmt::Display for System {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             System::Quorumq => "quorumq",
+            System::QuorumqAmqp => "quorumq/AMQP",
             System::Rabbitmq => "RabbitMQ",
         })
     }
@@ -87,6 +93,9 @@ struct Args {
     /// Run only one side: `quorumq` or `rabbitmq`.
     #[arg(long)]
     only: Option<String>,
+    /// Leave out the AMQP side of quorumq (scenarios 1-4 over its AMQP port with lapin).
+    #[arg(long)]
+    no_amqp: bool,
     /// qq-node binary (default: $CARGO_TARGET_DIR/release/qq-node).
     #[arg(long)]
     qq_node_bin: Option<PathBuf>,
@@ -225,7 +234,7 @@ async fn main() -> Result<()> {
         let t = Instant::now();
         eprintln!("starting the {system} cluster...");
         let mut c = match system {
-            System::Quorumq => {
+            System::Quorumq | System::QuorumqAmqp => {
                 let extra: Vec<String> = args
                     .qq_set
                     .iter()
@@ -245,7 +254,7 @@ async fn main() -> Result<()> {
         clusters.push(c);
     }
 
-    let run = run_all(&mut clusters, &settings, &wanted);
+    let run = run_all(&mut clusters, &settings, &wanted, !args.no_amqp);
     let (outcomes, errors) = tokio::select! {
         r = run => r,
         _ = tokio::signal::ctrl_c() => {
@@ -327,11 +336,78 @@ async fn main() -> Result<()> {
 
 type Outcomes = BTreeMap<String, BTreeMap<u8, Outcome>>;
 
-/// Runs every wanted scenario on every cluster, alternating which system goes first.
+/// Scenarios also run over quorumq's AMQP port (with lapin, the client RabbitMQ gets), so the
+/// protocol's cost shows beside the gRPC figure.
+const AMQP_SCENARIOS: [u8; 4] = [1, 2, 3, 4];
+
+/// Who runs scenario `n`, as (cluster index, system): every cluster, and the quorumq cluster a
+/// second time over AMQP for [`AMQP_SCENARIOS`] (unless `amqp` is off); the order alternates
+/// from one scenario to the next, so neither side always goes first.
+fn sides(clusters: &[Cluster], n: u8, i: usize, amqp: bool) -> Vec<(usize, System)> {
+    let mut sides = Vec::new();
+    for (idx, cl) in clusters.iter().enumerate() {
+        match cl {
+            Cluster::Qq(_) => {
+                sides.push((idx, System::Quorumq));
+                if amqp && AMQP_SCENARIOS.contains(&n) {
+                    sides.push((idx, System::QuorumqAmqp));
+                }
+            }
+            Cluster::Rabbit(_) => sides.push((idx, System::Rabbitmq)),
+        }
+    }
+    if i % 2 == 1 {
+        sides.reverse();
+    }
+    sides
+}
+
+/// Scenario 2's fixed rate: the one given, else half the lower scenario 1 rate of quorumq over
+/// gRPC and RabbitMQ (the AMQP side is left out, so the rate stays comparable across runs).
+fn latency_rate(settings: &Settings, outcomes: &Outcomes) -> f64 {
+    settings.latency_rate.unwrap_or_else(|| {
+        let rates: Vec<f64> = [System::Quorumq, System::Rabbitmq]
+            .iter()
+            .filter_map(|s| outcomes.get(&s.to_string()))
+            .filter_map(|o| o.get(&1).and_then(|o| o.value("delivered+acked")))
+            .collect();
+        if rates.is_empty() {
+            5000.0
+        } else {
+            rates.iter().copied().fold(f64::MAX, f64::min) / 2.0
+        }
+    })
+}
+
+/// Runs scenario `n` on one cluster.
+async fn run_one(
+    cl: &mut Cluster,
+    settings: &Settings,
+    wanted: &[u8],
+    n: u8,
+    rate: f64,
+) -> Result<Outcome> {
+    match n {
+        1 => scenarios::throughput(cl, settings).await,
+        2 => scenarios::latency(cl, settings, rate).await,
+        3 => scenarios::many_queues(cl, settings).await,
+        4 => scenarios::dead_letter(cl, settings).await,
+        5 => scenarios::failover(cl, settings).await,
+        8 => memory::memory_bounds(cl, settings).await,
+        9 => delayed::delayed_idle_cpu(cl, settings).await,
+        10 => moves::move_rate(cl, settings).await,
+        11 => catchup::catch_up(cl, settings).await,
+        12 => scale::many_idle_queues(cl, settings).await,
+        _ => scenarios::backlog(cl, settings, wanted.contains(&6), wanted.contains(&7)).await,
+    }
+}
+
+/// Runs every wanted scenario on every side (see [`sides`]).
 async fn run_all(
     clusters: &mut [Cluster],
     settings: &Settings,
     wanted: &[u8],
+    amqp: bool,
 ) -> (Outcomes, Vec<String>) {
     let mut outcomes: Outcomes = BTreeMap::new();
     let mut errors = Vec::new();
@@ -340,48 +416,22 @@ async fn run_all(
         if (n == 6 || n == 7) && backlog_done {
             continue;
         }
-        let mut order: Vec<usize> = (0..clusters.len()).collect();
-        if i % 2 == 1 {
-            order.reverse();
-        }
-        let latency_rate = settings.latency_rate.unwrap_or_else(|| {
-            let rates: Vec<f64> = outcomes
-                .values()
-                .filter_map(|o| o.get(&1).and_then(|o| o.value("delivered+acked")))
-                .collect();
-            if rates.is_empty() {
-                5000.0
-            } else {
-                rates.iter().copied().fold(f64::MAX, f64::min) / 2.0
-            }
-        });
-        for idx in order {
+        let rate = latency_rate(settings, &outcomes);
+        for (idx, system) in sides(clusters, n, i, amqp) {
             let cl = &mut clusters[idx];
-            let system = cl.system();
+            cl.drive_over(system);
             eprintln!(
                 "--- scenario {n} ({}) on {system}",
                 report::scenario_name(n)
             );
             if let Err(e) = cl.ensure_up(Duration::from_secs(180)).await {
                 errors.push(format!("{system}, scenario {n}: cluster not up: {e:#}"));
+                cl.drive_over(System::Quorumq);
                 continue;
             }
             let t = Instant::now();
-            let result = match n {
-                1 => scenarios::throughput(cl, settings).await,
-                2 => scenarios::latency(cl, settings, latency_rate).await,
-                3 => scenarios::many_queues(cl, settings).await,
-                4 => scenarios::dead_letter(cl, settings).await,
-                5 => scenarios::failover(cl, settings).await,
-                8 => memory::memory_bounds(cl, settings).await,
-                9 => delayed::delayed_idle_cpu(cl, settings).await,
-                10 => moves::move_rate(cl, settings).await,
-                11 => catchup::catch_up(cl, settings).await,
-                12 => scale::many_idle_queues(cl, settings).await,
-                _ => {
-                    scenarios::backlog(cl, settings, wanted.contains(&6), wanted.contains(&7)).await
-                }
-            };
+            let result = run_one(cl, settings, wanted, n, rate).await;
+            cl.drive_over(System::Quorumq);
             match result {
                 Ok(o) => {
                     for f in &o.figures {

@@ -244,7 +244,7 @@ async fn measure(
                 format!("move task {task_id}, no rate limit, DONE with moved = {n}"),
             )
         }
-        (Conn::Rabbit(_), System::Rabbitmq) => {
+        (Conn::Amqp(_), System::Rabbitmq) => {
             let uri = |node: usize| format!("amqp://guest:guest@127.0.0.1:{}", rabbit_port(node));
             let definition = serde_json::json!({
                 "src-protocol": "amqp091",

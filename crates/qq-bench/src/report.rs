@@ -1,5 +1,7 @@
-//! Turning two sets of scenario outcomes into the side-by-side table (terminal and Markdown),
-//! the JSON record, the latency plot, and the target verdicts of issue 5.
+//! Turning the scenario outcomes into the side-by-side table (terminal and Markdown), the JSON
+//! record, the latency plot, and the target verdicts of issue 5. quorumq's AMQP side (the
+//! same cluster over its AMQP port, scenarios 1-4) gets a column of its own, judged against
+//! RabbitMQ by the same targets (issue 30).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -34,7 +36,7 @@ pub fn scenario_name(n: u8) -> &'static str {
         .unwrap_or("?")
 }
 
-/// One row of the table: a figure on both systems.
+/// One row of the table: a figure on every system.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     pub scenario: u8,
@@ -42,17 +44,23 @@ pub struct Row {
     pub unit: &'static str,
     pub better: Better,
     pub quorumq: Option<f64>,
+    /// quorumq over its AMQP port.
+    pub quorumq_amqp: Option<f64>,
     pub rabbitmq: Option<f64>,
     /// quorumq / RabbitMQ.
     pub ratio: Option<f64>,
+    /// quorumq over AMQP / RabbitMQ.
+    pub amqp_ratio: Option<f64>,
     pub target: Option<Target>,
 }
 
-/// A target of issue 5 attached to a row, and whether this run met it.
+/// A target of issue 5 attached to a row, and whether this run met it (over gRPC, and over
+/// AMQP where that side ran).
 #[derive(Debug, Clone, Serialize)]
 pub struct Target {
     pub text: &'static str,
     pub met: Option<bool>,
+    pub amqp_met: Option<bool>,
 }
 
 /// Everything a run produced, as written to the JSON file.
@@ -87,10 +95,7 @@ fn target_for(scenario: u8, name: &str) -> Option<&'static str> {
 }
 
 fn verdict(text: &str, qq: Option<f64>, rabbit: Option<f64>) -> Option<bool> {
-    let ratio = match (qq, rabbit) {
-        (Some(q), Some(r)) if r > 0.0 => Some(q / r),
-        _ => None,
-    };
+    let ratio = ratio(qq, rabbit);
     match text {
         ">= 2x RabbitMQ" => ratio.map(|x| x >= 2.0),
         "<= 0.5x RabbitMQ" => ratio.map(|x| x <= 0.5),
@@ -105,15 +110,24 @@ fn verdict(text: &str, qq: Option<f64>, rabbit: Option<f64>) -> Option<bool> {
     }
 }
 
-/// Pairs the figures of both systems, in scenario order and in the order they were measured.
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+/// Pairs the figures of the systems, in scenario order and in the order they were measured.
 pub fn rows(outcomes: &BTreeMap<String, BTreeMap<u8, Outcome>>) -> Vec<Row> {
     let mut rows: Vec<Row> = Vec::new();
     let empty = BTreeMap::new();
-    let qq = outcomes.get(&System::Quorumq.to_string()).unwrap_or(&empty);
-    let rabbit = outcomes
-        .get(&System::Rabbitmq.to_string())
-        .unwrap_or(&empty);
-    for side in [qq, rabbit] {
+    let side = |s: System| outcomes.get(&s.to_string()).unwrap_or(&empty);
+    let (qq, amqp, rabbit) = (
+        side(System::Quorumq),
+        side(System::QuorumqAmqp),
+        side(System::Rabbitmq),
+    );
+    for side in [qq, amqp, rabbit] {
         for outcome in side.values() {
             for f in &outcome.figures {
                 if rows
@@ -128,8 +142,10 @@ pub fn rows(outcomes: &BTreeMap<String, BTreeMap<u8, Outcome>>) -> Vec<Row> {
                     unit: f.unit,
                     better: f.better,
                     quorumq: None,
+                    quorumq_amqp: None,
                     rabbitmq: None,
                     ratio: None,
+                    amqp_ratio: None,
                     target: None,
                 });
             }
@@ -144,14 +160,16 @@ pub fn rows(outcomes: &BTreeMap<String, BTreeMap<u8, Outcome>>) -> Vec<Row> {
     };
     for r in &mut rows {
         r.quorumq = find(qq, r.scenario, &r.name);
+        r.quorumq_amqp = find(amqp, r.scenario, &r.name);
         r.rabbitmq = find(rabbit, r.scenario, &r.name);
-        r.ratio = match (r.quorumq, r.rabbitmq) {
-            (Some(q), Some(b)) if b > 0.0 => Some(q / b),
-            _ => None,
-        };
+        r.ratio = ratio(r.quorumq, r.rabbitmq);
+        r.amqp_ratio = ratio(r.quorumq_amqp, r.rabbitmq);
         r.target = target_for(r.scenario, &r.name).map(|text| Target {
             text,
             met: verdict(text, r.quorumq, r.rabbitmq),
+            amqp_met: r
+                .quorumq_amqp
+                .and_then(|_| verdict(text, r.quorumq_amqp, r.rabbitmq)),
         });
     }
     rows
@@ -167,22 +185,36 @@ fn fmt_value(v: Option<f64>, unit: &str) -> String {
     }
 }
 
+/// The AMQP column: blank for the scenarios that side does not run.
+fn fmt_amqp_value(r: &Row) -> String {
+    match r.quorumq_amqp {
+        None => "-".into(),
+        v => fmt_value(v, r.unit),
+    }
+}
+
 fn fmt_ratio(r: Option<f64>) -> String {
     r.map_or("-".into(), |r| format!("{r:.2}x"))
+}
+
+fn fmt_met(met: Option<bool>) -> &'static str {
+    match met {
+        Some(true) => "met",
+        Some(false) => "MISSED",
+        None => "(not measured)",
+    }
 }
 
 fn fmt_target(t: &Option<Target>) -> String {
     match t {
         None => String::new(),
-        Some(t) => format!(
-            "{} {}",
+        Some(t) if t.amqp_met.is_some() => format!(
+            "{} {}, AMQP {}",
             t.text,
-            match t.met {
-                Some(true) => "met",
-                Some(false) => "MISSED",
-                None => "(not measured)",
-            }
+            fmt_met(t.met),
+            fmt_met(t.amqp_met)
         ),
+        Some(t) => format!("{} {}", t.text, fmt_met(t.met)),
     }
 }
 
@@ -192,19 +224,23 @@ pub fn text_table(rows: &[Row]) -> String {
         "scenario",
         "figure",
         "quorumq",
+        "qq/AMQP",
         "RabbitMQ",
         "qq/rabbit",
+        "AMQP/rabbit",
         "target",
     ];
-    let body: Vec<[String; 6]> = rows
+    let body: Vec<[String; 8]> = rows
         .iter()
         .map(|r| {
             [
                 format!("{} {}", r.scenario, scenario_name(r.scenario)),
                 format!("{} ({})", r.name, r.unit),
                 fmt_value(r.quorumq, r.unit),
+                fmt_amqp_value(r),
                 fmt_value(r.rabbitmq, r.unit),
                 fmt_ratio(r.ratio),
+                fmt_ratio(r.amqp_ratio),
                 fmt_target(&r.target),
             ]
         })
@@ -219,7 +255,7 @@ pub fn text_table(rows: &[Row]) -> String {
         let mut s = String::new();
         for (i, (cell, w)) in cells.iter().zip(width).enumerate() {
             let pad = w.saturating_sub(cell.chars().count());
-            if (2..=4).contains(&i) {
+            if (2..=6).contains(&i) {
                 let _ = write!(s, "{}{}  ", " ".repeat(pad), cell);
             } else {
                 let _ = write!(s, "{}{}  ", cell, " ".repeat(pad));
@@ -247,29 +283,35 @@ pub fn text_table(rows: &[Row]) -> String {
     out
 }
 
-/// The verdict lines: each target met or missed.
+/// The verdict lines: each target met or missed, over gRPC and (a line of its own) over AMQP.
 pub fn verdicts(rows: &[Row]) -> Vec<String> {
-    rows.iter()
-        .filter_map(|r| {
-            let t = r.target.as_ref()?;
-            Some(format!(
-                "{}: scenario {} {} ({}), target {}: quorumq {} {}, RabbitMQ {} {}",
-                match t.met {
-                    Some(true) => "MET   ",
-                    Some(false) => "MISSED",
-                    None => "N/A   ",
-                },
-                r.scenario,
-                r.name,
-                r.unit,
-                t.text,
-                fmt_value(r.quorumq, r.unit),
-                r.unit,
-                fmt_value(r.rabbitmq, r.unit),
-                r.unit,
-            ))
-        })
-        .collect()
+    let line = |r: &Row, t: &Target, side: &str, met: Option<bool>, qq: Option<f64>| {
+        format!(
+            "{}: scenario {} {} ({}), target {}: {side} {} {}, RabbitMQ {} {}",
+            match met {
+                Some(true) => "MET   ",
+                Some(false) => "MISSED",
+                None => "N/A   ",
+            },
+            r.scenario,
+            r.name,
+            r.unit,
+            t.text,
+            fmt_value(qq, r.unit),
+            r.unit,
+            fmt_value(r.rabbitmq, r.unit),
+            r.unit,
+        )
+    };
+    let mut out = Vec::new();
+    for r in rows {
+        let Some(t) = &r.target else { continue };
+        out.push(line(r, t, "quorumq", t.met, r.quorumq));
+        if r.quorumq_amqp.is_some() {
+            out.push(line(r, t, "quorumq/AMQP", t.amqp_met, r.quorumq_amqp));
+        }
+    }
+    out
 }
 
 /// The Markdown summary.
@@ -287,19 +329,27 @@ pub fn markdown(report: &Report) -> String {
     );
     let _ = writeln!(
         md,
-        "| scenario | figure | quorumq | RabbitMQ | qq/rabbit | target |\n|---|---|---:|---:|---:|---|"
+        "quorumq/AMQP is the same quorumq cluster driven over its AMQP port with lapin, the \
+         client RabbitMQ is driven with (scenarios 1-4).\n"
+    );
+    let _ = writeln!(
+        md,
+        "| scenario | figure | quorumq | qq/AMQP | RabbitMQ | qq/rabbit | AMQP/rabbit | target |\n\
+         |---|---|---:|---:|---:|---:|---:|---|"
     );
     for r in &report.rows {
         let _ = writeln!(
             md,
-            "| {} {} | {} ({}) | {} | {} | {} | {} |",
+            "| {} {} | {} ({}) | {} | {} | {} | {} | {} | {} |",
             r.scenario,
             scenario_name(r.scenario),
             r.name,
             r.unit,
             fmt_value(r.quorumq, r.unit),
+            fmt_amqp_value(r),
             fmt_value(r.rabbitmq, r.unit),
             fmt_ratio(r.ratio),
+            fmt_ratio(r.amqp_ratio),
             fmt_target(&r.target)
         );
     }
@@ -435,11 +485,20 @@ pub fn plot(report: &Report, path: &Path) -> Result<()> {
             .draw()
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         for (name, lat) in series {
-            let color = match (name.starts_with("quorumq"), lat.kind.contains("confirm")) {
-                (true, true) => RGBColor(31, 119, 180),
-                (true, false) => RGBColor(44, 160, 44),
-                (false, true) => RGBColor(255, 127, 14),
-                (false, false) => RGBColor(214, 39, 40),
+            let side = if name.starts_with("quorumq/AMQP") {
+                1
+            } else if name.starts_with("quorumq") {
+                0
+            } else {
+                2
+            };
+            let color = match (side, lat.kind.contains("confirm")) {
+                (0, true) => RGBColor(31, 119, 180),
+                (0, false) => RGBColor(44, 160, 44),
+                (1, true) => RGBColor(148, 103, 189),
+                (1, false) => RGBColor(140, 86, 75),
+                (_, true) => RGBColor(255, 127, 14),
+                (_, false) => RGBColor(214, 39, 40),
             };
             let points: Vec<(f64, f64)> = lat
                 .percentiles
@@ -514,15 +573,26 @@ mod tests {
                 outcome(&[(1, "delivered+acked", 1000.0), (1, "only rabbit", 5.0)]),
             )]),
         );
+        outcomes.insert(
+            System::QuorumqAmqp.to_string(),
+            BTreeMap::from([(1, outcome(&[(1, "delivered+acked", 1500.0)]))]),
+        );
         let rows = rows(&outcomes);
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].ratio, Some(3.0));
-        assert_eq!(rows[0].target.as_ref().unwrap().met, Some(true));
+        assert_eq!(rows[0].amqp_ratio, Some(1.5));
+        let target = rows[0].target.as_ref().unwrap();
+        assert_eq!((target.met, target.amqp_met), (Some(true), Some(false)));
         assert_eq!(rows[1].quorumq, None);
+        assert_eq!(rows[1].quorumq_amqp, None);
         assert!(rows[1].target.is_none());
         let table = text_table(&rows);
         assert!(table.contains("3.00x"), "{table}");
-        assert!(table.contains(">= 2x RabbitMQ met"), "{table}");
+        assert!(table.contains("1.50x"), "{table}");
+        assert!(table.contains(">= 2x RabbitMQ met, AMQP MISSED"), "{table}");
+        let lines = verdicts(&rows);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[1].starts_with("MISSED") && lines[1].contains("quorumq/AMQP 1500"));
     }
 
     #[test]

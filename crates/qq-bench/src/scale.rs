@@ -384,7 +384,7 @@ fn erl_nodes(nodes: &[usize]) -> String {
 async fn leaders_per_node(cl: &Cluster) -> Result<[usize; NODES]> {
     let mut per = [0usize; NODES];
     match cl.system() {
-        System::Quorumq => {
+        System::Quorumq | System::QuorumqAmqp => {
             for (n, count) in per.iter_mut().enumerate() {
                 let st = qq_status(n).await?;
                 *count = st
@@ -580,7 +580,7 @@ end"#,
             wait_fresh(&l).await?;
             watch = Some(l);
         }
-        System::Quorumq => {
+        System::Quorumq | System::QuorumqAmqp => {
             for &n in &alive {
                 for q in qq_status(n).await?.queues {
                     if wanted.contains(q.name.as_str()) {

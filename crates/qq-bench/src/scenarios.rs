@@ -264,7 +264,7 @@ pub(crate) async fn declare_on(
     }
     match cl.system() {
         // The metadata picks the members and the first leader; ask who leads.
-        System::Quorumq => {
+        System::Quorumq | System::QuorumqAmqp => {
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
                 match cl.leader(queue).await {
