@@ -14,9 +14,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::amqp::{WAIT, connect, declare, durable, quorum, reply_code};
 
-/// Soft errors close the channel and leave the connection usable; hard ones close the
-/// connection; a bad protocol header gets ours back; garbage after the handshake is a frame
-/// error; the node keeps serving.
 /// A passive queue.declare of `name`.
 async fn passive(ch: &lapin::Channel, name: &str) -> Result<(), lapin::Error> {
     let options = QueueDeclareOptions {
@@ -28,6 +25,9 @@ async fn passive(ch: &lapin::Channel, name: &str) -> Result<(), lapin::Error> {
         .map(|_| ())
 }
 
+/// Soft errors close the channel and leave the connection usable; hard ones close the
+/// connection; a bad protocol header gets ours back; garbage after the handshake is a frame
+/// error; the node keeps serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqp_errors_close_the_channel_or_the_connection() -> anyhow::Result<()> {
     let cluster = TestCluster::start(3).await?;
@@ -99,6 +99,36 @@ async fn amqp_errors_close_the_channel_or_the_connection() -> anyhow::Result<()>
     }
     let ch = conn.create_channel().await?;
     declare(&ch, "still-fine", quorum()).await?;
+
+    info!("--- a user without configure: passive declares answer (as RabbitMQ), others 403");
+    let admin = cluster.client(1).await?;
+    admin.put_user("noconf", "noconf", vec![]).await?;
+    admin.set_permissions("noconf", "/", "", ".*", ".*").await?;
+    let url = format!("amqp://noconf:noconf@{}/%2f", cluster.amqp_address(1));
+    let limited = lapin::Connection::connect(&url, lapin::ConnectionProperties::default()).await?;
+    let lch = limited.create_channel().await?;
+    passive(&lch, "eq").await.context("passive queue.declare")?;
+    let exchange = lapin::options::ExchangeDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    lch.exchange_declare(
+        "amq.direct".into(),
+        lapin::ExchangeKind::Direct,
+        exchange,
+        FieldTable::default(),
+    )
+    .await
+    .context("passive exchange.declare")?;
+    let e = lch
+        .queue_declare("noconf-new".into(), durable(), quorum())
+        .await
+        .err()
+        .context("a declare without configure was accepted")?;
+    ensure!(
+        reply_code(&e) == Some(403),
+        "declare without configure: {e}"
+    );
 
     info!("--- global qos then consume: 540 NOT_IMPLEMENTED closes the connection");
     ch.basic_qos(5, BasicQosOptions { global: true }).await?;

@@ -25,16 +25,12 @@ pub async fn declare_exchange(api: &Api, request: Request<pb::DeclareExchangeReq
     let r = request.into_inner();
     bounded(&[("vhost", &r.vhost), ("name", &r.name)])?;
     let vhost = vhost(&r.vhost);
-    api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
     let arguments = table_from_pb("arguments", &r.arguments)?;
     if r.passive {
+        // A passive declare only looks: like RabbitMQ, it needs access to the vhost, not
+        // configure on the exchange.
+        api.auth.require_visible(&caller, &vhost)?;
         let state = api.node.view().current();
-        if !state.vhost_exists(&vhost) {
-            return Err(Status::not_found(format!(
-                "vhost '{}' not found",
-                shown(&vhost)
-            )));
-        }
         // The default exchange "" always exists, though no declare created it.
         if r.name.is_empty() || state.exchange(&vhost, &r.name).is_some() {
             return empty();
@@ -45,6 +41,7 @@ pub async fn declare_exchange(api: &Api, request: Request<pb::DeclareExchangeReq
             shown(&vhost)
         )));
     }
+    api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
     api.meta(MetaCommand::DeclareExchange {
         vhost,
         name: r.name,
@@ -92,17 +89,19 @@ pub async fn declare_queue(
             "name: a queue name is required (quorum queues cannot be server-named)",
         ));
     }
-    api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
     let arguments = table_from_pb("arguments", &r.arguments)?;
-    if let Some(dlx) = arguments.get("x-dead-letter-exchange") {
-        api.auth.check(&caller, &vhost, Perm::Read, &r.name)?;
-        if let Some(dlx) = dlx.as_str() {
-            api.auth.check(&caller, &vhost, Perm::Write, dlx)?;
-        }
-    }
     let qm = if r.passive {
+        // Only looks: access to the vhost is enough, as in RabbitMQ.
+        api.auth.require_visible(&caller, &vhost)?;
         api.queue_meta(&vhost, &r.name)?
     } else {
+        api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
+        if let Some(dlx) = arguments.get("x-dead-letter-exchange") {
+            api.auth.check(&caller, &vhost, Perm::Read, &r.name)?;
+            if let Some(dlx) = dlx.as_str() {
+                api.auth.check(&caller, &vhost, Perm::Write, dlx)?;
+            }
+        }
         let cmd = MetaCommand::DeclareQueue {
             vhost: vhost.clone(),
             name: r.name.clone(),
