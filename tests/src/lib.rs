@@ -45,6 +45,9 @@ use qq_proto::internal::internal_client::InternalClient;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 pub use tracing::info;
 
+mod tmpfs;
+pub use tmpfs::Tmpfs;
+
 /// How long a fresh cluster may take to elect its metadata leader.
 pub const FORMATION_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a queue may take to (re-)elect a leader after a crash.

@@ -6,55 +6,16 @@
 //! Needs root (mounts a small tmpfs for that node's data directory), as CI runs.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, bail, ensure};
-use qq_tests::{ClusterOptions, RaftSettings, TestCluster, info, tail};
+use anyhow::{Context, ensure};
+use qq_tests::{ClusterOptions, RaftSettings, TestCluster, Tmpfs, info, tail};
 
 use crate::body;
 
 /// Exit code of a node stopped by a storage fault (`qq_raft::store::STORAGE_FAULT_EXIT_CODE`).
 const STORAGE_FAULT_EXIT_CODE: i32 = 74;
-
-/// A small tmpfs, unmounted on drop.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size_mib: u64) -> anyhow::Result<Tmpfs> {
-        let dir = tempfile::Builder::new()
-            .prefix("qq-small-disk-")
-            .tempdir()?;
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size_mib}m"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .context("run mount (the test needs root)")?;
-        if !out.status.success() {
-            bail!(
-                "mount a {size_mib} MiB tmpfs (the test needs root): {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(Tmpfs { dir })
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.path())
-            .status();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_disk_fills_stops_and_nothing_confirmed_is_lost() -> anyhow::Result<()> {
