@@ -37,6 +37,8 @@ async fn amqp_errors_close_the_channel_or_the_connection() -> anyhow::Result<()>
         ("non-durable quorum queue", 406),
         ("publish to a missing exchange", 404),
         ("inequivalent redeclare", 406),
+        ("exclusive redeclare of an existing queue", 405),
+        ("exclusive declare of a new queue", 406),
         ("unknown delivery tag", 406),
     ];
     let seed = conn.create_channel().await?;
@@ -73,6 +75,20 @@ async fn amqp_errors_close_the_channel_or_the_connection() -> anyhow::Result<()>
                     Ok(confirm) => confirm.await.map(|_| ()),
                     Err(e) => Err(e),
                 }
+            }
+            "exclusive redeclare of an existing queue" | "exclusive declare of a new queue" => {
+                let options = QueueDeclareOptions {
+                    exclusive: true,
+                    ..durable()
+                };
+                let name = if what.contains("existing") {
+                    "eq"
+                } else {
+                    "new-x"
+                };
+                ch.queue_declare(name.into(), options, FieldTable::default())
+                    .await
+                    .map(|_| ())
             }
             "inequivalent redeclare" => {
                 let mut a = quorum();

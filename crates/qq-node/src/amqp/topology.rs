@@ -9,10 +9,11 @@
 
 use amq_protocol::protocol::{AMQPClass, exchange as ex, queue as q};
 use amq_protocol::types::{FieldTable, ShortString};
+use qq_core::meta::Perm;
 use qq_proto::v1 as pb;
 use tonic::{Code, Status};
 
-use super::codes::{AmqpError, NOT_IMPLEMENTED, PRECONDITION_FAILED};
+use super::codes::{AmqpError, NOT_IMPLEMENTED, PRECONDITION_FAILED, RESOURCE_LOCKED};
 use super::convert::{short, table_from_amqp};
 use super::session::{Session, request};
 use crate::api::{admin, convert::table_to_pb};
@@ -109,6 +110,27 @@ fn quorum_properties(d: &q::Declare, vhost: &str) -> Result<(), AmqpError> {
     Ok(())
 }
 
+/// An `exclusive` redeclare of an existing queue, by a caller who may configure it:
+/// RabbitMQ's 405 (the queue exists, so it cannot be this connection's exclusive queue), before
+/// the 406 an exclusive declare of a new quorum queue gets.
+fn exclusive_redeclare(session: &Session, d: &q::Declare) -> Result<(), AmqpError> {
+    let (vhost, name) = (session.vhost.as_str(), d.queue.as_str());
+    let api = &session.ctx.api;
+    if !d.exclusive || api.node().view().current().queue(vhost, name).is_none() {
+        return Ok(());
+    }
+    api.auth()
+        .check(&session.caller, vhost, Perm::Configure, name)?;
+    Err(AmqpError::new(
+        RESOURCE_LOCKED,
+        format!(
+            "cannot obtain exclusive access to locked queue '{name}' in vhost '{vhost}'. It \
+             could be originally declared on another connection or the exclusive property \
+             value does not match that of the original declaration."
+        ),
+    ))
+}
+
 /// The gRPC request of a queue.bind or queue.unbind.
 fn binding(
     vhost: String,
@@ -135,6 +157,7 @@ pub async fn queue(
     let (reply, nowait) = match method {
         q::AMQPMethod::Declare(d) => {
             if !d.passive {
+                exclusive_redeclare(session, &d)?;
                 quorum_properties(&d, &vhost)?;
             }
             let r = pb::DeclareQueueRequest {
