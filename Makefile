@@ -12,7 +12,7 @@ export QQ_NODE_BIN QQCTL_BIN
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: amqp-diff check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short
+.PHONY: amqp-diff bench-quick bench-quick-baseline check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short
 
 all: build
 
@@ -130,6 +130,20 @@ bench: deps bench-deps
 	  $(CARGO_TARGET_DIR)/release/qq-bench --scenarios 3 --no-profile \
 	    --out bench/results/scale-3 $(BENCH_SCALE_ARGS); \
 	fi
+
+# The quick check before merging a change on the hot path: quorumq alone, scenario 1 and
+# scenario 2 at 4 000 msg/s, three runs on one fresh cluster (about 3 minutes after the build),
+# medians printed beside the baseline's and as a ratio (bench/results/quick.json).
+# bench-quick-baseline stores this machine's baseline (bench/results/quick-baseline.json):
+# measure it on the commit you compare against. BENCH_QUICK_ARGS adds flags (e.g. --runs 5).
+BENCH_QUICK_ARGS ?=
+bench-quick: deps
+	$(CARGO) build --workspace --release --bins
+	$(CARGO_TARGET_DIR)/release/qq-bench --quick-check --no-profile $(BENCH_QUICK_ARGS)
+
+bench-quick-baseline: deps
+	$(CARGO) build --workspace --release --bins
+	$(CARGO_TARGET_DIR)/release/qq-bench --quick-check --no-profile --save-baseline $(BENCH_QUICK_ARGS)
 
 # What the benchmark needs besides the build: RabbitMQ (Debian's rabbitmq-server, kept from
 # starting its default node), perf for the profile, DejaVu Sans for the plot.

@@ -40,6 +40,7 @@ mod load;
 mod memory;
 mod moves;
 mod profile;
+mod quick;
 mod report;
 mod scale;
 mod scenarios;
@@ -155,6 +156,20 @@ struct Args {
     /// Leave both clusters running at the end.
     #[arg(long)]
     keep: bool,
+    /// The quick check before merging a hot-path change (`make bench-quick`): quorumq alone,
+    /// scenarios 1 and 2 (at --latency-rate, default 4000 msg/s) --runs times, medians compared
+    /// with --baseline.
+    #[arg(long)]
+    quick_check: bool,
+    /// Quick check: how many times each scenario runs.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Quick check: the baseline file (measured on this machine; see --save-baseline).
+    #[arg(long, default_value = "bench/results/quick-baseline.json")]
+    baseline: PathBuf,
+    /// Quick check: store this run as the baseline.
+    #[arg(long)]
+    save_baseline: bool,
 }
 
 fn now_utc() -> String {
@@ -213,6 +228,7 @@ async fn main() -> Result<()> {
     wanted.sort_unstable();
     wanted.dedup();
     let systems: Vec<System> = match args.only.as_deref().map(str::to_ascii_lowercase) {
+        _ if args.quick_check => vec![System::Quorumq],
         None => vec![System::Quorumq, System::Rabbitmq],
         Some(s) if s.starts_with("q") => vec![System::Quorumq],
         Some(_) => vec![System::Rabbitmq],
@@ -254,6 +270,13 @@ async fn main() -> Result<()> {
         clusters.push(c);
     }
 
+    if args.quick_check {
+        let result = quick_check(&args, &mut clusters[0], &settings, started).await;
+        for c in &mut clusters {
+            c.shutdown();
+        }
+        return result;
+    }
     let run = run_all(&mut clusters, &settings, &wanted, !args.no_amqp);
     let (outcomes, errors) = tokio::select! {
         r = run => r,
@@ -330,6 +353,31 @@ async fn main() -> Result<()> {
         for c in &mut clusters {
             c.shutdown();
         }
+    }
+    Ok(())
+}
+
+/// `--quick-check`: measures, prints the table against the baseline, writes
+/// `<out>/quick.json` (and the baseline with `--save-baseline`).
+async fn quick_check(
+    args: &Args,
+    cl: &mut Cluster,
+    settings: &Settings,
+    started: String,
+) -> Result<()> {
+    let rate = settings.latency_rate.unwrap_or(4000.0);
+    let baseline = quick::read(&args.baseline)?;
+    let now = quick::measure(cl, settings, args.runs.max(1), rate, started).await?;
+    println!("\n{}", quick::table(&now, baseline.as_ref()));
+    quick::write(&args.out.join("quick.json"), &now)?;
+    if args.save_baseline {
+        quick::write(&args.baseline, &now)?;
+        println!("baseline written: {}", args.baseline.display());
+    } else if baseline.is_none() {
+        println!(
+            "no baseline at {}: run with --save-baseline (make bench-quick-baseline) first",
+            args.baseline.display()
+        );
     }
     Ok(())
 }
