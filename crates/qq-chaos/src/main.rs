@@ -161,7 +161,8 @@ fn is_root() -> bool {
 #[tokio::main]
 async fn main() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        // lapin logs every connection the faults break at ERROR; the report counts them.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lapin=off"));
     tracing_subscriber::fmt().with_env_filter(filter).init();
     match run(Args::parse()).await {
         Ok(true) => {}
