@@ -12,7 +12,7 @@ export QQ_NODE_BIN QQCTL_BIN
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: amqp-diff bench-quick bench-quick-baseline check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short
+.PHONY: amqp-diff bench-quick bench-quick-baseline check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short chaos-short-amqp chaos-amqp
 
 all: build
 
@@ -57,6 +57,7 @@ clean-cluster: cluster-down
 test: deps build check-core-purity
 	$(CARGO) test --workspace
 	$(MAKE) --no-print-directory chaos-short
+	$(MAKE) --no-print-directory chaos-short-amqp
 
 # Chaos runs (qq-chaos): a three-node cluster in network namespaces, cut, killed and paused
 # while a workload runs; the checker fails the run if a confirmed message is lost, a dead
@@ -69,6 +70,11 @@ CHAOS_DURATION ?= 150
 # About a minute of partitions plus leader kills with a fixed seed: part of `make test`.
 chaos-short: deps build
 	$(SUDO) $(QQ_CHAOS_BIN) --scenario short --node-bin $(QQ_NODE_BIN)
+
+# The same over AMQP 0-9-1: lapin clients that reconnect, republish and resubscribe (docs/amqp.md
+# "Chaos over AMQP"). Part of `make test`.
+chaos-short-amqp: deps build
+	$(SUDO) $(QQ_CHAOS_BIN) --scenario short-amqp --node-bin $(QQ_NODE_BIN)
 
 # The AMQP differential test: the scripted sessions of tests/amqp/diff.py against the local
 # cluster (`make cluster` first), compared field by field with RabbitMQ 3.10's recorded
@@ -88,6 +94,12 @@ amqp-diff:
 chaos: deps build
 	$(SUDO) $(QQ_CHAOS_BIN) --matrix --nemesis all --seed $(CHAOS_SEED) \
 		--duration $(CHAOS_DURATION) --node-bin $(QQ_NODE_BIN)
+
+# Partitions and kills over AMQP 0-9-1: each nemesis alone for CHAOS_DURATION seconds, then
+# together (.qq-chaos/matrix-seed-$(CHAOS_SEED)-amqp/matrix.md). About 17 minutes.
+chaos-amqp: deps build
+	$(SUDO) $(QQ_CHAOS_BIN) --matrix --nemesis partition-halves,isolate-leader,kill-leader \
+		--seed $(CHAOS_SEED) --duration $(CHAOS_DURATION) --protocol amqp --node-bin $(QQ_NODE_BIN)
 
 # The queue state machine must stay pure: no async runtime, RPC, Raft or storage in qq-core's
 # dependency tree (STYLE.md "A strict one-way crate graph").

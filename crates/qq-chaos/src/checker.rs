@@ -7,9 +7,12 @@
 //! - **duplicates**: deliveries of a message after a consumer had already settled it (an ack or
 //!   reject that did not commit, allowed by at-least-once) are counted; a message *stored*
 //!   twice is a failure: two first deliveries (not redelivered) of one id from its queue, or two
-//!   copies of it in the dead-letter queue. Publishers retry with the same publisher id and
-//!   seq, so the queues' exact dedup must store every retried publish once; and dead-letter
-//!   copies carry idempotency keys.
+//!   copies of it in the dead-letter queue. Over gRPC, publishers retry with the same
+//!   publisher id and seq, so the queues' exact dedup must store every retried publish once;
+//!   and dead-letter copies carry idempotency keys. AMQP 0-9-1 has no publisher dedup: a
+//!   message republished after its connection failed may be stored once per send, so in an
+//!   AMQP history a message may have as many copies as it had attempts (counted as
+//!   `republished_copies`), and one more is a failure; a message sent once, never two.
 //! - **dead-letter correctness**: every message must die the way its queue and id say
 //!   (`chaos.work` rejects by id → `rejected`, `chaos.ttl` → `expired`, `chaos.limit` →
 //!   `delivery_limit`), with an `x-death` entry naming its source queue; nothing else may be
@@ -95,6 +98,9 @@ pub struct Counts {
     pub stored_duplicates: usize,
     /// Of those, and of the extra dead-letter copies, how many belong to retried publishes.
     pub duplicates_of_retried_publishes: usize,
+    /// AMQP only: extra copies (first deliveries, dead letters) of messages sent more than
+    /// once, at most one per extra send (no publisher dedup: allowed, not failures).
+    pub republished_copies: usize,
     /// Extra copies of a message in the dead-letter queue (must be 0).
     pub dead_letter_duplicates: usize,
     /// Dead letters with the wrong reason or source queue, or of messages that should not die.
@@ -147,14 +153,10 @@ pub fn check(h: &History) -> Verdict {
     // Consumers: what was acked, and deliveries after a settle that should have been final.
     let mut acked: HashSet<&str> = HashSet::new();
     let mut settled: HashSet<(&str, &str)> = HashSet::new();
-    let mut first_deliveries: HashSet<(&str, &str)> = HashSet::new();
-    let retried = |id: &str| published.get(id).is_some_and(|p| p.attempts > 1);
+    let mut first_deliveries: HashMap<(&str, &str), usize> = HashMap::new();
     for d in &h.deliveries {
-        if !d.redelivered && !first_deliveries.insert((d.queue.as_str(), d.id.as_str())) {
-            c.stored_duplicates += 1;
-            if retried(&d.id) {
-                c.duplicates_of_retried_publishes += 1;
-            }
+        if !d.redelivered {
+            *first_deliveries.entry((&d.queue, &d.id)).or_default() += 1;
         }
         if settled.contains(&(d.queue.as_str(), d.id.as_str())) {
             c.duplicate_deliveries += 1;
@@ -171,6 +173,26 @@ pub fn check(h: &History) -> Verdict {
         }
     }
     c.acked = acked.len();
+    // Copies of a message beyond the first: allowed up to one per extra send when retries are
+    // not deduplicated (AMQP), else failures.
+    let retried = |id: &str| published.get(id).is_some_and(|p| p.attempts > 1);
+    let allowed_extra = |id: &str| match published.get(id) {
+        Some(p) if !h.protocol.dedups_retries() => p.attempts.saturating_sub(1) as usize,
+        _ => 0,
+    };
+    let mut extra_copies = |id: &str, n: usize, failures: &mut usize| {
+        let extra = n.saturating_sub(1);
+        let allowed = extra.min(allowed_extra(id));
+        c.republished_copies += allowed;
+        *failures += extra - allowed;
+        if extra > allowed && retried(id) {
+            c.duplicates_of_retried_publishes += extra - allowed;
+        }
+    };
+    let mut stored_duplicates = 0;
+    for ((_, id), n) in &first_deliveries {
+        extra_copies(id, *n, &mut stored_duplicates);
+    }
 
     // The dead-letter queue: copies per id (a redelivery of the same copy is not a new copy).
     let mut copies: HashMap<&str, usize> = HashMap::new();
@@ -193,16 +215,12 @@ pub fn check(h: &History) -> Verdict {
             )),
         }
     }
+    let mut dead_letter_duplicates = 0;
     for (id, n) in &copies {
-        let extra = n.saturating_sub(1);
-        if extra == 0 {
-            continue;
-        }
-        c.dead_letter_duplicates += extra;
-        if retried(id) {
-            c.duplicates_of_retried_publishes += extra;
-        }
+        extra_copies(id, *n, &mut dead_letter_duplicates);
     }
+    c.stored_duplicates = stored_duplicates;
+    c.dead_letter_duplicates = dead_letter_duplicates;
     c.dead_lettered = copies.len();
     for id in copies.keys() {
         if let Some(p) = published.get(id)
@@ -266,8 +284,8 @@ pub fn check(h: &History) -> Verdict {
             c.stored_duplicates == 0,
             format!(
                 "{} messages delivered for the first time twice ({} of all duplicates are \
-                 of retried publishes)",
-                c.stored_duplicates, c.duplicates_of_retried_publishes
+                 of retried publishes; {} copies of republished AMQP messages allowed)",
+                c.stored_duplicates, c.duplicates_of_retried_publishes, c.republished_copies
             ),
         ),
         Check::new(
@@ -308,7 +326,7 @@ pub fn check(h: &History) -> Verdict {
 mod tests {
     use super::*;
     use crate::workload::{
-        DeadLetterRecord, Death, DeliveryRecord, Leftover, PublishRecord, WORK, queue_for,
+        DeadLetterRecord, Death, DeliveryRecord, Leftover, Protocol, PublishRecord, WORK, queue_for,
     };
 
     fn id_with(queue: &str, want: Option<Decision>) -> String {
@@ -484,6 +502,47 @@ mod tests {
         assert_eq!(v.counts.dead_letter_duplicates, 1);
         assert_eq!(v.counts.duplicates_of_retried_publishes, 1);
         assert!(!v.ok());
+    }
+
+    #[test]
+    fn over_amqp_a_message_may_be_stored_once_per_send_and_no_more() {
+        let (mut h, [ack, rej, ..]) = healthy();
+        h.protocol = Protocol::Amqp;
+        let sent = |h: &mut History, id: &str, attempts: u32| {
+            h.publishes
+                .iter_mut()
+                .find(|p| p.id == id)
+                .unwrap()
+                .attempts = attempts;
+        };
+        // Sent once: a second copy is a failure, as over gRPC.
+        h.deliveries.push(delivered(&ack, Action::Ack, false));
+        let v = check(&h);
+        assert_eq!(v.counts.stored_duplicates, 1);
+        assert!(!v.ok());
+        // Republished once (its connection failed before the confirm): two copies allowed.
+        sent(&mut h, &ack, 2);
+        let v = check(&h);
+        assert!(v.ok(), "{:#?}", v.checks);
+        assert_eq!(v.counts.republished_copies, 1);
+        // A third copy is one more than it was sent.
+        h.deliveries.push(delivered(&ack, Action::Ack, false));
+        let v = check(&h);
+        assert_eq!(v.counts.stored_duplicates, 1);
+        assert_eq!(v.counts.duplicates_of_retried_publishes, 1);
+        assert!(!v.ok());
+        h.deliveries.pop();
+
+        // Dead letters likewise: a rejected message sent twice may die twice, not three times.
+        h.deliveries.push(delivered(&rej, Action::Reject, false));
+        h.dead_letters.push(dead(&rej, WORK, "rejected"));
+        assert_eq!(check(&h).counts.dead_letter_duplicates, 1);
+        sent(&mut h, &rej, 2);
+        let v = check(&h);
+        assert!(v.ok(), "{:#?}", v.checks);
+        assert_eq!(v.counts.republished_copies, 3);
+        h.dead_letters.push(dead(&rej, WORK, "rejected"));
+        assert_eq!(check(&h).counts.dead_letter_duplicates, 1);
     }
 
     #[test]

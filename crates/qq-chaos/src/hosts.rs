@@ -40,6 +40,8 @@ pub fn subnet() -> &'static str {
     S.get_or_init(|| from_env("QQ_CHAOS_SUBNET", SUBNET))
 }
 pub const PORT: u16 = 7101;
+/// The AMQP 0-9-1 port (`--protocol amqp`).
+pub const AMQP_PORT: u16 = 5672;
 /// Node-to-node (mutual TLS) port. The iptables faults drop by source address, so they cut
 /// both ports alike.
 pub const CLUSTER_PORT: u16 = 7201;
@@ -88,6 +90,11 @@ pub const STORAGE_FAULT_EXIT_CODE: i32 = 74;
 /// The client address on `host` (for a founding node: its id).
 pub fn address(host: u64) -> String {
     format!("{}.{host}:{PORT}", subnet())
+}
+
+/// The AMQP address on `host`.
+pub fn amqp_address(host: u64) -> String {
+    format!("{}.{host}:{AMQP_PORT}", subnet())
 }
 
 /// The node-to-node address on `host`.
@@ -166,11 +173,13 @@ impl Hosts {
             .arg(format!("{}.{host}", subnet())))?;
         // Debug builds on two cores: the test nodes' timings (fast failover, still loose).
         // The workload connects as guest from the host, which is remote to the nodes'
-        // namespaces: lift `loopback_users` on this private, throw-away network.
+        // namespaces: lift `loopback_users` on this private, throw-away network, and let AMQP
+        // clients log in with guest's password over plain TCP (`allow_plaintext_auth`).
         let config = format!(
             "cluster_addr = \"{}\"\ncluster_ca = \"{}\"\ncluster_cert = \"{}\"\n\
              cluster_key = \"{}\"\n\
-             node_id = {id}\nlisten = \"{}\"\npeers = [{}]\ndata_dir = \"{}\"\n\
+             node_id = {id}\nlisten = \"{}\"\namqp_addr = \"{}\"\npeers = [{}]\n\
+             data_dir = \"{}\"\nallow_plaintext_auth = true\n\
              heartbeat_ms = 200\nelection_timeout_min_ms = 800\nelection_timeout_max_ms = 1600\n\
              dead_letter_retry_ms = 1000\nloopback_users = []\n",
             cluster_address(host),
@@ -178,6 +187,7 @@ impl Hosts {
             tls.join("node.pem").display(),
             tls.join("node.key").display(),
             address(host),
+            amqp_address(host),
             peers.join(", "),
             self.data_dir(id).display()
         );

@@ -1,7 +1,8 @@
 //! # qq-chaos: quorumq under network partitions, crashes and pauses
 //!
 //! Starts a three-node cluster in network namespaces (`cluster/netns.sh`), runs a workload of
-//! publishers and consumers on every node through the public gRPC API, lets a seeded nemesis
+//! publishers and consumers on every node through the public gRPC API (or AMQP 0-9-1 with
+//! `--protocol amqp`), lets a seeded nemesis
 //! cut, kill, pause and restart nodes or change the cluster's membership, then heals
 //! everything, drains every queue and checks the history: nothing confirmed lost, nothing
 //! unexpected, dead letters where and as the spec says, nothing held, every replica in the same
@@ -11,6 +12,7 @@
 //! ```text
 //! sudo qq-chaos --seed 7 --duration 180 --nemesis partition-halves,kill-leader
 //! sudo qq-chaos --scenario short          # the run `make test` does
+//! sudo qq-chaos --matrix --nemesis partition-halves,kill-leader --protocol amqp
 //! ```
 
 mod checker;
@@ -38,7 +40,7 @@ use checker::Check;
 use hosts::Hosts;
 use nemesis::Kind;
 use report::{Report, Window};
-use workload::{Control, Recorder, Role};
+use workload::{Clients, Control, Protocol, Recorder, Role};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -61,6 +63,10 @@ struct Args {
     /// A named scenario (sets seed, duration and nemesis): see `--list-scenarios`.
     #[arg(long)]
     scenario: Option<String>,
+    /// The workload's client protocol: the gRPC API, or AMQP 0-9-1 (lapin, reconnecting and
+    /// republishing as RabbitMQ's clients do). Default: grpc, or the scenario's.
+    #[arg(long, value_enum)]
+    protocol: Option<Protocol>,
     /// Print the named scenarios and exit.
     #[arg(long)]
     list_scenarios: bool,
@@ -101,19 +107,29 @@ const SMALL_DISK_MIB: u64 = 256;
 
 /// Named scenarios: the short run of `make test`, and every anomaly chaos runs found, kept as a
 /// regression (see README "Chaos testing").
-const SCENARIOS: &[(&str, u64, u64, &str, &str)] = &[
+const SCENARIOS: &[(&str, u64, u64, &str, Protocol, &str)] = &[
     (
         "short",
         1,
         60,
         "partition-halves,kill-leader",
+        Protocol::Grpc,
         "the run of `make test`: partitions plus a leader kill, one minute",
+    ),
+    (
+        "short-amqp",
+        1,
+        60,
+        "partition-halves,kill-leader",
+        Protocol::Amqp,
+        "`short` over AMQP 0-9-1 (reconnects, republishes, resubscribes), also in `make test`",
     ),
     (
         "partition-heal",
         42,
         60,
         "partition-halves",
+        Protocol::Grpc,
         "found: a node back from a partition deposed every leader (fixed by Pre-Vote; the \
          term check fails without it: cut-off node at term 7-11, the others at 1-2), and \
          forwarded proposals starved replication between the majority's nodes (a queue confirmed nothing for 14 s; fixed by a separate Raft \
@@ -145,7 +161,8 @@ fn is_root() -> bool {
 #[tokio::main]
 async fn main() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        // lapin logs every connection the faults break at ERROR; the report counts them.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lapin=off"));
     tracing_subscriber::fmt().with_env_filter(filter).init();
     match run(Args::parse()).await {
         Ok(true) => {}
@@ -159,19 +176,22 @@ async fn main() {
 
 async fn run(mut args: Args) -> anyhow::Result<bool> {
     if args.list_scenarios {
-        for (name, seed, secs, nemesis, what) in SCENARIOS {
-            println!("{name:<15} seed {seed:<3} {secs:>4} s  {nemesis:<30} {what}");
+        for (name, seed, secs, nemesis, protocol, what) in SCENARIOS {
+            let protocol = protocol.name();
+            println!("{name:<15} seed {seed:<3} {secs:>4} s  {protocol:<4} {nemesis:<30} {what}");
         }
         return Ok(true);
     }
     let mut label = None;
     if let Some(name) = &args.scenario {
-        let Some((_, seed, secs, nemesis, _)) = SCENARIOS.iter().find(|s| s.0 == name) else {
+        let Some((_, seed, secs, nemesis, protocol, _)) = SCENARIOS.iter().find(|s| s.0 == name)
+        else {
             bail!("unknown scenario '{name}' (see --list-scenarios)");
         };
         args.seed = Some(*seed);
         args.duration = *secs;
         args.nemesis = nemesis.to_string();
+        args.protocol = args.protocol.or(Some(*protocol));
         label = Some(name.clone());
     }
     let seed = args.seed.unwrap_or_else(|| {
@@ -202,14 +222,19 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
             script.display()
         );
     }
+    let protocol = args.protocol.unwrap_or_default();
     let base = args.out.clone().unwrap_or_else(|| {
-        let name = label.clone().unwrap_or_else(|| {
+        let mut name = label.clone().unwrap_or_else(|| {
             if args.matrix {
                 format!("matrix-seed-{seed}")
             } else {
                 format!("seed-{seed}")
             }
         });
+        // Runs over AMQP keep their own directory (a gRPC run's is named as before).
+        if protocol != Protocol::Grpc && !name.ends_with(protocol.name()) {
+            name = format!("{name}-{}", protocol.name());
+        }
         PathBuf::from(".qq-chaos").join(name)
     });
     if base.exists() {
@@ -223,6 +248,7 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
         duration: args.duration,
         idle_queues: args.idle_queues,
         hold_on_failure: args.hold_on_failure,
+        protocol,
     };
     if !args.matrix {
         let report = run_one(&setup, &kinds, &base).await?;
@@ -263,6 +289,7 @@ struct Setup {
     duration: u64,
     idle_queues: usize,
     hold_on_failure: u64,
+    protocol: Protocol,
 }
 
 /// One run: fresh namespaces and nodes, the workload under `kinds`, the check. Output in `out`.
@@ -283,9 +310,10 @@ async fn run_one(setup: &Setup, kinds: &[Kind], out: &std::path::Path) -> anyhow
     }
     let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
     println!(
-        "nemeses: {}   workload: {} s   output: {}",
+        "nemeses: {}   workload: {} s over {}   output: {}",
         names.join(","),
         setup.duration,
+        setup.protocol.name(),
         out.display()
     );
     // Interrupted (Ctrl-C, SIGTERM): the run is dropped and the hosts are still torn down.
@@ -330,7 +358,7 @@ async fn chaos(
     for id in hosts.ids().to_vec() {
         hosts.start(id)?;
     }
-    let clients = workload::clients(&addresses)?;
+    let clients = workload::grpc::clients(&addresses)?;
     wait_formed(&clients, Duration::from_secs(60)).await?;
     retry("declare the topology", || workload::declare(&clients[0])).await?;
     if setup.idle_queues > 0 {
@@ -344,35 +372,32 @@ async fn chaos(
     println!("cluster formed; leaders: {leaders_at_start:?}");
 
     // ---- workload + nemesis ----------------------------------------------------------------
-    let rec = Arc::new(Recorder::new());
+    let rec = Arc::new(Recorder::new(setup.protocol));
     let control = Arc::new(Control::default());
+    let amqp: Vec<String> = hosts
+        .ids()
+        .iter()
+        .map(|id| hosts::amqp_address(*id))
+        .collect();
+    let work = Clients::new(setup.protocol, clients.clone(), amqp);
     let mut publishers = JoinSet::new();
     for p in 0..clients.len() {
-        publishers.spawn(workload::publisher(
+        publishers.spawn(work.publisher(
             p,
             setup.rate / clients.len() as f64,
             PUBLISH_CONCURRENCY,
-            clients.clone(),
             rec.clone(),
             control.clone(),
         ));
     }
     let mut consumers = JoinSet::new();
     for c in 0..clients.len() {
-        consumers.spawn(workload::consumer(
-            c,
-            workload::WORK,
-            Role::Work,
-            clients.clone(),
-            rec.clone(),
-            control.clone(),
-        ));
+        consumers.spawn(work.consumer(c, workload::WORK, Role::Work, rec.clone(), control.clone()));
     }
-    consumers.spawn(workload::consumer(
+    consumers.spawn(work.consumer(
         1,
         workload::LIMIT,
         Role::AlwaysRequeue,
-        clients.clone(),
         rec.clone(),
         control.clone(),
     ));
@@ -587,11 +612,11 @@ async fn chaos(
     // other checks still run on what was seen.
     let mut stuck = Vec::new();
     for q in workload::SOURCES {
-        if let Err(e) = drain(&clients, q, Role::DrainLeftovers, &rec).await {
+        if let Err(e) = drain(&work, &clients, q, Role::DrainLeftovers, &rec).await {
             stuck.push(e.to_string());
         }
     }
-    if let Err(e) = drain(&clients, workload::DLQ, Role::DrainDeadLetters, &rec).await {
+    if let Err(e) = drain(&work, &clients, workload::DLQ, Role::DrainDeadLetters, &rec).await {
         stuck.push(e.to_string());
     }
     checks.push(Check::all_clear(
@@ -668,6 +693,7 @@ async fn chaos(
     verdict.checks.extend(checks);
     let report = Report {
         seed,
+        protocol: setup.protocol,
         nemeses: kinds.to_vec(),
         workload_s: publish_end_ms as f64 / 1000.0,
         notes,
@@ -677,6 +703,7 @@ async fn chaos(
         latency: report::latency(&history),
         publish_errors: history.publish_errors.clone(),
         consumer_interruptions: history.consumer_interruptions.clone(),
+        reconnects: history.reconnects.clone(),
         verdict,
     };
     std::fs::write(out.join("report.json"), serde_json::to_vec_pretty(&report)?)?;
@@ -871,22 +898,17 @@ async fn wait_drained(clients: &[Client], stall: Duration) -> anyhow::Result<()>
     }
 }
 
-/// Consumes `queue` until it is empty, recording each message as `role` says.
+/// Consumes `queue` through the workload's protocol until it is empty (as `clients` see it),
+/// recording each message as `role` says.
 async fn drain(
+    work: &Clients,
     clients: &Arc<Vec<Client>>,
     queue: &'static str,
     role: Role,
     rec: &Arc<Recorder>,
 ) -> anyhow::Result<()> {
     let control = Arc::new(Control::default());
-    let task = tokio::spawn(workload::consumer(
-        0,
-        queue,
-        role,
-        clients.clone(),
-        rec.clone(),
-        control.clone(),
-    ));
+    let task = tokio::spawn(work.consumer(0, queue, role, rec.clone(), control.clone()));
     let deadline = Instant::now() + Duration::from_secs(120);
     let drained = async {
         loop {

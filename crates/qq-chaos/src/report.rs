@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::checker::Verdict;
 use crate::membership::Step;
 use crate::nemesis::Kind;
-use crate::workload::{Action, History, SOURCES};
+use crate::workload::{Action, History, Protocol, SOURCES};
 
 /// How long after a fault ends its effect on confirms is still counted as its own.
 const AFTERMATH_MS: u64 = 10_000;
@@ -59,6 +59,7 @@ pub struct Latency {
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     pub seed: u64,
+    pub protocol: Protocol,
     pub nemeses: Vec<Kind>,
     pub workload_s: f64,
     pub notes: Vec<String>,
@@ -68,6 +69,7 @@ pub struct Report {
     pub latency: Latency,
     pub publish_errors: BTreeMap<String, u64>,
     pub consumer_interruptions: BTreeMap<String, u64>,
+    pub reconnects: BTreeMap<String, u64>,
     pub verdict: Verdict,
 }
 
@@ -192,7 +194,12 @@ pub fn latency(h: &History) -> Latency {
 pub fn summary(r: &Report) -> String {
     let c = &r.verdict.counts;
     let mut s = String::new();
-    let _ = writeln!(s, "==== qq-chaos summary (seed {}) ====", r.seed);
+    let _ = writeln!(
+        s,
+        "==== qq-chaos summary (seed {}, over {}) ====",
+        r.seed,
+        r.protocol.name()
+    );
     let names: Vec<&str> = r.nemeses.iter().map(|k| k.name()).collect();
     let _ = writeln!(
         s,
@@ -270,6 +277,11 @@ pub fn summary(r: &Report) -> String {
     );
     let _ = writeln!(s, "publish errors (retried): {:?}", r.publish_errors);
     let _ = writeln!(s, "consumer interruptions: {:?}", r.consumer_interruptions);
+    let _ = writeln!(
+        s,
+        "reconnects: {:?}   republished copies (AMQP, allowed) {}",
+        r.reconnects, c.republished_copies
+    );
     for (label, ex) in [
         ("lost", &r.verdict.lost_examples),
         ("unexpected", &r.verdict.unexpected_examples),
@@ -304,8 +316,8 @@ pub fn summary(r: &Report) -> String {
 /// worst unavailability a fault caused.
 pub fn matrix_table(rows: &[(String, Report)]) -> String {
     let mut s = String::from(
-        "| nemesis | faults | confirmed | retried | lost | unexpected | redeliveries after settle | stored twice | dup. dead letters | dead-lettered | longest confirm gap | result |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| nemesis | protocol | faults | confirmed | retried | reconnects | lost | unexpected | redeliveries after settle | stored twice | republished copies | dup. dead letters | dead-lettered | longest confirm gap | result |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for (name, r) in rows {
         let c = &r.verdict.counts;
@@ -317,14 +329,17 @@ pub fn matrix_table(rows: &[(String, Report)]) -> String {
             .unwrap_or(0);
         let _ = writeln!(
             s,
-            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} s | {} |",
+            r.protocol.name(),
             r.faults.len(),
             c.confirmed,
             c.retried,
+            r.reconnects.values().sum::<u64>(),
             c.lost,
             c.unexpected,
             c.duplicate_deliveries,
             c.stored_duplicates,
+            c.republished_copies,
             c.dead_letter_duplicates,
             c.dead_lettered,
             gap as f64 / 1000.0,

@@ -1,5 +1,8 @@
-//! The workload: publishers and consumers on every node, through the public gRPC API only,
-//! recording everything they see into a [`History`] for the checker.
+//! The workload: publishers and consumers on every node, through a client protocol (the gRPC
+//! API, [`grpc`], or AMQP 0-9-1, [`amqp`]), recording everything they see into a [`History`]
+//! for the checker. Both protocols share the publishers' and consumers' logic here (what to
+//! publish, retrying, what to do with a delivery, what to record) through [`Sender`] and
+//! [`Subscriber`]; the runner's own queries (topology, queue info, status) are gRPC.
 //!
 //! Topology (declared once, before any fault):
 //! - `chaos.work`: consumers on every node ack most messages, reject some (dead-lettered,
@@ -18,12 +21,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use qq_client::{
-    Client, Delivery, MessageBuilder, PublishRequest, Value, ValueExt, code_name, delivery_headers,
-};
+use std::future::Future;
+use std::pin::Pin;
+
+use qq_client::{Client, Value, ValueExt};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
+
+pub mod amqp;
+pub mod grpc;
 
 pub const WORK: &str = "chaos.work";
 pub const TTL: &str = "chaos.ttl";
@@ -126,9 +133,36 @@ pub struct Leftover {
     pub id: String,
 }
 
+/// The protocol the workload's clients speak.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// The gRPC API: every retry carries the publisher id and seq the queues deduplicate by.
+    #[default]
+    Grpc,
+    /// AMQP 0-9-1 through lapin, as RabbitMQ's clients: no publisher dedup, so a message
+    /// republished after its connection failed may be stored once per send.
+    Amqp,
+}
+
+impl Protocol {
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::Amqp => "amqp",
+        }
+    }
+
+    /// Whether a retried publish is stored once (publisher dedup) rather than once per send.
+    pub fn dedups_retries(self) -> bool {
+        self == Protocol::Grpc
+    }
+}
+
 /// Everything the clients saw. Times are milliseconds since the workload started.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct History {
+    pub protocol: Protocol,
     pub publishes: Vec<PublishRecord>,
     pub deliveries: Vec<DeliveryRecord>,
     pub leftovers: Vec<Leftover>,
@@ -137,6 +171,9 @@ pub struct History {
     pub publish_errors: BTreeMap<String, u64>,
     /// Consume streams that ended or failed to open, by reason.
     pub consumer_interruptions: BTreeMap<String, u64>,
+    /// Publisher connections (AMQP; gRPC channels reconnect inside the client library) and
+    /// consumer subscriptions opened again after one failed or went idle, by client kind.
+    pub reconnects: BTreeMap<String, u64>,
 }
 
 pub struct Recorder {
@@ -147,11 +184,14 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn new() -> Recorder {
+    pub fn new(protocol: Protocol) -> Recorder {
         Recorder {
             start: Instant::now(),
             run_id: rand::random(),
-            history: Mutex::new(History::default()),
+            history: Mutex::new(History {
+                protocol,
+                ..History::default()
+            }),
         }
     }
 
@@ -172,7 +212,16 @@ impl Recorder {
     }
 
     pub fn take(&self) -> History {
-        self.with(std::mem::take)
+        self.with(|h| {
+            let protocol = h.protocol;
+            std::mem::replace(
+                h,
+                History {
+                    protocol,
+                    ..History::default()
+                },
+            )
+        })
     }
 
     pub fn confirmed_count(&self) -> usize {
@@ -187,21 +236,6 @@ impl Recorder {
     fn error(&self, map: fn(&mut History) -> &mut BTreeMap<String, u64>, what: String) {
         self.with(|h| *map(h).entry(what).or_default() += 1);
     }
-}
-
-impl Default for Recorder {
-    fn default() -> Self {
-        Recorder::new()
-    }
-}
-
-/// One client per node, connected lazily (a node that is down now may be up later).
-pub fn clients(addresses: &[String]) -> anyhow::Result<Arc<Vec<Client>>> {
-    let clients = addresses
-        .iter()
-        .map(|a| Client::connect_lazy(a))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Arc::new(clients))
 }
 
 fn table(pairs: &[(&str, Value)]) -> HashMap<String, Value> {
@@ -239,6 +273,62 @@ pub async fn declare(client: &Client) -> qq_client::Result<()> {
     Ok(())
 }
 
+/// The workload's clients of one run, in the protocol chosen.
+#[derive(Clone)]
+pub enum Clients {
+    Grpc(Arc<Vec<Client>>),
+    Amqp(Arc<amqp::Amqp>),
+}
+
+/// A workload task, ready to spawn.
+pub type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl Clients {
+    /// `grpc`: one client per node (the runner's own); `amqp_uris`: each node's AMQP URI.
+    pub fn new(protocol: Protocol, grpc: Arc<Vec<Client>>, amqp_uris: Vec<String>) -> Clients {
+        match protocol {
+            Protocol::Grpc => Clients::Grpc(grpc),
+            Protocol::Amqp => Clients::Amqp(Arc::new(amqp::Amqp::new(amqp_uris))),
+        }
+    }
+
+    /// Publisher `p` (see [`publisher`]).
+    pub fn publisher(
+        &self,
+        p: usize,
+        rate: f64,
+        concurrency: usize,
+        rec: Arc<Recorder>,
+        control: Arc<Control>,
+    ) -> Task {
+        match self {
+            Clients::Grpc(c) => {
+                let sender = Arc::new(grpc::Publisher::new(c.clone(), p, &rec));
+                Box::pin(publisher(p, rate, concurrency, sender, rec, control))
+            }
+            Clients::Amqp(a) => {
+                let sender = Arc::new(a.publisher(p, rec.clone()));
+                Box::pin(publisher(p, rate, concurrency, sender, rec, control))
+            }
+        }
+    }
+
+    /// Consumer `c` of `queue` (see [`consumer`]).
+    pub fn consumer(
+        &self,
+        c: usize,
+        queue: &'static str,
+        role: Role,
+        rec: Arc<Recorder>,
+        control: Arc<Control>,
+    ) -> Task {
+        match self {
+            Clients::Grpc(g) => Box::pin(consumer(c, queue, role, g.clone(), rec, control)),
+            Clients::Amqp(a) => Box::pin(consumer(c, queue, role, a.clone(), rec, control)),
+        }
+    }
+}
+
 /// Flags shared by the workload's tasks.
 #[derive(Default)]
 pub struct Control {
@@ -250,22 +340,44 @@ pub struct Control {
     pub stop_consuming: AtomicBool,
 }
 
-fn retryable(code: tonic::Code) -> bool {
-    use tonic::Code::*;
-    !matches!(
-        code,
-        InvalidArgument | NotFound | PermissionDenied | FailedPrecondition | ResourceExhausted
-    )
+/// One message to publish: the same on every attempt.
+pub struct Outgoing {
+    /// The publisher's number and the message's sequence number in it (from 1).
+    pub p: usize,
+    pub seq: u64,
+    pub id: String,
+    pub queue: &'static str,
+    pub body: Vec<u8>,
+}
+
+/// How one attempt to publish ended.
+pub enum Outcome {
+    Confirmed,
+    /// Refused for good (not retried): the error's code and the whole reason.
+    Refused {
+        code: String,
+        detail: String,
+    },
+    /// Sent, or perhaps sent, and not confirmed: retried. The code of what went wrong.
+    Failed(String),
+    /// Not sent at all (no connection to send it on): retried, not counted as an attempt.
+    Unsent(String),
+}
+
+/// A protocol's publishing side: one attempt at a time, each bounded in time.
+pub trait Sender: Send + Sync + 'static {
+    /// Publishes `m` (its `attempt`th try, from 1) and waits for its confirm.
+    fn send(&self, m: &Outgoing, attempt: u32) -> impl Future<Output = Outcome> + Send;
 }
 
 /// Publisher `p`: `rate` messages per second to the source queues through the default
-/// exchange, each a unary publish with its own id, at most `concurrency` in flight per queue, retried
-/// with the same id on any node until confirmed or told to give up.
-pub async fn publisher(
+/// exchange, each with its own id, at most `concurrency` in flight per queue, retried with the
+/// same id until confirmed or told to give up.
+pub async fn publisher<S: Sender>(
     p: usize,
     rate: f64,
     concurrency: usize,
-    clients: Arc<Vec<Client>>,
+    sender: Arc<S>,
     rec: Arc<Recorder>,
     control: Arc<Control>,
 ) {
@@ -287,9 +399,9 @@ pub async fn publisher(
         let Ok(permit) = permits[queue_for(&id)].clone().try_acquire_owned() else {
             continue;
         };
-        let (clients, rec, control) = (clients.clone(), rec.clone(), control.clone());
+        let (sender, rec, control) = (sender.clone(), rec.clone(), control.clone());
         tasks.spawn(async move {
-            publish_one(p, seq, id, &clients, &rec, &control).await;
+            publish_one(p, seq, id, &*sender, &rec, &control).await;
             drop(permit);
         });
         while tasks.try_join_next().is_some() {}
@@ -297,13 +409,13 @@ pub async fn publisher(
     while tasks.join_next().await.is_some() {}
 }
 
-/// One publish, retried with the same publisher id and seq (`chaos-p<p>-<run>`, `seq`): the
-/// queue stores it once however many attempts reach it, which the checker verifies.
+/// One publish, retried with the same id (and, over gRPC, the same publisher id and seq, so
+/// that the queue stores it once however many attempts reach it).
 async fn publish_one(
     p: usize,
     seq: u64,
     id: String,
-    clients: &[Client],
+    sender: &impl Sender,
     rec: &Recorder,
     control: &Control,
 ) {
@@ -311,45 +423,40 @@ async fn publish_one(
     let start_ms = rec.now_ms();
     let mut body = format!("{id} ").into_bytes();
     body.resize(256, b'.');
-    let mut attempts: u32 = 0;
+    let m = Outgoing {
+        p,
+        seq,
+        id,
+        queue,
+        body,
+    };
+    // `attempts` counts the tries that may have reached a broker; `tries` every try.
+    let (mut attempts, mut tries) = (0u32, 0u64);
     let (confirmed_ms, failure) = loop {
-        let client = &clients[(p + attempts as usize) % clients.len()];
-        attempts += 1;
-        let message = MessageBuilder::new(body.clone())
-            .message_id(id.clone())
-            .build();
-        let req = PublishRequest {
-            exchange: String::new(),
-            routing_key: queue.to_string(),
-            message: Some(message),
-            publisher_id: format!("chaos-p{p}-{}", rec.run_id()),
-            publisher_seq: seq,
-            ..Default::default()
-        };
-        match timeout(RPC_TIMEOUT, client.publish_with(req)).await {
-            Ok(Ok(confirm)) if confirm.is_confirmed() => break (Some(rec.now_ms()), None),
-            Ok(Ok(confirm)) => {
-                let outcome = format!("{:?}: {}", confirm.outcome, confirm.detail);
-                rec.error(|h| &mut h.publish_errors, format!("{:?}", confirm.outcome));
-                break (None, Some(outcome));
+        tries += 1;
+        let outcome = sender.send(&m, attempts + 1).await;
+        if !matches!(outcome, Outcome::Unsent(_)) {
+            attempts += 1;
+        }
+        match outcome {
+            Outcome::Confirmed => break (Some(rec.now_ms()), None),
+            Outcome::Refused { code, detail } => {
+                rec.error(|h| &mut h.publish_errors, code);
+                break (None, Some(detail));
             }
-            Ok(Err(e)) => {
-                rec.error(|h| &mut h.publish_errors, code_name(e.code()).to_string());
-                if !retryable(e.code()) {
-                    break (None, Some(e.to_string()));
-                }
+            Outcome::Failed(code) | Outcome::Unsent(code) => {
+                rec.error(|h| &mut h.publish_errors, code)
             }
-            Err(_) => rec.error(|h| &mut h.publish_errors, "TIMEOUT".into()),
         }
         if control.give_up.load(Ordering::Relaxed) {
             break (None, Some(format!("gave up after {attempts} attempts")));
         }
-        let backoff = Duration::from_millis((100 * u64::from(attempts)).min(1_000));
+        let backoff = Duration::from_millis((100 * tries).min(1_000));
         tokio::time::sleep(backoff).await;
     };
     rec.with(|h| {
         h.publishes.push(PublishRecord {
-            id,
+            id: m.id,
             queue: queue.to_string(),
             start_ms,
             attempts,
@@ -372,59 +479,60 @@ pub enum Role {
     DrainDeadLetters,
 }
 
-pub fn message_id(d: &Delivery) -> String {
-    d.message
-        .as_ref()
-        .and_then(|m| m.properties.as_ref())
-        .map(|p| p.message_id.clone())
-        .unwrap_or_default()
+/// A delivery as the checker sees it.
+pub struct Seen {
+    pub id: String,
+    pub redelivered: bool,
+    /// Its `x-death` entries, most recent first (empty when absent or malformed).
+    pub deaths: Vec<Death>,
 }
 
-/// The `x-death` entries of a delivery, most recent first (empty when absent or malformed).
-pub fn deaths(d: &Delivery) -> Vec<Death> {
-    let headers = delivery_headers(d);
-    let Some(list) = headers.get("x-death").and_then(|v| v.as_list()) else {
-        return Vec::new();
-    };
-    list.iter()
-        .filter_map(|v| v.as_table())
-        .map(|t| Death {
-            queue: t
-                .get("queue")
-                .and_then(|v| v.as_str())
-                .unwrap_or_default()
-                .to_string(),
-            reason: t
-                .get("reason")
-                .and_then(|v| v.as_str())
-                .unwrap_or_default()
-                .to_string(),
-            count: t.get("count").and_then(|v| v.as_long()).unwrap_or(0),
-        })
-        .collect()
+/// A protocol's consuming side: subscribes to a queue through one node.
+pub trait Subscriber: Send + Sync + 'static {
+    type Sub: Subscription;
+    fn subscribe(
+        &self,
+        node: usize,
+        queue: &'static str,
+    ) -> impl Future<Output = Result<Self::Sub, String>> + Send;
+}
+
+/// One subscription. Errors are short reasons (recorded as consumer interruptions).
+pub trait Subscription: Send + 'static {
+    /// What settles one delivery.
+    type Tag: Send;
+    /// The next delivery; `None` when the subscription ended. Cancel-safe.
+    fn next(&mut self) -> impl Future<Output = Result<Option<(Seen, Self::Tag)>, String>> + Send;
+    fn settle(
+        &mut self,
+        tag: Self::Tag,
+        action: Action,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+    /// Ends the subscription; the queue takes back what is unsettled.
+    fn close(self) -> impl Future<Output = ()> + Send;
 }
 
 /// Consumer `c` of `queue`: subscribes through node `c`, and through the next node each time
-/// its stream ends, fails or stays idle, until told to stop.
-pub async fn consumer(
+/// its subscription ends, fails or stays idle, until told to stop.
+pub async fn consumer<S: Subscriber>(
     c: usize,
     queue: &'static str,
     role: Role,
-    clients: Arc<Vec<Client>>,
+    subscriber: Arc<S>,
     rec: Arc<Recorder>,
     control: Arc<Control>,
 ) {
     let mut attempt = 0usize;
     while !control.stop_consuming.load(Ordering::Relaxed) {
-        let client = &clients[(c + attempt) % clients.len()];
+        let node = c + attempt;
+        if attempt > 0 {
+            rec.error(|h| &mut h.reconnects, "consumer".into());
+        }
         attempt += 1;
-        let mut consumer = match timeout(RPC_TIMEOUT, client.consume(queue, PREFETCH)).await {
-            Ok(Ok(consumer)) => consumer,
+        let mut sub = match timeout(RPC_TIMEOUT, subscriber.subscribe(node, queue)).await {
+            Ok(Ok(sub)) => sub,
             Ok(Err(e)) => {
-                rec.error(
-                    |h| &mut h.consumer_interruptions,
-                    format!("subscribe {}", code_name(e.code())),
-                );
+                rec.error(|h| &mut h.consumer_interruptions, format!("subscribe {e}"));
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 continue;
             }
@@ -436,82 +544,84 @@ pub async fn consumer(
                 continue;
             }
         };
-        let mut idle = Duration::ZERO;
-        let why = loop {
-            if control.stop_consuming.load(Ordering::Relaxed) {
-                break None;
-            }
-            // Wake up every second to see the stop flag; give up on the stream when idle.
-            let d = match timeout(Duration::from_secs(1), consumer.next()).await {
-                Err(_) => {
-                    idle += Duration::from_secs(1);
-                    if idle >= CONSUMER_IDLE {
-                        break Some("idle".to_string());
-                    }
-                    continue;
-                }
-                Ok(None) => break Some("stream ended".to_string()),
-                Ok(Some(Err(e))) => break Some(format!("stream {}", code_name(e.code()))),
-                Ok(Some(Ok(d))) => d,
-            };
-            idle = Duration::ZERO;
-            if let Err(e) = handle(queue, role, &consumer, &d, &rec).await {
-                break Some(format!("settle {}", code_name(e.code())));
-            }
-        };
+        let why = consume(queue, role, &mut sub, &rec, &control).await;
         if let Some(why) = why {
             rec.error(|h| &mut h.consumer_interruptions, why);
         }
-        // Dropping the consumer closes the stream; the queue takes back what is unsettled.
-        drop(consumer);
+        sub.close().await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-async fn handle(
+/// Handles deliveries until the subscription fails (why) or the consumers stop (None).
+async fn consume(
     queue: &str,
     role: Role,
-    consumer: &qq_client::Consumer,
-    d: &Delivery,
+    sub: &mut impl Subscription,
     rec: &Recorder,
-) -> qq_client::Result<()> {
-    let id = message_id(d);
-    let tag = d.delivery_tag;
+    control: &Control,
+) -> Option<String> {
+    let mut idle = Duration::ZERO;
+    loop {
+        if control.stop_consuming.load(Ordering::Relaxed) {
+            return None;
+        }
+        // Wake up every second to see the stop flag; give up on the subscription when idle.
+        let (seen, tag) = match timeout(Duration::from_secs(1), sub.next()).await {
+            Err(_) => {
+                idle += Duration::from_secs(1);
+                if idle >= CONSUMER_IDLE {
+                    return Some("idle".to_string());
+                }
+                continue;
+            }
+            Ok(Ok(None)) => return Some("stream ended".to_string()),
+            Ok(Err(e)) => return Some(format!("stream {e}")),
+            Ok(Ok(Some(d))) => d,
+        };
+        idle = Duration::ZERO;
+        let action = record(queue, role, seen, rec);
+        match timeout(RPC_TIMEOUT, sub.settle(tag, action)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Some(format!("settle {e}")),
+            Err(_) => return Some("settle TIMEOUT".to_string()),
+        }
+    }
+}
+
+/// What `role` does with a delivery, recorded before the settle is sent: "seen and acked by a
+/// consumer" is the consumer's act; if the ack is lost the message comes back and is seen
+/// again (a duplicate, not a loss).
+fn record(queue: &str, role: Role, seen: Seen, rec: &Recorder) -> Action {
     let action = match role {
-        Role::Work => match decision(&id) {
+        Role::Work => match decision(&seen.id) {
             Decision::Reject => Action::Reject,
-            Decision::RequeueOnce if !d.redelivered => Action::Requeue,
+            Decision::RequeueOnce if !seen.redelivered => Action::Requeue,
             _ => Action::Ack,
         },
         Role::AlwaysRequeue => Action::Requeue,
         Role::DrainLeftovers | Role::DrainDeadLetters => Action::Ack,
     };
-    // Recorded before the settle is sent: "seen and acked by a consumer" is the consumer's act;
-    // if the ack is lost the message comes back and is seen again (a duplicate, not a loss).
     let t_ms = rec.now_ms();
     rec.with(|h| match role {
         Role::Work | Role::AlwaysRequeue => h.deliveries.push(DeliveryRecord {
             t_ms,
             queue: queue.to_string(),
-            id: id.clone(),
-            redelivered: d.redelivered,
+            id: seen.id,
+            redelivered: seen.redelivered,
             action,
         }),
         Role::DrainLeftovers => h.leftovers.push(Leftover {
             queue: queue.to_string(),
-            id: id.clone(),
+            id: seen.id,
         }),
         Role::DrainDeadLetters => h.dead_letters.push(DeadLetterRecord {
-            id: id.clone(),
-            redelivered: d.redelivered,
-            deaths: deaths(d),
+            id: seen.id,
+            redelivered: seen.redelivered,
+            deaths: seen.deaths,
         }),
     });
-    match action {
-        Action::Ack => consumer.ack(tag, false).await,
-        Action::Reject => consumer.reject(tag).await,
-        Action::Requeue => consumer.nack(tag, false, true).await,
-    }
+    action
 }
 
 #[cfg(test)]
