@@ -6,7 +6,8 @@
 //! three files a node's `cluster_ca`/`cluster_cert`/`cluster_key` name). Keys are ECDSA P-256
 //! (rcgen on ring), written with mode 0600; keep the CA directory apart from node directories:
 //! a node needs `ca.pem`, never `ca.key`. A node certificate carries the SANs 127.0.0.1,
-//! localhost, [`CLUSTER_TLS_NAME`] (what peers check) and the given hosts, and the extended key
+//! localhost, [`CLUSTER_TLS_NAME`] (what peers check; peers may be dialed by any name or
+//! address, this is the name they verify) and the names given with `--dns` and `--host`, and the extended key
 //! usages ServerAuth and ClientAuth, since a node both serves and dials its peers. Existing
 //! node files are kept unless `--force`, so `make cluster` can run it on every start.
 
@@ -38,8 +39,13 @@ pub struct CertsArgs {
     /// Common name of the node certificate (e.g. node1).
     #[arg(long, default_value = "qq-node")]
     pub name: String,
-    /// Extra SANs (host names or IP addresses) besides 127.0.0.1, localhost and qq-node.
-    #[arg(long = "host")]
+    /// An extra SAN: a DNS name clients (or operators) reach this node by, e.g.
+    /// `--dns quorumq-0.quorumq-headless --dns quorumq.example.com`; repeatable. Besides
+    /// 127.0.0.1, localhost and qq-node (the name peers check, always present).
+    #[arg(long = "dns", value_name = "NAME")]
+    pub dns: Vec<String>,
+    /// An extra SAN: an IP address or host name; repeatable.
+    #[arg(long = "host", value_name = "HOST")]
     pub hosts: Vec<String>,
     /// Validity of a new CA, in days.
     #[arg(long, default_value_t = DEFAULT_CA_DAYS)]
@@ -72,7 +78,10 @@ pub fn run(args: &CertsArgs) -> anyhow::Result<()> {
         "localhost".to_string(),
         CLUSTER_TLS_NAME.to_string(),
     ];
-    for h in &args.hosts {
+    for name in &args.dns {
+        check_dns_name(name)?;
+    }
+    for h in args.dns.iter().chain(&args.hosts) {
         if !sans.contains(h) {
             sans.push(h.clone());
         }
@@ -106,6 +115,26 @@ pub fn run(args: &CertsArgs) -> anyhow::Result<()> {
         node_pem.display(),
         sans.join(", ")
     );
+    Ok(())
+}
+
+/// `--dns NAME` must be a DNS name (letters, digits, `-`, dots between labels; a leading
+/// `*.` for a wildcard), not an address.
+fn check_dns_name(name: &str) -> anyhow::Result<()> {
+    let bare = name.strip_prefix("*.").unwrap_or(name);
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    };
+    let ok = name.len() <= 253
+        && bare.split('.').all(label_ok)
+        && bare.parse::<std::net::IpAddr>().is_err();
+    if !ok {
+        bail!("--dns: '{name}' is not a DNS name (use --host for an IP address)");
+    }
     Ok(())
 }
 
@@ -178,4 +207,27 @@ fn write_file(path: &Path, data: &[u8], mode: u32) -> anyhow::Result<()> {
         .with_context(|| format!("write {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("rename to {}", path.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_names_are_checked() {
+        for ok in [
+            "quorumq-0.quorumq-headless",
+            "broker",
+            "*.quorumq.example.com",
+        ] {
+            check_dns_name(ok).unwrap();
+        }
+        for bad in ["10.0.0.1", "", "a..b", "-a.b", "a_b", "host:7101"] {
+            let e = format!("{:#}", check_dns_name(bad).unwrap_err());
+            assert!(
+                e.starts_with(&format!("--dns: '{bad}' is not a DNS name")),
+                "{e}"
+            );
+        }
+    }
 }

@@ -1,7 +1,6 @@
 //! `qq-node --config FILE` (or flags): run one quorumq cluster node until SIGTERM or Ctrl-C.
 //! `qq-node certs ...`: create the cluster CA and a node certificate (see `qq_node::certs`).
 
-use clap::Parser;
 use qq_node::config::{Args, Command, Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
@@ -11,7 +10,7 @@ async fn main() -> anyhow::Result<()> {
     // First: rustls panics at the first TLS config when it cannot tell which crypto provider
     // to use (both or neither of ring/aws-lc enabled by the dependency graph); say it is ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let args = Args::parse();
+    let args = Args::parse_with_env_help();
     if let Some(Command::Certs(certs)) = &args.command {
         init_logs(LogFormat::Text);
         if let Err(e) = qq_node::certs::run(certs) {

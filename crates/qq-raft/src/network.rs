@@ -13,6 +13,15 @@
 //! whose certificate chains to the cluster CA and names [`CLUSTER_TLS_NAME`]. Without
 //! [`PeerTls`] (`insecure_cluster = true`) the channels speak plain `http://`.
 //!
+//! A cluster address may be a host name (`quorumq-1.quorumq-headless:7201`): it is kept as
+//! text, never resolved here. tonic's lazy channel resolves it (hyper's `HttpConnector`, the
+//! system resolver: /etc/hosts, DNS) on every connection attempt, and reconnects, resolving
+//! again, after the connection breaks; a peer that went silent under its old address is
+//! found dead by HTTP/2 keep-alive (5 s, 10 s timeout), so no address outlives a failure. A
+//! node that comes back with another IP under the same name is reached again without an
+//! operator (tests/tests/cluster/names.rs; it fails if the name is resolved once). TLS checks
+//! [`CLUSTER_TLS_NAME`], whatever name or address was dialled.
+//!
 //! An append carries at most [`MAX_APPEND_BYTES`] of entries (at least one entry): the rest
 //! goes in the next request, openraft told so by a `PartialSuccess`. A peer that does not
 //! answer is retried with a growing pause ([`UNREACHABLE_BACKOFF`]), not at once, so a leader

@@ -20,6 +20,7 @@ mod hostile_input;
 mod limits;
 mod membership;
 mod move_tasks;
+mod names;
 mod observe;
 mod page;
 mod policies;

@@ -1,15 +1,20 @@
 //! Node configuration: one typed `Config` with defaults in code, then the TOML file given with
-//! `--config`, then command-line flags (which may also come from `QQ_*` environment variables).
-//! `validate()` runs at start and names the field and the reason for every problem.
+//! `--config`, then `QQ_<KEY>` environment variables ([`env`]), then command-line flags
+//! ([`load`]): flag > environment > file > default. `validate()` runs at start and names the
+//! field and the reason for every problem.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use clap::Parser;
 use qq_raft::network::PeerTls;
 use serde::Deserialize;
+
+pub mod env;
+mod load;
+
+pub use load::{Args, Command, node_id_from_hostname};
 
 /// Default bound on one message (properties + body), 16 MiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
@@ -39,9 +44,15 @@ pub struct Peer {
 pub struct Config {
     /// This node's id: unique in the cluster, stable across restarts, >= 1.
     pub node_id: u64,
+    /// Take `node_id` from the hostname instead: the ordinal after its last `-`, plus one (a
+    /// StatefulSet's pod `quorumq-0` is node 1). Refused together with `node_id`.
+    #[serde(default)]
+    pub node_id_from_hostname: bool,
     /// Where the client API (qq.v1.Broker) listens.
     pub listen: SocketAddr,
-    /// The client address status and redirects show for this node; defaults to `listen`.
+    /// The client address status and redirects show for this node; defaults to this node's
+    /// `address` in `peers` when `listen` is a wildcard (0.0.0.0, ::) or the id comes from the
+    /// hostname, else to `listen`.
     #[serde(default)]
     pub advertise: Option<String>,
     /// Where the node-to-node service (qq.internal.v1.Internal) listens: mutual TLS with the
@@ -275,122 +286,7 @@ fn default_loopback_users() -> Vec<String> {
     vec!["guest".to_string()]
 }
 
-/// Command line. Either `--config FILE`, or the flags, or both (flags override the file).
-#[derive(Debug, Parser)]
-#[command(name = "qq-node", version, about = "A quorumq cluster node")]
-pub struct Args {
-    /// TOML config file (see cluster/node1.toml).
-    #[arg(long, env = "QQ_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// Node id (>= 1).
-    #[arg(long, env = "QQ_NODE_ID")]
-    pub node_id: Option<u64>,
-    /// Listen address, e.g. 127.0.0.1:7101.
-    #[arg(long, env = "QQ_LISTEN")]
-    pub listen: Option<SocketAddr>,
-    /// Advertised address (defaults to the listen address).
-    #[arg(long, env = "QQ_ADVERTISE")]
-    pub advertise: Option<String>,
-    /// Cluster (node-to-node) listen address, e.g. 127.0.0.1:7201.
-    #[arg(long, env = "QQ_CLUSTER_ADDR")]
-    pub cluster_addr: Option<SocketAddr>,
-    /// Initial members as id=client-host:port@cluster-host:port, comma separated, e.g.
-    /// 1=127.0.0.1:7101@127.0.0.1:7201,2=127.0.0.1:7102@127.0.0.1:7202.
-    #[arg(long, env = "QQ_PEERS", value_delimiter = ',')]
-    pub peers: Vec<String>,
-    /// Data directory.
-    #[arg(long, env = "QQ_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// HTTP address for /metrics and /healthz, e.g. 127.0.0.1:7301.
-    #[arg(long, env = "QQ_HTTP_ADDR")]
-    pub http_addr: Option<SocketAddr>,
-    /// Log format: text or json (one JSON object per line); overrides `log_format`.
-    #[arg(long, env = "QQ_LOG_FORMAT", value_enum)]
-    pub log_format: Option<LogFormat>,
-    #[command(subcommand)]
-    pub command: Option<Command>,
-}
-
-/// Subcommands; without one, qq-node runs a node.
-#[derive(Debug, clap::Subcommand)]
-pub enum Command {
-    /// Create the cluster CA (or reuse it) and a node certificate signed by it.
-    Certs(crate::certs::CertsArgs),
-}
-
 impl Config {
-    /// Load from the file (if any) and apply flags on top, then validate.
-    pub fn load(args: &Args) -> anyhow::Result<Config> {
-        let mut table: toml::Table = match &args.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("read config file {}", path.display()))?;
-                text.parse()
-                    .with_context(|| format!("parse config file {}", path.display()))?
-            }
-            None => toml::Table::new(),
-        };
-        if let Some(id) = args.node_id {
-            table.insert("node_id".into(), toml::Value::Integer(id as i64));
-        }
-        if let Some(listen) = args.listen {
-            table.insert("listen".into(), toml::Value::String(listen.to_string()));
-        }
-        if let Some(addr) = args.cluster_addr {
-            table.insert("cluster_addr".into(), toml::Value::String(addr.to_string()));
-        }
-        if let Some(addr) = args.http_addr {
-            table.insert("http_addr".into(), toml::Value::String(addr.to_string()));
-        }
-        if let Some(format) = args.log_format {
-            table.insert(
-                "log_format".into(),
-                toml::Value::String(format.as_str().into()),
-            );
-        }
-        if let Some(adv) = &args.advertise {
-            table.insert("advertise".into(), toml::Value::String(adv.clone()));
-        }
-        if let Some(dir) = &args.data_dir {
-            table.insert(
-                "data_dir".into(),
-                toml::Value::String(dir.display().to_string()),
-            );
-        }
-        if !args.peers.is_empty() {
-            let mut peers = Vec::new();
-            for p in &args.peers {
-                let (id, addrs) = p.split_once('=').with_context(|| {
-                    format!("--peers: '{p}' is not id=host:port@cluster-host:port")
-                })?;
-                let (addr, cluster) = addrs
-                    .split_once('@')
-                    .with_context(|| format!("--peers: '{p}' has no @cluster-host:port"))?;
-                let id: i64 = id
-                    .trim()
-                    .parse()
-                    .with_context(|| format!("--peers: '{id}' is not a node id"))?;
-                let mut t = toml::Table::new();
-                t.insert("id".into(), toml::Value::Integer(id));
-                t.insert(
-                    "address".into(),
-                    toml::Value::String(addr.trim().to_string()),
-                );
-                t.insert(
-                    "cluster_address".into(),
-                    toml::Value::String(cluster.trim().to_string()),
-                );
-                peers.push(toml::Value::Table(t));
-            }
-            table.insert("peers".into(), toml::Value::Array(peers));
-        }
-        let config: Config = toml::Value::Table(table)
-            .try_into()
-            .context("invalid configuration")?;
-        config.validate()?;
-        Ok(config)
-    }
-
     /// Check every field; the message names the field and the reason.
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.node_id == 0 {
@@ -588,9 +484,16 @@ impl Config {
 
     /// The address other nodes reach this node at.
     pub fn advertised(&self) -> String {
-        self.advertise
-            .clone()
-            .unwrap_or_else(|| self.listen.to_string())
+        if let Some(a) = &self.advertise {
+            return a.clone();
+        }
+        let own = self.peers.iter().find(|p| p.id == self.node_id);
+        match own {
+            Some(p) if self.listen.ip().is_unspecified() || self.node_id_from_hostname => {
+                p.address.clone()
+            }
+            _ => self.listen.to_string(),
+        }
     }
 
     /// Sorted ids of every initial member.
