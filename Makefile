@@ -99,7 +99,8 @@ check-core-purity:
 # The Kubernetes manifests (deploy/kubernetes/*.yaml) against the API schemas of each version in
 # KUBERNETES_VERSIONS, strictly (an unknown field fails), with the kubernetes-validate package
 # from PyPI in a venv under ~/.cache/quorumq (Debian's pip refuses system installs; the venv
-# needs python3-venv); then deploy/kubernetes/check.py: names that must agree across objects.
+# needs python3-venv); then deploy/kubernetes/check.py: names that must agree across objects;
+# then `systemd-analyze verify` of deploy/systemd/qq-node.service where systemd is installed.
 DEPLOY_VENV ?= $(HOME)/.cache/quorumq/venv-deploy
 KUBERNETES_VERSIONS ?= 1.28.0 1.37.0
 .PHONY: deploy-check
@@ -111,6 +112,7 @@ deploy-check:
 		echo "deploy/kubernetes/*.yaml: valid against the Kubernetes $$v API schemas"; \
 	done
 	$(DEPLOY_VENV)/bin/python deploy/kubernetes/check.py deploy/kubernetes/*.yaml
+	deploy/systemd/verify.sh
 
 # Only the integration tests (still --workspace, for the reason above).
 test-integration: deps build
