@@ -148,6 +148,13 @@ bench: deps bench-deps
 	    --out bench/results/scale-3 $(BENCH_SCALE_ARGS); \
 	fi
 
+# docs/benchmarks.md's current figures, made from bench/results/{,scale/,scale-3/}results.json
+# by bench/docs.py (standard library only); run after `make bench`. `python3 bench/docs.py
+# --check` exits 1 when the page no longer matches the result files.
+.PHONY: bench-docs
+bench-docs:
+	python3 bench/docs.py
+
 # What the benchmark needs besides the build: RabbitMQ (Debian's rabbitmq-server, kept from
 # starting its default node), perf for the profile, DejaVu Sans for the plot.
 bench-deps:
