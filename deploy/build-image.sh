@@ -40,11 +40,12 @@ else
     exit 1
 fi
 
+image_exists() { $engine image inspect "$1" >/dev/null 2>&1; } # podman and docker alike
 base=${BASE_IMAGE:-docker.io/library/debian:bookworm-slim}
 local_base=localhost/quorumq-base:bookworm
-if $engine image exists "$base" 2>/dev/null || $engine pull -q "$base" >/dev/null 2>&1; then
+if image_exists "$base" || $engine pull -q "$base" >/dev/null 2>&1; then
     echo "base image: $base"
-elif $engine image exists "$local_base" 2>/dev/null; then
+elif image_exists "$local_base"; then
     echo "base image: $base cannot be pulled; using $local_base (made earlier by this script)"
     base=$local_base
 else
