@@ -54,7 +54,7 @@ clean-cluster: cluster-down
 # qq-node processes; they run one cluster at a time by themselves (a lock in TestCluster), so
 # no --test-threads is needed on a 2-core machine. Always --workspace: selecting single
 # packages changes feature unification and makes cargo rebuild RocksDB.
-test: deps build check-core-purity
+test: deps build check-core-purity deploy-check
 	$(CARGO) test --workspace
 	$(MAKE) --no-print-directory chaos-short
 	$(MAKE) --no-print-directory chaos-short-amqp
@@ -108,6 +108,24 @@ check-core-purity:
 		echo "qq-core must not depend on the crates above"; exit 1; \
 	else echo "qq-core is pure: no tokio, tonic, openraft, rocksdb in its tree"; fi
 
+# The Kubernetes manifests (deploy/kubernetes/*.yaml) against the API schemas of each version in
+# KUBERNETES_VERSIONS, strictly (an unknown field fails), with the kubernetes-validate package
+# from PyPI in a venv under ~/.cache/quorumq (Debian's pip refuses system installs; the venv
+# needs python3-venv); then deploy/kubernetes/check.py: names that must agree across objects;
+# then `systemd-analyze verify` of deploy/systemd/qq-node.service where systemd is installed.
+DEPLOY_VENV ?= $(HOME)/.cache/quorumq/venv-deploy
+KUBERNETES_VERSIONS ?= 1.28.0 1.37.0
+.PHONY: deploy-check
+deploy-check:
+	@[ -x $(DEPLOY_VENV)/bin/kubernetes-validate ] || { python3 -m venv $(DEPLOY_VENV) && \
+		$(DEPLOY_VENV)/bin/pip install --quiet 'kubernetes-validate==1.37.0'; }
+	@for v in $(KUBERNETES_VERSIONS); do \
+		$(DEPLOY_VENV)/bin/kubernetes-validate --strict --quiet -k $$v deploy/kubernetes/*.yaml || exit 1; \
+		echo "deploy/kubernetes/*.yaml: valid against the Kubernetes $$v API schemas"; \
+	done
+	$(DEPLOY_VENV)/bin/python deploy/kubernetes/check.py deploy/kubernetes/*.yaml
+	deploy/systemd/verify.sh
+
 # Only the integration tests (still --workspace, for the reason above).
 test-integration: deps build
 	$(CARGO) test --workspace --test cluster
@@ -156,6 +174,13 @@ bench-quick: deps
 bench-quick-baseline: deps
 	$(CARGO) build --workspace --release --bins
 	$(CARGO_TARGET_DIR)/release/qq-bench --quick-check --no-profile --save-baseline $(BENCH_QUICK_ARGS)
+
+# docs/benchmarks.md's current figures, made from bench/results/{,scale/,scale-3/}results.json
+# by bench/docs.py (standard library only); run after `make bench`. `python3 bench/docs.py
+# --check` exits 1 when the page no longer matches the result files.
+.PHONY: bench-docs
+bench-docs:
+	python3 bench/docs.py
 
 # What the benchmark needs besides the build: RabbitMQ (Debian's rabbitmq-server, kept from
 # starting its default node), perf for the profile, DejaVu Sans for the plot.

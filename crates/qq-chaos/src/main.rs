@@ -106,7 +106,7 @@ const PUBLISH_CONCURRENCY: usize = 128;
 const SMALL_DISK_MIB: u64 = 256;
 
 /// Named scenarios: the short run of `make test`, and every anomaly chaos runs found, kept as a
-/// regression (see README "Chaos testing").
+/// regression (see docs/chaos.md).
 const SCENARIOS: &[(&str, u64, u64, &str, Protocol, &str)] = &[
     (
         "short",
