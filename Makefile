@@ -29,6 +29,7 @@ deps:
 	command -v iptables >/dev/null 2>&1 || missing="$$missing iptables"; \
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	command -v tc >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing="$$missing fonts-dejavu-core"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	[ -x /usr/bin/chromedriver ] || missing="$$missing chromium-driver"; \
