@@ -16,12 +16,12 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::Cluster;
 use crate::scenarios::{self, Outcome, Settings};
 
-/// The figures compared, as `(scenario, figure name, higher is better)`.
-const FIGURES: [(u8, &str, bool); 4] = [
-    (1, "delivered+acked", true),
-    (1, "confirmed", true),
-    (2, "confirm p99", false),
-    (2, "deliver p99", false),
+/// The figures compared, as `(scenario, figure name, unit)`.
+const FIGURES: [(u8, &str, &str); 4] = [
+    (1, "delivered+acked", "msg/s"),
+    (1, "confirmed", "msg/s"),
+    (2, "confirm p99", "ms"),
+    (2, "deliver p99", "ms"),
 ];
 
 /// One figure over the runs.
@@ -122,11 +122,10 @@ pub fn table(now: &QuickResult, baseline: Option<&QuickResult>) -> String {
         "figure", "runs", "median", "baseline", "ratio"
     ));
     for s in &now.series {
-        let higher = FIGURES
+        let unit = FIGURES
             .iter()
             .find(|(n, name, _)| *n == s.scenario && *name == s.name)
-            .is_some_and(|f| f.2);
-        let unit = if higher { "msg/s" } else { "ms" };
+            .map_or("", |f| f.2);
         let runs: Vec<String> = s.values.iter().map(|v| format!("{v:.1}")).collect();
         let base = baseline
             .and_then(|b| {
