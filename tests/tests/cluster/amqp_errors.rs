@@ -3,6 +3,7 @@
 //! protocol gets the answer the specification gives, while the node keeps serving.
 
 use anyhow::{Context, bail, ensure};
+use futures::StreamExt;
 use lapin::BasicProperties;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
@@ -97,11 +98,25 @@ async fn amqp_errors_close_the_channel_or_the_connection() -> anyhow::Result<()>
                     .await
                     .map(|_| ())
             }
-            // The ack has no answer; a round trip brings the channel's close.
-            _ => ch
-                .basic_ack(99, BasicAckOptions::default())
-                .await
-                .and(passive(&ch, "eq").await),
+            // The ack has no answer. The channel's close reaches its consumers with the
+            // server's reply code, whenever it arrives (a later method could find the
+            // channel already closing and carry no code).
+            _ => {
+                let mut watch = ch
+                    .basic_consume(
+                        "eq".into(),
+                        "watch".into(),
+                        BasicConsumeOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await?;
+                ch.basic_ack(99, BasicAckOptions::default()).await?;
+                match tokio::time::timeout(WAIT, watch.next()).await? {
+                    Some(Err(e)) => Err(e),
+                    Some(Ok(d)) => bail!("{what}: a delivery instead of the close: {d:?}"),
+                    None => bail!("{what}: the consumer ended without the close"),
+                }
+            }
         };
         let e = match err {
             Ok(()) => bail!("{what}: no error"),
