@@ -37,6 +37,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
+pub mod fixture;
 pub mod webdriver;
 
 use anyhow::{Context, anyhow, bail, ensure};

@@ -26,6 +26,9 @@
 //! - [`certs`]: the `qq-node certs` subcommand (cluster CA and node certificates).
 //! - [`config`], [`error`], [`codec`], [`clock`]: leaves.
 
+/// This binary's release, as `qq-node --version` prints it and `ClusterStatus` reports it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 pub mod alarms;
 pub mod amqp;
 pub mod api;

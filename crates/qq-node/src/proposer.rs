@@ -563,6 +563,7 @@ impl Proposer {
     ) -> QueueInfoReply {
         let mut reply = QueueInfoReply::default();
         if group == META_GROUP {
+            reply.version = crate::VERSION.to_string();
             if wait_applied > 0 {
                 let deadline = tokio::time::Instant::now() + META_APPLIED_WAIT;
                 self.wait_meta_applied_here(wait_applied, deadline).await;

@@ -32,6 +32,7 @@ mod security_auth;
 mod security_tls;
 mod shutdown;
 mod storage_faults;
+mod upgrade;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

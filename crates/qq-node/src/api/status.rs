@@ -241,10 +241,10 @@ pub(crate) async fn cluster_status_of(api: &Api, caller: &Caller) -> pb::Cluster
     let peers = node.peers();
     let reach = join_all(peers.ids().into_iter().map(|id| async move {
         if id == node.id() {
-            return (id, true);
+            return (id, Some(crate::VERSION.to_string()));
         }
         let Some(mut client) = peers.client(id) else {
-            return (id, false);
+            return (id, None);
         };
         let mut req = tonic::Request::new(qq_proto::internal::QueueInfoRequest {
             group: 0,
@@ -252,15 +252,17 @@ pub(crate) async fn cluster_status_of(api: &Api, caller: &Caller) -> pb::Cluster
             wait_applied: 0,
         });
         req.set_timeout(REACH_TIMEOUT);
-        (id, client.queue_info(req).await.is_ok())
+        let version = client.queue_info(req).await.ok();
+        (id, version.map(|r| r.into_inner().version))
     }))
     .await;
     let nodes = reach
         .into_iter()
-        .map(|(id, reachable)| pb::NodeStatus {
+        .map(|(id, version)| pb::NodeStatus {
             id,
             address: peers.address(id).unwrap_or_default(),
-            reachable,
+            reachable: version.is_some(),
+            version: version.unwrap_or_default(),
         })
         .collect();
     let registry = node.registry();

@@ -115,12 +115,13 @@ pub async fn status(client: &Client) -> anyhow::Result<()> {
     } else {
         println!("metadata leader: {}", s.metadata_leader);
     }
-    let mut rows = vec![row(["node", "address", "reachable"])];
+    let mut rows = vec![row(["node", "address", "reachable", "version"])];
     for n in &s.nodes {
         rows.push(vec![
             n.id.to_string(),
             n.address.clone(),
             n.reachable.to_string(),
+            n.version.clone(),
         ]);
     }
     print_table(&rows);

@@ -82,7 +82,7 @@ pub fn overview(o: &Overview<'_>) -> String {
     }
     out.push_str(
         "<h2>Nodes</h2><table id=\"nodes\"><tr><th>Node</th><th>Address</th><th>Reachable \
-         from this node</th><th>Queue leaders</th><th>Role</th></tr>",
+         from this node</th><th>Version</th><th>Queue leaders</th><th>Role</th></tr>",
     );
     for n in &s.nodes {
         let reachable = if n.reachable {
@@ -99,11 +99,12 @@ pub fn overview(o: &Overview<'_>) -> String {
         }
         let _ = write!(
             out,
-            "<tr data-node=\"{}\"><td>{}</td><td>{}</td><td>{reachable}</td><td class=\"n\">{}</td>\
-             <td>{}</td></tr>",
+            "<tr data-node=\"{}\"><td>{}</td><td>{}</td><td>{reachable}</td><td>{}</td>\
+             <td class=\"n\">{}</td><td>{}</td></tr>",
             n.id,
             n.id,
             esc(&n.address),
+            esc(&n.version),
             leaders.get(&n.id).copied().unwrap_or(0),
             role.join(", ")
         );
