@@ -193,17 +193,21 @@ async fn expect_method<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
 ) -> Result<AMQPClass, HandshakeEnd> {
     loop {
-        match reader.next().await {
-            Ok(AMQPFrame::Method(0, m)) => return Ok(m),
-            Ok(AMQPFrame::Heartbeat) => continue,
-            Ok(other) => {
+        // A refused argument does not matter here: no method that has one is expected.
+        let frame = match reader.next().await {
+            Ok(frame) | Err(ReadError::Refused(frame, _)) => frame,
+            Err(ReadError::Closed) => return Err(HandshakeEnd::Drop("closed".into())),
+            Err(ReadError::Bad(e)) => return Err(HandshakeEnd::Close(e)),
+        };
+        match frame {
+            AMQPFrame::Method(0, m) => return Ok(m),
+            AMQPFrame::Heartbeat => continue,
+            other => {
                 return Err(close(
                     UNEXPECTED_FRAME,
                     &format!("expected a method on channel 0 during the handshake, got {other}"),
                 ));
             }
-            Err(ReadError::Closed) => return Err(HandshakeEnd::Drop("closed".into())),
-            Err(ReadError::Bad(e)) => return Err(HandshakeEnd::Close(e)),
         }
     }
 }
@@ -375,14 +379,15 @@ async fn serve<R: AsyncRead + Unpin>(
                 break Some(ConnError::new(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"));
             }
         };
-        let frame = match read {
+        let (frame, refusal) = match read {
             Err(_) => {
                 info!(user = %session.caller.user, "amqp: missed heartbeats from the client, closing");
                 break None;
             }
             Ok(Err(ReadError::Closed)) => break None,
             Ok(Err(ReadError::Bad(e))) => break Some(with_name(e)),
-            Ok(Ok(f)) => f,
+            Ok(Err(ReadError::Refused(f, e))) => (f, Some(e)),
+            Ok(Ok(f)) => (f, None),
         };
         match frame {
             AMQPFrame::Heartbeat => {}
@@ -397,7 +402,7 @@ async fn serve<R: AsyncRead + Unpin>(
                 break None;
             }
             other => {
-                if let Err(e) = channels.handle(other).await {
+                if let Err(e) = channels.handle(other, refusal).await {
                     break Some(with_name(e));
                 }
             }
