@@ -18,7 +18,7 @@ use amq_protocol::types::{AMQPValue, FieldTable, LongString};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::Ctx;
 use super::channel::Channels;
@@ -271,7 +271,10 @@ fn client_caps(props: &FieldTable) -> ClientCaps {
 }
 
 /// The caller of start-ok's mechanism and response; a refusal is 403 ACCESS_REFUSED (530
-/// NOT_ALLOWED for a connection limit, 320 while the node catches up).
+/// NOT_ALLOWED for a connection limit, 320 while the node catches up). A mechanism not
+/// offered and a response that does not decode close the socket without connection.close:
+/// RabbitMQ 3.10 answers them with COMMAND_INVALID and SYNTAX_ERROR, which before the
+/// connection is tuned it does not send (rabbit_reader's handle_exception).
 async fn login(
     ctx: &Ctx,
     s: &conn::StartOk,
@@ -280,13 +283,14 @@ async fn login(
 ) -> Result<Caller, HandshakeEnd> {
     let mechanism = s.mechanism.as_str();
     let auth = ctx.api.auth();
+    let silently = |why: String| {
+        warn!(%peer, via = "amqp", "login refused: {why}");
+        HandshakeEnd::Drop(why)
+    };
     let result = match mechanism {
         "PLAIN" | "AMQPLAIN" => {
             let Some((user, password)) = credentials(mechanism, s.response.as_bytes()) else {
-                return Err(close(
-                    ACCESS_REFUSED,
-                    &format!("ACCESS_REFUSED - {mechanism} response does not decode"),
-                ));
+                return Err(silently(format!("{mechanism} response does not decode")));
             };
             auth.login_amqp(user, password, Some(peer), tls.is_some())
                 .await
@@ -295,10 +299,9 @@ async fn login(
             auth.login_amqp_external(tls.unwrap_or_default(), Some(peer))
         }
         other => {
-            return Err(close(
-                ACCESS_REFUSED,
-                &format!("ACCESS_REFUSED - unsupported authentication mechanism '{other}'"),
-            ));
+            return Err(silently(format!(
+                "authentication mechanism {other:?} is not offered"
+            )));
         }
     };
     result.map_err(|status| {
