@@ -29,8 +29,9 @@
 //! - Redeclaring with a different type/flags (exchanges) or a different value of any argument
 //!   quorumq interprets (queues) fails with FAILED_PRECONDITION in RabbitMQ's words:
 //!   `inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/': received the value '1000' of
-//!   type 'long' but current is none`. Exchange arguments are not compared (quorumq interprets
-//!   none; RabbitMQ compares only `alternate-exchange`).
+//!   type 'long' but current is none`. Of an exchange's arguments only `alternate-exchange` is
+//!   compared, as RabbitMQ's `rabbit_exchange:assert_args_equivalence` (quorumq stores it but
+//!   does not route by it).
 //! - A new queue gets the next id (from 1) and `min(x-quorum-initial-group-size or 3, nodes)`
 //!   members taken from the sorted node list starting at `id % nodes`, so initial leaders
 //!   (`members[0]`) rotate over the nodes.
@@ -1357,6 +1358,13 @@ impl MetaState {
                     return Err(inequivalent(arg, &received.to_string(), &cur.to_string()));
                 }
             }
+            for key in EXCHANGE_EQUIVALENCE_ARGS {
+                let (received, cur) = (arguments.get(key), current.arguments.get(key));
+                if received != cur {
+                    let what = format!("exchange '{name}' in vhost '{vhost}'");
+                    return Err(inequivalent_arg(&what, key, received, cur));
+                }
+            }
             return Ok(MetaReply::Ok);
         }
         check_not_reserved("exchange", name)?;
@@ -1748,13 +1756,28 @@ fn check_equivalent(
         };
         let (cur, rec) = (normalize(current), normalize(received));
         if cur != rec {
-            return Err(MetaError::failed_precondition(format!(
-                "inequivalent arg '{key}' for queue '{name}' in vhost '{vhost}': \
-                 received {} but current is {}",
-                show_arg(rec.as_ref()),
-                show_arg(cur.as_ref())
-            )));
+            let what = format!("queue '{name}' in vhost '{vhost}'");
+            return Err(inequivalent_arg(&what, &key, rec.as_ref(), cur.as_ref()));
         }
     }
     Ok(())
+}
+
+/// The exchange arguments a redeclare must repeat: RabbitMQ compares only
+/// `alternate-exchange` (`rabbit_exchange:assert_args_equivalence`).
+const EXCHANGE_EQUIVALENCE_ARGS: [&str; 1] = ["alternate-exchange"];
+
+/// RabbitMQ's refusal of a redeclare whose argument `key` differs (`rabbit_misc:
+/// equivalence_fail`); `what` names the queue or exchange and its vhost.
+fn inequivalent_arg(
+    what: &str,
+    key: &str,
+    received: Option<&Value>,
+    current: Option<&Value>,
+) -> MetaError {
+    MetaError::failed_precondition(format!(
+        "inequivalent arg '{key}' for {what}: received {} but current is {}",
+        show_arg(received),
+        show_arg(current)
+    ))
 }

@@ -833,6 +833,64 @@ fn exchange_declare_and_redeclare() {
     ok(&mut state, declare_exchange_cmd(&"x".repeat(255), "direct"));
 }
 
+/// Of an exchange's arguments a redeclare is compared on `alternate-exchange` only, as
+/// RabbitMQ's `rabbit_exchange:assert_args_equivalence`.
+#[test]
+fn exchange_redeclare_compares_alternate_exchange() {
+    let with_args = |name: &str, args: &[(&str, &str)]| {
+        let mut cmd = declare_exchange_cmd(name, "direct");
+        if let MetaCommand::DeclareExchange { arguments, .. } = &mut cmd {
+            for (k, v) in args {
+                arguments.insert(k.to_string(), Value::String(v.to_string()));
+            }
+        }
+        cmd
+    };
+    let mut state = MetaState::new();
+    ok(&mut state, with_args("e", &[]));
+    ok(
+        &mut state,
+        with_args("ae", &[("alternate-exchange", "one")]),
+    );
+    ok(
+        &mut state,
+        with_args("ae", &[("alternate-exchange", "one")]),
+    );
+    // Other arguments are not compared.
+    ok(&mut state, with_args("e", &[("x-whatever", "1")]));
+    let e = err(
+        &mut state,
+        with_args("e", &[("alternate-exchange", "elsewhere")]),
+    );
+    assert_eq!(e.kind, ErrorKind::FailedPrecondition);
+    assert_eq!(
+        e.message,
+        "inequivalent arg 'alternate-exchange' for exchange 'e' in vhost '/': received the \
+         value 'elsewhere' of type 'string' but current is none"
+    );
+    let e = err(
+        &mut state,
+        with_args("ae", &[("alternate-exchange", "two")]),
+    );
+    assert_eq!(
+        e.message,
+        "inequivalent arg 'alternate-exchange' for exchange 'ae' in vhost '/': received the \
+         value 'two' of type 'string' but current is the value 'one' of type 'string'"
+    );
+    let e = err(&mut state, with_args("ae", &[]));
+    assert_eq!(
+        e.message,
+        "inequivalent arg 'alternate-exchange' for exchange 'ae' in vhost '/': received none \
+         but current is the value 'one' of type 'string'"
+    );
+    // A refused redeclare changes nothing.
+    let current = state.exchange("/", "ae").expect("declared");
+    assert_eq!(
+        current.arguments.get("alternate-exchange"),
+        Some(&Value::String("one".into()))
+    );
+}
+
 #[test]
 fn passive_exchange_declare() {
     let mut state = MetaState::new();

@@ -5,6 +5,7 @@
 mod alarms;
 mod amqp;
 mod amqp_errors;
+mod amqp_parity;
 mod amqp_tls;
 mod bad_entries;
 mod bad_input;

@@ -57,8 +57,14 @@ impl Channels {
         }
     }
 
-    /// One frame of a channel other than 0 (or an unexpected one on 0).
-    pub async fn handle(&mut self, frame: AMQPFrame) -> Result<(), ConnError> {
+    /// One frame of a channel other than 0 (or an unexpected one on 0). `refusal`: the error
+    /// a method gets instead of running ([`super::frames::ReadError::Refused`]), once the
+    /// channel's state would let it run.
+    pub async fn handle(
+        &mut self,
+        frame: AMQPFrame,
+        refusal: Option<AmqpError>,
+    ) -> Result<(), ConnError> {
         let id = frame.channel_id();
         if id == 0 {
             let (code, class_method) = match &frame {
@@ -104,7 +110,7 @@ impl Channels {
         let (class_method, result) = match frame {
             AMQPFrame::Method(_, method) => {
                 let cm = (method.get_amqp_class_id(), method.get_amqp_method_id());
-                (cm, self.method(id, method).await)
+                (cm, self.method(id, method, refusal).await)
             }
             AMQPFrame::Header(_, header) => ((60, 40), self.header(id, header).await),
             AMQPFrame::Body(_, body) => ((60, 40), self.body(id, body).await),
@@ -185,7 +191,12 @@ impl Channels {
         }
     }
 
-    async fn method(&mut self, id: u16, method: AMQPClass) -> Result<(), AmqpError> {
+    async fn method(
+        &mut self,
+        id: u16,
+        method: AMQPClass,
+        refusal: Option<AmqpError>,
+    ) -> Result<(), AmqpError> {
         let session = self.session.clone();
         if let AMQPClass::Channel(chan::AMQPMethod::Close(_)) = method {
             if let Some(mut channel) = self.open.remove(&id) {
@@ -200,6 +211,9 @@ impl Channels {
                 UNEXPECTED_FRAME,
                 "expected content header for class 60, got non content header frame instead",
             ));
+        }
+        if let Some(e) = refusal {
+            return Err(e);
         }
         let reply = match method {
             AMQPClass::Channel(chan::AMQPMethod::CloseOk(_)) => None,

@@ -8,6 +8,11 @@
 //! type, missing frame-end octet, oversized frame), 540 NOT_IMPLEMENTED for a class or method
 //! AMQP 0-9-1 does not have, 501 too for a known method whose arguments do not decode (as
 //! RabbitMQ), 502 SYNTAX_ERROR for a method frame too short to name its method.
+//!
+//! One argument the codec parses but does not keep is read here from the payload: basic.qos's
+//! `prefetch_size`. A non-zero one is RabbitMQ's 540 `prefetch_size!=0 (N)`; the frame comes
+//! back with that refusal ([`ReadError::Refused`]) for its channel to answer in turn (an
+//! unopened channel is still 504, a closing one still ignores it).
 
 use amq_protocol::frame::{AMQPContentHeader, AMQPFrame, WriteContext, gen_frame, parse_frame};
 use amq_protocol::protocol::constants::{
@@ -16,7 +21,7 @@ use amq_protocol::protocol::constants::{
 use amq_protocol::protocol::{AMQPClass, basic};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::codes::{ConnError, FRAME_ERROR, NOT_IMPLEMENTED, SYNTAX_ERROR};
+use super::codes::{AmqpError, ConnError, FRAME_ERROR, NOT_IMPLEMENTED, SYNTAX_ERROR};
 
 /// Type, channel and size octets before a frame's payload.
 const HEADER_LEN: usize = 7;
@@ -30,6 +35,9 @@ pub enum ReadError {
     Closed,
     /// A frame that is not AMQP 0-9-1: close the connection with this.
     Bad(ConnError),
+    /// A well-formed method refused for an argument the codec does not keep: its channel
+    /// answers the frame with this error instead of running it.
+    Refused(AMQPFrame, AmqpError),
 }
 
 impl From<std::io::Error> for ReadError {
@@ -130,11 +138,28 @@ pub fn take_frame(buf: &mut Vec<u8>, frame_max: u32) -> Result<Option<AMQPFrame>
         );
     }
     let parsed = match parse_frame(&buf[..total]) {
-        Ok((rest, frame)) if rest.is_empty() => Ok(frame),
-        _ => Err(undecodable(kind, &buf[HEADER_LEN..total - 1])),
+        Ok((rest, frame)) if rest.is_empty() => match refusal(&frame, &buf[HEADER_LEN..]) {
+            Some(e) => Err(ReadError::Refused(frame, e)),
+            None => Ok(frame),
+        },
+        _ => Err(ReadError::Bad(undecodable(
+            kind,
+            &buf[HEADER_LEN..total - 1],
+        ))),
     };
     buf.drain(..total);
-    parsed.map(Some).map_err(ReadError::Bad)
+    parsed.map(Some)
+}
+
+/// RabbitMQ's refusal of a parsed method for an argument the codec dropped: basic.qos with a
+/// non-zero `prefetch_size` (its first argument, after the class and method ids) is 540
+/// (rabbit_channel: `prefetch_size!=0 (N)`).
+fn refusal(frame: &AMQPFrame, payload: &[u8]) -> Option<AmqpError> {
+    let AMQPFrame::Method(_, AMQPClass::Basic(basic::AMQPMethod::Qos(_))) = frame else {
+        return None;
+    };
+    let size = u32::from_be_bytes(payload.get(4..8)?.try_into().ok()?);
+    (size != 0).then(|| AmqpError::new(NOT_IMPLEMENTED, format!("prefetch_size!=0 ({size})")))
 }
 
 /// What to answer for a well-framed payload that does not decode.
@@ -289,6 +314,35 @@ mod tests {
         buf[3..7].copy_from_slice(&6u32.to_be_bytes());
         assert!(payload > 6);
         assert_eq!(code_of(take_frame(&mut buf, 131_072)), Some(FRAME_ERROR));
+    }
+
+    #[test]
+    fn qos_with_a_prefetch_size_is_refused_with_540() {
+        let qos = AMQPFrame::Method(
+            3,
+            AMQPClass::Basic(basic::AMQPMethod::Qos(basic::Qos {
+                prefetch_count: 10,
+                global: false,
+            })),
+        );
+        let mut bytes = Vec::new();
+        encode(&qos, &mut bytes);
+        let mut buf = bytes.clone();
+        assert!(matches!(
+            take_frame(&mut buf, 131_072),
+            Ok(Some(AMQPFrame::Method(3, _)))
+        ));
+        // prefetch_size: the four octets after the class and method ids.
+        let mut buf = bytes.clone();
+        buf[HEADER_LEN + 4..HEADER_LEN + 8].copy_from_slice(&1000u32.to_be_bytes());
+        match take_frame(&mut buf, 131_072) {
+            Err(ReadError::Refused(AMQPFrame::Method(3, _), e)) => {
+                assert_eq!(e.code, NOT_IMPLEMENTED);
+                assert_eq!(e.reply_text(), "NOT_IMPLEMENTED - prefetch_size!=0 (1000)");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(buf.is_empty());
     }
 
     proptest! {
