@@ -271,3 +271,70 @@ impl Raw {
         Ok(payload[4..].to_vec())
     }
 }
+
+/// basic.cancel-ok comes once the consumer has left the queue, as RabbitMQ's: a message
+/// published after it never goes to the cancelled consumer (it would come back redelivered,
+/// with a delivery counted). Twenty rounds, on a node that does not lead the queue and on one
+/// that does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_published_after_cancel_ok_is_fresh() -> anyhow::Result<()> {
+    use lapin::BasicProperties;
+    use lapin::options::{
+        BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+        ConfirmSelectOptions,
+    };
+
+    let cluster = TestCluster::start(3).await?;
+    for node in [1, 2] {
+        let conn = connect(&cluster, node).await?;
+        let ch = conn.create_channel().await?;
+        ch.confirm_select(ConfirmSelectOptions::default()).await?;
+        let queue = format!("after-cancel-{node}");
+        super::amqp::declare(&ch, &queue, super::amqp::quorum()).await?;
+        for round in 0..20 {
+            let tag = format!("c{round}");
+            let _consumer = ch
+                .basic_consume(
+                    queue.as_str().into(),
+                    tag.as_str().into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            ch.basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+                .await?;
+            let body = format!("m{round}");
+            ch.basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                BasicProperties::default(),
+            )
+            .await?
+            .await?;
+            let got = tokio::time::timeout(
+                WAIT,
+                ch.basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true }),
+            )
+            .await??
+            .with_context(|| format!("node {node} round {round}: the queue is empty"))?;
+            let count = got
+                .delivery
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get("x-delivery-count").cloned());
+            ensure!(
+                got.delivery.data == body.as_bytes()
+                    && !got.delivery.redelivered
+                    && matches!(count, None | Some(AMQPValue::LongLongInt(0))),
+                "node {node} round {round}: {body} came back redelivered {} with \
+                 x-delivery-count {count:?}",
+                got.delivery.redelivered
+            );
+        }
+    }
+    cluster.stop();
+    Ok(())
+}

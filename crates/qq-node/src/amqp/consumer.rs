@@ -41,6 +41,8 @@ use crate::consume::session::{SessionIn, SessionOut, SubscribeArgs};
 
 /// How long a consumer whose session ended with UNAVAILABLE waits before subscribing again.
 const RESUBSCRIBE_BACKOFF: Duration = Duration::from_millis(250);
+/// How long basic.cancel waits for the consumer's session to end before answering anyway.
+const CANCEL_WAIT: Duration = Duration::from_secs(5);
 
 /// An unacked delivery of the channel.
 #[derive(Debug, Clone)]
@@ -62,6 +64,8 @@ struct Handle {
     input: mpsc::Sender<SessionIn>,
     generation: u64,
     stop: CancellationToken,
+    /// Cancelled once the consumer's session has ended on the queue's leader.
+    finished: CancellationToken,
 }
 
 #[derive(Default)]
@@ -276,6 +280,7 @@ async fn consume(
         args,
         no_ack: c.no_ack,
         stop: channel.deliveries.done.child_token(),
+        finished: CancellationToken::new(),
         _guard: guard,
     };
     let out = consumer.subscribe(0).await?;
@@ -300,6 +305,8 @@ struct Consumer {
     args: SubscribeArgs,
     no_ack: bool,
     stop: CancellationToken,
+    /// Cancelled when the task ends, after its last session ended (see [`cancel`]).
+    finished: CancellationToken,
     _guard: ConsumerGuard,
 }
 
@@ -317,12 +324,18 @@ impl Consumer {
                 input: in_tx,
                 generation,
                 stop: self.stop.clone(),
+                finished: self.finished.clone(),
             },
         );
         Ok(out_rx)
     }
 
-    async fn run(self, mut out: mpsc::Receiver<SessionOut>) {
+    async fn run(self, out: mpsc::Receiver<SessionOut>) {
+        self.serve(out).await;
+        self.finished.cancel();
+    }
+
+    async fn serve(&self, mut out: mpsc::Receiver<SessionOut>) {
         let mut generation = 0;
         loop {
             let ended = self.pump(&mut out, generation).await;
@@ -357,7 +370,10 @@ impl Consumer {
         loop {
             let next = tokio::select! {
                 o = out.recv() => o,
-                _ = self.stop.cancelled() => return None,
+                _ = self.stop.cancelled() => {
+                    self.wind_down(out).await;
+                    return None;
+                }
             };
             match next {
                 Some(SessionOut::Subscribed { .. }) => {}
@@ -384,6 +400,16 @@ impl Consumer {
                 }
                 None => return Some(Code::Unavailable as i32),
             }
+        }
+    }
+
+    /// The consumer was cancelled or its channel closed: wait (at most [`CANCEL_WAIT`]) until
+    /// its session ended on the leader, so that no later message goes to it. Deliveries that
+    /// still come are not sent on: the session's end returns them to the queue.
+    async fn wind_down(&self, out: &mut mpsc::Receiver<SessionOut>) {
+        let drained = async { while out.recv().await.is_some() {} };
+        if tokio::time::timeout(CANCEL_WAIT, drained).await.is_err() {
+            debug!(ctag = %self.ctag, "amqp consumer: session still open after the cancel wait");
         }
     }
 
@@ -445,7 +471,9 @@ impl Consumer {
     }
 }
 
-/// basic.cancel: the consumer's session ends (its unacked messages return to the queue).
+/// basic.cancel: the consumer's session ends (its unacked messages return to the queue), and
+/// cancel-ok waits until it has ended on the queue's leader (at most [`CANCEL_WAIT`]): a message
+/// published after cancel-ok never goes to the cancelled consumer.
 async fn cancel(channel: &mut Consuming, ctag: &str) {
     let handle = channel
         .deliveries
@@ -457,6 +485,7 @@ async fn cancel(channel: &mut Consuming, ctag: &str) {
     if let Some(h) = handle {
         h.stop.cancel();
         let _ = h.input.send(SessionIn::Cancel).await;
+        let _ = tokio::time::timeout(CANCEL_WAIT, h.finished.cancelled()).await;
     }
 }
 
