@@ -27,6 +27,13 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     init_logs(config.log_format);
+    if let Ok(vars) = qq_node::config::env::process_env() {
+        for name in qq_node::config::env::unknown_vars(&vars) {
+            tracing::warn!(
+                "{name}: no configuration key has this variable; ignored (see qq-node --help)"
+            );
+        }
+    }
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");

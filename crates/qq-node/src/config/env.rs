@@ -144,6 +144,16 @@ pub fn process_env() -> anyhow::Result<BTreeMap<String, String>> {
     Ok(vars)
 }
 
+/// The `QQ_*` variables of `env` that name no key (a typo, or another program's variable such
+/// as a Kubernetes service link of a service called `qq`): the node warns about them at start
+/// and otherwise ignores them.
+pub fn unknown_vars(env: &BTreeMap<String, String>) -> Vec<&str> {
+    env.keys()
+        .map(String::as_str)
+        .filter(|name| !KEYS.iter().any(|k| var_name(k.name) == *name))
+        .collect()
+}
+
 /// Sets (or, for an empty optional one, removes) every key of `table` that has a variable in
 /// `env`. Returns the keys set, for the caller's messages.
 pub(super) fn overlay(
@@ -289,6 +299,16 @@ mod tests {
             })
             .map(|f| f.lines().next().unwrap_or(f).trim_matches('`').to_string())
             .collect()
+    }
+
+    #[test]
+    fn unknown_variables_are_named() {
+        let vars = env(&[
+            ("QQ_LISTEN", "127.0.0.1:1"),
+            ("QQ_LSITEN", "x"),
+            ("QQ_PORT", "1"),
+        ]);
+        assert_eq!(unknown_vars(&vars), ["QQ_LSITEN", "QQ_PORT"]);
     }
 
     #[test]
