@@ -26,7 +26,14 @@ async fn main() -> anyhow::Result<()> {
             .collect(),
         ..Default::default()
     };
-    let mut cluster = TestCluster::start_with_options(3, RaftSettings::default(), options).await?;
+    // Snapshots every 100 entries (the least a node takes): with what `populate` writes, the
+    // data holds queue and metadata snapshots as well as log entries after them, so both
+    // formats are read back.
+    let settings = RaftSettings {
+        snapshot_after_entries: 100,
+        ..Default::default()
+    };
+    let mut cluster = TestCluster::start_with_options(3, settings, options).await?;
     let admin = cluster.client(1).await?;
     fixture::populate(&admin).await?;
     let record = fixture::record(&admin).await?;

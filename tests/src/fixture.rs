@@ -98,6 +98,12 @@ pub async fn populate(admin: &Client) -> anyhow::Result<()> {
             args(&[("max-length", Value::long(5))]),
         )
         .await?;
+    // Enough metadata entries (over 100) for a metadata snapshot in the fixture.
+    for i in 0..90 {
+        admin
+            .declare_exchange(&format!("fx.e{i:02}"), "direct")
+            .await?;
+    }
     admin.declare_exchange("fx.topic", "topic").await?;
     admin.declare_exchange("fx.dlx", "fanout").await?;
     admin
@@ -121,6 +127,15 @@ pub async fn populate(admin: &Client) -> anyhow::Result<()> {
     }
     for i in 40..50 {
         admin.publish("", "fx.capped", message(i)).await?;
+    }
+    // Enough queue entries (over 100) for a queue snapshot in the fixture.
+    admin.declare_queue("fx.bulk", HashMap::new()).await?;
+    for i in 0..150 {
+        let m = v1::Message {
+            body: format!("bulk-{i}").into_bytes().into(),
+            ..Default::default()
+        };
+        admin.publish("", "fx.bulk", m).await?;
     }
     for i in 50..53 {
         admin.publish("", LEASED_QUEUE, message(i)).await?;
