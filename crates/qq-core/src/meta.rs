@@ -44,7 +44,7 @@
 //! - Permission regexes are matched unanchored; an empty regex grants nothing. The default
 //!   exchange is checked under the name `amq.default`.
 //!
-//! What it leaves out: exchange-to-exchange bindings, alternate exchanges, operator policies,
+//! What it leaves out: exchange-to-exchange bindings, operator policies,
 //! exclusive/auto-delete queues (quorum queues are always durable), and the `internal` check on
 //! publish, which the node does with [`MetaState::exchange`] because dead letters may be routed
 //! through an internal exchange.
@@ -668,6 +668,22 @@ impl Vhost {
     }
 
     /// Bindings whose source is `exchange`.
+    /// The alternate exchange of `x`: its `alternate-exchange` argument, else the key of the
+    /// highest-priority policy applying to it (the argument wins, as in RabbitMQ).
+    fn alternate_exchange<'a>(&'a self, x: &'a Exchange) -> Option<&'a str> {
+        if let Some(ae) = x
+            .arguments
+            .get("alternate-exchange")
+            .and_then(Value::as_str)
+        {
+            return Some(ae);
+        }
+        crate::policy::matching_exchange_policy(self.policies.values(), &x.name)?
+            .definition
+            .get("alternate-exchange")
+            .and_then(Value::as_str)
+    }
+
     fn bindings_from<'a>(&'a self, exchange: &'a str) -> impl Iterator<Item = &'a Binding> + 'a {
         let lower = Binding {
             source: exchange.to_string(),
@@ -953,25 +969,42 @@ impl MetaState {
             .vhosts
             .get(vhost)
             .ok_or_else(|| vhost_not_found(vhost))?;
-        let names: BTreeSet<&str> = if is_default_exchange(exchange) {
-            routing_keys.iter().map(String::as_str).collect()
-        } else {
-            let x = v
-                .exchanges
-                .get(exchange)
-                .ok_or_else(|| exchange_not_found(vhost, exchange))?;
-            v.bindings_from(exchange)
+        let queues = |names: BTreeSet<&str>| -> Vec<QueueMeta> {
+            names
+                .into_iter()
+                .filter_map(|n| v.queues.get(n).cloned())
+                .collect()
+        };
+        if is_default_exchange(exchange) {
+            return Ok(queues(routing_keys.iter().map(String::as_str).collect()));
+        }
+        let mut x = v
+            .exchanges
+            .get(exchange)
+            .ok_or_else(|| exchange_not_found(vhost, exchange))?;
+        // An exchange that routes the message nowhere hands it to its alternate exchange, and
+        // so on; each exchange is tried once (an alternate-exchange cycle ends), and a missing
+        // alternate exchange ends the chain (as RabbitMQ's rabbit_exchange:route).
+        let mut tried = BTreeSet::new();
+        loop {
+            tried.insert(x.name.as_str());
+            let names = v
+                .bindings_from(&x.name)
                 .filter(|b| {
                     x.kind
                         .binding_matches(&b.routing_key, &b.arguments, routing_keys, headers)
                 })
                 .map(|b| b.destination.as_str())
-                .collect()
-        };
-        Ok(names
-            .into_iter()
-            .filter_map(|n| v.queues.get(n).cloned())
-            .collect())
+                .collect();
+            let found = queues(names);
+            if !found.is_empty() {
+                return Ok(found);
+            }
+            match v.alternate_exchange(x).and_then(|ae| v.exchanges.get(ae)) {
+                Some(ae) if !tried.contains(ae.name.as_str()) => x = ae,
+                _ => return Ok(found),
+            }
+        }
     }
 
     /// Checks a user's password; UNAUTHENTICATED (without saying which part was wrong) otherwise.

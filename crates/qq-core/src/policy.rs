@@ -156,6 +156,9 @@ const SHARED_KEYS: &[(&str, Rule)] = &[
     ),
 ];
 
+/// Policy keys for exchanges (the same name as the exchange argument).
+const EXCHANGE_POLICY_KEYS: &[(&str, Rule)] = &[("alternate-exchange", Rule::String)];
+
 /// Keys that exist only as queue arguments.
 const ARGUMENT_ONLY_KEYS: &[(&str, Rule)] = &[
     (
@@ -323,9 +326,10 @@ pub fn validate_queue_arguments(args: &Table) -> Result<(), MetaError> {
 
 /// Validates a policy definition: only the ten policy keys, each with the right type and range.
 pub fn validate_policy_definition(def: &Table) -> Result<(), MetaError> {
+    let policy_keys = || SHARED_KEYS.iter().chain(EXCHANGE_POLICY_KEYS);
     for (key, value) in def {
-        let Some((_, rule)) = SHARED_KEYS.iter().find(|(name, _)| name == key) else {
-            let known: Vec<&str> = SHARED_KEYS.iter().map(|(k, _)| *k).collect();
+        let Some((_, rule)) = policy_keys().find(|(name, _)| name == key) else {
+            let known: Vec<&str> = policy_keys().map(|(k, _)| *k).collect();
             return Err(MetaError::invalid(format!(
                 "definition: '{key}' is not a recognised policy setting (known: {})",
                 known.join(", ")
@@ -376,11 +380,19 @@ pub fn matching_policy<'a>(
     policies: impl Iterator<Item = &'a Policy>,
     queue_name: &str,
 ) -> Option<&'a Policy> {
+    highest_matching(policies.filter(|p| applies_to_queues(p)), queue_name)
+}
+
+/// Among `policies`, those whose pattern matches `name` (unanchored): the highest priority,
+/// the smallest name among equals.
+fn highest_matching<'a>(
+    policies: impl Iterator<Item = &'a Policy>,
+    name: &str,
+) -> Option<&'a Policy> {
     policies
-        .filter(|p| applies_to_queues(p))
         .filter(|p| {
             Regex::new(&p.pattern)
-                .map(|re| re.is_match(queue_name))
+                .map(|re| re.is_match(name))
                 .unwrap_or(false)
         })
         .min_by(|a, b| {
@@ -388,6 +400,17 @@ pub fn matching_policy<'a>(
                 .cmp(&a.priority)
                 .then_with(|| a.name.cmp(&b.name))
         })
+}
+
+/// The policy that applies to exchange `exchange_name`: as [`matching_policy`], among the
+/// policies that apply to exchanges (`apply_to` `all`, empty, or `exchanges`).
+pub fn matching_exchange_policy<'a>(
+    policies: impl Iterator<Item = &'a Policy>,
+    exchange_name: &str,
+) -> Option<&'a Policy> {
+    let for_exchanges =
+        policies.filter(|p| matches!(p.apply_to.as_str(), "" | "all" | "exchanges"));
+    highest_matching(for_exchanges, exchange_name)
 }
 
 /// The value of `key` from the arguments (`x-key`) and from the policy (`key`).

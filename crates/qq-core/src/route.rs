@@ -20,8 +20,8 @@
 //! - **sender-selected distribution**: a `CC` or `BCC` header (a list of strings) adds routing
 //!   keys. `BCC` is stripped from the message before anyone else sees it ([`strip_bcc`]).
 //!
-//! What it leaves out: exchange-to-exchange bindings and alternate exchanges (quorumq has
-//! neither), and the default exchange, which [`crate::meta::MetaState::route`] handles by queue
+//! What it leaves out: exchange-to-exchange bindings (quorumq has none), alternate exchanges
+//! (followed by [`crate::meta::MetaState::route`]), and the default exchange, which [`crate::meta::MetaState::route`] handles by queue
 //! name because it has no bindings.
 
 use serde::{Deserialize, Serialize};

@@ -2201,3 +2201,103 @@ fn delete_queue_cmd(name: &str) -> MetaCommand {
         name: name.into(),
     }
 }
+
+fn declare_exchange_with_ae(name: &str, kind: &str, ae: &str) -> MetaCommand {
+    let mut cmd = declare_exchange_cmd(name, kind);
+    if let MetaCommand::DeclareExchange { arguments, .. } = &mut cmd {
+        *arguments = table(&[("alternate-exchange", s(ae))]);
+    }
+    cmd
+}
+
+/// Policy `ae` for `apply_to`, naming alternate exchange `ae` for exchanges plain and argued.
+fn ae_policy(apply_to: &str, ae: &str) -> MetaCommand {
+    let definition = table(&[("alternate-exchange", s(ae))]);
+    let mut cmd = set_policy_cmd("ae", "^(plain|argued)$", 0, definition);
+    if let MetaCommand::SetPolicy { apply_to: a, .. } = &mut cmd {
+        *a = apply_to.into();
+    }
+    cmd
+}
+
+#[test]
+fn an_unroutable_message_goes_to_the_alternate_exchange_chain() {
+    let mut state = MetaState::new();
+    let none = Table::new();
+    for q in ["routed", "caught", "last"] {
+        declare_queue(&mut state, q, Table::new());
+    }
+    ok(
+        &mut state,
+        declare_exchange_with_ae("main", "direct", "ae1"),
+    );
+    ok(&mut state, declare_exchange_with_ae("ae1", "direct", "ae2"));
+    ok(&mut state, declare_exchange_cmd("ae2", "fanout"));
+    ok(&mut state, bind_cmd("routed", "main", "k", Table::new()));
+    ok(&mut state, bind_cmd("caught", "ae1", "other", Table::new()));
+    ok(&mut state, bind_cmd("last", "ae2", "", Table::new()));
+    // Routed by main: the alternate exchanges are not consulted.
+    assert_eq!(routed(&state, "main", &["k"], &none), ["routed"]);
+    // Not by main, by its alternate exchange.
+    assert_eq!(routed(&state, "main", &["other"], &none), ["caught"]);
+    // Neither: down the chain to ae2 (a fanout).
+    assert_eq!(routed(&state, "main", &["x"], &none), ["last"]);
+    // A missing alternate exchange ends the chain: routed nowhere, no error.
+    ok(
+        &mut state,
+        declare_exchange_with_ae("lost", "direct", "no-such"),
+    );
+    assert_eq!(routed(&state, "lost", &["x"], &none), Vec::<String>::new());
+}
+
+#[test]
+fn an_alternate_exchange_cycle_ends() {
+    let mut state = MetaState::new();
+    let none = Table::new();
+    declare_queue(&mut state, "q", Table::new());
+    ok(&mut state, declare_exchange_with_ae("a", "direct", "b"));
+    ok(&mut state, declare_exchange_with_ae("b", "direct", "a"));
+    ok(&mut state, bind_cmd("q", "b", "kb", Table::new()));
+    assert_eq!(
+        routed(&state, "a", &["nothing"], &none),
+        Vec::<String>::new()
+    );
+    assert_eq!(routed(&state, "a", &["kb"], &none), ["q"]);
+    ok(
+        &mut state,
+        declare_exchange_with_ae("self", "direct", "self"),
+    );
+    assert_eq!(routed(&state, "self", &["x"], &none), Vec::<String>::new());
+}
+
+#[test]
+fn a_policy_gives_an_alternate_exchange_and_the_argument_wins() {
+    let mut state = MetaState::new();
+    let none = Table::new();
+    declare_queue(&mut state, "from-policy", Table::new());
+    declare_queue(&mut state, "from-argument", Table::new());
+    ok(&mut state, declare_exchange_cmd("by-policy", "fanout"));
+    ok(&mut state, declare_exchange_cmd("by-argument", "fanout"));
+    ok(
+        &mut state,
+        bind_cmd("from-policy", "by-policy", "", Table::new()),
+    );
+    ok(
+        &mut state,
+        bind_cmd("from-argument", "by-argument", "", Table::new()),
+    );
+    ok(&mut state, declare_exchange_cmd("plain", "direct"));
+    ok(
+        &mut state,
+        declare_exchange_with_ae("argued", "direct", "by-argument"),
+    );
+    ok(&mut state, ae_policy("queues", "by-policy"));
+    // A policy for queues does not apply to exchanges.
+    assert_eq!(routed(&state, "plain", &["x"], &none), Vec::<String>::new());
+    ok(&mut state, ae_policy("exchanges", "by-policy"));
+    assert_eq!(routed(&state, "plain", &["x"], &none), ["from-policy"]);
+    assert_eq!(routed(&state, "argued", &["x"], &none), ["from-argument"]);
+    // The key is validated as a string.
+    let bad = set_policy_cmd("bad", ".*", 0, table(&[("alternate-exchange", l(1))]));
+    assert_eq!(err(&mut state, bad).kind, ErrorKind::InvalidArgument);
+}

@@ -201,3 +201,104 @@ async fn bcc_is_invisible_and_deliveries_carry_their_route() -> anyhow::Result<(
     cluster.stop();
     Ok(())
 }
+
+/// Alternate exchanges: a message its exchange routes nowhere goes to the exchange's
+/// `alternate-exchange` (argument, else an exchange policy), along a chain that ends at a
+/// cycle; a mandatory publish is returned only when the whole chain routes it nowhere. Naming
+/// an alternate exchange needs write on it and read on the declared one, as RabbitMQ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alternate_exchanges_catch_what_is_not_routed() -> anyhow::Result<()> {
+    use std::collections::HashMap;
+
+    use qq_client::v1;
+    use tonic::Code;
+
+    let cluster = TestCluster::start(3).await?;
+    let c = cluster.client(1).await?;
+    let ae = |name: &str| -> HashMap<String, Value> {
+        [("alternate-exchange".to_string(), Value::string(name))].into()
+    };
+    let declare = |name: &str, kind: &str, arguments: HashMap<String, Value>| {
+        c.declare_exchange_with(v1::DeclareExchangeRequest {
+            name: name.into(),
+            r#type: kind.into(),
+            durable: true,
+            arguments,
+            ..Default::default()
+        })
+    };
+    declare("ae.main", "direct", ae("ae.catch")).await?;
+    declare("ae.catch", "fanout", HashMap::new()).await?;
+    declare("ae.loop1", "direct", ae("ae.loop2")).await?;
+    declare("ae.loop2", "direct", ae("ae.loop1")).await?;
+    for q in ["ae.routed", "ae.caught"] {
+        c.declare_queue(q, HashMap::new()).await?;
+    }
+    c.bind("ae.routed", "ae.main", "k", HashMap::new()).await?;
+    c.bind("ae.caught", "ae.catch", "", HashMap::new()).await?;
+
+    info!("--- routed by the exchange, by its alternate, by a policy's alternate, by nobody");
+    let m = |body: &str| MessageBuilder::new(body.to_string()).build();
+    c.publish("ae.main", "k", m("routed")).await?;
+    let caught = c
+        .publish_mandatory("ae.main", "nobody-binds", m("caught"))
+        .await?;
+    assert_eq!(caught.outcome, PublishOutcome::Confirmed, "{caught:?}");
+    let lost = c.publish_mandatory("ae.loop1", "x", m("lost")).await?;
+    assert_eq!(
+        lost.outcome,
+        PublishOutcome::Unroutable,
+        "a cycle ends: {lost:?}"
+    );
+    declare("ae.plain", "topic", HashMap::new()).await?;
+    let policy = [("alternate-exchange".to_string(), Value::string("ae.catch"))].into();
+    c.set_policy("ae", "^ae\\.plain$", "exchanges", 0, policy)
+        .await?;
+    c.publish("ae.plain", "a.b", m("by-policy")).await?;
+    for (q, want) in [
+        ("ae.routed", vec!["routed"]),
+        ("ae.caught", vec!["caught", "by-policy"]),
+    ] {
+        let got = super::drain_exactly(&c, q, want.len()).await?;
+        assert_eq!(got, want, "{q}");
+    }
+
+    info!("--- naming an alternate exchange needs write on it and read on the declared one");
+    c.put_user("ae-user", "ae-user-pass", vec![]).await?;
+    c.set_permissions("ae-user", "/", "^ae\\.", "^ae\\.own", "^ae\\.")
+        .await?;
+    let u = cluster
+        .client(2)
+        .await?
+        .with_credentials("ae-user", "ae-user-pass")?;
+    let refused = u
+        .declare_exchange_with(v1::DeclareExchangeRequest {
+            name: "ae.mine".into(),
+            r#type: "direct".into(),
+            durable: true,
+            arguments: ae("ae.catch"),
+            ..Default::default()
+        })
+        .await;
+    super::assert_status(refused, Code::PermissionDenied, "write");
+    u.declare_exchange_with(v1::DeclareExchangeRequest {
+        name: "ae.mine".into(),
+        r#type: "direct".into(),
+        durable: true,
+        arguments: ae("ae.own"),
+        ..Default::default()
+    })
+    .await?;
+    let not_a_name = c
+        .declare_exchange_with(v1::DeclareExchangeRequest {
+            name: "ae.bad".into(),
+            r#type: "direct".into(),
+            durable: true,
+            arguments: [("alternate-exchange".to_string(), Value::long(1))].into(),
+            ..Default::default()
+        })
+        .await;
+    super::assert_status(not_a_name, Code::InvalidArgument, "alternate-exchange");
+    cluster.stop();
+    Ok(())
+}

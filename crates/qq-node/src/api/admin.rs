@@ -4,12 +4,14 @@
 
 use std::time::Duration;
 
+use qq_core::Table;
 use qq_core::meta::{Limits, MetaCommand, MetaReply, Perm};
 use qq_core::queue::{Command, Reply};
 use qq_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use super::Api;
+use super::auth::Caller;
 use super::convert::{table_from_pb, vhost};
 use super::guard::{bounded, shown};
 use crate::groups::queue_sm::QueueRequest;
@@ -42,6 +44,7 @@ pub async fn declare_exchange(api: &Api, request: Request<pb::DeclareExchangeReq
         )));
     }
     api.auth.check(&caller, &vhost, Perm::Configure, &r.name)?;
+    check_alternate_exchange(api, &caller, &vhost, &r.name, &arguments)?;
     api.meta(MetaCommand::DeclareExchange {
         vhost,
         name: r.name,
@@ -55,6 +58,29 @@ pub async fn declare_exchange(api: &Api, request: Request<pb::DeclareExchangeReq
     })
     .await?;
     empty()
+}
+
+/// An `alternate-exchange` argument names an exchange by a string, and messages will flow from
+/// this exchange to it: as RabbitMQ, the declarer needs read on this exchange and write on the
+/// alternate one (it need not exist yet).
+fn check_alternate_exchange(
+    api: &Api,
+    caller: &Caller,
+    vhost: &str,
+    name: &str,
+    arguments: &Table,
+) -> Result<(), Status> {
+    let Some(ae) = arguments.get("alternate-exchange") else {
+        return Ok(());
+    };
+    let Some(ae) = ae.as_str() else {
+        return Err(Status::invalid_argument(format!(
+            "arguments: alternate-exchange of exchange '{}' must be a string (an exchange name)",
+            shown(name)
+        )));
+    };
+    api.auth.check(caller, vhost, Perm::Read, name)?;
+    api.auth.check(caller, vhost, Perm::Write, ae)
 }
 
 pub async fn delete_exchange(api: &Api, request: Request<pb::DeleteExchangeRequest>) -> Empty {
