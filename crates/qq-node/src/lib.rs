@@ -5,17 +5,19 @@
 //! - [`server`]: wiring and shutdown. Above everything.
 //! - [`observe`]: gRPC health and reflection, `GET /metrics` and `GET /healthz` (reads the node,
 //!   never changes it).
+//! - [`amqp`]: the AMQP 0-9-1 listener, a second adapter over the same handlers as [`api`].
 //! - [`api`]: the client gRPC service as thin adapters (auth, publish, consume, admin,
 //!   status). [`peer`]: the node-to-node service and liveness.
 //! - [`consume`]: consumer sessions on the queue's leader, and their relay from other nodes.
+//! - [`membership`]: queue members added, deleted, leaders moved (through each queue's Raft
+//!   group first, then recorded in the metadata); QuorumCritical.
 //! - [`node`]: what a node owns (private), and the supervisor that starts and stops queue
 //!   groups as the metadata says.
 //! - [`leader`]: one actor per queue this node leads: all leader-only work.
+//! - [`moves`]: one round of a queue's move task (redrive), committed through [`enqueue`].
 //! - [`deadletter`]: republishing dead letters, through [`enqueue`]: committing routed
 //!   messages to every target queue (shared by publish and dead lettering).
 //! - [`definitions`]: the topology as one JSON document (export, checked import).
-//! - [`membership`]: queue members added, deleted, leaders moved (through each queue's Raft
-//!   group first, then recorded in the metadata); QuorumCritical.
 //! - [`proposer`]: the one path to a group's leader, local or forwarded.
 //! - [`quiesce`]: the messages that put an idle queue group to sleep and wake its leader.
 //! - [`meta_view`]: the read-only, versioned view of the metadata.

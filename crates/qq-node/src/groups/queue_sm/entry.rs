@@ -1,0 +1,79 @@
+//! What a queue log entry carries (a command, or a batch of them, with the message of an
+//! enqueue) and the checks it passes before it is proposed and again at apply; the reply that
+//! leaves the machine.
+
+use qq_core::Message;
+use qq_core::queue::{Command, Reply};
+use serde::{Deserialize, Serialize};
+
+/// What a queue log entry carries: the command, and for an enqueue the encoded message.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QueueRequest {
+    pub cmd: Command,
+    /// postcard of [`Message`]; only with `Command::Enqueue`.
+    #[serde(with = "serde_bytes")]
+    pub message: Option<Vec<u8>>,
+}
+
+impl QueueRequest {
+    /// A command without a message.
+    pub fn command(cmd: Command) -> QueueRequest {
+        QueueRequest { cmd, message: None }
+    }
+}
+
+/// What a queue log entry carries: one command, or a batch of commands applied in order
+/// (a publish stream's messages for this queue, proposed as one Raft entry).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum QueueEntry {
+    One(QueueRequest),
+    Batch(Vec<QueueRequest>),
+}
+
+/// Decode a queue entry and check it before it is proposed (or a forwarded proposal is
+/// accepted) and again at apply, where an entry that fails is refused as a no-op
+/// ([`Refusals`]): at most [`MAX_BATCH`] commands, each within [`Command::validate`]'s bounds,
+/// an enqueue carrying a message that decodes (a body that could not be read back would stop
+/// the group at the first Get), and no other command carrying one.
+pub fn check_entry(payload: &[u8]) -> Result<QueueEntry, String> {
+    let entry: QueueEntry =
+        postcard::from_bytes(payload).map_err(|e| format!("not a queue entry: {e}"))?;
+    let reqs = match &entry {
+        QueueEntry::One(req) => std::slice::from_ref(req),
+        QueueEntry::Batch(reqs) if reqs.len() > MAX_BATCH => {
+            return Err(format!(
+                "batch of {} commands, more than {MAX_BATCH}",
+                reqs.len()
+            ));
+        }
+        QueueEntry::Batch(reqs) => reqs.as_slice(),
+    };
+    for req in reqs {
+        check_request(req)?;
+    }
+    Ok(entry)
+}
+
+fn check_request(req: &QueueRequest) -> Result<(), String> {
+    req.cmd.validate()?;
+    match (&req.cmd, &req.message) {
+        (Command::Enqueue { .. }, Some(bytes)) => postcard::from_bytes::<Message>(bytes)
+            .map(|_| ())
+            .map_err(|e| format!("enqueue: the message does not decode: {e}")),
+        (Command::Enqueue { .. }, None) => Err("enqueue: no message".into()),
+        (_, Some(_)) => Err("a message with a command other than enqueue".into()),
+        (_, None) => Ok(()),
+    }
+}
+
+/// Commands in one batch entry, at most. Message ids are `raft index << 16 | position`.
+pub const MAX_BATCH: usize = 1 << 15;
+pub(super) const BATCH_SHIFT: u32 = 16;
+
+/// The reply of a queue command as it leaves the state machine (and crosses nodes).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct QueueReplyOut {
+    pub reply: Reply,
+    /// The message taken by a `Get`, read on the leader that applied it.
+    pub message: Option<Message>,
+}

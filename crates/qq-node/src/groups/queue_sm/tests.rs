@@ -1,0 +1,126 @@
+use qq_core::Properties;
+use qq_core::queue::{Command, Receipt};
+
+use super::*;
+
+fn enqueue(body: &[u8]) -> QueueRequest {
+    let message = Message {
+        properties: Properties::default(),
+        body: body.to_vec().into(),
+        exchange: String::new(),
+        routing_key: "q".into(),
+        bcc: Vec::new(),
+    };
+    QueueRequest {
+        cmd: Command::Enqueue {
+            now_ms: 1_000,
+            header: qq_core::queue::MsgHeader {
+                size_bytes: body.len() as u64,
+                expiration_ms: None,
+            },
+            publish_key: None,
+            dedup_key: None,
+        },
+        message: Some(postcard::to_stdvec(&message).unwrap()),
+    }
+}
+
+fn apply(m: &QueueMachine, index: u64, req: QueueRequest) {
+    let entry = postcard::to_stdvec(&QueueEntry::One(req)).unwrap();
+    m.apply_payload(index, &entry).unwrap();
+}
+
+fn snapshot_of(m: &QueueMachine, cut: QueueCut) -> qq_raft::snapshot::SnapshotFile {
+    let mut out = m.store.snapshots().writer(m.group, None).unwrap();
+    m.write_cut(cut, &mut out).unwrap();
+    out.finish().unwrap()
+}
+
+/// The watcher of an unloaded instance can end after the next instance's watcher attached
+/// its leader actor: its detach must leave the newer attachment in place (else the new
+/// actor hears no config change and no at-most-once dead letter).
+#[test]
+fn a_stale_detach_leaves_the_newer_leader_attached() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let m = QueueMachine::new(5, store, QueueConfig::new("/", "q"));
+    let (old, _old_inbox) = m.attach_leader();
+    let (new, mut inbox) = m.attach_leader();
+    m.detach_leader(old);
+    assert!(m.is_leader());
+    m.notify_config_changed();
+    assert!(matches!(inbox.try_recv(), Ok(LeaderEvent::ConfigChanged)));
+    m.detach_leader(new);
+    assert!(!m.is_leader());
+}
+
+/// A snapshot is the state and bodies as of its cut, whatever is applied while it is
+/// written; installed elsewhere it brings the state (receipts, move tasks included) and
+/// every live body, and removes the bodies of messages it does not have.
+#[test]
+fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let m = QueueMachine::new(5, store, QueueConfig::new("/", "q"));
+    for i in 1..=300u64 {
+        apply(&m, i, enqueue(&vec![i as u8; 3000]));
+    }
+    // One leased with a receipt, and a move task.
+    let receipt = Receipt {
+        token: [9; 16],
+        user: "alice".into(),
+    };
+    apply(
+        &m,
+        301,
+        QueueRequest::command(Command::GetWithReceipt {
+            now_ms: 1_000,
+            lease_ms: 60_000,
+            receipt,
+        }),
+    );
+    apply(
+        &m,
+        302,
+        QueueRequest::command(Command::StartMove {
+            now_ms: 1_000,
+            destination: "elsewhere".into(),
+            max_messages: 1,
+            max_per_second: 5,
+        }),
+    );
+    let at_cut = m.with_state(|s| s.clone());
+    let cut = m.cut();
+    // After the cut, every ready message is purged: their bodies go from RocksDB.
+    apply(&m, 303, QueueRequest::command(Command::Purge));
+    assert_eq!(
+        m.with_state(|s| s.message_ids().len()),
+        1,
+        "the leased one stays"
+    );
+    let file = snapshot_of(&m, cut);
+
+    // Installed on another node, over a machine with messages of its own.
+    let dir2 = tempfile::tempdir().unwrap();
+    let store2 = Store::open(dir2.path()).unwrap();
+    let other = QueueMachine::new(5, store2.clone(), QueueConfig::new("/", "q"));
+    apply(&other, 1 << 20, enqueue(b"stale"));
+    let stale_id = other.with_state(|s| s.message_ids())[0];
+    other.install(&mut file.reader().unwrap()).unwrap();
+    let installed = other.with_state(|s| s.clone());
+    assert_eq!(installed, at_cut);
+    assert_eq!(installed.receipts().len(), 1);
+    assert_eq!(installed.moves().len(), 1);
+    installed.check_invariants().unwrap();
+    let ids = installed.message_ids();
+    assert_eq!(ids.len(), 300, "all 300 were live at the cut");
+    for id in ids {
+        let message = other.read_message(id).unwrap();
+        assert_eq!(message.body.len(), 3000);
+    }
+    assert_eq!(
+        store2.get_body(5, stale_id).unwrap(),
+        None,
+        "stale body removed"
+    );
+}

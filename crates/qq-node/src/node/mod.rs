@@ -1,0 +1,345 @@
+//! A quorumq node: what it owns, and the supervisor that keeps its queue groups in line with
+//! the metadata.
+//!
+//! [`Node::start`] opens the node's RocksDB, starts the metadata group (initialising the
+//! cluster if this node has the lowest id and nothing was initialised yet), builds the layers
+//! every request uses (the [`Registry`] of groups, the [`MetaView`], the [`Proposer`], the
+//! [`Enqueuer`], the [`DeadLetters`] transfer) and spawns the supervisor. The supervisor starts
+//! a queue's group when the metadata creates a queue this node is a member of, stops it when
+//! the queue is deleted, and tells the queue's leader actor when its configuration changes
+//! (the metadata machine's effects); after a metadata snapshot install, an effect that did not
+//! fit its channel, or a failed start, it compares every group with the state instead.
+//!
+//! Every task the node spawns is tracked by one [`TaskTracker`] and stopped by one
+//! [`CancellationToken`] ([`Node::shutdown`] waits for them, then stops the Raft groups).
+//!
+//! The rooms: this file holds [`Node`], its start and its accessors; `supervisor` keeps the
+//! groups and peers in line with the metadata; `replicas` opens, loads and stops a queue's
+//! replica; `unload` unloads the Raft instances of long sleepers; `shutdown` stops the node;
+//! `raft` holds the openraft settings and helpers that need no node state.
+//!
+//! Must not: serve clients or peers (that is [`crate::api`] and [`crate::peer`]), or decide
+//! anything a queue's leader decides ([`crate::leader`]).
+
+mod raft;
+mod replicas;
+mod shutdown;
+mod supervisor;
+mod unload;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use openraft::Raft;
+use openraft::async_runtime::WatchReceiver;
+use qq_core::NodeId;
+use qq_core::meta::MetaEffect;
+use qq_raft::log_store::LogStore;
+use qq_raft::network::{GroupNetwork, PeerAddress, Peers};
+use qq_raft::store::Store;
+use qq_raft::{GroupId, META_GROUP};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::info;
+
+use self::raft::{initialise_if_first, raft_config, reload_config};
+use crate::alarms::{Alarms, Bounds};
+use crate::clock::now_ms;
+use crate::config::Config;
+use crate::deadletter::DeadLetters;
+use crate::enqueue::Enqueuer;
+use crate::groups::meta_sm::MetaMachine;
+use crate::groups::registry::{GroupLoader, Registry};
+use crate::groups::shell::Shell;
+use crate::leader::LeaderContext;
+use crate::meta_view::MetaView;
+use crate::proposer::Proposer;
+
+pub struct Node {
+    id: NodeId,
+    config: Config,
+    store: Store,
+    peers: Peers,
+    raft_config: Arc<openraft::Config>,
+    /// The Raft settings of a queue replica loaded again after an unload: timers off (it
+    /// sleeps until something wakes it), and a leader comes back as the leader of its term.
+    reload_config: Arc<openraft::Config>,
+    registry: Arc<Registry>,
+    view: MetaView,
+    proposer: Proposer,
+    enqueuer: Enqueuer,
+    leader_ctx: LeaderContext,
+    consumer_seq: AtomicU64,
+    alarms: Arc<Alarms>,
+    /// Latched true once this node's metadata has caught up with the cluster's (see
+    /// [`Node::meta_synced`]).
+    meta_synced: watch::Sender<bool>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Node {
+    /// Open storage, start the metadata group and the supervisor.
+    pub async fn start(config: Config) -> anyhow::Result<Arc<Node>> {
+        let (store, peers) = open_store_and_peers(&config)?;
+        let raft_config = raft_config(&config)?;
+        let reload_config = reload_config(&raft_config);
+        let (meta, effects) = MetaMachine::new(store.clone());
+        let meta_raft = Raft::new(
+            config.node_id,
+            raft_config.clone(),
+            GroupNetwork {
+                group: META_GROUP,
+                peers: peers.clone(),
+            },
+            LogStore::new(store.clone(), META_GROUP),
+            Shell::new(meta.clone()),
+        )
+        .await?;
+        initialise_if_first(&meta_raft, &config).await?;
+        let id = config.node_id;
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let read_lease = Duration::from_millis(config.election_timeout_min_ms);
+        let registry = Arc::new(Registry::new(id, read_lease, meta_raft, meta.clone()));
+        let view = MetaView::new(meta);
+        let proposer = Proposer::new(
+            id,
+            peers.clone(),
+            registry.clone(),
+            view.clone(),
+            shutdown.clone(),
+        );
+        let enqueuer = Enqueuer::new(proposer.clone(), id);
+        let leader_ctx = leader_context(&config, &proposer, &view, &enqueuer, &tasks, &peers);
+        // Measured once before serving, so a node started over its bounds refuses at once.
+        let bounds = Bounds::from_config(&config)?;
+        let alarms = Arc::new(Alarms::default());
+        alarms.check(&bounds);
+        let node = Arc::new(Node {
+            id,
+            config,
+            store,
+            peers,
+            raft_config,
+            reload_config,
+            registry,
+            view,
+            proposer,
+            enqueuer,
+            leader_ctx,
+            consumer_seq: AtomicU64::new(now_ms() * 1000),
+            alarms: alarms.clone(),
+            meta_synced: watch::Sender::new(false),
+            shutdown,
+            tasks,
+        });
+        node.spawn_tasks(effects, alarms, bounds);
+        Ok(node)
+    }
+
+    /// Hand the registry its loader and spawn the node's own tasks: the supervisor, the
+    /// metadata sync latch, the unload sweep (when sleepers unload) and the alarms' watch.
+    fn spawn_tasks(
+        self: &Arc<Self>,
+        effects: mpsc::Receiver<MetaEffect>,
+        alarms: Arc<Alarms>,
+        bounds: Bounds,
+    ) {
+        let loader: Weak<dyn GroupLoader> = Arc::downgrade(self) as Weak<Node>;
+        self.registry.set_loader(loader);
+        self.tasks.spawn(self.clone().supervise(effects));
+        self.tasks.spawn(self.clone().follow_meta_sync());
+        if self.config.unload_after_ms > 0 && self.config.quiesce_after_ms > 0 {
+            let after = Duration::from_millis(self.config.unload_after_ms);
+            self.tasks.spawn(self.clone().unload_sleepers(after));
+        }
+        let stop = self.shutdown.clone();
+        self.tasks
+            .spawn(async move { alarms.watch(bounds, stop).await });
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn peers(&self) -> &Peers {
+        &self.peers
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// The node's RocksDB and snapshot directory.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn view(&self) -> &MetaView {
+        &self.view
+    }
+
+    /// Whether queue group `group`, not running here, may start here soon: its id is newer
+    /// than any this node's metadata has allocated (the entry that creates it has not applied
+    /// here yet), or the metadata places a replica here that has not started yet.
+    pub fn may_start_group(&self, group: GroupId) -> bool {
+        let view = self.view.current();
+        group >= view.next_queue_id()
+            || view
+                .queue_by_id(group)
+                .is_some_and(|q| q.replicas().any(|n| n == self.id))
+    }
+
+    pub fn proposer(&self) -> &Proposer {
+        &self.proposer
+    }
+
+    pub fn enqueuer(&self) -> &Enqueuer {
+        &self.enqueuer
+    }
+
+    /// Every task of the node is spawned here, so shutdown can wait for it.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
+    /// Cancelled when the node begins to shut down.
+    /// Memory and disk alarms ([`crate::alarms`]).
+    pub fn alarms(&self) -> &Alarms {
+        &self.alarms
+    }
+
+    pub fn stopping(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// Whether this node's metadata has caught up with the cluster's since it started: true
+    /// once it has applied everything the metadata leader had committed when this node heard
+    /// from it, and true from then on. Until then the node does not serve clients (a node that
+    /// starts with an empty or old data directory would otherwise route with what it knows:
+    /// found by qq-chaos's wipe-rejoin, a re-seeded node answered publishes to a queue it did
+    /// not know yet as unroutable, CONFIRMED and dropped). Followers may lag by the usual
+    /// milliseconds afterwards, as before.
+    pub fn meta_synced(&self) -> watch::Receiver<bool> {
+        self.meta_synced.subscribe()
+    }
+
+    /// Latch [`Node::meta_synced`] (no polling: wakes on the metadata group's metrics).
+    async fn follow_meta_sync(self: Arc<Self>) {
+        let mut metrics = self.registry.meta_raft().metrics();
+        loop {
+            let synced = {
+                let m = metrics.borrow_watched();
+                m.current_leader.is_some()
+                    && match (&m.cluster_committed, &m.last_applied) {
+                        (Some(committed), Some(applied)) => applied.index >= committed.index,
+                        _ => false,
+                    }
+            };
+            if synced {
+                info!("metadata caught up with the cluster: serving clients");
+                self.meta_synced.send_replace(true);
+                return;
+            }
+            tokio::select! {
+                changed = metrics.changed() => if changed.is_err() { return },
+                _ = self.shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// A consumer id unique within any queue: node id in the top byte.
+    pub fn next_consumer_id(&self) -> u64 {
+        (self.id << 56) | (self.consumer_seq.fetch_add(1, Ordering::Relaxed) & ((1 << 56) - 1))
+    }
+
+    /// The nodes new queues may be placed on: the metadata group's voters that are peers (a
+    /// node whose join was recorded but never completed is a peer and not a voter), sorted.
+    pub fn placement_nodes(&self) -> Vec<NodeId> {
+        let voters: Vec<NodeId> = self
+            .meta_voters()
+            .into_iter()
+            .filter(|id| self.peers.contains(*id))
+            .collect();
+        if voters.is_empty() {
+            return self.peers.ids();
+        }
+        voters
+    }
+
+    /// The voters of the metadata group as this node knows them.
+    pub fn meta_voters(&self) -> BTreeSet<NodeId> {
+        self.registry
+            .meta_raft()
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect()
+    }
+}
+
+/// What to do when the data directory cannot be opened (said in the node's refusal).
+fn reseed_advice(data_dir: &std::path::Path) -> String {
+    let dir = data_dir.display();
+    format!(
+        "The data directory {dir} cannot be opened: it may be corrupt or truncated (a disk \
+         fault, a partial copy, files removed by hand). To re-seed this node from its peers: \
+         keep it stopped, move {dir} aside (keep it to investigate), and start the node again \
+         with the same configuration and an empty data directory. It rejoins the cluster and \
+         catches up from the other nodes (by snapshot where their logs were compacted), \
+         replica by replica. Do this only while the other nodes are up and hold a majority of \
+         every queue (`qqctl status`); re-seeding a node that other nodes depend on for a \
+         majority loses what only it held."
+    )
+}
+
+/// The node's data directory and store (with advice on re-seeding when it cannot be opened),
+/// and its peers as the configuration names them.
+fn open_store_and_peers(config: &Config) -> anyhow::Result<(Store, Peers)> {
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| anyhow::anyhow!("create data_dir {}: {e}", config.data_dir.display()))?;
+    let store = Store::open(&config.data_dir.join("db"))
+        .map_err(|e| anyhow::anyhow!("{e}\n\n{}", reseed_advice(&config.data_dir)))?;
+    let peers = Peers::new(
+        config.peers.iter().map(|p| PeerAddress {
+            id: p.id,
+            address: p.address.clone(),
+            cluster_address: p.cluster_address.clone(),
+        }),
+        config.cluster_tls()?.as_ref(),
+    )?;
+    Ok((store, peers))
+}
+
+/// What every leader actor of this node shares.
+fn leader_context(
+    config: &Config,
+    proposer: &Proposer,
+    view: &MetaView,
+    enqueuer: &Enqueuer,
+    tasks: &TaskTracker,
+    peers: &Peers,
+) -> LeaderContext {
+    LeaderContext {
+        proposer: proposer.clone(),
+        view: view.clone(),
+        dead_letters: DeadLetters::new(view.clone(), enqueuer.clone(), proposer.clone()),
+        dead_letter_retry: Duration::from_millis(config.dead_letter_retry_ms),
+        mover: crate::moves::Mover::new(view.clone(), enqueuer.clone(), proposer.clone()),
+        tasks: tasks.clone(),
+        peers: peers.clone(),
+        me: config.node_id,
+        quiesce_after: (config.quiesce_after_ms > 0)
+            .then(|| Duration::from_millis(config.quiesce_after_ms)),
+    }
+}
