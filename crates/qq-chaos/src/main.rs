@@ -297,6 +297,7 @@ async fn run_one(setup: &Setup, kinds: &[Kind], out: &std::path::Path) -> anyhow
     std::fs::create_dir_all(out)?;
     let mut hosts = Hosts::create(&setup.script, &setup.node_bin, &out.join("run"), 3)?;
     let mut notes = Vec::new();
+    let requested = kinds.to_vec();
     let mut kinds = kinds.to_vec();
     if kinds.contains(&Kind::DiskFull) {
         hosts.use_small_disks(SMALL_DISK_MIB)?;
@@ -317,8 +318,12 @@ async fn run_one(setup: &Setup, kinds: &[Kind], out: &std::path::Path) -> anyhow
         out.display()
     );
     // Interrupted (Ctrl-C, SIGTERM): the run is dropped and the hosts are still torn down.
+    let faults = Nemeses {
+        requested: &requested,
+        injected: &kinds,
+    };
     let result = tokio::select! {
-        r = chaos(&mut hosts, setup, &kinds, notes, out) => r,
+        r = chaos(&mut hosts, setup, faults, notes, out) => r,
         signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}")),
     };
     if result.as_ref().map_or(true, |r| !r.verdict.ok()) {
@@ -346,13 +351,21 @@ async fn run_one(setup: &Setup, kinds: &[Kind], out: &std::path::Path) -> anyhow
     result
 }
 
+/// The nemeses of a run: those asked for, and those this machine can inject.
+#[derive(Clone, Copy)]
+struct Nemeses<'a> {
+    requested: &'a [Kind],
+    injected: &'a [Kind],
+}
+
 async fn chaos(
     hosts: &mut Hosts,
     setup: &Setup,
-    kinds: &[Kind],
+    nemeses: Nemeses<'_>,
     notes: Vec<String>,
     out: &std::path::Path,
 ) -> anyhow::Result<Report> {
+    let kinds = nemeses.injected;
     let seed = setup.seed;
     let addresses: Vec<String> = hosts.ids().iter().map(|id| hosts::address(*id)).collect();
     for id in hosts.ids().to_vec() {
@@ -695,6 +708,7 @@ async fn chaos(
         seed,
         protocol: setup.protocol,
         nemeses: kinds.to_vec(),
+        requested: nemeses.requested.to_vec(),
         workload_s: publish_end_ms as f64 / 1000.0,
         notes,
         leaders_at_start,

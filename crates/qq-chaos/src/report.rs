@@ -61,6 +61,8 @@ pub struct Report {
     pub seed: u64,
     pub protocol: Protocol,
     pub nemeses: Vec<Kind>,
+    /// The nemeses asked for (`nemeses` less those this machine cannot inject).
+    pub requested: Vec<Kind>,
     pub workload_s: f64,
     pub notes: Vec<String>,
     pub leaders_at_start: BTreeMap<String, u64>,
@@ -71,6 +73,20 @@ pub struct Report {
     pub consumer_interruptions: BTreeMap<String, u64>,
     pub reconnects: BTreeMap<String, u64>,
     pub verdict: Verdict,
+}
+
+impl Report {
+    /// FAIL when the checker failed; SKIPPED when nemeses were asked for and none injected a
+    /// fault (e.g. netem on a kernel without it): nothing was tested; PASS otherwise.
+    pub fn result(&self) -> &'static str {
+        if !self.verdict.ok() {
+            "FAIL"
+        } else if !self.requested.is_empty() && self.faults.is_empty() {
+            "SKIPPED"
+        } else {
+            "PASS"
+        }
+    }
 }
 
 /// Confirm times (ms) per source queue, sorted.
@@ -304,11 +320,7 @@ pub fn summary(r: &Report) -> String {
             check.detail
         );
     }
-    let _ = writeln!(
-        s,
-        "RESULT: {}",
-        if r.verdict.ok() { "PASS" } else { "FAIL" }
-    );
+    let _ = writeln!(s, "RESULT: {}", r.result());
     s
 }
 
@@ -343,7 +355,7 @@ pub fn matrix_table(rows: &[(String, Report)]) -> String {
             c.dead_letter_duplicates,
             c.dead_lettered,
             gap as f64 / 1000.0,
-            if r.verdict.ok() { "PASS" } else { "FAIL" }
+            r.result()
         );
     }
     s
