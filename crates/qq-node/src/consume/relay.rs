@@ -109,7 +109,14 @@ async fn relay_responses(
             )),
         };
         let end = matches!(msg, SessionOut::Error { .. } | SessionOut::Cancelled { .. });
-        if out.send(msg).await.is_err() || end {
+        if out.send(msg).await.is_err() {
+            return;
+        }
+        if end {
+            // The leader's session says nothing after its last word and closes the stream once
+            // it has left the queue (its consumer-down committed). `out` stays open until then:
+            // whoever waits for its end (an AMQP basic.cancel) knows the consumer is gone.
+            while let Some(Some(Ok(_))) = stopping.run_until_cancelled(responses.next()).await {}
             return;
         }
     }
