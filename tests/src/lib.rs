@@ -34,6 +34,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
@@ -915,15 +916,47 @@ pub async fn http_get(address: &str, path: &str) -> anyhow::Result<(u16, String)
     Ok((status, body.to_string()))
 }
 
-/// `n` distinct free loopback ports (bound together, so they differ, then released).
-fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").context("bind a free port"))
-        .collect::<anyhow::Result<_>>()?;
-    listeners
-        .iter()
-        .map(|l| Ok(l.local_addr()?.port()))
-        .collect()
+/// `n` distinct free loopback ports (each checked by binding it, then released).
+///
+/// They come from the 12 000 ports just below the kernel's ephemeral range
+/// (`ip_local_port_range`, 32768 by default), never from inside it: a port the kernel hands out
+/// for outgoing connections (the nodes' own, the clients') could be taken between this check
+/// and the node's bind, and the node then failed to start with "Address already in use" (seen
+/// in `make test`). Each test process starts at its own place in that range and goes on from
+/// there, so consecutive clusters do not reuse ports still in TIME_WAIT.
+pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    const SPAN: u32 = 12_000;
+    let ephemeral_low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768);
+    ensure!(
+        ephemeral_low > SPAN + 1024,
+        "ip_local_port_range starts at {ephemeral_low}: too low"
+    );
+    let low = ephemeral_low - SPAN;
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id() % SPAN,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    let mut ports = Vec::with_capacity(n);
+    for _ in 0..SPAN {
+        if ports.len() == n {
+            break;
+        }
+        let port = (low + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            ports.push(port);
+        }
+    }
+    ensure!(
+        ports.len() == n,
+        "fewer than {n} free ports in {low}..{ephemeral_low}"
+    );
+    Ok(ports)
 }
 
 /// The last `lines` lines of a file (reads at most the last 64 KiB).

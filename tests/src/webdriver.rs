@@ -163,9 +163,7 @@ impl Browser {
     pub async fn start(dir: &Path) -> anyhow::Result<Browser> {
         let chromium = required(CHROMIUM, "chromium")?;
         let chromedriver = required(CHROMEDRIVER, "chromium-driver")?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        let port = crate::free_ports(1)?[0];
         let log_path = dir.join("chromedriver.log");
         let log = std::fs::File::create(&log_path)?;
         // Its own process group, so the drop can end Chromium with it even when no session

@@ -67,14 +67,7 @@ async fn amqps_with_client_certificates_and_external() -> anyhow::Result<()> {
         "tests/amqp/setup.sh failed (pika not installed)"
     );
     // Free ports for the three amqps listeners.
-    let ports: Vec<u16> = {
-        let ls: Vec<_> = (0..3)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-            .collect::<Result<_, _>>()?;
-        ls.iter()
-            .map(|l| l.local_addr().map(|a| a.port()))
-            .collect::<Result<_, _>>()?
-    };
+    let ports = qq_tests::free_ports(3)?;
     let options = ClusterOptions {
         client_tls: true,
         require_client_certs: true,
