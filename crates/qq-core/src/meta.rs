@@ -52,11 +52,8 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
-use argon2::{Argon2, PasswordVerifier};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 pub use crate::error::{ErrorKind, MetaError};
 pub use crate::limits::{Counted, Limits, Scope};
@@ -74,7 +71,7 @@ pub const DEFAULT_VHOST: &str = "/";
 /// The alias of the nameless default exchange.
 pub const DEFAULT_EXCHANGE_ALIAS: &str = "amq.default";
 /// The fixed salt of the predeclared guest user in clusters created before Argon2id (legacy
-/// SHA-256 record, see [`hash_password`]).
+/// SHA-256 record: sha256(salt || password)).
 pub const GUEST_SALT: &[u8] = b"quorumq-guest";
 /// The predeclared guest user's password (`guest`) as a fixed, precomputed Argon2id PHC string:
 /// a fresh cluster must be deterministic, so its salt cannot be drawn at apply time.
@@ -199,8 +196,9 @@ pub struct User {
     pub name: String,
     /// An Argon2id PHC string (`$argon2id$v=19$m=19456,t=2,p=1$<salt>$<hash>`, UTF-8, with
     /// `salt` empty: the salt is inside), hashed by the node that proposed `PutUser`; or, in
-    /// records written before Argon2id, the legacy sha256(salt || password) of
-    /// [`hash_password`].
+    /// records written before Argon2id, the legacy sha256(salt || password). Verified by the
+    /// node (qq-node's `api::auth::passwords::verify`), never here: the replicated state only
+    /// holds the record.
     pub password_hash: Vec<u8>,
     pub salt: Vec<u8>,
     pub tags: Vec<String>,
@@ -210,22 +208,6 @@ impl User {
     /// Whether the record holds a legacy SHA-256 hash rather than an Argon2 PHC string.
     pub fn is_legacy_hash(&self) -> bool {
         !self.password_hash.starts_with(ARGON2_PREFIX)
-    }
-
-    /// Checks `password` against the record: Argon2 (with the parameters stored in the PHC
-    /// string; about 20 ms and 19 MiB at the defaults, so callers cache the result) or the
-    /// legacy SHA-256, compared in constant time either way.
-    pub fn verify_password(&self, password: &str) -> bool {
-        if self.is_legacy_hash() {
-            let computed = hash_password(password, &self.salt);
-            return bool::from(computed.as_slice().ct_eq(self.password_hash.as_slice()));
-        }
-        let Ok(phc) = std::str::from_utf8(&self.password_hash) else {
-            return false;
-        };
-        Argon2::default()
-            .verify_password(password.as_bytes(), phc)
-            .is_ok()
     }
 }
 
@@ -737,15 +719,6 @@ impl Default for MetaState {
     }
 }
 
-/// sha256(salt || password): the legacy hash of records written before Argon2id. Kept so that
-/// such records still verify; new passwords are hashed with Argon2id by the proposing node.
-pub fn hash_password(password: &str, salt: &[u8]) -> Vec<u8> {
-    let mut hasher = Sha256::new();
-    hasher.update(salt);
-    hasher.update(password.as_bytes());
-    hasher.finalize().to_vec()
-}
-
 /// RabbitMQ's wording: `cannot declare queue 'q': queue limit ... is reached`.
 fn declare_refused(queue: &str, e: MetaError) -> MetaError {
     MetaError::new(
@@ -1004,16 +977,6 @@ impl MetaState {
                 Some(ae) if !tried.contains(ae.name.as_str()) => x = ae,
                 _ => return Ok(found),
             }
-        }
-    }
-
-    /// Checks a user's password; UNAUTHENTICATED (without saying which part was wrong) otherwise.
-    pub fn authenticate(&self, user: &str, password: &str) -> Result<(), MetaError> {
-        match self.users.get(user) {
-            Some(u) if u.verify_password(password) => Ok(()),
-            _ => Err(MetaError::unauthenticated(format!(
-                "invalid credentials for user '{user}'"
-            ))),
         }
     }
 
