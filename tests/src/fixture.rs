@@ -286,7 +286,13 @@ pub fn compare(then: &Json, now: &Json) -> anyhow::Result<()> {
         let (Some(b_ready), Some(a_ready)) = (b_ready, a_ready) else {
             anyhow::bail!("{name}: no ready list");
         };
-        let returned = b["unacked"].as_u64().unwrap_or(0) - a["unacked"].as_u64().unwrap_or(0);
+        let returned = b["unacked"]
+            .as_u64()
+            .unwrap_or(0)
+            .checked_sub(a["unacked"].as_u64().unwrap_or(0))
+            .with_context(|| {
+                format!("{name}: unacked was {} now {}", b["unacked"], a["unacked"])
+            })?;
         ensure!(
             name == LEASED_QUEUE || returned == 0,
             "{name}: unacked was {} now {}",

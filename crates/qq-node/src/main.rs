@@ -19,7 +19,14 @@ async fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let config = match Config::load(&args) {
+    let vars = match qq_node::config::env::process_env() {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("qq-node: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    let config = match Config::load(&args, &vars) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("qq-node: {e:#}");
@@ -27,12 +34,10 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     init_logs(config.log_format);
-    if let Ok(vars) = qq_node::config::env::process_env() {
-        for name in qq_node::config::env::unknown_vars(&vars) {
-            tracing::warn!(
-                "{name}: no configuration key has this variable; ignored (see qq-node --help)"
-            );
-        }
+    for name in qq_node::config::env::unknown_vars(&vars) {
+        tracing::warn!(
+            "{name}: no configuration key has this variable; ignored (see qq-node --help)"
+        );
     }
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

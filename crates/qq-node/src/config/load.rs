@@ -103,10 +103,10 @@ impl Args {
 }
 
 impl Config {
-    /// Load from the file (if any), the process's `QQ_*` variables and the flags, then
-    /// validate.
-    pub fn load(args: &Args) -> anyhow::Result<Config> {
-        Config::load_from(args, &env::process_env()?, read_hostname)
+    /// Load from the file (if any), the process's `QQ_*` variables `vars`
+    /// ([`env::process_env`]) and the flags, then validate.
+    pub fn load(args: &Args, vars: &BTreeMap<String, String>) -> anyhow::Result<Config> {
+        Config::load_from(args, vars, read_hostname)
     }
 
     /// [`Config::load`] with the environment `vars` and a source of the hostname.
