@@ -91,13 +91,17 @@
 //! messages are not dead-lettered).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
 use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
 
 use crate::dedup::{KeyWindow, key_id};
 use crate::types::{ConsumerId, MessageId, NodeId, Overflow, QueueConfig, Reason, Strategy};
+
+mod consumers;
+mod digest;
+
+use consumers::Consumer;
 
 /// Consumer id used for messages taken with Get (leases). Real consumers use ids != 0.
 pub const GET_CONSUMER: ConsumerId = 0;
@@ -247,6 +251,13 @@ pub enum Command {
         state: MoveState,
         detail: String,
     },
+    /// The consumer is cancelled (AMQP basic.cancel): it takes no new message and keeps what
+    /// it holds until it settles it; it leaves with its last settle (at once when it holds
+    /// nothing), or with ConsumerDown, which returns the rest. Module `consumers`. Added last.
+    CancelConsumer {
+        now_ms: u64,
+        consumer: ConsumerId,
+    },
 }
 
 /// Where a move task is.
@@ -343,7 +354,9 @@ impl Command {
                 "publish_key: {} bytes, more than {MAX_DEDUP_KEY_BYTES}",
                 k.len()
             )),
-            Command::Checkout { consumer, .. } if *consumer == GET_CONSUMER => {
+            Command::Checkout { consumer, .. } | Command::CancelConsumer { consumer, .. }
+                if *consumer == GET_CONSUMER =>
+            {
                 Err(format!("consumer: id {GET_CONSUMER} is reserved for get"))
             }
             Command::Settle { outcome, .. } | Command::SettleReceipts { outcome, .. } => {
@@ -637,23 +650,8 @@ struct Msg {
     place: Place,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct Consumer {
-    node: NodeId,
-    prefetch: u32,
-    /// Order of attachment (for single active consumer).
-    attached: u64,
-    checked_out: OrdSet<MessageId>,
-}
-
-impl Consumer {
-    fn has_credit(&self) -> bool {
-        self.prefetch == 0 || (self.checked_out.len() as u64) < u64::from(self.prefetch)
-    }
-}
-
 /// The state of one queue. See the module documentation.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueueState {
     config: QueueConfig,
     last_index: u64,
@@ -703,6 +701,11 @@ pub struct QueueState {
     /// [`QueueState::moves`] and [`QueueState::restore_moves`].
     #[serde(skip)]
     moves: BTreeMap<u64, MoveTask>,
+    /// Cancelled consumers that still hold messages (module `consumers`). Not serialized with
+    /// the rest, as `receipts`: see [`QueueState::cancelled`] and
+    /// [`QueueState::restore_cancelled`].
+    #[serde(skip)]
+    cancelled: OrdSet<ConsumerId>,
 }
 
 impl QueueState {
@@ -731,6 +734,7 @@ impl QueueState {
             stats: Stats::default(),
             receipts: OrdMap::new(),
             moves: BTreeMap::new(),
+            cancelled: OrdSet::new(),
         }
     }
 
@@ -760,7 +764,8 @@ impl QueueState {
             | Command::ExpireQueue { now_ms, .. }
             | Command::GetWithReceipt { now_ms, .. }
             | Command::SettleReceipts { now_ms, .. }
-            | Command::StartMove { now_ms, .. } => (*now_ms).max(self.clock_ms),
+            | Command::StartMove { now_ms, .. }
+            | Command::CancelConsumer { now_ms, .. } => (*now_ms).max(self.clock_ms),
             Command::DeadLetterSettle { .. }
             | Command::Purge
             | Command::MoveDone { .. }
@@ -773,6 +778,7 @@ impl QueueState {
                 | Command::Get { .. }
                 | Command::GetWithReceipt { .. }
                 | Command::ConsumerDown { .. }
+                | Command::CancelConsumer { .. }
                 | Command::NodeDown { .. }
         );
         // Every command runs in four phases: timers due by `now` fire; the command acts;
@@ -873,6 +879,7 @@ impl QueueState {
                 state,
                 detail,
             } => self.end_move(task, state, detail),
+            Command::CancelConsumer { consumer, .. } => self.cancel_consumer(consumer),
         };
         // A refused command changes nothing but time (it acts as an Expire at `now`).
         if uses_queue && !matches!(reply, Reply::Error { .. }) {
@@ -935,7 +942,7 @@ impl QueueState {
             ready: self.ready_len(),
             unacked: self.unacked_len(),
             held: self.held.len() as u64,
-            consumers: self.consumers.len() as u64,
+            consumers: self.live_consumers(),
             ready_bytes: self.ready_bytes,
             held_bytes: self.held_bytes,
             delayed: self.delayed.len() as u64,
@@ -1149,14 +1156,6 @@ impl QueueState {
         self.moves = moves;
     }
 
-    /// Stable hash of the whole state (FNV-1a over its `Debug` form, which uses ordered
-    /// collections only), for replica-agreement checks.
-    pub fn digest(&self) -> u64 {
-        let mut h = Fnv(0xcbf2_9ce4_8422_2325);
-        fmt::write(&mut h, format_args!("{self:?}")).expect("hashing cannot fail");
-        h.0
-    }
-
     /// Full consistency check of the internal indexes (for tests and after loading a snapshot).
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut ready = 0u64;
@@ -1273,6 +1272,7 @@ impl QueueState {
         if self.ready_len() > 0 && self.next_consumer().is_some() && self.running_move().is_none() {
             return Err("a consumer has credit while messages are ready".into());
         }
+        self.check_cancelled()?;
         self.publish_keys.check()?;
         self.transfer_keys.check()?;
         Ok(())
@@ -1350,38 +1350,6 @@ impl QueueState {
         Reply::Enqueued { id: index }
     }
 
-    fn checkout_cmd(&mut self, consumer: ConsumerId, node: NodeId, prefetch: u32) -> Reply {
-        if consumer == GET_CONSUMER {
-            return Reply::Error {
-                detail: format!("consumer id {GET_CONSUMER} is reserved for get"),
-            };
-        }
-        if let Some(c) = self.consumers.get_mut(&consumer) {
-            c.node = node;
-            c.prefetch = prefetch;
-            return Reply::Ok;
-        }
-        if self.consumers.len() >= MAX_CONSUMERS {
-            return Reply::Error {
-                detail: format!(
-                    "queue '{}' has too many consumers (at most {MAX_CONSUMERS})",
-                    self.config.name
-                ),
-            };
-        }
-        let attached = self.next_seq();
-        self.consumers.insert(
-            consumer,
-            Consumer {
-                node,
-                prefetch,
-                attached,
-                checked_out: OrdSet::new(),
-            },
-        );
-        Reply::Ok
-    }
-
     fn settle(
         &mut self,
         now: u64,
@@ -1423,6 +1391,7 @@ impl QueueState {
                 }
             }
         }
+        self.release_if_drained(consumer);
         Reply::Ok
     }
 
@@ -1463,17 +1432,6 @@ impl QueueState {
         let reply = self.settle(now, GET_CONSUMER, &ids, outcome, fx);
         debug_assert!(matches!(reply, Reply::Ok), "receipts name Get leases");
         reply
-    }
-
-    fn consumer_down(&mut self, now: u64, consumer: ConsumerId, fx: &mut Vec<Effect>) {
-        let Some(c) = self.consumers.remove(&consumer) else {
-            return;
-        };
-        // Returned in id order, as rabbit_fifo does; the consumer record is already gone, so
-        // there is nothing to detach from.
-        for id in c.checked_out {
-            self.return_failed(id, now, Some(0), fx);
-        }
     }
 
     fn get(&mut self, now: u64, lease_ms: u64, auto_ack: bool, fx: &mut Vec<Effect>) -> Reply {
@@ -1800,20 +1758,6 @@ impl QueueState {
         }
     }
 
-    /// The next consumer to serve, if any has credit (single active consumer: only the earliest
-    /// attached one is considered).
-    fn next_consumer(&self) -> Option<ConsumerId> {
-        if self.config.single_active_consumer {
-            let (id, c) = self.consumers.iter().min_by_key(|(_, c)| c.attached)?;
-            return c.has_credit().then_some(*id);
-        }
-        self.consumers
-            .range(self.cursor..)
-            .chain(self.consumers.range(..self.cursor))
-            .find(|(_, c)| c.has_credit())
-            .map(|(id, _)| *id)
-    }
-
     /// A failed delivery comes back: count it; past the delivery limit it dies, past its
     /// deadline it expires, otherwise it joins the tail of the returns queue, or waits
     /// `delay_ms` in the delayed set first (None: the queue's `x-requeue-delays` decide).
@@ -2026,18 +1970,5 @@ impl QueueState {
     fn next_seq(&mut self) -> u64 {
         self.seq += 1;
         self.seq
-    }
-}
-
-/// FNV-1a, fed through `fmt::Write` so the `Debug` form is hashed without being materialised.
-struct Fnv(u64);
-
-impl fmt::Write for Fnv {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        for b in s.bytes() {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        Ok(())
     }
 }

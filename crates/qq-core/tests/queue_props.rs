@@ -44,6 +44,10 @@ enum Op {
         dt: u64,
         consumer: ConsumerId,
     },
+    CancelConsumer {
+        dt: u64,
+        consumer: ConsumerId,
+    },
     NodeDown {
         dt: u64,
         node: u64,
@@ -169,6 +173,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (dt(), 0u64..=4, prop::collection::vec(0u64..80, 0..3), outcome())
             .prop_map(|(dt, consumer, ids, outcome)| Op::SettleAny { dt, consumer, ids, outcome }),
         1 => (dt(), 0u64..=4).prop_map(|(dt, consumer)| Op::ConsumerDown { dt, consumer }),
+        1 => (dt(), consumer.clone()).prop_map(|(dt, consumer)| Op::CancelConsumer { dt, consumer }),
         1 => (dt(), 1u64..=2).prop_map(|(dt, node)| Op::NodeDown { dt, node }),
         2 => (dt(), 1u64..60, any::<bool>())
             .prop_map(|(dt, lease_ms, auto_ack)| Op::Get { dt, lease_ms, auto_ack }),
@@ -266,6 +271,10 @@ fn resolve(s: &QueueState, op: &Op) -> Command {
             outcome,
         },
         Op::ConsumerDown { dt, consumer } => Command::ConsumerDown {
+            now_ms: t + dt,
+            consumer,
+        },
+        Op::CancelConsumer { dt, consumer } => Command::CancelConsumer {
             now_ms: t + dt,
             consumer,
         },
@@ -453,8 +462,9 @@ fn check_step(
     } = *cmd
     {
         // The x-expires rule, from the state before the command.
+        // (A cancelled consumer that still holds messages keeps the queue in use.)
         let expired = before.config().expires_ms.is_some_and(|e| {
-            before.counts().consumers == 0
+            before.consumers().is_empty()
                 && now_ms >= before.last_used_ms().max(leader_since_ms) + e
         });
         prop_assert_eq!(reply, &Reply::QueueExpiry { expired });
@@ -473,7 +483,7 @@ fn check_step(
     let leader_since_ms = s.clock_ms() / 2;
     if let Some(due_ms) = s.queue_expiry_due_ms(leader_since_ms) {
         let e = s.config().expires_ms;
-        prop_assert_eq!(s.counts().consumers, 0);
+        prop_assert!(s.consumers().is_empty());
         prop_assert_eq!(
             Some(due_ms),
             e.map(|e| s.last_used_ms().max(leader_since_ms) + e)
@@ -490,7 +500,7 @@ fn check_step(
             prop_assert_eq!(r, Reply::QueueExpiry { expired: expected });
         }
     } else {
-        prop_assert!(s.config().expires_ms.is_none() || s.counts().consumers > 0);
+        prop_assert!(s.config().expires_ms.is_none() || !s.consumers().is_empty());
     }
     // A running move task holds the ready messages: nothing is delivered while one runs (it
     // started before this step and still runs after it), and MoveDone removes only ready ones.
@@ -662,7 +672,15 @@ fn check_step(
         s.first_held_dead_letters(3, 40, |id| in_flight.contains(&id)),
         expect
     );
-    prop_assert_eq!(counts.consumers as usize, s.consumers().len());
+    // A cancelled consumer is attached until it settles its last message, but not counted.
+    prop_assert_eq!(
+        counts.consumers as usize,
+        s.consumers().len() - s.cancelled().len()
+    );
+    if let Command::CancelConsumer { consumer, .. } = cmd {
+        let holds = s.consumers().iter().any(|c| c.0 == *consumer);
+        prop_assert_eq!(holds, s.cancelled().contains(consumer));
+    }
 
     // Credit: a consumer that got something in this step is within its prefetch.
     let consumers: BTreeMap<ConsumerId, (u32, u32)> = s
@@ -672,6 +690,11 @@ fn check_step(
         .collect();
     for e in effects {
         if let Effect::Deliver(d) = e {
+            prop_assert!(
+                !before.cancelled().contains(&d.consumer) && !s.cancelled().contains(&d.consumer),
+                "delivered to cancelled consumer {}",
+                d.consumer
+            );
             let (prefetch, unacked) = consumers[&d.consumer];
             prop_assert!(prefetch == 0 || unacked <= prefetch, "prefetch exceeded");
         }
@@ -680,6 +703,9 @@ fn check_step(
     // task holds the ready messages).
     if counts.ready > 0 && !s.config().single_active_consumer && s.running_move().is_none() {
         for (c, (prefetch, unacked)) in &consumers {
+            if s.cancelled().contains(c) {
+                continue;
+            }
             prop_assert!(
                 *prefetch != 0 && unacked >= prefetch,
                 "consumer {} idle with messages ready",
@@ -727,7 +753,11 @@ fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<()
     let mut snapshot = None;
     for (step, (gap, op)) in ops.iter().enumerate() {
         if step == snapshot_at {
-            snapshot = Some((postcard::to_allocvec(&s).unwrap(), s.moves().clone()));
+            snapshot = Some((
+                postcard::to_allocvec(&s).unwrap(),
+                s.moves().clone(),
+                s.cancelled().clone(),
+            ));
         }
         index += gap;
         let cmd = resolve(&s, op);
@@ -737,10 +767,17 @@ fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<()
         log.push((index, cmd));
         outputs.push((reply, effects));
     }
-    let (snapshot, moves) =
-        snapshot.unwrap_or_else(|| (postcard::to_allocvec(&s).unwrap(), s.moves().clone()));
+    // The moves and the cancelled consumers travel beside the state, as in a snapshot.
+    let (snapshot, moves, cancelled) = snapshot.unwrap_or_else(|| {
+        (
+            postcard::to_allocvec(&s).unwrap(),
+            s.moves().clone(),
+            s.cancelled().clone(),
+        )
+    });
     let mut restored: QueueState = postcard::from_bytes(&snapshot).unwrap();
     restored.restore_moves(moves);
+    restored.restore_cancelled(cancelled);
     restored.check_invariants().map_err(TestCaseError::fail)?;
     let from = snapshot_at.min(log.len());
     for ((index, cmd), expected) in log[from..].iter().zip(&outputs[from..]) {

@@ -5,6 +5,8 @@
 //! socket closes without a connection.close). lapin cannot send the last three, so they go
 //! over a raw socket with hand-made frames.
 
+use std::time::Duration;
+
 use anyhow::{Context, bail, ensure};
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
@@ -96,10 +98,21 @@ async fn amqp_answers_as_rabbitmq_3_10() -> anyhow::Result<()> {
     ensure!(class_method == (60, 10), "prefetch_size: {class_method:?}");
 
     info!("--- SASL: a wrong password is 403; an unknown mechanism and bad PLAIN drop the socket");
+    info!("    (each socket closes 3 s after the refusal, RabbitMQ's SILENT_CLOSE_DELAY)");
     let mut raw = Raw::connect(address).await?;
+    let sent = std::time::Instant::now();
     raw.start_ok("PLAIN", b"\0guest\0wrong").await?;
     let close = raw.expect_method(0, (10, 50), "connection.close").await?;
     ensure!(close_fields(&close)?.0 == 403, "wrong password: {close:?}");
+    ensure!(
+        raw.read_frame().await?.is_none(),
+        "wrong password: a frame after connection.close"
+    );
+    ensure!(
+        sent.elapsed() >= Duration::from_secs(3),
+        "wrong password: the socket closed {:?} after start-ok, before RabbitMQ's 3 s",
+        sent.elapsed()
+    );
     for (what, mechanism, response) in [
         ("unknown mechanism", "X-UNKNOWN", &b"\0guest\0guest"[..]),
         ("EXTERNAL without a certificate", "EXTERNAL", &b""[..]),
@@ -107,11 +120,17 @@ async fn amqp_answers_as_rabbitmq_3_10() -> anyhow::Result<()> {
         ("malformed AMQPLAIN response", "AMQPLAIN", &b"garbage"[..]),
     ] {
         let mut raw = Raw::connect(address).await?;
+        let sent = std::time::Instant::now();
         raw.start_ok(mechanism, response).await?;
         match raw.read_frame().await? {
             None => {}
             Some(frame) => bail!("{what}: a frame instead of the socket closing: {frame:?}"),
         }
+        ensure!(
+            sent.elapsed() >= Duration::from_secs(3),
+            "{what}: the socket closed {:?} after start-ok, before RabbitMQ's 3 s",
+            sent.elapsed()
+        );
     }
 
     let after = connect(&cluster, 2).await?;

@@ -4,6 +4,7 @@
 
 mod alarms;
 mod amqp;
+mod amqp_cancel;
 mod amqp_errors;
 mod amqp_parity;
 mod amqp_tls;

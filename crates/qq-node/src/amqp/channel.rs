@@ -16,8 +16,9 @@ use super::codes::{
     AmqpError, CHANNEL_ERROR, COMMAND_INVALID, ConnError, NOT_ALLOWED, NOT_IMPLEMENTED,
     PRECONDITION_FAILED, UNEXPECTED_FRAME, is_hard,
 };
-use super::consumer::{self, Consuming};
+use super::consumer;
 use super::convert::short;
+use super::deliveries::{self, Consuming};
 use super::publisher::{self, Content, Publishing};
 use super::session::Session;
 use super::topology;
@@ -352,7 +353,7 @@ fn close_ok() -> AMQPClass {
 /// published is committed.
 async fn teardown(session: &Session, channel: &mut Channel) {
     let gets = channel.consuming.deliveries.end();
-    consumer::requeue_gets(session, gets).await;
+    deliveries::requeue_gets(session, gets).await;
     if let Some(publisher) = channel.publishing.publisher.take() {
         publisher.drain().await;
     }

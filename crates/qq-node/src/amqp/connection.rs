@@ -82,7 +82,13 @@ where
         }
         Err(HandshakeEnd::Close(e)) => {
             info!(%peer, code = e.code, "amqp connection refused: {}", e.text);
+            let refused = tokio::time::Instant::now();
             close_and_wait(&mut reader, &out, e).await;
+            silent_close_delay(refused, &stopping).await;
+        }
+        Err(HandshakeEnd::Silent(why)) => {
+            debug!(%peer, "amqp connection refused without a close: {why}");
+            silent_close_delay(tokio::time::Instant::now(), &stopping).await;
         }
         Err(HandshakeEnd::Drop(why)) => debug!(%peer, "amqp connection dropped: {why}"),
     }
@@ -91,12 +97,29 @@ where
     let _ = tokio::time::timeout(CLOSE_OK_WAIT, writer).await;
 }
 
-/// How a handshake that did not open ended.
+/// How a handshake that did not open ended. A refusal after the protocol header (a failed
+/// login, a refused vhost, a method out of place) closes the socket only
+/// [`SILENT_CLOSE_DELAY`] after it, as RabbitMQ: a client trying passwords gets one answer
+/// per connection per 3 s. The connection holds its place under `max_connections` meanwhile.
 enum HandshakeEnd {
-    /// Send connection.close with this, wait for close-ok.
+    /// Send connection.close with this, wait for close-ok, close after the delay.
     Close(ConnError),
+    /// Send nothing, close after the delay.
+    Silent(String),
     /// Just close the socket.
     Drop(String),
+}
+
+/// RabbitMQ's SILENT_CLOSE_DELAY (rabbit_reader): how long after a refused handshake the
+/// socket closes.
+const SILENT_CLOSE_DELAY: Duration = Duration::from_secs(3);
+
+/// Wait until [`SILENT_CLOSE_DELAY`] after `since` (at once when the node stops).
+async fn silent_close_delay(since: tokio::time::Instant, stopping: &CancellationToken) {
+    tokio::select! {
+        _ = tokio::time::sleep_until(since + SILENT_CLOSE_DELAY) => {}
+        _ = stopping.cancelled() => {}
+    }
 }
 
 type Opened = (Caller, String, u32, Duration, ClientCaps);
@@ -137,7 +160,7 @@ async fn handshake<R: AsyncRead + Unpin>(
             HandshakeEnd::Close(e)
                 if e.code == ACCESS_REFUSED && !caps.authentication_failure_close =>
             {
-                HandshakeEnd::Drop(e.text)
+                HandshakeEnd::Silent(e.text)
             }
             other => other,
         })?;
@@ -285,7 +308,7 @@ async fn login(
     let auth = ctx.api.auth();
     let silently = |why: String| {
         warn!(%peer, via = "amqp", "login refused: {why}");
-        HandshakeEnd::Drop(why)
+        HandshakeEnd::Silent(why)
     };
     let result = match mechanism {
         "PLAIN" | "AMQPLAIN" => {

@@ -1,24 +1,27 @@
-//! basic.qos, consume, cancel, get, ack, nack, reject and recover.
+//! basic.qos, consume and cancel, and each consumer's task; basic.get, ack, nack, reject
+//! and recover are in [`super::deliveries`].
 //!
 //! A consumer is a consumer session of [`crate::consume`] on the queue's leader (relayed when
 //! another node leads), as for gRPC's `Consume`; its deliveries get the channel's delivery
 //! tags, in order, and the channel remembers which session and session tag each unacked tag
-//! stands for. basic.get goes through gRPC's `Get` (a receipt per message) and its ack through
-//! `Settle`. ack settles ACK; nack and reject with `requeue` settle REQUEUE (counted against
-//! `x-delivery-limit`), without it REJECT (dead-lettered with reason `rejected`).
+//! stands for.
 //!
 //! When the queue's leader moves, the session ends with UNAVAILABLE: the consumer subscribes
 //! again under the same tag, and the new leader redelivers what was unacked (flagged
 //! redelivered); acks of the old session's tags are dropped. A queue deleted under its
 //! consumers cancels them with basic.cancel (clients that announced
-//! `consumer_cancel_notify`). basic.cancel ends the session at once: its unacked messages
-//! return to the queue (RabbitMQ keeps them with the channel until the client settles them).
+//! `consumer_cancel_notify`).
+//!
+//! basic.cancel stops the session ([`SessionIn::Stop`]): the queue's consumer is cancelled
+//! and takes nothing more, and cancel-ok goes out once that is committed, after every
+//! delivery the consumer got. What it holds stays with the channel until the client settles
+//! it, as RabbitMQ's quorum queues do; the session ends with the last settle, or when the
+//! channel closes (what is left then returns to the queue).
 //!
 //! Bounds: a session's prefetch (basic.qos; 0 means the node's `prefetch_zero_cap`), the
 //! session's channels ([`crate::api::consume::STREAM_BOUND`]), and the connection's outbox.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use amq_protocol::protocol::{AMQPClass, basic};
@@ -30,10 +33,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tracing::debug;
 
-use super::codes::{AmqpError, NOT_IMPLEMENTED, PRECONDITION_FAILED, RESOURCE_LOCKED};
+use super::codes::{AmqpError, NOT_IMPLEMENTED};
 use super::convert::{properties_to_amqp, short};
+use super::deliveries::{self, Consuming, Deliveries, Handle, Signals, Unacked, outcome};
 use super::frames::content_frames;
-use super::session::{Session, request};
+use super::session::Session;
 use crate::api::conn::ConsumerGuard;
 use crate::api::consume::{self as grpc, STREAM_BOUND};
 use crate::consume::relay::start_session;
@@ -41,103 +45,8 @@ use crate::consume::session::{SessionIn, SessionOut, SubscribeArgs};
 
 /// How long a consumer whose session ended with UNAVAILABLE waits before subscribing again.
 const RESUBSCRIBE_BACKOFF: Duration = Duration::from_millis(250);
-/// How long basic.cancel waits for the consumer's session to end before answering anyway.
+/// How long basic.cancel waits for the queue to cancel the consumer before answering anyway.
 const CANCEL_WAIT: Duration = Duration::from_secs(5);
-
-/// An unacked delivery of the channel.
-#[derive(Debug, Clone)]
-enum Unacked {
-    /// From consumer `ctag`'s session number `generation`, its tag there.
-    Consumer {
-        ctag: String,
-        generation: u64,
-        tag: u64,
-    },
-    /// From basic.get: its receipt.
-    Get { receipt: String },
-}
-
-/// A live consumer: its session's input and number.
-struct Handle {
-    /// The node-wide number of the consumer (a tag may be reused after a cancel).
-    id: u64,
-    input: mpsc::Sender<SessionIn>,
-    generation: u64,
-    stop: CancellationToken,
-    /// Cancelled once the consumer's session has ended on the queue's leader.
-    finished: CancellationToken,
-}
-
-#[derive(Default)]
-struct State {
-    last_tag: u64,
-    unacked: BTreeMap<u64, Unacked>,
-    consumers: HashMap<String, Handle>,
-}
-
-/// A channel's delivery tags, unacked deliveries and consumers, shared by the read loop and
-/// the consumer tasks. `order` is held from taking a tag to queuing the delivery, so tags go
-/// out in order; `state` is a short lock, never held across an await.
-pub struct Deliveries {
-    order: tokio::sync::Mutex<()>,
-    state: Mutex<State>,
-    done: CancellationToken,
-}
-
-impl Deliveries {
-    pub fn new(done: CancellationToken) -> Arc<Deliveries> {
-        Arc::new(Deliveries {
-            order: tokio::sync::Mutex::new(()),
-            state: Mutex::new(State::default()),
-            done,
-        })
-    }
-
-    /// The channel ends: every consumer stops (its session ends, its unacked return). The
-    /// receipts of basic.get messages still unacked are returned, for the caller to requeue.
-    pub fn end(&self) -> Vec<String> {
-        self.done.cancel();
-        let mut state = self.state.lock().unwrap();
-        state.consumers.clear();
-        std::mem::take(&mut state.unacked)
-            .into_values()
-            .filter_map(|u| match u {
-                Unacked::Get { receipt } => Some(receipt),
-                Unacked::Consumer { .. } => None,
-            })
-            .collect()
-    }
-
-    fn next_tag(&self, unacked: Option<Unacked>) -> u64 {
-        let mut state = self.state.lock().unwrap();
-        state.last_tag += 1;
-        let tag = state.last_tag;
-        if let Some(u) = unacked {
-            state.unacked.insert(tag, u);
-        }
-        tag
-    }
-}
-
-/// A channel's consuming state: basic.qos for the consumers started after it, and the
-/// channel's deliveries.
-pub struct Consuming {
-    pub id: u16,
-    pub prefetch: u16,
-    pub global_qos: bool,
-    pub deliveries: Arc<Deliveries>,
-}
-
-impl Consuming {
-    pub fn new(id: u16, done: CancellationToken) -> Consuming {
-        Consuming {
-            id,
-            prefetch: 0,
-            global_qos: false,
-            deliveries: Deliveries::new(done),
-        }
-    }
-}
 
 pub async fn basic(
     session: &Arc<Session>,
@@ -159,11 +68,11 @@ pub async fn basic(
             }))
         }
         M::Get(g) => {
-            get(session, channel, g).await?;
+            deliveries::get(session, channel, g).await?;
             None
         }
         M::Ack(a) => {
-            settle(
+            deliveries::settle(
                 session,
                 channel,
                 a.delivery_tag,
@@ -174,7 +83,7 @@ pub async fn basic(
             None
         }
         M::Nack(n) => {
-            settle(
+            deliveries::settle(
                 session,
                 channel,
                 n.delivery_tag,
@@ -185,7 +94,7 @@ pub async fn basic(
             None
         }
         M::Reject(r) => {
-            settle(session, channel, r.delivery_tag, false, outcome(r.requeue)).await?;
+            deliveries::settle(session, channel, r.delivery_tag, false, outcome(r.requeue)).await?;
             None
         }
         M::Recover(r) if !r.requeue => {
@@ -195,11 +104,11 @@ pub async fn basic(
             return Err(AmqpError::new(NOT_IMPLEMENTED, "requeue=false"));
         }
         M::Recover(_) => {
-            recover(session, channel).await?;
+            deliveries::recover(session, channel).await?;
             Some(M::RecoverOk(basic::RecoverOk {}))
         }
         M::RecoverAsync(_) => {
-            recover(session, channel).await?;
+            deliveries::recover(session, channel).await?;
             None
         }
         _ => {
@@ -210,14 +119,6 @@ pub async fn basic(
         }
     };
     Ok(reply.map(AMQPClass::Basic))
-}
-
-fn outcome(requeue: bool) -> SettleOutcome {
-    if requeue {
-        SettleOutcome::Requeue
-    } else {
-        SettleOutcome::Reject
-    }
 }
 
 async fn consume(
@@ -253,7 +154,7 @@ async fn consume(
         .state
         .lock()
         .unwrap()
-        .consumers
+        .tags
         .contains_key(&ctag)
     {
         return Err(AmqpError::new(
@@ -280,10 +181,17 @@ async fn consume(
         args,
         no_ack: c.no_ack,
         stop: channel.deliveries.done.child_token(),
-        finished: CancellationToken::new(),
+        signals: Signals::default(),
         _guard: guard,
     };
     let out = consumer.subscribe(0).await?;
+    channel
+        .deliveries
+        .state
+        .lock()
+        .unwrap()
+        .tags
+        .insert(ctag.clone(), consumer.id);
     if !c.nowait {
         let ok = basic::AMQPMethod::ConsumeOk(basic::ConsumeOk {
             consumer_tag: short(&ctag),
@@ -297,6 +205,7 @@ async fn consume(
 
 /// One consumer's task: deliveries to the client, subscribing again when the leader moves.
 struct Consumer {
+    /// The node-wide number of the consumer (a tag may be used again after a cancel).
     id: u64,
     session: Arc<Session>,
     channel: u16,
@@ -304,9 +213,9 @@ struct Consumer {
     ctag: String,
     args: SubscribeArgs,
     no_ack: bool,
+    /// Cancelled when the channel ends.
     stop: CancellationToken,
-    /// Cancelled when the task ends, after its last session ended (see [`cancel`]).
-    finished: CancellationToken,
+    signals: Signals,
     _guard: ConsumerGuard,
 }
 
@@ -317,14 +226,12 @@ impl Consumer {
         let (out_tx, out_rx) = mpsc::channel::<SessionOut>(STREAM_BOUND);
         let node = self.session.ctx.api.node().clone();
         start_session(node, self.args.clone(), in_rx, out_tx).await?;
-        self.deliveries.state.lock().unwrap().consumers.insert(
-            self.ctag.clone(),
+        self.deliveries.state.lock().unwrap().sessions.insert(
+            self.id,
             Handle {
-                id: self.id,
                 input: in_tx,
                 generation,
-                stop: self.stop.clone(),
-                finished: self.finished.clone(),
+                signals: self.signals.clone(),
             },
         );
         Ok(out_rx)
@@ -332,7 +239,8 @@ impl Consumer {
 
     async fn run(self, out: mpsc::Receiver<SessionOut>) {
         self.serve(out).await;
-        self.finished.cancel();
+        self.forget();
+        self.signals.quiet.cancel();
     }
 
     async fn serve(&self, mut out: mpsc::Receiver<SessionOut>) {
@@ -340,16 +248,18 @@ impl Consumer {
         loop {
             let ended = self.pump(&mut out, generation).await;
             let Some(code) = ended else {
-                break;
+                return;
             };
-            if code != Code::Unavailable as i32 || self.stop.is_cancelled() {
-                break;
+            let over = self.stop.is_cancelled() || self.signals.cancelled.is_cancelled();
+            if code != Code::Unavailable as i32 || over {
+                return;
             }
             // The leader moved (or this node stopped leading): subscribe again.
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(RESUBSCRIBE_BACKOFF) => {}
-                    _ = self.stop.cancelled() => return self.forget(),
+                    _ = self.stop.cancelled() => return,
+                    _ = self.signals.cancelled.cancelled() => return,
                 }
                 generation += 1;
                 match self.subscribe(generation).await {
@@ -361,7 +271,6 @@ impl Consumer {
                 }
             }
         }
-        self.forget();
     }
 
     /// Serve one session; `Some(code)` when it ended with an error, `None` when the consumer
@@ -386,6 +295,12 @@ impl Consumer {
                         return None;
                     }
                 }
+                // basic.cancel's cancel-ok may go now: nothing more will be delivered.
+                Some(SessionOut::Stopped) => self.signals.quiet.cancel(),
+                // After a client's cancel, the session ends by itself once all is settled.
+                Some(SessionOut::Cancelled { .. }) if self.signals.cancelled.is_cancelled() => {
+                    return None;
+                }
                 Some(SessionOut::Cancelled { reason }) => {
                     debug!(ctag = %self.ctag, "amqp consumer cancelled: {reason}");
                     self.cancelled_by_server().await;
@@ -393,7 +308,7 @@ impl Consumer {
                 }
                 Some(SessionOut::Error { code, message }) => {
                     debug!(ctag = %self.ctag, code, "amqp consumer session ended: {message}");
-                    if code != Code::Unavailable as i32 {
+                    if code != Code::Unavailable as i32 && !self.signals.cancelled.is_cancelled() {
                         self.cancelled_by_server().await;
                     }
                     return Some(code);
@@ -403,9 +318,9 @@ impl Consumer {
         }
     }
 
-    /// The consumer was cancelled or its channel closed: wait (at most [`CANCEL_WAIT`]) until
-    /// its session ended on the leader, so that no later message goes to it. Deliveries that
-    /// still come are not sent on: the session's end returns them to the queue.
+    /// The channel closed: wait (at most [`CANCEL_WAIT`]) until the consumer's session ended
+    /// on the leader. Deliveries that still come are not sent on: the session's end returns
+    /// them to the queue.
     async fn wind_down(&self, out: &mut mpsc::Receiver<SessionOut>) {
         let drained = async { while out.recv().await.is_some() {} };
         if tokio::time::timeout(CANCEL_WAIT, drained).await.is_err() {
@@ -421,8 +336,8 @@ impl Consumer {
         message: Message,
     ) -> bool {
         let _order = self.deliveries.order.lock().await;
-        let unacked = (!self.no_ack).then(|| Unacked::Consumer {
-            ctag: self.ctag.clone(),
+        let unacked = (!self.no_ack).then_some(Unacked::Consumer {
+            consumer: self.id,
             generation,
             tag,
         });
@@ -459,220 +374,34 @@ impl Consumer {
         }
     }
 
+    /// The consumer is over: its tag (if still its own) and its session leave the channel.
     fn forget(&self) {
         let mut state = self.deliveries.state.lock().unwrap();
-        if state
-            .consumers
-            .get(&self.ctag)
-            .is_some_and(|h| h.id == self.id)
-        {
-            state.consumers.remove(&self.ctag);
+        state.sessions.remove(&self.id);
+        if state.tags.get(&self.ctag) == Some(&self.id) {
+            state.tags.remove(&self.ctag);
         }
     }
 }
 
-/// basic.cancel: the consumer's session ends (its unacked messages return to the queue), and
-/// cancel-ok waits until it has ended on the queue's leader (at most [`CANCEL_WAIT`]): a message
-/// published after cancel-ok never goes to the cancelled consumer.
+/// basic.cancel: the tag leaves the channel at once; the consumer's session stops (the queue
+/// cancels the consumer) and cancel-ok waits until that is committed (at most
+/// [`CANCEL_WAIT`]), so a message published after cancel-ok never goes to it. What it holds
+/// stays unacked on the channel.
 async fn cancel(channel: &mut Consuming, ctag: &str) {
-    let handle = channel
-        .deliveries
-        .state
-        .lock()
-        .unwrap()
-        .consumers
-        .remove(ctag);
-    if let Some(h) = handle {
-        h.stop.cancel();
-        let _ = h.input.send(SessionIn::Cancel).await;
-        let _ = tokio::time::timeout(CANCEL_WAIT, h.finished.cancelled()).await;
-    }
-}
-
-async fn get(
-    session: &Arc<Session>,
-    channel: &mut Consuming,
-    g: basic::Get,
-) -> Result<(), AmqpError> {
-    let r = pb::GetRequest {
-        vhost: session.vhost.clone(),
-        queue: g.queue.to_string(),
-        auto_ack: g.no_ack,
-        lease_ms: 0,
-    };
-    let got = match grpc::get(&session.ctx.api, request(session, r)).await {
-        Ok(got) => got.into_inner(),
-        // A single-active-consumer queue refuses basic.get: RabbitMQ's 405.
-        Err(s) if s.code() == Code::FailedPrecondition => {
-            return Err(AmqpError::new(RESOURCE_LOCKED, s.message()));
-        }
-        Err(s) => return Err(s.into()),
-    };
-    let Some(delivery) = got.delivery else {
-        let empty = basic::AMQPMethod::GetEmpty(basic::GetEmpty {});
-        session
-            .out
-            .method(channel.id, AMQPClass::Basic(empty))
-            .await;
-        return Ok(());
-    };
-    let _order = channel.deliveries.order.lock().await;
-    let unacked = (!g.no_ack).then(|| Unacked::Get {
-        receipt: delivery.receipt.clone(),
-    });
-    let tag = channel.deliveries.next_tag(unacked);
-    let message = delivery.message.unwrap_or_default();
-    let (mut props, body) = crate::api::convert::message_from_pb(Some(&message))?;
-    // RabbitMQ's quorum queues put the count on every basic.get, 0 the first time.
-    props
-        .headers
-        .entry("x-delivery-count".into())
-        .or_insert(qq_core::Value::Long(0));
-    let ok = basic::GetOk {
-        delivery_tag: tag,
-        redelivered: delivery.redelivered,
-        exchange: short(&delivery.exchange),
-        routing_key: short(&delivery.routing_key),
-        message_count: got.message_count.min(u32::MAX as u64) as u32,
-    };
-    let bytes = content_frames(
-        channel.id,
-        AMQPClass::Basic(basic::AMQPMethod::GetOk(ok)),
-        properties_to_amqp(&props),
-        &body,
-        session.frame_max,
-    );
-    session.out.bytes(bytes).await;
-    Ok(())
-}
-
-/// Settle `tag` (with `multiple`, every unacked tag up to it): 406 for a tag that is not an
-/// unacked delivery of this channel, as RabbitMQ.
-async fn settle(
-    session: &Arc<Session>,
-    channel: &mut Consuming,
-    tag: u64,
-    multiple: bool,
-    outcome: SettleOutcome,
-) -> Result<(), AmqpError> {
-    let taken: Vec<Unacked> = {
+    let handle = {
         let mut state = channel.deliveries.state.lock().unwrap();
-        // multiple with tag 0: everything unacked.
-        let upto = if tag == 0 { u64::MAX } else { tag };
-        let tags: Vec<u64> = if multiple {
-            state.unacked.range(..=upto).map(|(t, _)| *t).collect()
-        } else {
-            vec![tag]
-        };
-        let known = if multiple {
-            tag == 0 || !tags.is_empty()
-        } else {
-            state.unacked.contains_key(&tag)
-        };
-        if !known {
-            return Err(AmqpError::new(
-                PRECONDITION_FAILED,
-                format!("unknown delivery tag {tag}"),
-            ));
-        }
-        tags.iter()
-            .filter_map(|t| state.unacked.remove(t))
-            .collect()
+        let id = state.tags.remove(ctag);
+        id.and_then(|id| state.sessions.get(&id))
+            .map(|h| (h.input.clone(), h.signals.clone()))
     };
-    settle_taken(session, channel, taken, outcome).await
-}
-
-/// A closed channel's unacked basic.get messages go back to their queues at once (as
-/// RabbitMQ's), not when their leases end.
-pub async fn requeue_gets(session: &Session, receipts: Vec<String>) {
-    if receipts.is_empty() {
+    let Some((input, signals)) = handle else {
         return;
-    }
-    let r = pb::SettleRequest {
-        receipts,
-        outcome: pb::SettleOutcome::Requeue as i32,
-        reason_detail: None,
-        delay_ms: None,
     };
-    if let Err(e) = grpc::settle(&session.ctx.api, request(session, r)).await {
-        debug!("amqp: requeue of a closed channel's gets: {e}");
+    signals.cancelled.cancel();
+    // Between two sessions (the leader moved) there is nobody to tell: the task ends at the
+    // cancel and the old session's deliveries went back to the queue.
+    if input.send(SessionIn::Stop).await.is_ok() {
+        let _ = tokio::time::timeout(CANCEL_WAIT, signals.quiet.cancelled()).await;
     }
-}
-
-/// basic.recover: every unacked delivery of the channel goes back to its queue.
-async fn recover(session: &Arc<Session>, channel: &mut Consuming) -> Result<(), AmqpError> {
-    let taken: Vec<Unacked> = {
-        let mut state = channel.deliveries.state.lock().unwrap();
-        std::mem::take(&mut state.unacked).into_values().collect()
-    };
-    settle_taken(session, channel, taken, SettleOutcome::Requeue).await
-}
-
-async fn settle_taken(
-    session: &Arc<Session>,
-    channel: &mut Consuming,
-    taken: Vec<Unacked>,
-    outcome: SettleOutcome,
-) -> Result<(), AmqpError> {
-    let mut by_consumer: HashMap<String, (u64, Vec<u64>)> = HashMap::new();
-    let mut receipts = Vec::new();
-    for u in taken {
-        match u {
-            Unacked::Consumer {
-                ctag,
-                generation,
-                tag,
-            } => by_consumer
-                .entry(ctag)
-                .or_insert((generation, Vec::new()))
-                .1
-                .push(tag),
-            Unacked::Get { receipt } => receipts.push(receipt),
-        }
-    }
-    // A tag of an earlier session (the leader moved since) is dropped: that session's
-    // deliveries went back to the queue when it ended.
-    let inputs: Vec<(mpsc::Sender<SessionIn>, Vec<u64>)> = {
-        let state = channel.deliveries.state.lock().unwrap();
-        by_consumer
-            .into_iter()
-            .flat_map(|(ctag, (generation, tags))| {
-                state
-                    .consumers
-                    .get(&ctag)
-                    .filter(|h| h.generation == generation)
-                    .map(|h| (h.input.clone(), tags))
-            })
-            .collect()
-    };
-    for (input, tags) in inputs {
-        let _ = input
-            .send(SessionIn::Settle {
-                tags,
-                multiple: false,
-                outcome: outcome.clone(),
-            })
-            .await;
-    }
-    if !receipts.is_empty() {
-        let api = &session.ctx.api;
-        let r = pb::SettleRequest {
-            receipts,
-            outcome: settle_code(&outcome),
-            reason_detail: None,
-            delay_ms: None,
-        };
-        grpc::settle(api, request(session, r)).await?;
-    }
-    Ok(())
-}
-
-/// The gRPC settle outcome of an AMQP settle.
-fn settle_code(outcome: &SettleOutcome) -> i32 {
-    let code = match outcome {
-        SettleOutcome::Ack => pb::SettleOutcome::Ack,
-        SettleOutcome::Reject | SettleOutcome::RejectWithDetail { .. } => pb::SettleOutcome::Reject,
-        _ => pb::SettleOutcome::Requeue,
-    };
-    code as i32
 }

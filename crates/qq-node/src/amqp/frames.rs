@@ -19,6 +19,7 @@ use amq_protocol::protocol::constants::{
     FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD,
 };
 use amq_protocol::protocol::{AMQPClass, basic};
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::codes::{AmqpError, ConnError, FRAME_ERROR, NOT_IMPLEMENTED, SYNTAX_ERROR};
@@ -46,10 +47,12 @@ impl From<std::io::Error> for ReadError {
     }
 }
 
-/// Reads frames of at most `frame_max` bytes from `io`.
+/// Reads frames of at most `frame_max` bytes from `io`. The buffer gives up a frame's bytes
+/// in O(1) (`BytesMut::advance`) rather than moving what follows to the front: a pipelining
+/// peer fills it with many frames at once.
 pub struct FrameReader<R> {
     io: R,
-    buf: Vec<u8>,
+    buf: BytesMut,
     frame_max: u32,
 }
 
@@ -57,7 +60,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(io: R, frame_max: u32) -> Self {
         FrameReader {
             io,
-            buf: Vec::with_capacity(8192),
+            buf: BytesMut::with_capacity(8192),
             frame_max,
         }
     }
@@ -76,7 +79,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
         let mut header = [0u8; 8];
         header.copy_from_slice(&self.buf[..8]);
-        self.buf.drain(..8);
+        self.buf.advance(8);
         Some(header)
     }
 
@@ -102,7 +105,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
 /// One whole frame off the front of `buf`, if it holds one; `Err` when what it holds cannot
 /// be a valid frame within `frame_max`.
-pub fn take_frame(buf: &mut Vec<u8>, frame_max: u32) -> Result<Option<AMQPFrame>, ReadError> {
+pub fn take_frame(buf: &mut BytesMut, frame_max: u32) -> Result<Option<AMQPFrame>, ReadError> {
     let bad = |code, text: String| Err(ReadError::Bad(ConnError::new(code, text)));
     let Some(&kind) = buf.first() else {
         return Ok(None);
@@ -147,7 +150,7 @@ pub fn take_frame(buf: &mut Vec<u8>, frame_max: u32) -> Result<Option<AMQPFrame>
             &buf[HEADER_LEN..total - 1],
         ))),
     };
-    buf.drain(..total);
+    buf.advance(total);
     parsed.map(Some)
 }
 
@@ -277,9 +280,9 @@ mod tests {
     #[test]
     fn a_whole_frame_parses_and_a_partial_one_waits() {
         let bytes = declare_frame();
-        let mut buf = bytes[..bytes.len() - 1].to_vec();
+        let mut buf = BytesMut::from(&bytes[..bytes.len() - 1]);
         assert!(matches!(take_frame(&mut buf, 131_072), Ok(None)));
-        buf.push(*bytes.last().unwrap());
+        buf.extend_from_slice(&bytes[bytes.len() - 1..]);
         assert!(matches!(
             take_frame(&mut buf, 131_072),
             Ok(Some(AMQPFrame::Method(1, _)))
@@ -291,26 +294,26 @@ mod tests {
     fn bad_framing_gets_rabbitmqs_codes() {
         let bytes = declare_frame();
         // Oversized: declared before the payload arrives.
-        let mut buf = bytes[..HEADER_LEN].to_vec();
+        let mut buf = BytesMut::from(&bytes[..HEADER_LEN]);
         assert_eq!(code_of(take_frame(&mut buf, 16)), Some(FRAME_ERROR));
-        let mut buf = bytes.clone();
+        let mut buf = BytesMut::from(&bytes[..]);
         *buf.last_mut().unwrap() = 0;
         assert_eq!(code_of(take_frame(&mut buf, 131_072)), Some(FRAME_ERROR));
-        let mut buf = bytes.clone();
+        let mut buf = BytesMut::from(&bytes[..]);
         buf[0] = 9;
         assert_eq!(code_of(take_frame(&mut buf, 131_072)), Some(FRAME_ERROR));
         // Class 50 method 99 does not exist.
-        let mut buf = bytes.clone();
+        let mut buf = BytesMut::from(&bytes[..]);
         buf[HEADER_LEN + 3] = 99;
         assert_eq!(
             code_of(take_frame(&mut buf, 131_072)),
             Some(NOT_IMPLEMENTED)
         );
         // queue.declare cut short inside its arguments (sizes adjusted): frame error.
-        let mut buf = bytes.clone();
+        let mut buf = BytesMut::from(&bytes[..]);
         let payload = bytes.len() - FRAME_OVERHEAD;
         buf.truncate(HEADER_LEN + 6);
-        buf.push(FRAME_END);
+        buf.extend_from_slice(&[FRAME_END]);
         buf[3..7].copy_from_slice(&6u32.to_be_bytes());
         assert!(payload > 6);
         assert_eq!(code_of(take_frame(&mut buf, 131_072)), Some(FRAME_ERROR));
@@ -327,13 +330,13 @@ mod tests {
         );
         let mut bytes = Vec::new();
         encode(&qos, &mut bytes);
-        let mut buf = bytes.clone();
+        let mut buf = BytesMut::from(&bytes[..]);
         assert!(matches!(
             take_frame(&mut buf, 131_072),
             Ok(Some(AMQPFrame::Method(3, _)))
         ));
         // prefetch_size: the four octets after the class and method ids.
-        let mut buf = bytes.clone();
+        let mut buf = BytesMut::from(&bytes[..]);
         buf[HEADER_LEN + 4..HEADER_LEN + 8].copy_from_slice(&1000u32.to_be_bytes());
         match take_frame(&mut buf, 131_072) {
             Err(ReadError::Refused(AMQPFrame::Method(3, _), e)) => {
@@ -350,7 +353,7 @@ mod tests {
         /// it never panics and never holds more than one frame's worth past frame_max.
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
-            let mut buf = bytes;
+            let mut buf = BytesMut::from(&bytes[..]);
             for _ in 0..64 {
                 match take_frame(&mut buf, 4096) {
                     Ok(Some(_)) => continue,
@@ -365,7 +368,7 @@ mod tests {
         fn mutated_frames_never_panic(
             flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
         ) {
-            let mut buf = declare_frame();
+            let mut buf = BytesMut::from(&declare_frame()[..]);
             for (at, byte) in flips {
                 let i = at.index(buf.len());
                 buf[i] = byte;

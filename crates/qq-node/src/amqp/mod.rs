@@ -11,8 +11,9 @@
 //! Layout, each module importing only those above it: [`codes`], [`convert`] and [`frames`]
 //! (amq-protocol's codec, bounded by frame_max); [`session`] (an open connection's caller,
 //! vhost and outbox); [`topology`] declares and deletes, [`publisher`] the publish pipeline
-//! with confirms, [`consumer`] consumers, acks and basic.get; [`channel`] a channel's state,
-//! content and dispatch; [`connection`] the handshake, heartbeats and read loop.
+//! with confirms, [`deliveries`] a channel's delivery tags, basic.get and acks, [`consumer`]
+//! basic.consume and basic.cancel; [`channel`] a channel's state, content and dispatch;
+//! [`connection`] the handshake, heartbeats and read loop.
 //!
 //! Bounds: connections count toward `max_connections` and the per-user and per-vhost limits
 //! with the gRPC port's (one [`crate::api::conn::Connections`]); `amqp_channel_max` channels per connection;
@@ -28,6 +29,7 @@ pub mod codes;
 pub mod connection;
 pub mod consumer;
 pub mod convert;
+pub mod deliveries;
 pub mod frames;
 pub mod publisher;
 pub mod session;

@@ -404,6 +404,8 @@ fn forward(out: SessionOut, permit: mpsc::Permit<'_, Result<pb::ConsumeResponse,
             message,
         } => R::Delivery(delivery_pb(tag, String::new(), redelivered, &message)),
         SessionOut::Cancelled { reason } => R::Cancelled(pb::Cancelled { reason }),
+        // Only an AMQP consumer stops its session (basic.cancel); gRPC's cancel ends it.
+        SessionOut::Stopped => return true,
         SessionOut::Error { code, message } => {
             permit.send(Err(Status::new(tonic::Code::from_i32(code), message)));
             return false;

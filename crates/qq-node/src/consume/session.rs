@@ -50,6 +50,11 @@ pub enum SessionIn {
         outcome: SettleOutcome,
     },
     Cancel,
+    /// Stop taking messages but keep those held until they are settled (AMQP basic.cancel):
+    /// the queue cancels the consumer ([`Command::CancelConsumer`]), the session answers
+    /// [`SessionOut::Stopped`] once that is committed and ends by itself after the last
+    /// settle. Added last: postcard encodes variant indexes.
+    Stop,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -70,6 +75,9 @@ pub enum SessionOut {
         code: i32,
         message: String,
     },
+    /// After [`SessionIn::Stop`]: the queue's consumer is cancelled; every delivery it will
+    /// ever get came before this. Added last.
+    Stopped,
 }
 
 fn error(code: Code, message: impl Into<String>) -> SessionOut {
@@ -142,8 +150,16 @@ pub async fn run_session(
         settle_tx,
         next_tag: 1,
         unsettled: BTreeMap::new(),
+        stopped: false,
     };
-    session.serve(events, input, node.stopping().clone()).await;
+    let cancel = Canceller {
+        proposer: node.proposer().clone(),
+        group,
+        consumer,
+    };
+    session
+        .serve(events, input, node.stopping().clone(), cancel)
+        .await;
     let Session { settle_tx, .. } = session;
     finish(&node, group, consumer, Some((settle_tx, settler))).await;
 }
@@ -188,6 +204,16 @@ struct Session {
     next_tag: u64,
     /// Delivery tag → message id, of deliveries not settled yet.
     unsettled: BTreeMap<u64, MessageId>,
+    /// The client stopped the consumer ([`SessionIn::Stop`]): the session ends with the last
+    /// settle.
+    stopped: bool,
+}
+
+/// Proposes the session's [`Command::CancelConsumer`].
+struct Canceller {
+    proposer: Proposer,
+    group: GroupId,
+    consumer: ConsumerId,
 }
 
 /// Whether the session goes on after an event.
@@ -202,11 +228,15 @@ impl Session {
         mut events: mpsc::Receiver<ConsumerEvent>,
         mut input: mpsc::Receiver<SessionIn>,
         stopping: CancellationToken,
+        cancel: Canceller,
     ) {
         loop {
             let next = tokio::select! {
                 event = events.recv() => self.on_event(event).await,
-                request = input.recv() => self.on_request(request).await,
+                request = input.recv() => match request {
+                    Some(SessionIn::Stop) => self.stop(&mut events, &cancel).await,
+                    request => self.on_request(request).await,
+                },
                 _ = stopping.cancelled() => {
                     self.end(error(Code::Unavailable, "node is shutting down; subscribe again on another node")).await
                 }
@@ -215,6 +245,51 @@ impl Session {
                 return;
             }
         }
+    }
+
+    /// [`SessionIn::Stop`]: cancel the consumer in the queue, pass on what it was given
+    /// before the cancel committed, then say [`SessionOut::Stopped`].
+    async fn stop(
+        &mut self,
+        events: &mut mpsc::Receiver<ConsumerEvent>,
+        cancel: &Canceller,
+    ) -> Next {
+        if self.stopped {
+            return Next::Continue;
+        }
+        let cmd = Command::CancelConsumer {
+            now_ms: now_ms(),
+            consumer: cancel.consumer,
+        };
+        let committed = cancel
+            .proposer
+            .propose_queue(cancel.group, QueueRequest::command(cmd))
+            .await;
+        if let Err(e) = committed {
+            let status = tonic::Status::from(e);
+            return self.end(error(status.code(), status.message())).await;
+        }
+        // The machine queues a delivery while applying its entry, so every delivery committed
+        // before the cancel is in `events` by now.
+        while let Ok(event) = events.try_recv() {
+            if let Next::End = self.on_event(Some(event)).await {
+                return Next::End;
+            }
+        }
+        self.stopped = true;
+        if self.out.send(SessionOut::Stopped).await.is_err() {
+            return Next::End;
+        }
+        self.end_if_drained().await
+    }
+
+    /// A stopped session ends once nothing it delivered is unsettled.
+    async fn end_if_drained(&self) -> Next {
+        if self.stopped && self.unsettled.is_empty() {
+            let reason = "cancelled by client".into();
+            return self.end(SessionOut::Cancelled { reason }).await;
+        }
+        Next::Continue
     }
 
     async fn end(&self, last: SessionOut) -> Next {
@@ -284,7 +359,7 @@ impl Session {
                     if !ids.is_empty() {
                         let _ = self.settle_tx.send((ids, outcome)).await;
                     }
-                    Next::Continue
+                    self.end_if_drained().await
                 }
                 Err(tag) => {
                     let why = format!("settle: unknown delivery tag {tag}");
@@ -299,6 +374,8 @@ impl Session {
                 let reason = "cancelled by client".into();
                 self.end(SessionOut::Cancelled { reason }).await
             }
+            // Taken in `serve`, which holds the events.
+            Some(SessionIn::Stop) => Next::Continue,
             None => Next::End,
         }
     }

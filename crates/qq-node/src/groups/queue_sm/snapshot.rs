@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::io;
 
-use qq_core::MessageId;
 use qq_core::queue::{MoveTask, QueueState, Receipts};
+use qq_core::{ConsumerId, MessageId};
 use qq_raft::snapshot::{SnapshotReader, SnapshotWriter};
 use qq_raft::store::Pinned;
 use serde::{Deserialize, Serialize};
@@ -17,6 +17,11 @@ use super::{QueueMachine, io_encode};
 /// A snapshot file's header: the state; the bodies of its live messages follow as records.
 /// Its encoding is a format that nodes of other versions read (qq-core's
 /// `tests/snapshot_format.rs` holds golden bytes of `(state, receipts, moves)`).
+///
+/// What was added later follows it as a trailer that is written only when it holds something:
+/// the cancelled consumers ([`QueueState::cancelled`]), a postcard `Vec` of their ids. A node
+/// that predates the trailer reads the header and ignores the bytes after it, so it forgets
+/// only that those consumers were cancelled.
 #[derive(Serialize, Deserialize)]
 struct QueueSnapshotHeader {
     state: QueueState,
@@ -62,11 +67,16 @@ impl QueueMachine {
     /// [`Machine::write_cut`](crate::groups::shell::Machine::write_cut).
     pub(super) fn write_snapshot(&self, cut: QueueCut, out: &mut SnapshotWriter) -> io::Result<()> {
         let QueueCut { state, bodies } = cut;
-        out.header(&io_encode(&QueueSnapshotHeaderRef {
+        let mut header = io_encode(&QueueSnapshotHeaderRef {
             state: &state,
             receipts: state.receipts(),
             moves: state.moves(),
-        })?)?;
+        })?;
+        if !state.cancelled().is_empty() {
+            let cancelled: Vec<ConsumerId> = state.cancelled().iter().copied().collect();
+            header.extend(io_encode(&cancelled)?);
+        }
+        out.header(&header)?;
         // Both in id order: a merge of the live ids with the pinned bodies, page by page.
         let mut live = state.live_ids().peekable();
         let mut missing = 0u64;
@@ -98,10 +108,9 @@ impl QueueMachine {
 
     /// [`Machine::install`](crate::groups::shell::Machine::install).
     pub(super) fn install_snapshot(&self, snapshot: &mut SnapshotReader) -> io::Result<()> {
-        let header: QueueSnapshotHeader =
-            postcard::from_bytes(&snapshot.header()?).map_err(|e| {
-                io::Error::other(format!("queue group {}: decode snapshot: {e}", self.group))
-            })?;
+        let (header, cancelled) = decode_header(&snapshot.header()?).map_err(|e| {
+            io::Error::other(format!("queue group {}: decode snapshot: {e}", self.group))
+        })?;
         // Bodies: drop those of messages the snapshot no longer has, write the snapshot's.
         let keep: std::collections::BTreeSet<MessageId> =
             header.state.message_ids().into_iter().collect();
@@ -144,7 +153,19 @@ impl QueueMachine {
         } = header;
         state.restore_receipts(receipts);
         state.restore_moves(moves);
+        state.restore_cancelled(cancelled);
         *self.state.lock().unwrap() = state;
         Ok(())
     }
+}
+
+/// The header and its trailer (empty when the snapshot has none).
+fn decode_header(bytes: &[u8]) -> postcard::Result<(QueueSnapshotHeader, Vec<ConsumerId>)> {
+    let (header, trailer) = postcard::take_from_bytes::<QueueSnapshotHeader>(bytes)?;
+    let cancelled = if trailer.is_empty() {
+        Vec::new()
+    } else {
+        postcard::from_bytes(trailer)?
+    };
+    Ok((header, cancelled))
 }

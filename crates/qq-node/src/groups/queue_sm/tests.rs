@@ -55,7 +55,8 @@ fn a_stale_detach_leaves_the_newer_leader_attached() {
 }
 
 /// A snapshot is the state and bodies as of its cut, whatever is applied while it is
-/// written; installed elsewhere it brings the state (receipts, move tasks included) and
+/// written; installed elsewhere it brings the state (receipts, move tasks and cancelled
+/// consumers included) and
 /// every live body, and removes the bodies of messages it does not have.
 #[test]
 fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
@@ -65,14 +66,33 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     for i in 1..=300u64 {
         apply(&m, i, enqueue(&vec![i as u8; 3000]));
     }
-    // One leased with a receipt, and a move task.
+    // A cancelled consumer that still holds two (carried in the header's trailer), one
+    // leased with a receipt, and a move task.
+    apply(
+        &m,
+        301,
+        QueueRequest::command(Command::Checkout {
+            now_ms: 1_000,
+            consumer: 7,
+            node: 1,
+            prefetch: 2,
+        }),
+    );
+    apply(
+        &m,
+        302,
+        QueueRequest::command(Command::CancelConsumer {
+            now_ms: 1_000,
+            consumer: 7,
+        }),
+    );
     let receipt = Receipt {
         token: [9; 16],
         user: "alice".into(),
     };
     apply(
         &m,
-        301,
+        303,
         QueueRequest::command(Command::GetWithReceipt {
             now_ms: 1_000,
             lease_ms: 60_000,
@@ -81,7 +101,7 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     );
     apply(
         &m,
-        302,
+        304,
         QueueRequest::command(Command::StartMove {
             now_ms: 1_000,
             destination: "elsewhere".into(),
@@ -92,11 +112,11 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     let at_cut = m.with_state(|s| s.clone());
     let cut = m.cut();
     // After the cut, every ready message is purged: their bodies go from RocksDB.
-    apply(&m, 303, QueueRequest::command(Command::Purge));
+    apply(&m, 305, QueueRequest::command(Command::Purge));
     assert_eq!(
         m.with_state(|s| s.message_ids().len()),
-        1,
-        "the leased one stays"
+        3,
+        "the leased one and the cancelled consumer's two stay"
     );
     let file = snapshot_of(&m, cut);
 
@@ -111,6 +131,7 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     assert_eq!(installed, at_cut);
     assert_eq!(installed.receipts().len(), 1);
     assert_eq!(installed.moves().len(), 1);
+    assert_eq!(installed.cancelled().len(), 1);
     installed.check_invariants().unwrap();
     let ids = installed.message_ids();
     assert_eq!(ids.len(), 300, "all 300 were live at the cut");
