@@ -1,0 +1,277 @@
+//! What a queue's log holds: [`Command`], its arguments ([`MsgHeader`], [`SettleOutcome`],
+//! [`Receipt`]) and the bounds every command is checked against before it is proposed and
+//! again at apply ([`Command::validate`]). The encoding is positional (postcard): a variant or
+//! a field is only ever added last.
+
+use imbl::OrdMap;
+use serde::{Deserialize, Serialize};
+
+use super::{GET_CONSUMER, MAX_MOVE_DESTINATION_BYTES, MoveState};
+use crate::types::{ConsumerId, MessageId, NodeId, QueueConfig};
+
+/// The part of a message the state machine needs; the body lives outside.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MsgHeader {
+    pub size_bytes: u64,
+    /// Per-message TTL already parsed from `properties.expiration`.
+    pub expiration_ms: Option<u64>,
+}
+
+/// How a consumer settles a message. Variants are only ever added last: postcard encodes the
+/// variant index, and committed logs hold them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SettleOutcome {
+    Ack,
+    /// Back to the queue; when the queue has `x-requeue-delays`, after the delay its list
+    /// gives for the message's delivery count.
+    Requeue,
+    /// Dead-letter with reason `rejected`.
+    Reject,
+    /// Back to the queue, but not deliverable before `delay_ms` (0: at once) after the
+    /// settle's `now_ms`, whatever `x-requeue-delays` says.
+    RequeueAfter {
+        delay_ms: u64,
+    },
+    /// As `Reject`, and the death records `detail` (`reason-detail`, `x-last-death-detail`).
+    RejectWithDetail {
+        detail: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// publish_key = Some(k): a publish's idempotency key (the client's publisher id and seq,
+    /// or the node's own); dedup_key = Some(k): the idempotency key of a dead-letter copy or a
+    /// moved message. A key of either kind already stored within the queue's dedup window is
+    /// a Duplicate (module [`crate::dedup`]; the two kinds are kept apart).
+    Enqueue {
+        now_ms: u64,
+        header: MsgHeader,
+        publish_key: Option<String>,
+        dedup_key: Option<String>,
+    },
+    /// Attach a consumer or change its prefetch (0 = unlimited). `node` holds its stream.
+    Checkout {
+        now_ms: u64,
+        consumer: ConsumerId,
+        node: NodeId,
+        prefetch: u32,
+    },
+    /// Settle messages held by `consumer` ([`GET_CONSUMER`] for Get receipts), in the order given.
+    Settle {
+        now_ms: u64,
+        consumer: ConsumerId,
+        ids: Vec<MessageId>,
+        outcome: SettleOutcome,
+    },
+    /// Consumer stream closed/cancelled: its unacked messages are returned as failed deliveries
+    /// (in id order) and the consumer is removed.
+    ConsumerDown {
+        now_ms: u64,
+        consumer: ConsumerId,
+    },
+    /// Every consumer on that node is down.
+    NodeDown {
+        now_ms: u64,
+        node: NodeId,
+    },
+    /// Take the head ready message under a lease of `lease_ms` (auto_ack: removed at once). A
+    /// lease of 0 lapses at the next command.
+    Get {
+        now_ms: u64,
+        lease_ms: u64,
+        auto_ack: bool,
+    },
+    /// Expire ready messages whose deadline <= now_ms and lapse Get leases whose deadline <= now_ms.
+    Expire {
+        now_ms: u64,
+    },
+    /// The at-least-once transfer of these held dead letters is confirmed: forget them.
+    DeadLetterSettle {
+        ids: Vec<MessageId>,
+    },
+    /// Remove every ready message (not dead-lettered).
+    Purge,
+    UpdateConfig {
+        now_ms: u64,
+        config: QueueConfig,
+    },
+    /// Everything [`Command::Expire`] does, plus the `x-expires` decision for the queue as a
+    /// whole, answered with [`Reply::QueueExpiry`]: expired when the configuration has
+    /// `expires_ms` = e, no consumer is attached and `now_ms >= max(last_used_ms,
+    /// leader_since_ms) + e`. `leader_since_ms` is when the proposing node became the queue's
+    /// leader, so a queue never used counts as used when its leader started. The rule compares
+    /// the command's own `now_ms` (not the state's clock), both times being the proposer's.
+    /// It does not mark the queue used and deletes nothing: when expired, the node deletes the
+    /// queue through the metadata layer. Added last: postcard encodes variant indexes.
+    ExpireQueue {
+        now_ms: u64,
+        leader_since_ms: u64,
+    },
+    /// A Get under a lease (as [`Command::Get`] without auto-ack) whose lease is bound to
+    /// `receipt`: 128 random bits drawn by the proposing node, and the user who took it. Only
+    /// [`Command::SettleReceipts`] with the same token and user settles it. Added last: postcard
+    /// encodes variant indexes.
+    GetWithReceipt {
+        now_ms: u64,
+        lease_ms: u64,
+        receipt: Receipt,
+    },
+    /// Settle Get leases by their receipts, in the order given; all or nothing. A message not
+    /// under a Get lease, a wrong token or another user's receipt refuses the whole settle
+    /// ([`Reply::Error`]). Added last: postcard encodes variant indexes.
+    SettleReceipts {
+        now_ms: u64,
+        receipts: Vec<(MessageId, Receipt)>,
+        outcome: SettleOutcome,
+    },
+    /// Start a move task (redrive) out of this queue: up to `max_messages` (0: every) of the
+    /// messages ready now, in dispatch order, to `destination` (empty: each to its
+    /// `x-first-death-queue`), at most `max_per_second` (0: no limit). Answered with
+    /// [`Reply::MoveStarted`]; its task number is this entry's index. Refused while another
+    /// task runs. While a task runs the queue delivers nothing (to consumers or Get), so the
+    /// messages it takes stay ready until [`Command::MoveDone`]. Added last: postcard encodes
+    /// variant indexes.
+    StartMove {
+        now_ms: u64,
+        destination: String,
+        max_messages: u64,
+        max_per_second: u32,
+    },
+    /// These messages of the task are committed in their destination: the ready ones leave
+    /// the queue (also after the task was cancelled: their copies exist). Added last.
+    MoveDone {
+        task: u64,
+        ids: Vec<MessageId>,
+    },
+    /// End a running task: `Cancelled` (by a client) or `Failed` (by the leader, with why).
+    /// Added last.
+    EndMove {
+        task: u64,
+        state: MoveState,
+        detail: String,
+    },
+    /// The consumer is cancelled (AMQP basic.cancel): it takes no new message and keeps what
+    /// it holds until it settles it; it leaves with its last settle (at once when it holds
+    /// nothing), or with ConsumerDown, which returns the rest. Module `consumers`. Added last.
+    CancelConsumer {
+        now_ms: u64,
+        consumer: ConsumerId,
+    },
+}
+
+/// What binds a Get lease to whoever took it: a random token and the authenticated user.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    pub token: [u8; 16],
+    pub user: String,
+}
+
+/// The receipts of a queue's Get leases by message id ([`QueueState::receipts`]). Encoded as
+/// a map (a length, then the pairs in key order), the same bytes as a `BTreeMap` of them.
+pub type Receipts = OrdMap<MessageId, Receipt>;
+
+/// Most message ids one Settle or DeadLetterSettle may name.
+pub const MAX_IDS_PER_COMMAND: usize = 1 << 16;
+/// Longest `reason_detail` of a reject, in bytes of UTF-8.
+pub const MAX_REASON_DETAIL_BYTES: usize = 1024;
+/// Longest requeue delay, of a settle or of one `x-requeue-delays` entry: 7 days.
+pub const MAX_REQUEUE_DELAY_MS: u64 = 7 * 24 * 3600 * 1000;
+/// Most entries of `x-requeue-delays`.
+pub const MAX_REQUEUE_DELAYS: usize = 32;
+/// Longest idempotency key of an Enqueue.
+pub const MAX_DEDUP_KEY_BYTES: usize = 1024;
+
+impl Command {
+    /// Bounds checked before a command is proposed (by the proposing node, and by a leader
+    /// for a forwarded proposal) and again at apply, where a command outside them is refused
+    /// without being applied. Whatever depends on the state is left to apply.
+    pub fn validate(&self) -> Result<(), String> {
+        match self {
+            Command::Settle { ids, .. }
+            | Command::DeadLetterSettle { ids }
+            | Command::MoveDone { ids, .. }
+                if ids.len() > MAX_IDS_PER_COMMAND =>
+            {
+                Err(format!(
+                    "ids: {} message ids, more than {MAX_IDS_PER_COMMAND}",
+                    ids.len()
+                ))
+            }
+            Command::Enqueue {
+                dedup_key: Some(k), ..
+            } if k.len() > MAX_DEDUP_KEY_BYTES => Err(format!(
+                "dedup_key: {} bytes, more than {MAX_DEDUP_KEY_BYTES}",
+                k.len()
+            )),
+            Command::Enqueue {
+                publish_key: Some(k),
+                ..
+            } if k.len() > MAX_DEDUP_KEY_BYTES => Err(format!(
+                "publish_key: {} bytes, more than {MAX_DEDUP_KEY_BYTES}",
+                k.len()
+            )),
+            Command::Checkout { consumer, .. } | Command::CancelConsumer { consumer, .. }
+                if *consumer == GET_CONSUMER =>
+            {
+                Err(format!("consumer: id {GET_CONSUMER} is reserved for get"))
+            }
+            Command::Settle { outcome, .. } | Command::SettleReceipts { outcome, .. } => {
+                outcome.validate()
+            }
+            Command::UpdateConfig { config, .. } => check_requeue_delays(&config.requeue_delays_ms),
+            Command::StartMove { destination, .. }
+                if destination.len() > MAX_MOVE_DESTINATION_BYTES =>
+            {
+                Err(format!(
+                    "destination: {} bytes, more than {MAX_MOVE_DESTINATION_BYTES}",
+                    destination.len()
+                ))
+            }
+            Command::EndMove { detail, .. } if detail.len() > MAX_REASON_DETAIL_BYTES => {
+                Err(format!(
+                    "detail: {} bytes, more than {MAX_REASON_DETAIL_BYTES}",
+                    detail.len()
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl SettleOutcome {
+    /// The bounds of a settle's options: `reason_detail` at most [`MAX_REASON_DETAIL_BYTES`],
+    /// `delay_ms` at most [`MAX_REQUEUE_DELAY_MS`].
+    pub fn validate(&self) -> Result<(), String> {
+        match self {
+            SettleOutcome::RejectWithDetail { detail }
+                if detail.len() > MAX_REASON_DETAIL_BYTES =>
+            {
+                Err(format!(
+                    "reason_detail: {} bytes, more than {MAX_REASON_DETAIL_BYTES}",
+                    detail.len()
+                ))
+            }
+            SettleOutcome::RequeueAfter { delay_ms } if *delay_ms > MAX_REQUEUE_DELAY_MS => Err(
+                format!("delay_ms: {delay_ms} ms, more than {MAX_REQUEUE_DELAY_MS} (7 days)"),
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The bounds of a queue's requeue delays (see [`QueueConfig::requeue_delays_ms`]).
+pub fn check_requeue_delays(delays: &[u64]) -> Result<(), String> {
+    if delays.len() > MAX_REQUEUE_DELAYS {
+        return Err(format!(
+            "requeue-delays: {} delays, more than {MAX_REQUEUE_DELAYS}",
+            delays.len()
+        ));
+    }
+    if let Some(d) = delays.iter().find(|d| **d > MAX_REQUEUE_DELAY_MS) {
+        return Err(format!(
+            "requeue-delays: {d} ms, more than {MAX_REQUEUE_DELAY_MS} (7 days)"
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! The state's full consistency check: every index agrees with the messages, for tests and
+//! after a snapshot is installed.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{GET_CONSUMER, Place, QueueState};
+use crate::types::{ConsumerId, MessageId};
+
+impl QueueState {
+    /// Full consistency check of the internal indexes (for tests and after loading a snapshot).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut ready = 0u64;
+        let mut ready_bytes = 0u64;
+        let mut held_bytes = 0u64;
+        let mut expiries = BTreeSet::new();
+        let mut leases = BTreeSet::new();
+        let mut unacked: BTreeMap<ConsumerId, BTreeSet<MessageId>> = BTreeMap::new();
+        let mut held = BTreeMap::new();
+        let mut returns = BTreeMap::new();
+        let mut delayed = BTreeMap::new();
+        let mut delayed_bytes = 0u64;
+        for (id, m) in &self.msgs {
+            if *id > self.last_index {
+                return Err(format!(
+                    "message {id} is after last index {}",
+                    self.last_index
+                ));
+            }
+            match m.place {
+                Place::Ready { returned } => {
+                    ready += 1;
+                    ready_bytes += m.header.size_bytes;
+                    if let Some(d) = m.deadline_ms {
+                        expiries.insert((d, *id));
+                    }
+                    match returned {
+                        Some(r) => {
+                            returns.insert(r, *id);
+                        }
+                        None => {
+                            if !self.fresh.contains(id) {
+                                return Err(format!("ready message {id} not in fresh"));
+                            }
+                        }
+                    }
+                }
+                Place::Unacked {
+                    consumer,
+                    lease_deadline_ms,
+                    ..
+                } => {
+                    if !m.delivered {
+                        return Err(format!("unacked message {id} never delivered"));
+                    }
+                    unacked.entry(consumer).or_default().insert(*id);
+                    match (consumer == GET_CONSUMER, lease_deadline_ms) {
+                        (true, Some(d)) => {
+                            leases.insert((d, *id));
+                        }
+                        (false, None) => {}
+                        _ => return Err(format!("message {id}: lease does not match holder")),
+                    }
+                }
+                Place::Held { seq, .. } => {
+                    held_bytes += m.header.size_bytes;
+                    held.insert(seq, *id);
+                }
+                Place::Delayed { due_ms, seq } => {
+                    delayed_bytes += m.header.size_bytes;
+                    delayed.insert((due_ms, seq), *id);
+                    if let Some(d) = m.deadline_ms {
+                        expiries.insert((d, *id));
+                    }
+                }
+            }
+        }
+        if !delayed.iter().eq(self.delayed.iter()) || delayed_bytes != self.delayed_bytes {
+            return Err("delayed index disagrees with messages".into());
+        }
+        if !self
+            .returned_ids
+            .iter()
+            .eq(returns.values().copied().collect::<BTreeSet<_>>().iter())
+        {
+            return Err("returned ids disagree with the returns queue".into());
+        }
+        if ready != self.ready_len() || ready_bytes != self.ready_bytes {
+            return Err(format!(
+                "ready {ready}/{ready_bytes}B but indexes say {}/{}B",
+                self.ready_len(),
+                self.ready_bytes
+            ));
+        }
+        if !returns.iter().eq(self.returns.iter()) {
+            return Err("returns index disagrees with messages".into());
+        }
+        if !expiries.iter().eq(self.expiries.iter()) {
+            return Err("expiry index disagrees with ready and delayed messages".into());
+        }
+        if !leases.iter().eq(self.leases.iter()) {
+            return Err("lease index disagrees with messages".into());
+        }
+        if !held.iter().eq(self.held.iter()) || held_bytes != self.held_bytes {
+            return Err("held index disagrees with messages".into());
+        }
+        let gets = unacked.remove(&GET_CONSUMER).unwrap_or_default();
+        if gets.len() != self.leases.len() {
+            return Err("get leases disagree".into());
+        }
+        if let Some(id) = self.receipts.keys().find(|id| !gets.contains(id)) {
+            return Err(format!("receipt of message {id} without a Get lease"));
+        }
+        for (cid, c) in &self.consumers {
+            let mine = unacked.remove(cid).unwrap_or_default();
+            if !mine.iter().eq(c.checked_out.iter()) {
+                return Err(format!("consumer {cid} checked-out set disagrees"));
+            }
+        }
+        if let Some((cid, _)) = unacked.first_key_value() {
+            return Err(format!("messages held by unknown consumer {cid}"));
+        }
+        // (A running move task holds the ready messages.)
+        if self.ready_len() > 0 && self.next_consumer().is_some() && self.running_move().is_none() {
+            return Err("a consumer has credit while messages are ready".into());
+        }
+        self.check_cancelled()?;
+        self.publish_keys.check()?;
+        self.transfer_keys.check()?;
+        Ok(())
+    }
+}
