@@ -3,6 +3,7 @@
 # this machine, scenarios 1 and 2 of each commit's own qq-bench, quorumq alone.
 #
 #   bench/bisect.sh ROUNDS COMMIT...        e.g. bench/bisect.sh 2 88cbc23 5aad716 HEAD
+#   FIRST_ROUND=3 bench/bisect.sh 2 ...      two more rounds, numbered 3 and 4
 #
 # Each commit is built once (a detached worktree under $BISECT_DIR, the shared target
 # directory, binaries copied to $BISECT_DIR/bin/COMMIT; an existing copy is reused). Then,
@@ -54,7 +55,8 @@ run() {
     echo "   $name round $round failed: see $out/log.txt"
 }
 
-for round in $(seq 1 "$ROUNDS"); do
+FIRST_ROUND=${FIRST_ROUND:-1}
+for round in $(seq "$FIRST_ROUND" $((FIRST_ROUND + ROUNDS - 1))); do
   if [ $((round % 2)) -eq 1 ]; then order=("$@"); else
     order=(); for ((i = $#; i >= 1; i--)); do order+=("${!i}"); done
   fi
