@@ -42,6 +42,9 @@ build() {
 }
 
 for c in "$@"; do build "$c"; done
+# The builds above left their binaries in the shared target directory: put this tree's back.
+echo "== restoring this tree's release binaries"
+(cd "$REPO" && cargo build --release -p qq-node -p qq-bench)
 
 run() {
   local name=$1 round=$2 bin="$BISECT_DIR/bin/$1"
