@@ -151,15 +151,12 @@ pub async fn run_session(
         next_tag: 1,
         unsettled: BTreeMap::new(),
         stopped: false,
-    };
-    let cancel = Canceller {
+        events,
         proposer: node.proposer().clone(),
         group,
         consumer,
     };
-    session
-        .serve(events, input, node.stopping().clone(), cancel)
-        .await;
+    session.serve(input, node.stopping().clone()).await;
     let Session { settle_tx, .. } = session;
     finish(&node, group, consumer, Some((settle_tx, settler))).await;
 }
@@ -207,10 +204,9 @@ struct Session {
     /// The client stopped the consumer ([`SessionIn::Stop`]): the session ends with the last
     /// settle.
     stopped: bool,
-}
-
-/// Proposes the session's [`Command::CancelConsumer`].
-struct Canceller {
+    /// What the queue's machine hands this consumer.
+    events: mpsc::Receiver<ConsumerEvent>,
+    /// Where [`SessionIn::Stop`] proposes the consumer's cancel.
     proposer: Proposer,
     group: GroupId,
     consumer: ConsumerId,
@@ -223,20 +219,11 @@ enum Next {
 }
 
 impl Session {
-    async fn serve(
-        &mut self,
-        mut events: mpsc::Receiver<ConsumerEvent>,
-        mut input: mpsc::Receiver<SessionIn>,
-        stopping: CancellationToken,
-        cancel: Canceller,
-    ) {
+    async fn serve(&mut self, mut input: mpsc::Receiver<SessionIn>, stopping: CancellationToken) {
         loop {
             let next = tokio::select! {
-                event = events.recv() => self.on_event(event).await,
-                request = input.recv() => match request {
-                    Some(SessionIn::Stop) => self.stop(&mut events, &cancel).await,
-                    request => self.on_request(request).await,
-                },
+                event = self.events.recv() => self.on_event(event).await,
+                request = input.recv() => self.on_request(request).await,
                 _ = stopping.cancelled() => {
                     self.end(error(Code::Unavailable, "node is shutting down; subscribe again on another node")).await
                 }
@@ -249,21 +236,17 @@ impl Session {
 
     /// [`SessionIn::Stop`]: cancel the consumer in the queue, pass on what it was given
     /// before the cancel committed, then say [`SessionOut::Stopped`].
-    async fn stop(
-        &mut self,
-        events: &mut mpsc::Receiver<ConsumerEvent>,
-        cancel: &Canceller,
-    ) -> Next {
+    async fn stop(&mut self) -> Next {
         if self.stopped {
             return Next::Continue;
         }
         let cmd = Command::CancelConsumer {
             now_ms: now_ms(),
-            consumer: cancel.consumer,
+            consumer: self.consumer,
         };
-        let committed = cancel
+        let committed = self
             .proposer
-            .propose_queue(cancel.group, QueueRequest::command(cmd))
+            .propose_queue(self.group, QueueRequest::command(cmd))
             .await;
         if let Err(e) = committed {
             let status = tonic::Status::from(e);
@@ -271,7 +254,7 @@ impl Session {
         }
         // The machine queues a delivery while applying its entry, so every delivery committed
         // before the cancel is in `events` by now.
-        while let Ok(event) = events.try_recv() {
+        while let Ok(event) = self.events.try_recv() {
             if let Next::End = self.on_event(Some(event)).await {
                 return Next::End;
             }
@@ -374,8 +357,7 @@ impl Session {
                 let reason = "cancelled by client".into();
                 self.end(SessionOut::Cancelled { reason }).await
             }
-            // Taken in `serve`, which holds the events.
-            Some(SessionIn::Stop) => Next::Continue,
+            Some(SessionIn::Stop) => self.stop().await,
             None => Next::End,
         }
     }
