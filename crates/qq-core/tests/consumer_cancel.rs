@@ -5,6 +5,10 @@
 use qq_core::queue::{Command, Effect, Location, MsgHeader, QueueState, Reply, SettleOutcome};
 use qq_core::types::{ConsumerId, MessageId, QueueConfig};
 
+mod common;
+
+use common::deliveries;
+
 struct Q {
     s: QueueState,
     index: u64,
@@ -80,15 +84,6 @@ impl Q {
     fn attached(&self, consumer: ConsumerId) -> bool {
         self.s.consumers().iter().any(|c| c.0 == consumer)
     }
-}
-
-fn deliveries(fx: &[Effect]) -> Vec<(ConsumerId, MessageId)> {
-    fx.iter()
-        .filter_map(|e| match e {
-            Effect::Deliver(d) => Some((d.consumer, d.id)),
-            _ => None,
-        })
-        .collect()
 }
 
 #[test]

@@ -6,6 +6,10 @@ use qq_core::queue::{
 };
 use qq_core::types::{ConsumerId, MessageId, Overflow, QueueConfig, Reason, Strategy};
 
+mod common;
+
+use common::deliveries;
+
 /// A queue plus its log index; checks the internal invariants after every command.
 struct Q {
     s: QueueState,
@@ -124,15 +128,6 @@ impl Q {
             other => panic!("expected Got, got {other:?}"),
         }
     }
-}
-
-fn deliveries(fx: &[Effect]) -> Vec<(ConsumerId, MessageId)> {
-    fx.iter()
-        .filter_map(|e| match e {
-            Effect::Deliver(d) => Some((d.consumer, d.id)),
-            _ => None,
-        })
-        .collect()
 }
 
 fn full_deliveries(fx: &[Effect]) -> Vec<Delivery> {
