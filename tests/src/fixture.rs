@@ -218,15 +218,8 @@ pub async fn record(client: &Client) -> anyhow::Result<Json> {
     let definitions: Json = serde_json::from_str(&client.export_definitions().await?)
         .context("ExportDefinitions is JSON")?;
     let mut queues = BTreeMap::new();
-    for q in client.list_queues().await? {
-        let mut ready = Vec::new();
-        loop {
-            let page = client.browse(&q.name, ready.len() as u64, 1000).await?;
-            if page.messages.is_empty() {
-                break;
-            }
-            ready.extend(page.messages.iter().map(message_json));
-        }
+    for listed in client.list_queues().await? {
+        let (q, ready) = counts_and_ready(client, &listed.name).await?;
         queues.insert(
             q.name.clone(),
             json!({
@@ -240,6 +233,33 @@ pub async fn record(client: &Client) -> anyhow::Result<Json> {
         );
     }
     Ok(json!({ "definitions": definitions, "queues": queues }))
+}
+
+/// A queue's counts and its ready messages in order, read so that they agree: a Get lease
+/// that lapses while the ready list is read moves a message from unacked to ready, so the
+/// counts are read before and after the list and the whole read is repeated until they match.
+async fn counts_and_ready(
+    client: &Client,
+    name: &str,
+) -> anyhow::Result<(v1::QueueInfo, Vec<Json>)> {
+    for _ in 0..10 {
+        let before = client.get_queue(name).await?;
+        let mut ready = Vec::new();
+        loop {
+            let page = client.browse(name, ready.len() as u64, 1000).await?;
+            if page.messages.is_empty() {
+                break;
+            }
+            ready.extend(page.messages.iter().map(message_json));
+        }
+        let after = client.get_queue(name).await?;
+        if (before.messages_ready, before.messages_unacked)
+            == (after.messages_ready, after.messages_unacked)
+        {
+            return Ok((after, ready));
+        }
+    }
+    anyhow::bail!("{name}: its counts kept changing while its ready messages were read")
 }
 
 /// Compares what the upgraded cluster holds (`now`) with what the old release recorded
