@@ -103,6 +103,7 @@ mod consumers;
 mod digest;
 mod handlers;
 mod invariants;
+mod machine;
 mod moves;
 mod queries;
 mod reply;
@@ -113,6 +114,7 @@ pub use command::{
     check_requeue_delays,
 };
 use consumers::Consumer;
+pub use machine::{FIRST_MACHINE_VERSION, MACHINE_VERSION};
 pub use moves::{MAX_ENDED_MOVES, MAX_MOVE_DESTINATION_BYTES, MoveState, MoveTask};
 pub use reply::{Browsed, Counts, Delivery, Effect, HeldDeadLetter, Location, Reply, Stats};
 
@@ -210,6 +212,10 @@ pub struct QueueState {
     /// [`QueueState::restore_cancelled`].
     #[serde(skip)]
     cancelled: OrdSet<ConsumerId>,
+    /// Which commands the log may carry (module `machine`). Not serialized with the rest, as
+    /// `receipts`: a state decoded without it runs [`FIRST_MACHINE_VERSION`].
+    #[serde(skip, default = "machine::first")]
+    machine_version: u32,
 }
 
 impl QueueState {
@@ -239,6 +245,7 @@ impl QueueState {
             receipts: OrdMap::new(),
             moves: BTreeMap::new(),
             cancelled: OrdSet::new(),
+            machine_version: FIRST_MACHINE_VERSION,
         }
     }
 
@@ -248,6 +255,9 @@ impl QueueState {
         // A committed command outside the bounds (only a faulty proposer makes one) changes
         // nothing, on every replica alike.
         if let Err(detail) = cmd.validate() {
+            return (Reply::Error { detail }, Vec::new());
+        }
+        if let Err(detail) = self.admits(&cmd) {
             return (Reply::Error { detail }, Vec::new());
         }
         assert!(
@@ -271,6 +281,7 @@ impl QueueState {
             | Command::StartMove { now_ms, .. }
             | Command::CancelConsumer { now_ms, .. } => (*now_ms).max(self.clock_ms),
             Command::DeadLetterSettle { .. }
+            | Command::SetMachineVersion { .. }
             | Command::Purge
             | Command::MoveDone { .. }
             | Command::EndMove { .. } => self.clock_ms,
@@ -384,6 +395,7 @@ impl QueueState {
                 detail,
             } => self.end_move(task, state, detail),
             Command::CancelConsumer { consumer, .. } => self.cancel_consumer(consumer),
+            Command::SetMachineVersion { version } => self.set_machine_version(version),
         };
         // A refused command changes nothing but time (it acts as an Expire at `now`).
         if uses_queue && !matches!(reply, Reply::Error { .. }) {

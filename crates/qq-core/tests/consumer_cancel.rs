@@ -2,7 +2,10 @@
 //! it settles it, as RabbitMQ's quorum queues keep a cancelled consumer's messages with its
 //! channel.
 
-use qq_core::queue::{Command, Effect, Location, MsgHeader, QueueState, Reply, SettleOutcome};
+use qq_core::queue::{
+    Command, Effect, FIRST_MACHINE_VERSION, Location, MACHINE_VERSION, MsgHeader, QueueState,
+    Reply, SettleOutcome,
+};
 use qq_core::types::{ConsumerId, MessageId, QueueConfig};
 
 mod common;
@@ -18,10 +21,17 @@ impl Q {
     fn new(single_active_consumer: bool) -> Q {
         let mut config = QueueConfig::new("/", "q");
         config.single_active_consumer = single_active_consumer;
-        Q {
+        let mut q = Q {
             s: QueueState::new(config),
             index: 0,
-        }
+        };
+        // CancelConsumer is machine version 2's (the leader moves a queue there once every
+        // member runs a release that has it).
+        assert_eq!(
+            q.apply(Command::SetMachineVersion { version: 2 }).0,
+            Reply::Ok
+        );
+        q
     }
 
     fn apply(&mut self, cmd: Command) -> (Reply, Vec<Effect>) {
@@ -174,7 +184,7 @@ fn with_single_active_consumer_the_next_one_takes_over_at_the_cancel() {
 }
 
 #[test]
-fn a_snapshot_carries_the_cancelled_consumers_beside_the_state() {
+fn a_snapshot_carries_the_cancelled_consumers_and_the_machine_version_beside_the_state() {
     let mut q = Q::new(false);
     q.checkout(1, 0);
     q.checkout(2, 0);
@@ -190,10 +200,63 @@ fn a_snapshot_carries_the_cancelled_consumers_beside_the_state() {
     restored.restore_receipts(q.s.receipts().clone());
     restored.restore_moves(q.s.moves().clone());
     restored.restore_cancelled(q.s.cancelled().iter().copied());
+    assert_eq!(restored.machine_version(), FIRST_MACHINE_VERSION);
+    restored.restore_machine_version(q.s.machine_version());
     assert_eq!(restored, q.s);
     assert_eq!(restored.digest(), q.s.digest());
     // A carried id that is not attached is dropped.
     restored.restore_cancelled([9]);
     assert!(restored.cancelled().is_empty());
     restored.check_invariants().unwrap();
+}
+
+#[test]
+fn a_queue_cancels_consumers_only_once_its_machine_runs_version_2() {
+    // A queue starts at the machine of release 0.1.0, which has no CancelConsumer: every
+    // replica refuses it alike and changes nothing.
+    let mut s = QueueState::new(QueueConfig::new("/", "q"));
+    assert_eq!(s.machine_version(), FIRST_MACHINE_VERSION);
+    let checkout = Command::Checkout {
+        now_ms: 1,
+        consumer: 7,
+        node: 1,
+        prefetch: 1,
+    };
+    assert_eq!(s.apply(1, checkout).0, Reply::Ok);
+    let before = s.clone();
+    let cancel = Command::CancelConsumer {
+        now_ms: 2,
+        consumer: 7,
+    };
+    let (reply, fx) = s.apply(2, cancel.clone());
+    assert!(
+        matches!(&reply, Reply::Error { detail } if detail.contains("machine version 2")),
+        "{reply:?}"
+    );
+    assert!(fx.is_empty());
+    assert_eq!(s, before);
+    // A version this release does not have is refused; the version never goes back.
+    let (reply, _) = s.apply(
+        3,
+        Command::SetMachineVersion {
+            version: MACHINE_VERSION + 1,
+        },
+    );
+    assert!(matches!(reply, Reply::Error { .. }), "{reply:?}");
+    assert_eq!(s.machine_version(), FIRST_MACHINE_VERSION);
+    assert_eq!(
+        s.apply(4, Command::SetMachineVersion { version: 2 }).0,
+        Reply::Ok
+    );
+    assert_eq!(
+        s.apply(5, Command::SetMachineVersion { version: 1 }).0,
+        Reply::Ok
+    );
+    assert_eq!(s.machine_version(), 2);
+    assert_eq!(s.apply(6, cancel).0, Reply::Ok);
+    assert_eq!(s.counts().consumers, 0);
+    s.check_invariants().unwrap();
+    // The version shows in the digest only once it is not the first (older digests hold).
+    assert!(format!("{s:?}").contains("machine_version: 2"));
+    assert!(!format!("{before:?}").contains("machine_version"));
 }

@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use qq_core::queue::{
-    Command, Effect, GET_CONSUMER, Location, MoveState, MsgHeader, QueueState, Reply, SettleOutcome,
+    Command, Effect, FIRST_MACHINE_VERSION, GET_CONSUMER, Location, MACHINE_VERSION, MoveState,
+    MsgHeader, QueueState, Reply, SettleOutcome,
 };
 use qq_core::types::{ConsumerId, MessageId, Overflow, QueueConfig, Strategy as DlStrategy};
 
@@ -47,6 +48,10 @@ enum Op {
     CancelConsumer {
         dt: u64,
         consumer: ConsumerId,
+    },
+    /// Move the machine to this version (0 and MACHINE_VERSION + 1 are refused).
+    SetMachineVersion {
+        version: u32,
     },
     NodeDown {
         dt: u64,
@@ -174,6 +179,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(dt, consumer, ids, outcome)| Op::SettleAny { dt, consumer, ids, outcome }),
         1 => (dt(), 0u64..=4).prop_map(|(dt, consumer)| Op::ConsumerDown { dt, consumer }),
         1 => (dt(), consumer.clone()).prop_map(|(dt, consumer)| Op::CancelConsumer { dt, consumer }),
+        2 => (0u32..=MACHINE_VERSION + 1).prop_map(|version| Op::SetMachineVersion { version }),
         1 => (dt(), 1u64..=2).prop_map(|(dt, node)| Op::NodeDown { dt, node }),
         2 => (dt(), 1u64..60, any::<bool>())
             .prop_map(|(dt, lease_ms, auto_ack)| Op::Get { dt, lease_ms, auto_ack }),
@@ -278,6 +284,7 @@ fn resolve(s: &QueueState, op: &Op) -> Command {
             now_ms: t + dt,
             consumer,
         },
+        Op::SetMachineVersion { version } => Command::SetMachineVersion { version },
         Op::NodeDown { dt, node } => Command::NodeDown {
             now_ms: t + dt,
             node,
@@ -431,6 +438,9 @@ fn check_step(
             prop_assert_eq!(d.consumer, GET_CONSUMER);
             model.deliver(d.id, d.redelivered, s.clock_ms())?;
         }
+        // A command of a later machine version changes nothing at all (checked below): the
+        // replicas of an older release cannot decode it and leave even the time alone.
+        Reply::Error { .. } if gated(before, cmd) => {}
         Reply::Error { .. } => {
             // A refused command changes nothing but the time: it acts exactly as an Expire.
             let now_ms = s.clock_ms();
@@ -449,6 +459,8 @@ fn check_step(
                         | Command::StartMove { .. }
                         | Command::MoveDone { .. }
                         | Command::EndMove { .. }
+                        // a version this release does not have
+                        | Command::SetMachineVersion { .. }
                 ),
                 "unexpected refusal of {:?}",
                 cmd
@@ -677,9 +689,32 @@ fn check_step(
         counts.consumers as usize,
         s.consumers().len() - s.cancelled().len()
     );
-    if let Command::CancelConsumer { consumer, .. } = cmd {
+    if let Command::CancelConsumer { consumer, .. } = cmd
+        && !gated(before, cmd)
+    {
         let holds = s.consumers().iter().any(|c| c.0 == *consumer);
         prop_assert_eq!(holds, s.cancelled().contains(consumer));
+    }
+    // Machine versions: a command the queue's version does not have changes nothing; the
+    // version only moves forward, and only to one this release has.
+    if gated(before, cmd) {
+        prop_assert!(
+            matches!(reply, Reply::Error { .. }),
+            "{cmd:?} ran at version 1"
+        );
+        prop_assert_eq!(s, before);
+    }
+    if let Command::SetMachineVersion { version } = cmd {
+        let expect = if *version > MACHINE_VERSION {
+            before.machine_version()
+        } else {
+            before.machine_version().max(*version)
+        };
+        prop_assert_eq!(s.machine_version(), expect);
+        prop_assert_eq!(
+            matches!(reply, Reply::Error { .. }),
+            *version > MACHINE_VERSION
+        );
     }
 
     // Credit: a consumer that got something in this step is within its prefetch.
@@ -744,6 +779,12 @@ fn check_step(
     Ok(())
 }
 
+/// Whether the queue's machine version is too old for `cmd` (it is refused untouched).
+fn gated(before: &QueueState, cmd: &Command) -> bool {
+    cmd.machine_version() > before.machine_version()
+        && !matches!(cmd, Command::SetMachineVersion { .. })
+}
+
 fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<(), TestCaseError> {
     let mut s = QueueState::new(initial);
     let mut model = Model::default();
@@ -757,6 +798,7 @@ fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<()
                 postcard::to_allocvec(&s).unwrap(),
                 s.moves().clone(),
                 s.cancelled().clone(),
+                s.machine_version(),
             ));
         }
         index += gap;
@@ -767,17 +809,21 @@ fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<()
         log.push((index, cmd));
         outputs.push((reply, effects));
     }
-    // The moves and the cancelled consumers travel beside the state, as in a snapshot.
-    let (snapshot, moves, cancelled) = snapshot.unwrap_or_else(|| {
+    // The moves, the cancelled consumers and the machine version travel beside the state, as
+    // in a snapshot.
+    let (snapshot, moves, cancelled, machine) = snapshot.unwrap_or_else(|| {
         (
             postcard::to_allocvec(&s).unwrap(),
             s.moves().clone(),
             s.cancelled().clone(),
+            s.machine_version(),
         )
     });
     let mut restored: QueueState = postcard::from_bytes(&snapshot).unwrap();
+    prop_assert_eq!(restored.machine_version(), FIRST_MACHINE_VERSION);
     restored.restore_moves(moves);
     restored.restore_cancelled(cancelled);
+    restored.restore_machine_version(machine);
     restored.check_invariants().map_err(TestCaseError::fail)?;
     let from = snapshot_at.min(log.len());
     for ((index, cmd), expected) in log[from..].iter().zip(&outputs[from..]) {

@@ -158,6 +158,11 @@ pub enum Command {
         now_ms: u64,
         consumer: ConsumerId,
     },
+    /// The queue's machine moves to `version` (module `machine`): the leader proposes it once
+    /// every member runs a release that has that version. Added last.
+    SetMachineVersion {
+        version: u32,
+    },
 }
 
 /// What binds a Get lease to whoever took it: a random token and the authenticated user.

@@ -3,7 +3,7 @@
 //! (`tests/snapshot_format.rs` holds a golden one): the `Debug` form is written by hand, field
 //! by field in declaration order as `derive(Debug)` would, so that a field added later can stay
 //! out of it while it is empty. A new field goes at the end, printed only when it holds
-//! something, as `cancelled` is.
+//! something (or differs from its default), as `cancelled` and `machine_version` are.
 
 use std::fmt;
 
@@ -37,6 +37,9 @@ impl fmt::Debug for QueueState {
             .field("moves", &self.moves);
         if !self.cancelled.is_empty() {
             d.field("cancelled", &self.cancelled);
+        }
+        if self.machine_version != super::FIRST_MACHINE_VERSION {
+            d.field("machine_version", &self.machine_version);
         }
         d.finish()
     }

@@ -124,6 +124,7 @@ impl QueueState {
             return Err("a consumer has credit while messages are ready".into());
         }
         self.check_cancelled()?;
+        self.check_machine_version()?;
         self.publish_keys.check()?;
         self.transfer_keys.check()?;
         Ok(())
