@@ -217,6 +217,8 @@ struct Node {
     config: PathBuf,
     log: PathBuf,
     child: Option<Child>,
+    /// Another `qq-node` than the cluster's for this node (an earlier release).
+    binary: Option<PathBuf>,
 }
 
 /// Raft settings written into every node's config (see cluster/node1.toml).
@@ -264,6 +266,9 @@ pub struct ClusterOptions {
     /// Nodes that join the running cluster later (JoinNode): configured and not started; the
     /// other nodes' configs do not list them, their own lists every node.
     pub joiners: Vec<u64>,
+    /// Another `qq-node` binary for a node (an earlier release): (node id, path). Change it
+    /// between runs with [`TestCluster::set_binary`].
+    pub binary_for: Vec<(u64, PathBuf)>,
 }
 
 /// An IPv4 address of this host that is not loopback, for tests of what a node allows remote
@@ -470,6 +475,11 @@ impl TestCluster {
                 config,
                 log: dir.path().join(format!("node{id}.log")),
                 child: None,
+                binary: options
+                    .binary_for
+                    .iter()
+                    .find(|(n, _)| *n == id)
+                    .map(|(_, b)| b.clone()),
             });
         }
         let mut cluster = TestCluster {
@@ -595,8 +605,9 @@ impl TestCluster {
     }
 
     fn spawn(&mut self, id: u64) -> anyhow::Result<()> {
-        let binary = self.binary.clone();
+        let default = self.binary.clone();
         let node = self.node_mut(id);
+        let binary = node.binary.clone().unwrap_or(default);
         assert!(node.child.is_none(), "node {id} is already running");
         let log = OpenOptions::new()
             .create(true)
@@ -625,6 +636,11 @@ impl TestCluster {
         Client::connect_with(self.address(id), self.client_tls.as_ref())
             .await
             .with_context(|| format!("connect to node {id} at {}", self.address(id)))
+    }
+
+    /// The binary node `id` runs from its next start on (None: the cluster's).
+    pub fn set_binary(&mut self, id: u64, binary: Option<PathBuf>) {
+        self.node_mut(id).binary = binary;
     }
 
     /// Starts node `id` (not running) without waiting for anything.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use qq_core::NodeId;
+use qq_core::queue::FIRST_MACHINE_VERSION;
 use qq_proto::internal::{ForwardConsumeRequest, ForwardConsumeResponse};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -54,10 +55,22 @@ pub async fn start_session(
         .map_err(|s| Status::unavailable(format!("queue leader {leader}: {}", s.message())))?
         .into_inner();
     let stopping = node.stopping().clone();
+    let machines = node.peer_machines().clone();
+    let me = node.id();
     node.tasks().spawn(async move {
         // Ending this (node shutting down) closes the leader's session.
         let mut input = input;
         while let Some(Some(m)) = stopping.run_until_cancelled(input.recv()).await {
+            // A leader of release 0.1.0 (machine version 1) cannot decode Stop: the older
+            // cancel, which closes its session (it returns what the consumer holds).
+            if matches!(m, SessionIn::Stop)
+                && machines
+                    .common_version(me, [leader])
+                    .unwrap_or(FIRST_MACHINE_VERSION)
+                    < 2
+            {
+                return;
+            }
             let Ok(req) = encode(&m) else { return };
             if fwd_tx.send(req).await.is_err() {
                 return;

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use qq_core::queue::{Command, SettleOutcome};
+use qq_core::queue::{Command, Reply, SettleOutcome};
 use qq_core::{ConsumerId, Message, MessageId, Value};
 use qq_raft::GroupId;
 use serde::{Deserialize, Serialize};
@@ -248,9 +248,26 @@ impl Session {
             .proposer
             .propose_queue(self.group, QueueRequest::command(cmd))
             .await;
-        if let Err(e) = committed {
-            let status = tonic::Status::from(e);
-            return self.end(error(status.code(), status.message())).await;
+        match committed {
+            Err(e) => {
+                let status = tonic::Status::from(e);
+                return self.end(error(status.code(), status.message())).await;
+            }
+            // The queue's machine predates CancelConsumer (a member still runs release 0.1.0,
+            // module `qq_core::queue::machine`): the older cancel, which ends the consumer and
+            // returns what it holds.
+            Ok(Reply::Error { detail }) => {
+                debug!(
+                    group = self.group,
+                    "cancel as before machine version 2: {detail}"
+                );
+                if self.out.send(SessionOut::Stopped).await.is_err() {
+                    return Next::End;
+                }
+                let reason = "cancelled by client".into();
+                return self.end(SessionOut::Cancelled { reason }).await;
+            }
+            Ok(_) => {}
         }
         // The machine queues a delivery while applying its entry, so every delivery committed
         // before the cancel is in `events` by now.

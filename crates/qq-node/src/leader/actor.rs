@@ -35,6 +35,9 @@ struct Work {
     cleanup_at: Option<Instant>,
     /// When the group may sleep: `quiesce_after` after the last applied entry or wake.
     sleep_at: Option<Instant>,
+    /// Not before this does an applied entry make the leader look at its members' machine
+    /// versions again (None: the queue runs this release's version).
+    upgrade_at: Option<Instant>,
 }
 
 impl QueueLeader {
@@ -51,10 +54,12 @@ impl QueueLeader {
             moving: None,
             logged_no_route: false,
             drops: DropLog::new(self.machine.dropped_dead_letters()),
+            upgrade_at: None,
         };
 
         self.clean_up_old_consumers().await;
         self.sync_config(&mut w.timers).await;
+        self.look_at_machine(&mut w).await;
         loop {
             if self.cancel.is_cancelled() || self.expire_due(&mut w.timers).await {
                 return; // stopped, or the queue expired and is being deleted
@@ -84,10 +89,14 @@ impl QueueLeader {
                     if r.is_err() { return }
                     w.cleanup_at.get_or_insert_with(|| Instant::now() + CONSUMER_RECONCILE);
                     w.sleep_at = self.sleep_deadline();
+                    if w.upgrade_at.is_some_and(|t| t <= Instant::now()) {
+                        self.look_at_machine(&mut w).await;
+                    }
                 }
                 r = woken.changed() => {
                     if r.is_err() { return }
                     w.sleep_at = self.sleep_deadline();
+                    self.look_at_machine(&mut w).await;
                 }
                 _ = sleep_until(w.sleep_at) => self.on_sleep_due(&mut w).await,
                 r = topology.changed() => {
@@ -184,6 +193,15 @@ impl QueueLeader {
         w.drops.log_if_due(self.group);
         let more = self.clean_up_old_consumers().await || w.drops.pending > 0;
         w.cleanup_at = more.then(|| Instant::now() + CONSUMER_RECONCILE);
+    }
+
+    /// Move the queue's machine on if every member runs a newer one; while it lags, an applied
+    /// entry looks again after the pause it names (module `machine_upgrade`).
+    async fn look_at_machine(&self, w: &mut Work) {
+        w.upgrade_at = self
+            .upgrade_machine()
+            .await
+            .map(|pause| Instant::now() + pause);
     }
 
     /// `quiesce_after` from now; None: the group never sleeps.

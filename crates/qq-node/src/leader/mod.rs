@@ -22,6 +22,8 @@
 //! - consumers that no session here serves (their stream ended on an earlier leader, or their
 //!   clean-up failed): `ConsumerDown` at election and every [`CONSUMER_RECONCILE`];
 //! - the queue's configuration in its own log follows the metadata (`UpdateConfig`);
+//! - the queue's machine version follows the releases its members run
+//!   (`SetMachineVersion`, module `machine_upgrade`);
 //! - a running move task (redrive): rounds of [`crate::moves`], one at a time, the next one
 //!   after `moved / max_per_second` seconds; a failed round is retried after a pause, a task
 //!   that cannot go on is ended as Failed (`EndMove`). A new leader picks the replicated task
@@ -33,7 +35,8 @@
 //! is the actor's loop, one `select!` whose arms are methods; its sub-jobs are `relay`
 //! (at-least-once dead letters in rounds), `drops` (rate-limited lines about dropped
 //! at-most-once ones), `expiry` (TTLs, leases, x-expires), `move_rounds` (a running move
-//! task), `config_sync` (the queue's configuration follows the metadata) and `consumers`
+//! task), `config_sync` (the queue's configuration follows the metadata), `machine_upgrade`
+//! (its machine version follows its members' releases) and `consumers`
 //! (consumers no session here serves). The sleep of an idle group is `crate::quiesce`'s.
 //!
 //! Must not: carry out deliveries (the state machine does, to registered sessions) or touch
@@ -44,6 +47,7 @@ mod config_sync;
 mod consumers;
 mod drops;
 mod expiry;
+mod machine_upgrade;
 mod move_rounds;
 mod relay;
 mod watch;
@@ -67,6 +71,7 @@ use crate::groups::quiet::Quiet;
 use crate::groups::registry::QueueRaft;
 use crate::meta_view::MetaView;
 use crate::moves::Mover;
+use crate::peer::machines::PeerMachines;
 use crate::proposer::Proposer;
 
 /// How often a leader looks for consumers in the queue state that no session of its own serves.
@@ -93,6 +98,8 @@ pub struct LeaderContext {
     pub me: NodeId,
     /// A group with nothing applied for this long sleeps; None: never.
     pub quiesce_after: Option<Duration>,
+    /// Which queue machine version each peer runs (written by the peer watches).
+    pub machines: PeerMachines,
 }
 
 /// Settles of transferred dead letters in flight at once; at the bound no new round starts.

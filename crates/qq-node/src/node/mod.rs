@@ -56,6 +56,7 @@ use crate::groups::registry::{GroupLoader, Registry};
 use crate::groups::shell::Shell;
 use crate::leader::LeaderContext;
 use crate::meta_view::MetaView;
+use crate::peer::machines::PeerMachines;
 use crate::proposer::Proposer;
 
 pub struct Node {
@@ -172,6 +173,11 @@ impl Node {
 
     pub fn peers(&self) -> &Peers {
         &self.peers
+    }
+
+    /// Which queue machine version each peer runs, as its watch says.
+    pub fn peer_machines(&self) -> &PeerMachines {
+        &self.leader_ctx.machines
     }
 
     pub fn registry(&self) -> &Arc<Registry> {
@@ -341,5 +347,6 @@ fn leader_context(
         me: config.node_id,
         quiesce_after: (config.quiesce_after_ms > 0)
             .then(|| Duration::from_millis(config.quiesce_after_ms)),
+        machines: PeerMachines::default(),
     }
 }

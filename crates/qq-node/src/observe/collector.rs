@@ -77,6 +77,8 @@ struct GroupRow {
     unloaded: bool,
     /// Only for a queue this node leads (counts are exact there).
     counts: Option<Counts>,
+    /// The machine version of the queue's state here (`qq_core::queue`'s module `machine`).
+    machine_version: u32,
 }
 
 impl GroupRow {
@@ -94,6 +96,7 @@ impl GroupRow {
             asleep: false,
             unloaded: false,
             counts: None,
+            machine_version: 0,
         }
     }
 }
@@ -142,6 +145,7 @@ impl NodeCollector {
                 row.unloaded = matches!(r, Replica::Dormant(_));
                 row.counts = (row.state == ServerState::Leader)
                     .then(|| r.machine().with_state(|s| s.counts()));
+                row.machine_version = r.machine().with_state(|s| s.machine_version());
                 row
             })
             .collect();
@@ -359,7 +363,7 @@ impl Collector for NodeCollector {
             )?;
         }
         // Per Raft group hosted here (leaders and followers: lag shows between them).
-        let per_group: [(&str, &str, fn(&GroupRow) -> u64); 5] = [
+        let per_group: [(&str, &str, fn(&GroupRow) -> u64); 6] = [
             (
                 "raft_term",
                 "Raft term of the queue's group on this node",
@@ -386,6 +390,13 @@ impl Collector for NodeCollector {
                 "raft_leader",
                 "1 when this node leads the queue's group",
                 |g| u64::from(g.state == ServerState::Leader),
+            ),
+            (
+                "queue_machine_version",
+                "Machine version of the queue's state on this node: the queue uses a newer \
+                 release's commands once every member runs that release (docs/operating.md, \
+                 Upgrades)",
+                |g| u64::from(g.machine_version),
             ),
         ];
         for (name, help, value) in per_group {

@@ -137,7 +137,10 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
             let mut silent = false;
             loop {
                 match tokio::time::timeout(silence, events.next()).await {
-                    Ok(Some(Ok(_))) => silent = false,
+                    Ok(Some(Ok(event))) => {
+                        silent = false;
+                        node.peer_machines().record(peer, event.machine_version);
+                    }
                     Ok(_) => break,
                     Err(_) if !silent => {
                         silent = true;
@@ -157,6 +160,7 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
             links.send_modify(|open| {
                 open.remove(&peer);
             });
+            node.peer_machines().forget(peer);
             // Lost: the sleeping groups it leads must elect, those led here must notice a
             // lost quorum, as awake groups do. When its port refuses (the process is gone),
             // the handover below elects the groups it led, paced; waking them too would start

@@ -343,7 +343,11 @@ impl Internal for InternalService {
                     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     loop {
                         beat.tick().await;
-                        if tx.send(Ok(WatchEvent { node_id: id })).await.is_err() {
+                        let event = WatchEvent {
+                            node_id: id,
+                            machine_version: qq_core::queue::MACHINE_VERSION,
+                        };
+                        if tx.send(Ok(event)).await.is_err() {
                             return;
                         }
                     }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::io;
 
-use qq_core::queue::{MoveTask, QueueState, Receipts};
+use qq_core::queue::{FIRST_MACHINE_VERSION, MoveTask, QueueState, Receipts};
 use qq_core::{ConsumerId, MessageId};
 use qq_raft::snapshot::{SnapshotReader, SnapshotWriter};
 use qq_raft::store::Pinned;
@@ -18,10 +18,10 @@ use super::{QueueMachine, io_encode};
 /// Its encoding is a format that nodes of other versions read (qq-core's
 /// `tests/snapshot_format.rs` holds golden bytes of `(state, receipts, moves)`).
 ///
-/// What was added later follows it as a trailer that is written only when it holds something:
-/// the cancelled consumers ([`QueueState::cancelled`]), a postcard `Vec` of their ids. A node
-/// that predates the trailer reads the header and ignores the bytes after it, so it forgets
-/// only that those consumers were cancelled.
+/// What was added later follows it as a versioned [`Trailer`]. A node of release 0.1.0 reads
+/// the header and ignores the bytes after it, which is right while the queue's machine runs
+/// version 1 (the only time such a node is a member); a header without a trailer was written
+/// by 0.1.0.
 #[derive(Serialize, Deserialize)]
 struct QueueSnapshotHeader {
     state: QueueState,
@@ -29,6 +29,20 @@ struct QueueSnapshotHeader {
     receipts: Receipts,
     /// The move tasks ([`QueueState::moves`]), likewise.
     moves: BTreeMap<u64, MoveTask>,
+}
+
+/// The trailer's format number, written before its record.
+const TRAILER_FORMAT: u32 = 1;
+
+/// What a snapshot carries after its header: a postcard `u32` format number, then that
+/// format's record. A reader knows every format up to its own [`TRAILER_FORMAT`] and refuses a
+/// newer one by name. A new field makes a new format (`TrailerV2`, ...) read beside the old.
+#[derive(Serialize, Deserialize)]
+struct TrailerV1 {
+    /// [`QueueState::machine_version`].
+    machine_version: u32,
+    /// [`QueueState::cancelled`]: consumers cancelled while they still hold messages.
+    cancelled: Vec<ConsumerId>,
 }
 
 /// [`QueueSnapshotHeader`] by reference, encoded from the cut's copy of the state.
@@ -72,10 +86,11 @@ impl QueueMachine {
             receipts: state.receipts(),
             moves: state.moves(),
         })?;
-        if !state.cancelled().is_empty() {
-            let cancelled: Vec<ConsumerId> = state.cancelled().iter().copied().collect();
-            header.extend(io_encode(&cancelled)?);
-        }
+        header.extend(io_encode(&TRAILER_FORMAT)?);
+        header.extend(io_encode(&TrailerV1 {
+            machine_version: state.machine_version(),
+            cancelled: state.cancelled().iter().copied().collect(),
+        })?);
         out.header(&header)?;
         // Both in id order: a merge of the live ids with the pinned bodies, page by page.
         let mut live = state.live_ids().peekable();
@@ -108,7 +123,7 @@ impl QueueMachine {
 
     /// [`Machine::install`](crate::groups::shell::Machine::install).
     pub(super) fn install_snapshot(&self, snapshot: &mut SnapshotReader) -> io::Result<()> {
-        let (header, cancelled) = decode_header(&snapshot.header()?).map_err(|e| {
+        let (header, trailer) = decode_header(&snapshot.header()?).map_err(|e| {
             io::Error::other(format!("queue group {}: decode snapshot: {e}", self.group))
         })?;
         // Bodies: drop those of messages the snapshot no longer has, write the snapshot's.
@@ -153,19 +168,77 @@ impl QueueMachine {
         } = header;
         state.restore_receipts(receipts);
         state.restore_moves(moves);
-        state.restore_cancelled(cancelled);
+        state.restore_cancelled(trailer.cancelled);
+        state.restore_machine_version(trailer.machine_version);
         *self.state.lock().unwrap() = state;
         Ok(())
     }
 }
 
-/// The header and its trailer (empty when the snapshot has none).
-fn decode_header(bytes: &[u8]) -> postcard::Result<(QueueSnapshotHeader, Vec<ConsumerId>)> {
-    let (header, trailer) = postcard::take_from_bytes::<QueueSnapshotHeader>(bytes)?;
-    let cancelled = if trailer.is_empty() {
-        Vec::new()
-    } else {
-        postcard::from_bytes(trailer)?
-    };
-    Ok((header, cancelled))
+/// The header and its trailer (release 0.1.0 wrote none: its machine, nothing cancelled).
+fn decode_header(bytes: &[u8]) -> Result<(QueueSnapshotHeader, TrailerV1), String> {
+    let (header, rest) =
+        postcard::take_from_bytes::<QueueSnapshotHeader>(bytes).map_err(|e| e.to_string())?;
+    if rest.is_empty() {
+        let trailer = TrailerV1 {
+            machine_version: FIRST_MACHINE_VERSION,
+            cancelled: Vec::new(),
+        };
+        return Ok((header, trailer));
+    }
+    let (format, record) =
+        postcard::take_from_bytes::<u32>(rest).map_err(|e| format!("trailer format: {e}"))?;
+    match format {
+        1 => {
+            let trailer = postcard::from_bytes(record).map_err(|e| format!("trailer: {e}"))?;
+            Ok((header, trailer))
+        }
+        _ => Err(format!(
+            "trailer format {format} is newer than this release reads ({TRAILER_FORMAT})"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use qq_core::QueueConfig;
+
+    use super::*;
+
+    fn header_bytes(state: &QueueState) -> Vec<u8> {
+        io_encode(&QueueSnapshotHeaderRef {
+            state,
+            receipts: state.receipts(),
+            moves: state.moves(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_header_without_trailer_is_release_0_1_0s_and_a_newer_trailer_is_refused() {
+        let state = QueueState::new(QueueConfig::new("/", "q"));
+        let bytes = header_bytes(&state);
+        let (_, trailer) = decode_header(&bytes).unwrap();
+        assert_eq!(trailer.machine_version, FIRST_MACHINE_VERSION);
+        assert!(trailer.cancelled.is_empty());
+
+        let mut with = bytes.clone();
+        with.extend(io_encode(&TRAILER_FORMAT).unwrap());
+        let v1 = TrailerV1 {
+            machine_version: 2,
+            cancelled: vec![4, 9],
+        };
+        with.extend(io_encode(&v1).unwrap());
+        let (_, trailer) = decode_header(&with).unwrap();
+        assert_eq!(
+            (trailer.machine_version, trailer.cancelled),
+            (2, vec![4, 9])
+        );
+
+        let mut newer = bytes;
+        newer.extend(io_encode(&(TRAILER_FORMAT + 1)).unwrap());
+        newer.extend([0, 0]);
+        let err = decode_header(&newer).err().unwrap();
+        assert!(err.contains("trailer format 2 is newer"), "{err}");
+    }
 }

@@ -55,9 +55,8 @@ fn a_stale_detach_leaves_the_newer_leader_attached() {
 }
 
 /// A snapshot is the state and bodies as of its cut, whatever is applied while it is
-/// written; installed elsewhere it brings the state (receipts, move tasks and cancelled
-/// consumers included) and
-/// every live body, and removes the bodies of messages it does not have.
+/// written; installed elsewhere it brings the state (receipts, move tasks, cancelled
+/// consumers and the machine version included) and every live body, and removes the bodies of messages it does not have.
 #[test]
 fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     let dir = tempfile::tempdir().unwrap();
@@ -68,9 +67,15 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     }
     // A cancelled consumer that still holds two (carried in the header's trailer), one
     // leased with a receipt, and a move task.
+    // The queue's machine moves to version 2 (which has CancelConsumer).
     apply(
         &m,
         301,
+        QueueRequest::command(Command::SetMachineVersion { version: 2 }),
+    );
+    apply(
+        &m,
+        302,
         QueueRequest::command(Command::Checkout {
             now_ms: 1_000,
             consumer: 7,
@@ -80,7 +85,7 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     );
     apply(
         &m,
-        302,
+        303,
         QueueRequest::command(Command::CancelConsumer {
             now_ms: 1_000,
             consumer: 7,
@@ -92,7 +97,7 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     };
     apply(
         &m,
-        303,
+        304,
         QueueRequest::command(Command::GetWithReceipt {
             now_ms: 1_000,
             lease_ms: 60_000,
@@ -101,7 +106,7 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     );
     apply(
         &m,
-        304,
+        305,
         QueueRequest::command(Command::StartMove {
             now_ms: 1_000,
             destination: "elsewhere".into(),
@@ -112,7 +117,7 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     let at_cut = m.with_state(|s| s.clone());
     let cut = m.cut();
     // After the cut, every ready message is purged: their bodies go from RocksDB.
-    apply(&m, 305, QueueRequest::command(Command::Purge));
+    apply(&m, 306, QueueRequest::command(Command::Purge));
     assert_eq!(
         m.with_state(|s| s.message_ids().len()),
         3,
@@ -132,6 +137,7 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     assert_eq!(installed.receipts().len(), 1);
     assert_eq!(installed.moves().len(), 1);
     assert_eq!(installed.cancelled().len(), 1);
+    assert_eq!(installed.machine_version(), 2);
     installed.check_invariants().unwrap();
     let ids = installed.message_ids();
     assert_eq!(ids.len(), 300, "all 300 were live at the cut");

@@ -1,0 +1,68 @@
+//! Which queue machine version each peer runs, as its watch stream says
+//! (`WatchEvent.machine_version`; a node of release 0.1.0 leaves it 0, which is version 1).
+//!
+//! A queue's leader asks this before it moves the queue's machine on
+//! (`Command::SetMachineVersion`, see `qq_core::queue`'s module `machine`): only when every
+//! member of the group is known to run the new version. A peer whose watch is not open is not
+//! known (it may be restarting with another release), so a group with such a member waits.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use qq_core::NodeId;
+use qq_core::queue::{FIRST_MACHINE_VERSION, MACHINE_VERSION};
+
+/// Shared by the peer watches (which write) and the leader actors (which read). One entry per
+/// peer at most: bounded by the cluster's size.
+#[derive(Clone, Default)]
+pub struct PeerMachines(Arc<Mutex<BTreeMap<NodeId, u32>>>);
+
+impl PeerMachines {
+    /// `peer`'s watch said it runs `version` (0 from a release that does not say: version 1).
+    pub fn record(&self, peer: NodeId, version: u32) {
+        let version = version.max(FIRST_MACHINE_VERSION);
+        self.0.lock().unwrap().insert(peer, version);
+    }
+
+    /// `peer`'s watch ended: what it runs is unknown until it opens again.
+    pub fn forget(&self, peer: NodeId) {
+        self.0.lock().unwrap().remove(&peer);
+    }
+
+    /// The newest version every one of `members` runs (this node, `me`, runs
+    /// [`MACHINE_VERSION`]); None while a member's is unknown.
+    pub fn common_version(
+        &self,
+        me: NodeId,
+        members: impl IntoIterator<Item = NodeId>,
+    ) -> Option<u32> {
+        let known = self.0.lock().unwrap();
+        members.into_iter().try_fold(MACHINE_VERSION, |v, m| {
+            let theirs = if m == me {
+                MACHINE_VERSION
+            } else {
+                *known.get(&m)?
+            };
+            Some(v.min(theirs))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_common_version_waits_for_every_member() {
+        let m = PeerMachines::default();
+        assert_eq!(m.common_version(1, [1]), Some(MACHINE_VERSION));
+        assert_eq!(m.common_version(1, [1, 2, 3]), None, "2 and 3 unknown");
+        m.record(2, MACHINE_VERSION);
+        m.record(3, 0); // release 0.1.0 says nothing
+        assert_eq!(m.common_version(1, [1, 2, 3]), Some(FIRST_MACHINE_VERSION));
+        m.record(3, MACHINE_VERSION);
+        assert_eq!(m.common_version(1, [1, 2, 3]), Some(MACHINE_VERSION));
+        m.forget(2);
+        assert_eq!(m.common_version(1, [1, 2, 3]), None);
+    }
+}
