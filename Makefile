@@ -9,10 +9,19 @@ QQ_NODE_BIN ?= $(CARGO_TARGET_DIR)/debug/qq-node
 QQCTL_BIN ?= $(CARGO_TARGET_DIR)/debug/qqctl
 export QQ_NODE_BIN QQCTL_BIN
 
+# The previous release, for the rolling-upgrade test (tests/tests/cluster/rolling_upgrade.rs):
+# its qq-node is built once from the release's commit, in a target directory of its own (so
+# today's binaries are never overwritten), and kept under $(HOME)/.cache/quorumq/previous/.
+PREVIOUS_RELEASE ?= 0.1.0
+PREVIOUS_COMMIT ?= e344d9b
+PREVIOUS_TARGET ?= $(HOME)/.cache/quorumq/release-builds
+QQ_PREVIOUS_NODE_BIN ?= $(HOME)/.cache/quorumq/previous/$(PREVIOUS_COMMIT)/qq-node
+export QQ_PREVIOUS_NODE_BIN
+
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: amqp-diff bench-quick bench-quick-baseline check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short chaos-short-amqp chaos-amqp
+.PHONY: previous-release amqp-diff bench-quick bench-quick-baseline check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short chaos-short-amqp chaos-amqp
 
 all: build
 
@@ -41,6 +50,20 @@ deps:
 build: deps
 	$(CARGO) build --workspace --all-targets
 
+# Release $(PREVIOUS_RELEASE)'s qq-node (commit $(PREVIOUS_COMMIT), from this repository's
+# history): about 15 minutes the first time (RocksDB), then nothing.
+previous-release: deps
+	@if [ ! -x "$(QQ_PREVIOUS_NODE_BIN)" ]; then \
+		set -e; src=$$(mktemp -d); \
+		echo "building release $(PREVIOUS_RELEASE)'s qq-node from $(PREVIOUS_COMMIT) in $$src"; \
+		git archive $(PREVIOUS_COMMIT) | tar -x -C $$src; \
+		(cd $$src && CARGO_TARGET_DIR=$(PREVIOUS_TARGET) $(CARGO) build -p qq-node); \
+		mkdir -p $$(dirname "$(QQ_PREVIOUS_NODE_BIN)"); \
+		cp $(PREVIOUS_TARGET)/debug/qq-node "$(QQ_PREVIOUS_NODE_BIN)"; \
+		rm -rf $$src; \
+	fi
+	@echo "previous release $(PREVIOUS_RELEASE): $(QQ_PREVIOUS_NODE_BIN)"
+
 # Three nodes in the background (cluster/node{1,2,3}.toml), from the repository root.
 cluster: deps build
 	cluster/up.sh
@@ -55,7 +78,7 @@ clean-cluster: cluster-down
 # qq-node processes; they run one cluster at a time by themselves (a lock in TestCluster), so
 # no --test-threads is needed on a 2-core machine. Always --workspace: selecting single
 # packages changes feature unification and makes cargo rebuild RocksDB.
-test: deps build check-core-purity deploy-check
+test: deps build previous-release check-core-purity deploy-check
 	$(CARGO) test --workspace
 	$(MAKE) --no-print-directory chaos-short
 	$(MAKE) --no-print-directory chaos-short-amqp

@@ -29,6 +29,7 @@ mod policies;
 mod quiesce;
 mod refusals;
 mod reseed;
+mod rolling_upgrade;
 mod routing;
 mod security_auth;
 mod security_tls;

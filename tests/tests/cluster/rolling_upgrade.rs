@@ -1,0 +1,246 @@
+//! A rolling upgrade keeps every message: a three-node cluster of the previous release
+//! (its `qq-node` at `$QQ_PREVIOUS_NODE_BIN`, which `make previous-release` builds from the
+//! release's commit) serves a publisher and a consumer while its nodes are replaced one at a
+//! time by today's binary (SIGTERM, then a start on the same data). Nothing confirmed is lost,
+//! nothing arrives that was not published, and the queue's machine moves to today's version
+//! only once the last node runs today's binary (`quorumq_queue_machine_version`).
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use qq_client::Client;
+use qq_tests::{ClusterOptions, RaftSettings, TestCluster, eventually, info};
+use tokio_util::sync::CancellationToken;
+
+const QUEUE: &str = "rolling";
+const IDS: [u64; 3] = [1, 2, 3];
+
+/// The previous release's `qq-node`; the test fails (it does not skip) without it.
+fn previous_binary() -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("QQ_PREVIOUS_NODE_BIN")
+        .map(PathBuf::from)
+        .context(
+            "QQ_PREVIOUS_NODE_BIN is not set: `make previous-release` builds the previous \
+         release's qq-node and prints its path (make test sets it)",
+        )?;
+    ensure!(
+        path.is_file(),
+        "QQ_PREVIOUS_NODE_BIN={} is not a file",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// What the load saw: confirmed publishes and delivered bodies (numbers).
+#[derive(Default)]
+struct Seen {
+    published: BTreeSet<u64>,
+    confirmed: BTreeSet<u64>,
+    delivered: BTreeSet<u64>,
+}
+
+/// A client of the first node in `order` that answers.
+async fn any_client(addresses: &[String], start: usize) -> Option<Client> {
+    for k in 0..addresses.len() {
+        let address = &addresses[(start + k) % addresses.len()];
+        if let Ok(c) = Client::connect(address).await {
+            return Some(c);
+        }
+    }
+    None
+}
+
+/// Publishes numbered messages one at a time, each until it is confirmed (a failed one is
+/// published again through the next node: a message may arrive twice, never not at all).
+async fn publish(addresses: Vec<String>, seen: Arc<Mutex<Seen>>, stop: CancellationToken) {
+    let mut n = 0u64;
+    let mut at = 0usize;
+    let mut client = None;
+    while !stop.is_cancelled() {
+        if client.is_none() {
+            client = any_client(&addresses, at).await;
+        }
+        let Some(c) = &client else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        seen.lock().unwrap().published.insert(n);
+        let message = qq_client::message(n.to_string().into_bytes());
+        match c.publish("", QUEUE, message).await {
+            Ok(confirm) if confirm.is_confirmed() => {
+                seen.lock().unwrap().confirmed.insert(n);
+                n += 1;
+            }
+            _ => {
+                // Its node is going or gone: the same number again through the next one.
+                at += 1;
+                client = None;
+            }
+        }
+    }
+}
+
+/// Consumes and acks, resubscribing through the next node when the stream breaks.
+async fn consume(addresses: Vec<String>, seen: Arc<Mutex<Seen>>, stop: CancellationToken) {
+    let mut at = 0usize;
+    while !stop.is_cancelled() {
+        let Some(c) = any_client(&addresses, at).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        at += 1;
+        let Ok(mut consumer) = c.consume(QUEUE, 50).await else {
+            continue;
+        };
+        loop {
+            let next = tokio::select! {
+                _ = stop.cancelled() => return,
+                d = consumer.next_timeout(Duration::from_secs(2)) => d,
+            };
+            match next {
+                Ok(Some(d)) => {
+                    let body = qq_client::delivery_body(&d);
+                    if let Some(n) = std::str::from_utf8(&body).ok().and_then(|s| s.parse().ok()) {
+                        seen.lock().unwrap().delivered.insert(n);
+                    }
+                    if consumer.ack(d.delivery_tag, false).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => {} // quiet for 2 s: keep waiting
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+/// The queue's machine version on node `id`, from its metrics (None: not reported there).
+async fn machine_version(cluster: &TestCluster, id: u64) -> anyhow::Result<Option<u64>> {
+    let (status, text) = cluster.http_get(id, "/metrics").await?;
+    ensure!(status == 200, "GET /metrics on node {id}: {status}");
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("quorumq_queue_machine_version{"))
+        .find(|l| l.contains(&format!("queue=\"{QUEUE}\"")))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_upgrade_under_load_loses_nothing() -> anyhow::Result<()> {
+    let previous = previous_binary()?;
+    let options = ClusterOptions {
+        binary_for: IDS.iter().map(|id| (*id, previous.clone())).collect(),
+        extra_config: vec!["per_queue_metrics = true".into()],
+        ..Default::default()
+    };
+    let mut cluster = TestCluster::start_with_options(3, RaftSettings::default(), options).await?;
+    cluster
+        .client(1)
+        .await?
+        .declare_queue(QUEUE, Default::default())
+        .await?;
+    let addresses: Vec<String> = IDS
+        .iter()
+        .map(|id| cluster.address(*id).to_string())
+        .collect();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let stop = CancellationToken::new();
+    let publisher = tokio::spawn(publish(addresses.clone(), seen.clone(), stop.clone()));
+    let consumer = tokio::spawn(consume(addresses, seen.clone(), stop.clone()));
+
+    let confirmed = || seen.lock().unwrap().confirmed.len();
+    for id in IDS {
+        // Some load on the cluster as it is before each step.
+        let before = confirmed();
+        eventually(
+            &format!("100 more confirms before node {id} is upgraded"),
+            Duration::from_secs(60),
+            || async { Ok((confirmed() >= before + 100).then_some(())) },
+        )
+        .await?;
+        if id == 3 {
+            // Two nodes run today's binary, one the previous release: the queue stays on the
+            // previous machine (the node not upgraded could not decode today's commands).
+            for upgraded in [1, 2] {
+                let v = machine_version(&cluster, upgraded).await?;
+                ensure!(
+                    v == Some(1),
+                    "node {upgraded} reports machine version {v:?} while node 3 runs the previous release"
+                );
+            }
+        }
+        info!(
+            node = id,
+            "--- upgrading node {id}: SIGTERM, then today's binary"
+        );
+        let status = cluster.terminate(id, Duration::from_secs(30)).await?;
+        ensure!(status.success(), "node {id} stopped with {status}");
+        cluster.set_binary(id, None);
+        cluster.restart(id).await?;
+    }
+    let before = confirmed();
+    eventually(
+        "100 more confirms once every node runs today's binary",
+        Duration::from_secs(60),
+        || async { Ok((confirmed() >= before + 100).then_some(())) },
+    )
+    .await?;
+    info!("--- every node runs today's binary: the queue's machine moves on");
+    for id in IDS {
+        let cluster = &cluster;
+        eventually(
+            &format!("node {id} to report machine version 2"),
+            Duration::from_secs(30),
+            || async move { Ok((machine_version(cluster, id).await? == Some(2)).then_some(())) },
+        )
+        .await?;
+    }
+
+    stop.cancel();
+    publisher.await?;
+    // Everything confirmed is delivered: the consumer drains what is left.
+    let drain = CancellationToken::new();
+    let addresses: Vec<String> = IDS
+        .iter()
+        .map(|id| cluster.address(*id).to_string())
+        .collect();
+    let draining = tokio::spawn(consume(addresses, seen.clone(), drain.clone()));
+    consumer.abort();
+    let missing = || {
+        let s = seen.lock().unwrap();
+        s.confirmed.difference(&s.delivered).count()
+    };
+    let drained = eventually(
+        "every confirmed message delivered",
+        Duration::from_secs(60),
+        || async { Ok((missing() == 0).then_some(())) },
+    )
+    .await;
+    drain.cancel();
+    let _ = draining.await;
+    let s = seen.lock().unwrap();
+    let lost: Vec<&u64> = s.confirmed.difference(&s.delivered).collect();
+    let unexpected: Vec<&u64> = s.delivered.difference(&s.published).collect();
+    info!(
+        confirmed = s.confirmed.len(),
+        delivered = s.delivered.len(),
+        lost = lost.len(),
+        unexpected = unexpected.len(),
+        "rolling upgrade checked"
+    );
+    if drained.is_err() || !lost.is_empty() || !unexpected.is_empty() {
+        bail!(
+            "lost {} of {} confirmed (first {:?}), unexpected {:?}",
+            lost.len(),
+            s.confirmed.len(),
+            lost.iter().take(10).collect::<Vec<_>>(),
+            unexpected
+        );
+    }
+    drop(s);
+    cluster.stop();
+    Ok(())
+}
