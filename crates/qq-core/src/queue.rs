@@ -216,6 +216,10 @@ pub struct QueueState {
     /// `receipts`: a state decoded without it runs [`FIRST_MACHINE_VERSION`].
     #[serde(skip, default = "machine::first")]
     machine_version: u32,
+    /// Non-zero consumer priorities (module `consumers`). Not serialized with the rest, as
+    /// `receipts`: see [`QueueState::priorities`] and [`QueueState::restore_priorities`].
+    #[serde(skip)]
+    priorities: OrdMap<ConsumerId, i32>,
 }
 
 impl QueueState {
@@ -246,6 +250,7 @@ impl QueueState {
             moves: BTreeMap::new(),
             cancelled: OrdSet::new(),
             machine_version: FIRST_MACHINE_VERSION,
+            priorities: OrdMap::new(),
         }
     }
 
@@ -269,6 +274,7 @@ impl QueueState {
         let now = match &cmd {
             Command::Enqueue { now_ms, .. }
             | Command::Checkout { now_ms, .. }
+            | Command::CheckoutWithPriority { now_ms, .. }
             | Command::Settle { now_ms, .. }
             | Command::ConsumerDown { now_ms, .. }
             | Command::NodeDown { now_ms, .. }
@@ -290,6 +296,7 @@ impl QueueState {
         let uses_queue = matches!(
             cmd,
             Command::Checkout { .. }
+                | Command::CheckoutWithPriority { .. }
                 | Command::Get { .. }
                 | Command::GetWithReceipt { .. }
                 | Command::ConsumerDown { .. }
@@ -313,7 +320,14 @@ impl QueueState {
                 node,
                 prefetch,
                 ..
-            } => self.checkout_cmd(consumer, node, prefetch),
+            } => self.checkout_cmd(consumer, node, prefetch, None),
+            Command::CheckoutWithPriority {
+                consumer,
+                node,
+                prefetch,
+                priority,
+                ..
+            } => self.checkout_cmd(consumer, node, prefetch, Some(priority)),
             Command::Settle {
                 consumer,
                 ids,

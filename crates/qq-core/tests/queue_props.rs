@@ -27,6 +27,13 @@ enum Op {
         node: u64,
         prefetch: u32,
     },
+    CheckoutWithPriority {
+        dt: u64,
+        consumer: ConsumerId,
+        node: u64,
+        prefetch: u32,
+        priority: i32,
+    },
     /// Settle ids the consumer holds (picked by these selectors).
     SettleHeld {
         dt: u64,
@@ -173,6 +180,9 @@ fn op() -> impl Strategy<Value = Op> {
                 dt, size, expiration_ms, publisher, key }),
         3 => (dt(), consumer.clone(), 1u64..=2, 0u32..4)
             .prop_map(|(dt, consumer, node, prefetch)| Op::Checkout { dt, consumer, node, prefetch }),
+        2 => (dt(), consumer.clone(), 1u64..=2, 0u32..4, -1i32..=2)
+            .prop_map(|(dt, consumer, node, prefetch, priority)| Op::CheckoutWithPriority {
+                dt, consumer, node, prefetch, priority }),
         6 => (dt(), 0u64..=4, prop::collection::vec(any::<usize>(), 0..4), outcome())
             .prop_map(|(dt, consumer, picks, outcome)| Op::SettleHeld { dt, consumer, picks, outcome }),
         1 => (dt(), 0u64..=4, prop::collection::vec(0u64..80, 0..3), outcome())
@@ -235,6 +245,19 @@ fn resolve(s: &QueueState, op: &Op) -> Command {
             },
             publish_key: publisher.map(|(p, seq)| format!("pub{p}\0{seq}")),
             dedup_key: key.map(|k| format!("key-{k}")),
+        },
+        Op::CheckoutWithPriority {
+            dt,
+            consumer,
+            node,
+            prefetch,
+            priority,
+        } => Command::CheckoutWithPriority {
+            now_ms: t + dt,
+            consumer,
+            node,
+            prefetch,
+            priority,
         },
         Op::Checkout {
             dt,
@@ -717,6 +740,31 @@ fn check_step(
         );
     }
 
+    // Consumer priorities: a consumer got a message in this step only if no live consumer of
+    // a higher priority still has credit after it (they are served first).
+    if !s.config().single_active_consumer {
+        let priority = |c: ConsumerId| s.priorities().get(&c).copied().unwrap_or(0);
+        let with_credit: Vec<(ConsumerId, i32)> = s
+            .consumers()
+            .into_iter()
+            .filter(|(c, _, prefetch, unacked)| {
+                !s.cancelled().contains(c) && (*prefetch == 0 || unacked < prefetch)
+            })
+            .map(|(c, ..)| (c, priority(c)))
+            .collect();
+        for e in effects {
+            if let Effect::Deliver(d) = e {
+                let p = priority(d.consumer);
+                prop_assert!(
+                    with_credit.iter().all(|(_, q)| *q <= p),
+                    "consumer {} (priority {p}) served while {:?} had credit",
+                    d.consumer,
+                    with_credit
+                );
+            }
+        }
+    }
+
     // Credit: a consumer that got something in this step is within its prefetch.
     let consumers: BTreeMap<ConsumerId, (u32, u32)> = s
         .consumers()
@@ -799,6 +847,7 @@ fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<()
                 s.moves().clone(),
                 s.cancelled().clone(),
                 s.machine_version(),
+                s.priorities().clone(),
             ));
         }
         index += gap;
@@ -809,14 +858,15 @@ fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<()
         log.push((index, cmd));
         outputs.push((reply, effects));
     }
-    // The moves, the cancelled consumers and the machine version travel beside the state, as
-    // in a snapshot.
-    let (snapshot, moves, cancelled, machine) = snapshot.unwrap_or_else(|| {
+    // The moves, the cancelled consumers, the machine version and the consumer priorities
+    // travel beside the state, as in a snapshot.
+    let (snapshot, moves, cancelled, machine, priorities) = snapshot.unwrap_or_else(|| {
         (
             postcard::to_allocvec(&s).unwrap(),
             s.moves().clone(),
             s.cancelled().clone(),
             s.machine_version(),
+            s.priorities().clone(),
         )
     });
     let mut restored: QueueState = postcard::from_bytes(&snapshot).unwrap();
@@ -824,6 +874,7 @@ fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<()
     restored.restore_moves(moves);
     restored.restore_cancelled(cancelled);
     restored.restore_machine_version(machine);
+    restored.restore_priorities(priorities);
     restored.check_invariants().map_err(TestCaseError::fail)?;
     let from = snapshot_at.min(log.len());
     for ((index, cmd), expected) in log[from..].iter().zip(&outputs[from..]) {

@@ -163,6 +163,15 @@ pub enum Command {
     SetMachineVersion {
         version: u32,
     },
+    /// [`Command::Checkout`] with a consumer priority (`x-priority`; 0 is the default): module
+    /// `consumers`. Machine version 2. Added last.
+    CheckoutWithPriority {
+        now_ms: u64,
+        consumer: ConsumerId,
+        node: NodeId,
+        prefetch: u32,
+        priority: i32,
+    },
 }
 
 /// What binds a Get lease to whoever took it: a random token and the authenticated user.
@@ -216,7 +225,9 @@ impl Command {
                 "publish_key: {} bytes, more than {MAX_DEDUP_KEY_BYTES}",
                 k.len()
             )),
-            Command::Checkout { consumer, .. } | Command::CancelConsumer { consumer, .. }
+            Command::Checkout { consumer, .. }
+            | Command::CheckoutWithPriority { consumer, .. }
+            | Command::CancelConsumer { consumer, .. }
                 if *consumer == GET_CONSUMER =>
             {
                 Err(format!("consumer: id {GET_CONSUMER} is reserved for get"))

@@ -9,11 +9,21 @@
 //! holds. Until then it keeps the queue from expiring (`x-expires`), as an attached consumer
 //! does.
 //!
-//! The set of cancelled consumers is left out of the state's own encoding (snapshots written
-//! before it existed still decode): a snapshot carries it beside the state, see
-//! [`QueueState::cancelled`] and [`QueueState::restore_cancelled`].
+//! **Consumer priorities** (`x-priority`, [`super::Command::CheckoutWithPriority`], machine
+//! version 2), as RabbitMQ's quorum queues: a ready message goes to a consumer of the highest
+//! priority that has credit (round-robin among equals); a lower one gets messages only while
+//! every higher one is at its prefetch. With single active consumer the active one is the
+//! consumer that holds unacked messages, if one does; otherwise the highest priority (the
+//! earliest attached among equals) becomes active. A higher-priority consumer that attaches
+//! takes over once the active one has settled what it holds; meanwhile the active one takes
+//! nothing new (RabbitMQ 4.0's quiescing). Without
+//! priorities (all 0) both rules are exactly the earlier ones.
+//!
+//! The set of cancelled consumers and the priorities are left out of the state's own encoding
+//! (snapshots written before they existed still decode): a snapshot carries them beside the
+//! state, see [`QueueState::cancelled`], [`QueueState::priorities`] and their `restore_`.
 
-use imbl::OrdSet;
+use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
 
 use super::{Effect, GET_CONSUMER, MAX_CONSUMERS, QueueState, Reply};
@@ -40,16 +50,21 @@ impl QueueState {
         consumer: ConsumerId,
         node: NodeId,
         prefetch: u32,
+        priority: Option<i32>,
     ) -> Reply {
         if consumer == GET_CONSUMER {
             return Reply::Error {
                 detail: format!("consumer id {GET_CONSUMER} is reserved for get"),
             };
         }
-        // A cancelled consumer stays cancelled: only its node and prefetch change.
+        // A cancelled consumer stays cancelled: only its node, prefetch and priority (when
+        // given) change.
         if let Some(c) = self.consumers.get_mut(&consumer) {
             c.node = node;
             c.prefetch = prefetch;
+            if let Some(p) = priority {
+                self.set_priority(consumer, p);
+            }
             return Reply::Ok;
         }
         if self.consumers.len() >= MAX_CONSUMERS {
@@ -70,7 +85,21 @@ impl QueueState {
                 checked_out: OrdSet::new(),
             },
         );
+        self.set_priority(consumer, priority.unwrap_or(0));
         Reply::Ok
+    }
+
+    /// Only non-zero priorities are kept.
+    fn set_priority(&mut self, consumer: ConsumerId, priority: i32) {
+        if priority == 0 {
+            self.priorities.remove(&consumer);
+        } else {
+            self.priorities.insert(consumer, priority);
+        }
+    }
+
+    fn priority(&self, consumer: ConsumerId) -> i32 {
+        self.priorities.get(&consumer).copied().unwrap_or(0)
     }
 
     /// [`super::Command::CancelConsumer`]: no new message for `consumer`; it leaves at once when it
@@ -81,6 +110,7 @@ impl QueueState {
             Some(c) if c.checked_out.is_empty() => {
                 self.consumers.remove(&consumer);
                 self.cancelled.remove(&consumer);
+                self.priorities.remove(&consumer);
             }
             Some(_) => {
                 self.cancelled.insert(consumer);
@@ -100,11 +130,13 @@ impl QueueState {
         {
             self.consumers.remove(&consumer);
             self.cancelled.remove(&consumer);
+            self.priorities.remove(&consumer);
         }
     }
 
     pub(super) fn consumer_down(&mut self, now: u64, consumer: ConsumerId, fx: &mut Vec<Effect>) {
         self.cancelled.remove(&consumer);
+        self.priorities.remove(&consumer);
         let Some(c) = self.consumers.remove(&consumer) else {
             return;
         };
@@ -115,24 +147,62 @@ impl QueueState {
         }
     }
 
-    /// The next consumer to serve, if any has credit (single active consumer: only the earliest
-    /// attached one that is not cancelled is considered).
+    /// The next consumer to serve, if any has credit (module doc: the highest priority first;
+    /// single active consumer: only the active one is considered).
     pub(super) fn next_consumer(&self) -> Option<ConsumerId> {
         let live = |(id, _): &(&ConsumerId, &Consumer)| !self.cancelled.contains(*id);
         if self.config.single_active_consumer {
-            let (id, c) = self
-                .consumers
-                .iter()
-                .filter(live)
-                .min_by_key(|(_, c)| c.attached)?;
-            return c.has_credit().then_some(*id);
+            let (id, c) = self.active_consumer()?;
+            return (c.has_credit() && !self.outranked(id)).then_some(id);
         }
-        self.consumers
-            .range(self.cursor..)
-            .chain(self.consumers.range(..self.cursor))
-            .filter(live)
-            .find(|(_, c)| c.has_credit())
+        let ring = || {
+            self.consumers
+                .range(self.cursor..)
+                .chain(self.consumers.range(..self.cursor))
+                .filter(live)
+                .filter(|(_, c)| c.has_credit())
+        };
+        if self.priorities.is_empty() {
+            return ring().next().map(|(id, _)| *id);
+        }
+        let top = ring().map(|(id, _)| self.priority(*id)).max()?;
+        ring()
+            .find(|(id, _)| self.priority(**id) == top)
             .map(|(id, _)| *id)
+    }
+
+    /// Single active consumer: a live consumer of a higher priority than the active one waits
+    /// for it to settle what it holds; meanwhile the active one takes nothing new.
+    fn outranked(&self, active: ConsumerId) -> bool {
+        let mine = self.priority(active);
+        !self.priorities.is_empty()
+            && self
+                .consumers
+                .keys()
+                .any(|id| !self.cancelled.contains(id) && self.priority(*id) > mine)
+    }
+
+    /// The single active consumer: the live one holding unacked messages, else the highest
+    /// priority, earliest attached among equals (without priorities: the earliest attached).
+    fn active_consumer(&self) -> Option<(ConsumerId, &Consumer)> {
+        let mut live = self
+            .consumers
+            .iter()
+            .filter(|(id, _)| !self.cancelled.contains(*id));
+        if self.priorities.is_empty() {
+            return live.min_by_key(|(_, c)| c.attached).map(|(id, c)| (*id, c));
+        }
+        let all: Vec<(&ConsumerId, &Consumer)> = live.by_ref().collect();
+        let holder = all
+            .iter()
+            .filter(|(_, c)| !c.checked_out.is_empty())
+            .min_by_key(|(_, c)| c.attached);
+        holder
+            .or_else(|| {
+                all.iter()
+                    .min_by_key(|(id, c)| (std::cmp::Reverse(self.priority(**id)), c.attached))
+            })
+            .map(|(id, c)| (**id, *c))
     }
 
     /// Consumers attached and not cancelled.
@@ -157,6 +227,32 @@ impl QueueState {
                     .is_some_and(|c| !c.checked_out.is_empty())
             })
             .collect();
+    }
+
+    /// The non-zero consumer priorities, for a snapshot to carry beside the serialized state.
+    pub fn priorities(&self) -> &OrdMap<ConsumerId, i32> {
+        &self.priorities
+    }
+
+    /// Puts back the priorities a snapshot carried (of attached consumers, non-zero only).
+    pub fn restore_priorities(&mut self, priorities: impl IntoIterator<Item = (ConsumerId, i32)>) {
+        self.priorities = priorities
+            .into_iter()
+            .filter(|(id, p)| *p != 0 && self.consumers.contains_key(id))
+            .collect();
+    }
+
+    /// The invariants of the priorities: each of an attached consumer, none zero.
+    pub(super) fn check_priorities(&self) -> Result<(), String> {
+        for (id, p) in &self.priorities {
+            if !self.consumers.contains_key(id) {
+                return Err(format!("priority of consumer {id}, which is not attached"));
+            }
+            if *p == 0 {
+                return Err(format!("priority 0 of consumer {id} is kept"));
+            }
+        }
+        Ok(())
     }
 
     /// The invariants of the cancelled set: each is attached and holds something.

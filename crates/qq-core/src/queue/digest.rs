@@ -41,6 +41,9 @@ impl fmt::Debug for QueueState {
         if self.machine_version != super::FIRST_MACHINE_VERSION {
             d.field("machine_version", &self.machine_version);
         }
+        if !self.priorities.is_empty() {
+            d.field("priorities", &self.priorities);
+        }
         d.finish()
     }
 }

@@ -17,7 +17,7 @@
 //! | version | release | what it adds |
 //! |---:|---|---|
 //! | 1 | 0.1.0 | everything up to 0.1.0 |
-//! | 2 | next | `CancelConsumer` (AMQP basic.cancel keeps what the consumer holds); `SetMachineVersion` |
+//! | 2 | next | `CancelConsumer` (AMQP basic.cancel keeps what the consumer holds); `CheckoutWithPriority` (consumer priorities); `SetMachineVersion` |
 //!
 //! `SetMachineVersion` itself is version 2's, and is never gated: it is proposed only when
 //! every member decodes it.
@@ -40,7 +40,9 @@ impl Command {
     /// The machine version that introduced this command.
     pub fn machine_version(&self) -> u32 {
         match self {
-            Command::CancelConsumer { .. } | Command::SetMachineVersion { .. } => 2,
+            Command::CancelConsumer { .. }
+            | Command::SetMachineVersion { .. }
+            | Command::CheckoutWithPriority { .. } => 2,
             _ => FIRST_MACHINE_VERSION,
         }
     }
@@ -104,6 +106,7 @@ fn command_name(cmd: &Command) -> &'static str {
     match cmd {
         Command::CancelConsumer { .. } => "CancelConsumer",
         Command::SetMachineVersion { .. } => "SetMachineVersion",
+        Command::CheckoutWithPriority { .. } => "CheckoutWithPriority",
         _ => "of version 1",
     }
 }
