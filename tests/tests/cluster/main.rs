@@ -12,6 +12,7 @@ mod bad_entries;
 mod bad_input;
 mod catch_up;
 mod cluster_nodes;
+mod consumer_priorities;
 mod consumers;
 mod deadletter;
 mod dedup;

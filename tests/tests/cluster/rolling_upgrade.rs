@@ -117,14 +117,37 @@ async fn consume(addresses: Vec<String>, seen: Arc<Mutex<Seen>>, stop: Cancellat
     }
 }
 
-/// The queue's machine version on node `id`, from its metrics (None: not reported there).
-async fn machine_version(cluster: &TestCluster, id: u64) -> anyhow::Result<Option<u64>> {
+/// Waits until every node reports `version` for `queue`.
+pub async fn wait_machine_version(
+    cluster: &TestCluster,
+    queue: &str,
+    version: u64,
+) -> anyhow::Result<()> {
+    for id in cluster.ids() {
+        eventually(
+            &format!("node {id} to report machine version {version} for {queue}"),
+            Duration::from_secs(30),
+            || async move {
+                Ok((machine_version(cluster, id, queue).await? == Some(version)).then_some(()))
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// `queue`'s machine version on node `id`, from its metrics (None: not reported there).
+async fn machine_version(
+    cluster: &TestCluster,
+    id: u64,
+    queue: &str,
+) -> anyhow::Result<Option<u64>> {
     let (status, text) = cluster.http_get(id, "/metrics").await?;
     ensure!(status == 200, "GET /metrics on node {id}: {status}");
     Ok(text
         .lines()
         .filter(|l| l.starts_with("quorumq_queue_machine_version{"))
-        .find(|l| l.contains(&format!("queue=\"{QUEUE}\"")))
+        .find(|l| l.contains(&format!("queue=\"{queue}\"")))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok()))
 }
 
@@ -165,7 +188,7 @@ async fn a_rolling_upgrade_under_load_loses_nothing() -> anyhow::Result<()> {
             // Two nodes run today's binary, one the previous release: the queue stays on the
             // previous machine (the node not upgraded could not decode today's commands).
             for upgraded in [1, 2] {
-                let v = machine_version(&cluster, upgraded).await?;
+                let v = machine_version(&cluster, upgraded, QUEUE).await?;
                 ensure!(
                     v == Some(1),
                     "node {upgraded} reports machine version {v:?} while node 3 runs the previous release"
@@ -189,15 +212,7 @@ async fn a_rolling_upgrade_under_load_loses_nothing() -> anyhow::Result<()> {
     )
     .await?;
     info!("--- every node runs today's binary: the queue's machine moves on");
-    for id in IDS {
-        let cluster = &cluster;
-        eventually(
-            &format!("node {id} to report machine version 2"),
-            Duration::from_secs(30),
-            || async move { Ok((machine_version(cluster, id).await? == Some(2)).then_some(())) },
-        )
-        .await?;
-    }
+    wait_machine_version(&cluster, QUEUE, 2).await?;
 
     stop.cancel();
     publisher.await?;

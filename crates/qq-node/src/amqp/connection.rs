@@ -246,16 +246,13 @@ fn start(ctx: &Ctx, external: bool) -> conn::Start {
         "connection.blocked",
         "authentication_failure_close",
         "per_consumer_qos",
+        "consumer_priorities",
     ] {
         caps.insert(cap.into(), AMQPValue::Boolean(true));
     }
-    // Exchange-to-exchange bindings, consumer priorities and direct reply-to are not
-    // supported: said so, as RabbitMQ clients read these flags.
-    for cap in [
-        "exchange_exchange_bindings",
-        "consumer_priorities",
-        "direct_reply_to",
-    ] {
+    // Exchange-to-exchange bindings and direct reply-to are not supported: said so, as
+    // RabbitMQ clients read these flags.
+    for cap in ["exchange_exchange_bindings", "direct_reply_to"] {
         caps.insert(cap.into(), AMQPValue::Boolean(false));
     }
     let text = |s: &str| AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()));

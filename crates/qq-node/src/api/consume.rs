@@ -267,12 +267,34 @@ pub(crate) fn subscribe_args(
     } else {
         sub.consumer_tag
     };
+    let priority = consumer_priority(&sub.arguments)?;
     Ok(SubscribeArgs {
         group: qm.id,
         consumer_tag,
         prefetch,
         auto_ack: sub.auto_ack,
+        priority,
     })
+}
+
+/// `arguments["x-priority"]`: a whole number within 32 bits (RabbitMQ's consumer priority),
+/// 0 when absent. Other arguments are ignored, as RabbitMQ ignores arguments it does not know.
+fn consumer_priority(
+    arguments: &std::collections::HashMap<String, pb::Value>,
+) -> Result<i32, Status> {
+    let Some(v) = arguments.get("x-priority") else {
+        return Ok(0);
+    };
+    let field = "subscribe.arguments[x-priority]";
+    let v = crate::api::convert::value_from_pb(field, v)?;
+    let n = v.as_i64().ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "{field}: expected a whole number, got {}",
+            v.type_name()
+        ))
+    })?;
+    i32::try_from(n)
+        .map_err(|_| Status::invalid_argument(format!("{field}: {n} is outside the 32-bit range")))
 }
 
 /// Client requests → session input, until either ends or the node stops. A request the
@@ -307,6 +329,7 @@ async fn pump_requests(
                 consumer_tag: String::new(),
                 prefetch: 0,
                 auto_ack: false,
+                priority: 0,
             }),
         };
         if in_tx.send(msg).await.is_err() {

@@ -43,8 +43,18 @@ pub async fn start_session(
         .client(leader)
         .ok_or_else(|| Status::unavailable(format!("queue leader {leader} is not a known node")))?;
     let (fwd_tx, fwd_rx) = mpsc::channel::<ForwardConsumeRequest>(RELAY_BOUND);
-    let subscribe =
-        encode(&SessionIn::Subscribe(args)).map_err(|e| Status::internal(e.to_string()))?;
+    // A priority goes only to a leader that knows it (machine version 2); a leader of release
+    // 0.1.0 attaches the consumer without one, as a queue at version 1 does.
+    let leader_version = node
+        .peer_machines()
+        .common_version(node.id(), [leader])
+        .unwrap_or(FIRST_MACHINE_VERSION);
+    let first = match args.priority {
+        0 => SessionIn::Subscribe(args),
+        _ if leader_version < 2 => SessionIn::Subscribe(args),
+        p => SessionIn::SubscribeWithPriority(args, p),
+    };
+    let subscribe = encode(&first).map_err(|e| Status::internal(e.to_string()))?;
     fwd_tx
         .send(subscribe)
         .await

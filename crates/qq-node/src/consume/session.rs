@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::clock::now_ms;
 use crate::groups::queue_sm::{ConsumerEvent, QueueRequest};
@@ -39,6 +39,10 @@ pub struct SubscribeArgs {
     pub consumer_tag: String,
     pub prefetch: u32,
     pub auto_ack: bool,
+    /// The consumer's priority (`x-priority`, 0 by default). Not in the encoding that a
+    /// relay sends to a leader of release 0.1.0: see [`SessionIn::SubscribeWithPriority`].
+    #[serde(skip)]
+    pub priority: i32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -55,6 +59,9 @@ pub enum SessionIn {
     /// [`SessionOut::Stopped`] once that is committed and ends by itself after the last
     /// settle. Added last: postcard encodes variant indexes.
     Stop,
+    /// [`SessionIn::Subscribe`] with the consumer's priority (which `SubscribeArgs` does not
+    /// encode), for a leader that knows it (machine version 2). Added last.
+    SubscribeWithPriority(SubscribeArgs, i32),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -114,17 +121,7 @@ pub async fn run_session(
     let consumer: ConsumerId = node.next_consumer_id();
     let machine = r.machine().clone();
     let events = machine.register_consumer(consumer, args.prefetch);
-    let checkout = Command::Checkout {
-        now_ms: now_ms(),
-        consumer,
-        node: node.id(),
-        prefetch: args.prefetch,
-    };
-    if let Err(e) = node
-        .proposer()
-        .propose_queue(group, QueueRequest::command(checkout))
-        .await
-    {
+    if let Err(e) = checkout(&node, group, consumer, &args).await {
         machine.unregister_consumer(consumer);
         let status = tonic::Status::from(e);
         let _ = out.send(error(status.code(), status.message())).await;
@@ -159,6 +156,49 @@ pub async fn run_session(
     session.serve(input, node.stopping().clone()).await;
     let Session { settle_tx, .. } = session;
     finish(&node, group, consumer, Some((settle_tx, settler))).await;
+}
+
+/// Attach the consumer. With a priority, `CheckoutWithPriority`; a queue whose machine
+/// predates it (a member still runs release 0.1.0) attaches it without one, and says so in
+/// the log.
+async fn checkout(
+    node: &Arc<Node>,
+    group: GroupId,
+    consumer: ConsumerId,
+    args: &SubscribeArgs,
+) -> Result<(), crate::error::NodeError> {
+    let plain = Command::Checkout {
+        now_ms: now_ms(),
+        consumer,
+        node: node.id(),
+        prefetch: args.prefetch,
+    };
+    if args.priority != 0 {
+        let cmd = Command::CheckoutWithPriority {
+            now_ms: now_ms(),
+            consumer,
+            node: node.id(),
+            prefetch: args.prefetch,
+            priority: args.priority,
+        };
+        match node
+            .proposer()
+            .propose_queue(group, QueueRequest::command(cmd))
+            .await?
+        {
+            Reply::Error { detail } => {
+                warn!(
+                    group,
+                    "consumer priority ignored until the upgrade completes: {detail}"
+                )
+            }
+            _ => return Ok(()),
+        }
+    }
+    node.proposer()
+        .propose_queue(group, QueueRequest::command(plain))
+        .await
+        .map(|_| ())
 }
 
 /// Settles go to the log in order, without holding up deliveries; queued settles of the same
@@ -366,7 +406,7 @@ impl Session {
                     self.end(error(Code::FailedPrecondition, why)).await
                 }
             },
-            Some(SessionIn::Subscribe(_)) => {
+            Some(SessionIn::Subscribe(_) | SessionIn::SubscribeWithPriority(..)) => {
                 let why = "subscribe: already subscribed on this stream";
                 self.end(error(Code::InvalidArgument, why)).await
             }

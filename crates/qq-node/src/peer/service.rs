@@ -366,8 +366,13 @@ impl Internal for InternalService {
             .next()
             .await
             .ok_or_else(|| Status::invalid_argument("empty consume stream"))??;
-        let SessionIn::Subscribe(args) = decode::<SessionIn>(&first.payload)? else {
-            return Err(Status::invalid_argument("first message must subscribe"));
+        let args = match decode::<SessionIn>(&first.payload)? {
+            SessionIn::Subscribe(args) => args,
+            SessionIn::SubscribeWithPriority(mut args, priority) => {
+                args.priority = priority;
+                args
+            }
+            _ => return Err(Status::invalid_argument("first message must subscribe")),
         };
         let (in_tx, in_rx) = mpsc::channel(RELAY_BOUND);
         let stopping = self.node.stopping().clone();

@@ -43,6 +43,8 @@ struct TrailerV1 {
     machine_version: u32,
     /// [`QueueState::cancelled`]: consumers cancelled while they still hold messages.
     cancelled: Vec<ConsumerId>,
+    /// [`QueueState::priorities`]: the consumers' non-zero priorities.
+    priorities: Vec<(ConsumerId, i32)>,
 }
 
 /// [`QueueSnapshotHeader`] by reference, encoded from the cut's copy of the state.
@@ -90,6 +92,7 @@ impl QueueMachine {
         header.extend(io_encode(&TrailerV1 {
             machine_version: state.machine_version(),
             cancelled: state.cancelled().iter().copied().collect(),
+            priorities: state.priorities().iter().map(|(c, p)| (*c, *p)).collect(),
         })?);
         out.header(&header)?;
         // Both in id order: a merge of the live ids with the pinned bodies, page by page.
@@ -170,6 +173,7 @@ impl QueueMachine {
         state.restore_moves(moves);
         state.restore_cancelled(trailer.cancelled);
         state.restore_machine_version(trailer.machine_version);
+        state.restore_priorities(trailer.priorities);
         *self.state.lock().unwrap() = state;
         Ok(())
     }
@@ -183,6 +187,7 @@ fn decode_header(bytes: &[u8]) -> Result<(QueueSnapshotHeader, TrailerV1), Strin
         let trailer = TrailerV1 {
             machine_version: FIRST_MACHINE_VERSION,
             cancelled: Vec::new(),
+            priorities: Vec::new(),
         };
         return Ok((header, trailer));
     }
@@ -227,6 +232,7 @@ mod tests {
         let v1 = TrailerV1 {
             machine_version: 2,
             cancelled: vec![4, 9],
+            priorities: vec![(4, -2)],
         };
         with.extend(io_encode(&v1).unwrap());
         let (_, trailer) = decode_header(&with).unwrap();
@@ -234,6 +240,7 @@ mod tests {
             (trailer.machine_version, trailer.cancelled),
             (2, vec![4, 9])
         );
+        assert_eq!(trailer.priorities, vec![(4, -2)]);
 
         let mut newer = bytes;
         newer.extend(io_encode(&(TRAILER_FORMAT + 1)).unwrap());
