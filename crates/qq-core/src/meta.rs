@@ -937,16 +937,14 @@ impl MetaState {
         exchange: &str,
         routing_keys: &[String],
         headers: &Table,
-    ) -> Result<Vec<QueueMeta>, MetaError> {
+    ) -> Result<Vec<&QueueMeta>, MetaError> {
         let v = self
             .vhosts
             .get(vhost)
             .ok_or_else(|| vhost_not_found(vhost))?;
-        let queues = |names: BTreeSet<&str>| -> Vec<QueueMeta> {
-            names
-                .into_iter()
-                .filter_map(|n| v.queues.get(n).cloned())
-                .collect()
+        // Borrowed, not cloned: this runs for every publish.
+        let queues = |names: BTreeSet<&str>| -> Vec<&QueueMeta> {
+            names.into_iter().filter_map(|n| v.queues.get(n)).collect()
         };
         if is_default_exchange(exchange) {
             return Ok(queues(routing_keys.iter().map(String::as_str).collect()));

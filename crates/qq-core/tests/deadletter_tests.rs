@@ -364,7 +364,7 @@ fn self_loop_through_the_default_exchange() {
             .unwrap()
             .into_iter()
             .filter(|q| !is_cycle(&copy, &q.name))
-            .map(|q| q.name)
+            .map(|q| q.name.clone())
             .collect();
         let want: Vec<String> = if dropped { vec![] } else { keys(&["loop"]) };
         assert_eq!(targets, want, "{reason:?}");

@@ -106,7 +106,7 @@ fn routed(state: &MetaState, exchange: &str, rks: &[&str], headers: &Table) -> V
         .route("/", exchange, &keys(rks), headers)
         .expect("route")
         .into_iter()
-        .map(|q| q.name)
+        .map(|q| q.name.clone())
         .collect()
 }
 
@@ -1378,7 +1378,7 @@ fn routing_with_cc_and_bcc_keys_is_distinct_and_sorted() {
         .route("/", "amq.direct", &rks, &headers)
         .unwrap()
         .into_iter()
-        .map(|q| q.name)
+        .map(|q| q.name.clone())
         .collect();
     assert_eq!(got, ["q1", "q2", "q3"]);
 }

@@ -176,7 +176,7 @@ impl DeadLetters {
             .filter(|t| !is_cycle(&copy, &t.name))
             .map(|t| Routed {
                 target: t.id,
-                name: t.name,
+                name: t.name.clone(),
                 request: enqueue::request(&header, &encoded, key.clone()),
             })
             .collect();

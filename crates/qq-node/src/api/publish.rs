@@ -202,7 +202,10 @@ pub(crate) fn route_message(
         expiration_ms,
     };
     Ok(Prepared::Route {
-        targets: targets.into_iter().map(|q| (q.id, q.name)).collect(),
+        targets: targets
+            .into_iter()
+            .map(|q| (q.id, q.name.clone()))
+            .collect(),
         header,
         encoded,
         publish_key,
