@@ -107,6 +107,7 @@ mod machine;
 mod moves;
 mod queries;
 mod reply;
+mod timeouts;
 
 pub use command::{
     Command, MAX_DEDUP_KEY_BYTES, MAX_IDS_PER_COMMAND, MAX_REASON_DETAIL_BYTES,
@@ -117,6 +118,7 @@ use consumers::Consumer;
 pub use machine::{FIRST_MACHINE_VERSION, MACHINE_VERSION};
 pub use moves::{MAX_ENDED_MOVES, MAX_MOVE_DESTINATION_BYTES, MoveState, MoveTask};
 pub use reply::{Browsed, Counts, Delivery, Effect, HeldDeadLetter, Location, Reply, Stats};
+pub use timeouts::MAX_CONSUMER_TIMEOUT_MS;
 
 /// Consumer id used for messages taken with Get (leases). Real consumers use ids != 0.
 pub const GET_CONSUMER: ConsumerId = 0;
@@ -220,6 +222,14 @@ pub struct QueueState {
     /// `receipts`: see [`QueueState::priorities`] and [`QueueState::restore_priorities`].
     #[serde(skip)]
     priorities: OrdMap<ConsumerId, i32>,
+    /// The consumer timeout and the deadline of every message checked out under it, by id and
+    /// in deadline order (module `timeouts`). Not serialized with the rest, as `receipts`.
+    #[serde(skip)]
+    consumer_timeout_ms: Option<u64>,
+    #[serde(skip)]
+    unacked_deadlines: OrdMap<MessageId, u64>,
+    #[serde(skip)]
+    timeouts: OrdSet<(u64, MessageId)>,
 }
 
 impl QueueState {
@@ -251,6 +261,9 @@ impl QueueState {
             cancelled: OrdSet::new(),
             machine_version: FIRST_MACHINE_VERSION,
             priorities: OrdMap::new(),
+            consumer_timeout_ms: None,
+            unacked_deadlines: OrdMap::new(),
+            timeouts: OrdSet::new(),
         }
     }
 
@@ -288,6 +301,7 @@ impl QueueState {
             | Command::CancelConsumer { now_ms, .. } => (*now_ms).max(self.clock_ms),
             Command::DeadLetterSettle { .. }
             | Command::SetMachineVersion { .. }
+            | Command::SetConsumerTimeout { .. }
             | Command::Purge
             | Command::MoveDone { .. }
             | Command::EndMove { .. } => self.clock_ms,
@@ -386,8 +400,8 @@ impl QueueState {
                 self.update_config(config, &mut fx);
                 Reply::Ok
             }
-            // Firing timers changes neither the consumers nor `last_used_ms`, so this is the
-            // answer the state before the command gives.
+            // Firing timers changes no consumer except one that times out, which leaves with
+            // `last_used_ms = now`: this is the answer the state before the command gives.
             Command::ExpireQueue {
                 now_ms,
                 leader_since_ms,
@@ -410,6 +424,7 @@ impl QueueState {
             } => self.end_move(task, state, detail),
             Command::CancelConsumer { consumer, .. } => self.cancel_consumer(consumer),
             Command::SetMachineVersion { version } => self.set_machine_version(version),
+            Command::SetConsumerTimeout { timeout_ms } => self.set_consumer_timeout(timeout_ms),
         };
         // A refused command changes nothing but time (it acts as an Expire at `now`).
         if uses_queue && !matches!(reply, Reply::Error { .. }) {
@@ -437,6 +452,7 @@ impl QueueState {
             self.detach_unacked(id);
             self.return_failed(id, now, Some(0), fx);
         }
+        self.time_out_consumers(now, fx);
         // Delayed messages whose time has come join the tail of the returns queue, in
         // (due, requeue) order.
         while let Some(&((due_ms, seq), id)) = self.delayed.get_min() {
@@ -501,6 +517,7 @@ impl QueueState {
                 .expect("consumer exists")
                 .checked_out
                 .insert(id);
+            self.start_timeout(id);
             self.cursor = cid.wrapping_add(1);
             self.stats.delivered_total += 1;
             fx.push(Effect::Deliver(Delivery {
@@ -676,6 +693,7 @@ impl QueueState {
                 .expect("holder exists")
                 .checked_out
                 .remove(&id);
+            self.stop_timeout(id);
         }
     }
 

@@ -60,6 +60,9 @@ enum Op {
     SetMachineVersion {
         version: u32,
     },
+    SetConsumerTimeout {
+        timeout_ms: Option<u64>,
+    },
     NodeDown {
         dt: u64,
         node: u64,
@@ -190,6 +193,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (dt(), 0u64..=4).prop_map(|(dt, consumer)| Op::ConsumerDown { dt, consumer }),
         1 => (dt(), consumer.clone()).prop_map(|(dt, consumer)| Op::CancelConsumer { dt, consumer }),
         2 => (0u32..=MACHINE_VERSION + 1).prop_map(|version| Op::SetMachineVersion { version }),
+        1 => prop::option::weighted(0.8, 1u64..60)
+            .prop_map(|timeout_ms| Op::SetConsumerTimeout { timeout_ms }),
         1 => (dt(), 1u64..=2).prop_map(|(dt, node)| Op::NodeDown { dt, node }),
         2 => (dt(), 1u64..60, any::<bool>())
             .prop_map(|(dt, lease_ms, auto_ack)| Op::Get { dt, lease_ms, auto_ack }),
@@ -308,6 +313,7 @@ fn resolve(s: &QueueState, op: &Op) -> Command {
             consumer,
         },
         Op::SetMachineVersion { version } => Command::SetMachineVersion { version },
+        Op::SetConsumerTimeout { timeout_ms } => Command::SetConsumerTimeout { timeout_ms },
         Op::NodeDown { dt, node } => Command::NodeDown {
             now_ms: t + dt,
             node,
@@ -496,11 +502,15 @@ fn check_step(
         leader_since_ms,
     } = *cmd
     {
-        // The x-expires rule, from the state before the command.
+        // The x-expires rule, from the state before the command, or, when consumers timed out
+        // as its timers fired, from the state after them (they left now: a use of the queue).
         // (A cancelled consumer that still holds messages keeps the queue in use.)
+        let timed_out = effects
+            .iter()
+            .any(|e| matches!(e, Effect::ConsumerTimedOut { .. }));
+        let basis = if timed_out { s } else { before };
         let expired = before.config().expires_ms.is_some_and(|e| {
-            before.consumers().is_empty()
-                && now_ms >= before.last_used_ms().max(leader_since_ms) + e
+            basis.consumers().is_empty() && now_ms >= basis.last_used_ms().max(leader_since_ms) + e
         });
         prop_assert_eq!(reply, &Reply::QueueExpiry { expired });
         // Otherwise it acts exactly as an Expire at the same time (and does not use the queue).
@@ -637,6 +647,8 @@ fn check_step(
                 }
             }
             Effect::DeleteBody { id } => model.leave(*id)?,
+            // Checked above: the consumer is gone and its messages returned.
+            Effect::ConsumerTimedOut { .. } => {}
         }
     }
 
@@ -738,6 +750,32 @@ fn check_step(
             matches!(reply, Reply::Error { .. }),
             *version > MACHINE_VERSION
         );
+    }
+
+    // Consumer timeouts: after a step nothing checked out to a consumer is past its deadline,
+    // and a consumer that timed out is gone.
+    let (_, deadlines) = s.consumer_timeouts();
+    prop_assert!(
+        deadlines.iter().all(|(_, d)| *d > s.clock_ms()),
+        "a checked-out message is past its deadline at {}: {deadlines:?}",
+        s.clock_ms()
+    );
+    for e in effects {
+        if let Effect::ConsumerTimedOut { consumer, id, .. } = e {
+            // (unless this very command attached it again after the timers fired)
+            let attached_again = matches!(cmd,
+                Command::Checkout { consumer: c, .. } | Command::CheckoutWithPriority { consumer: c, .. }
+                    if c == consumer);
+            prop_assert!(
+                attached_again || s.consumers().iter().all(|c| c.0 != *consumer),
+                "timed-out consumer {consumer} still attached"
+            );
+            prop_assert!(
+                attached_again
+                    || !matches!(s.location(*id), Some(Location::Unacked { consumer: c }) if c == *consumer),
+                "timed-out message {id} still with {consumer}"
+            );
+        }
     }
 
     // Consumer priorities: a consumer got a message in this step only if no live consumer of
@@ -848,6 +886,7 @@ fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<()
                 s.cancelled().clone(),
                 s.machine_version(),
                 s.priorities().clone(),
+                s.consumer_timeouts(),
             ));
         }
         index += gap;
@@ -860,21 +899,24 @@ fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<()
     }
     // The moves, the cancelled consumers, the machine version and the consumer priorities
     // travel beside the state, as in a snapshot.
-    let (snapshot, moves, cancelled, machine, priorities) = snapshot.unwrap_or_else(|| {
-        (
-            postcard::to_allocvec(&s).unwrap(),
-            s.moves().clone(),
-            s.cancelled().clone(),
-            s.machine_version(),
-            s.priorities().clone(),
-        )
-    });
+    let (snapshot, moves, cancelled, machine, priorities, timeouts) =
+        snapshot.unwrap_or_else(|| {
+            (
+                postcard::to_allocvec(&s).unwrap(),
+                s.moves().clone(),
+                s.cancelled().clone(),
+                s.machine_version(),
+                s.priorities().clone(),
+                s.consumer_timeouts(),
+            )
+        });
     let mut restored: QueueState = postcard::from_bytes(&snapshot).unwrap();
     prop_assert_eq!(restored.machine_version(), FIRST_MACHINE_VERSION);
     restored.restore_moves(moves);
     restored.restore_cancelled(cancelled);
     restored.restore_machine_version(machine);
     restored.restore_priorities(priorities);
+    restored.restore_consumer_timeouts(timeouts.0, timeouts.1);
     restored.check_invariants().map_err(TestCaseError::fail)?;
     let from = snapshot_at.min(log.len());
     for ((index, cmd), expected) in log[from..].iter().zip(&outputs[from..]) {

@@ -13,6 +13,7 @@ mod bad_input;
 mod catch_up;
 mod cluster_nodes;
 mod consumer_priorities;
+mod consumer_timeouts;
 mod consumers;
 mod deadletter;
 mod dedup;

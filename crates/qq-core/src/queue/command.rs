@@ -6,6 +6,7 @@
 use imbl::OrdMap;
 use serde::{Deserialize, Serialize};
 
+use super::timeouts::MAX_CONSUMER_TIMEOUT_MS;
 use super::{GET_CONSUMER, MAX_MOVE_DESTINATION_BYTES, MoveState};
 use crate::types::{ConsumerId, MessageId, NodeId, QueueConfig};
 
@@ -172,6 +173,11 @@ pub enum Command {
         prefetch: u32,
         priority: i32,
     },
+    /// The queue's consumer timeout (None: none; at most [`MAX_CONSUMER_TIMEOUT_MS`], not 0):
+    /// module `timeouts`. Machine version 2. Added last.
+    SetConsumerTimeout {
+        timeout_ms: Option<u64>,
+    },
 }
 
 /// What binds a Get lease to whoever took it: a random token and the authenticated user.
@@ -236,6 +242,11 @@ impl Command {
                 outcome.validate()
             }
             Command::UpdateConfig { config, .. } => check_requeue_delays(&config.requeue_delays_ms),
+            Command::SetConsumerTimeout {
+                timeout_ms: Some(t),
+            } if *t == 0 || *t > MAX_CONSUMER_TIMEOUT_MS => Err(format!(
+                "timeout_ms: {t}, not within 1..={MAX_CONSUMER_TIMEOUT_MS}"
+            )),
             Command::StartMove { destination, .. }
                 if destination.len() > MAX_MOVE_DESTINATION_BYTES =>
             {

@@ -141,8 +141,9 @@ impl QueueState {
             return;
         };
         // Returned in id order, as rabbit_fifo does; the consumer record is already gone, so
-        // there is nothing to detach from.
+        // there is nothing to detach from but the timeouts.
         for id in c.checked_out {
+            self.stop_timeout(id);
             self.return_failed(id, now, Some(0), fx);
         }
     }

@@ -44,6 +44,10 @@ impl fmt::Debug for QueueState {
         if !self.priorities.is_empty() {
             d.field("priorities", &self.priorities);
         }
+        if self.consumer_timeout_ms.is_some() || !self.unacked_deadlines.is_empty() {
+            d.field("consumer_timeout_ms", &self.consumer_timeout_ms)
+                .field("unacked_deadlines", &self.unacked_deadlines);
+        }
         d.finish()
     }
 }

@@ -126,6 +126,7 @@ impl QueueState {
         self.check_cancelled()?;
         self.check_machine_version()?;
         self.check_priorities()?;
+        self.check_timeouts()?;
         self.publish_keys.check()?;
         self.transfer_keys.check()?;
         Ok(())

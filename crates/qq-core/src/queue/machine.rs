@@ -17,7 +17,7 @@
 //! | version | release | what it adds |
 //! |---:|---|---|
 //! | 1 | 0.1.0 | everything up to 0.1.0 |
-//! | 2 | next | `CancelConsumer` (AMQP basic.cancel keeps what the consumer holds); `CheckoutWithPriority` (consumer priorities); `SetMachineVersion` |
+//! | 2 | next | `CancelConsumer` (AMQP basic.cancel keeps what the consumer holds); `CheckoutWithPriority` (consumer priorities); `SetConsumerTimeout` (consumer timeouts); `SetMachineVersion` |
 //!
 //! `SetMachineVersion` itself is version 2's, and is never gated: it is proposed only when
 //! every member decodes it.
@@ -42,7 +42,8 @@ impl Command {
         match self {
             Command::CancelConsumer { .. }
             | Command::SetMachineVersion { .. }
-            | Command::CheckoutWithPriority { .. } => 2,
+            | Command::CheckoutWithPriority { .. }
+            | Command::SetConsumerTimeout { .. } => 2,
             _ => FIRST_MACHINE_VERSION,
         }
     }
@@ -107,6 +108,7 @@ fn command_name(cmd: &Command) -> &'static str {
         Command::CancelConsumer { .. } => "CancelConsumer",
         Command::SetMachineVersion { .. } => "SetMachineVersion",
         Command::CheckoutWithPriority { .. } => "CheckoutWithPriority",
+        Command::SetConsumerTimeout { .. } => "SetConsumerTimeout",
         _ => "of version 1",
     }
 }

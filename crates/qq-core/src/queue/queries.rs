@@ -68,7 +68,11 @@ impl QueueState {
         let expiry = self.expiries.get_min().map(|(d, _)| *d);
         let lease = self.leases.get_min().map(|(d, _)| *d);
         let delayed = self.delayed.get_min().map(|((due, _), _)| *due);
-        [expiry, lease, delayed].into_iter().flatten().min()
+        let timeout = self.next_consumer_timeout();
+        [expiry, lease, delayed, timeout]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The delay a `Requeue` without one gives a message that has now failed `delivery_count`

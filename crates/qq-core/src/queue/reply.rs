@@ -79,6 +79,13 @@ pub enum Effect {
     },
     /// Message gone for good: every replica deletes the body.
     DeleteBody { id: MessageId },
+    /// `consumer` held message `id` past the queue's consumer timeout (`timeout_ms`): it is
+    /// gone and its messages returned; the leader cancels its session, naming the timeout.
+    ConsumerTimedOut {
+        consumer: ConsumerId,
+        id: MessageId,
+        timeout_ms: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]

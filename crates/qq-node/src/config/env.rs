@@ -105,6 +105,7 @@ pub(super) const KEYS: &[Key] = &[
     key("unload_after_ms", U64),
     key("snapshot_after_entries", U64),
     key("dead_letter_retry_ms", U64),
+    key("consumer_timeout_ms", U64),
     key("loopback_users", Kind::List),
     key("allow_plaintext_auth", Kind::Bool),
     optional("http_addr", Kind::Addr),

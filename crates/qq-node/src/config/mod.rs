@@ -151,6 +151,10 @@ pub struct Config {
     /// How often at-least-once dead letters without a route are retried, in ms.
     #[serde(default = "default_dead_letter_retry_ms")]
     pub dead_letter_retry_ms: u64,
+    /// The consumer timeout of queues that set none (`x-consumer-timeout` or the policy key
+    /// `consumer-timeout`), in ms; 0: none (the default). At most a week.
+    #[serde(default)]
+    pub consumer_timeout_ms: u64,
     /// Users that may connect only from a loopback address (RabbitMQ's `loopback_users`);
     /// requests without credentials act as `guest`. `[]` lifts the restriction (strongly
     /// discouraged while guest has its default password).
@@ -294,6 +298,13 @@ impl Config {
         }
         if self.peers.is_empty() {
             bail!("peers: at least one peer (this node) is required");
+        }
+        if self.consumer_timeout_ms > qq_core::queue::MAX_CONSUMER_TIMEOUT_MS {
+            bail!(
+                "consumer_timeout_ms: {} exceeds {} (a week)",
+                self.consumer_timeout_ms,
+                qq_core::queue::MAX_CONSUMER_TIMEOUT_MS
+            );
         }
         let mut seen = BTreeMap::new();
         for p in &self.peers {

@@ -197,11 +197,17 @@ impl QueueLeader {
 
     /// Move the queue's machine on if every member runs a newer one; while it lags, an applied
     /// entry looks again after the pause it names (module `machine_upgrade`).
+    /// A machine that moved on takes the settings only its new version has (the consumer
+    /// timeout).
     async fn look_at_machine(&self, w: &mut Work) {
+        let before = self.machine.with_state(|s| s.machine_version());
         w.upgrade_at = self
             .upgrade_machine()
             .await
             .map(|pause| Instant::now() + pause);
+        if self.machine.with_state(|s| s.machine_version()) > before {
+            self.sync_config(&mut w.timers).await;
+        }
     }
 
     /// `quiesce_after` from now; None: the group never sleeps.

@@ -100,6 +100,8 @@ pub struct LeaderContext {
     pub quiesce_after: Option<Duration>,
     /// Which queue machine version each peer runs (written by the peer watches).
     pub machines: PeerMachines,
+    /// The node's `consumer_timeout_ms` (0: none), for queues that set none.
+    pub default_consumer_timeout_ms: u64,
 }
 
 /// Settles of transferred dead letters in flight at once; at the bound no new round starts.

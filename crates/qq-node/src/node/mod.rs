@@ -348,5 +348,6 @@ fn leader_context(
         quiesce_after: (config.quiesce_after_ms > 0)
             .then(|| Duration::from_millis(config.quiesce_after_ms)),
         machines: PeerMachines::default(),
+        default_consumer_timeout_ms: config.consumer_timeout_ms,
     }
 }

@@ -79,6 +79,8 @@ struct GroupRow {
     counts: Option<Counts>,
     /// The machine version of the queue's state here (`qq_core::queue`'s module `machine`).
     machine_version: u32,
+    /// The queue's consumer timeout in its state here (0: none).
+    consumer_timeout_ms: u64,
 }
 
 impl GroupRow {
@@ -97,6 +99,7 @@ impl GroupRow {
             unloaded: false,
             counts: None,
             machine_version: 0,
+            consumer_timeout_ms: 0,
         }
     }
 }
@@ -145,7 +148,9 @@ impl NodeCollector {
                 row.unloaded = matches!(r, Replica::Dormant(_));
                 row.counts = (row.state == ServerState::Leader)
                     .then(|| r.machine().with_state(|s| s.counts()));
-                row.machine_version = r.machine().with_state(|s| s.machine_version());
+                (row.machine_version, row.consumer_timeout_ms) = r
+                    .machine()
+                    .with_state(|s| (s.machine_version(), s.consumer_timeout_ms().unwrap_or(0)));
                 row
             })
             .collect();
@@ -363,7 +368,7 @@ impl Collector for NodeCollector {
             )?;
         }
         // Per Raft group hosted here (leaders and followers: lag shows between them).
-        let per_group: [(&str, &str, fn(&GroupRow) -> u64); 6] = [
+        let per_group: [(&str, &str, fn(&GroupRow) -> u64); 7] = [
             (
                 "raft_term",
                 "Raft term of the queue's group on this node",
@@ -397,6 +402,11 @@ impl Collector for NodeCollector {
                  release's commands once every member runs that release (docs/operating.md, \
                  Upgrades)",
                 |g| u64::from(g.machine_version),
+            ),
+            (
+                "queue_consumer_timeout_ms",
+                "Consumer timeout of the queue in its state on this node, in ms (0: none)",
+                |g| g.consumer_timeout_ms,
             ),
         ];
         for (name, help, value) in per_group {

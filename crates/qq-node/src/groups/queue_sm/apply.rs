@@ -6,7 +6,7 @@ use std::io;
 use std::sync::atomic::Ordering;
 
 use qq_core::queue::{Delivery, Effect, Reply};
-use qq_core::{MessageId, Reason, Strategy};
+use qq_core::{ConsumerId, MessageId, Reason, Strategy};
 use qq_raft::GroupId;
 use qq_raft::snapshot::{SnapshotReader, SnapshotWriter};
 use qq_raft::store::Store;
@@ -58,6 +58,15 @@ impl QueueMachine {
                 Effect::Deliver(delivery) if leader => self.deliver(delivery),
                 Effect::Deliver(_) => {}
                 Effect::DeleteBody { id } => self.delete_body(id),
+                Effect::ConsumerTimedOut {
+                    consumer,
+                    id,
+                    timeout_ms,
+                } => {
+                    if leader {
+                        self.end_timed_out(consumer, id, timeout_ms);
+                    }
+                }
                 Effect::DeadLetter {
                     id,
                     reason,
@@ -101,6 +110,22 @@ impl QueueMachine {
                 "consumer's delivery buffer is full ({UNLIMITED_PREFETCH_BUFFER}): dropping the consumer"
             );
             consumers.remove(&consumer);
+        }
+    }
+
+    /// The queue ended a consumer for its timeout: its session here ends with the reason (a
+    /// gRPC `cancelled`, an AMQP basic.cancel from the server).
+    fn end_timed_out(&self, consumer: ConsumerId, id: MessageId, timeout_ms: u64) {
+        if let Some(tx) = self.consumers.lock().unwrap().remove(&consumer) {
+            let reason = format!(
+                "consumer timeout: message {id} was not acknowledged within {timeout_ms} ms \
+                 (x-consumer-timeout); what the consumer held went back to the queue"
+            );
+            // A full inbox ends its session anyway (the sender is dropped here).
+            let _ = tx.try_send(ConsumerEvent::Cancelled {
+                reason,
+                unavailable: false,
+            });
         }
     }
 
