@@ -45,6 +45,10 @@ struct TrailerV1 {
     cancelled: Vec<ConsumerId>,
     /// [`QueueState::priorities`]: the consumers' non-zero priorities.
     priorities: Vec<(ConsumerId, i32)>,
+    /// [`QueueState::consumer_timeouts`]: the consumer timeout and the deadlines of the
+    /// messages checked out under it.
+    consumer_timeout_ms: Option<u64>,
+    deadlines: Vec<(MessageId, u64)>,
 }
 
 /// [`QueueSnapshotHeader`] by reference, encoded from the cut's copy of the state.
@@ -93,6 +97,8 @@ impl QueueMachine {
             machine_version: state.machine_version(),
             cancelled: state.cancelled().iter().copied().collect(),
             priorities: state.priorities().iter().map(|(c, p)| (*c, *p)).collect(),
+            consumer_timeout_ms: state.consumer_timeouts().0,
+            deadlines: state.consumer_timeouts().1,
         })?);
         out.header(&header)?;
         // Both in id order: a merge of the live ids with the pinned bodies, page by page.
@@ -174,6 +180,7 @@ impl QueueMachine {
         state.restore_cancelled(trailer.cancelled);
         state.restore_machine_version(trailer.machine_version);
         state.restore_priorities(trailer.priorities);
+        state.restore_consumer_timeouts(trailer.consumer_timeout_ms, trailer.deadlines);
         *self.state.lock().unwrap() = state;
         Ok(())
     }
@@ -188,6 +195,8 @@ fn decode_header(bytes: &[u8]) -> Result<(QueueSnapshotHeader, TrailerV1), Strin
             machine_version: FIRST_MACHINE_VERSION,
             cancelled: Vec::new(),
             priorities: Vec::new(),
+            consumer_timeout_ms: None,
+            deadlines: Vec::new(),
         };
         return Ok((header, trailer));
     }
@@ -233,6 +242,8 @@ mod tests {
             machine_version: 2,
             cancelled: vec![4, 9],
             priorities: vec![(4, -2)],
+            consumer_timeout_ms: Some(5),
+            deadlines: vec![(7, 12)],
         };
         with.extend(io_encode(&v1).unwrap());
         let (_, trailer) = decode_header(&with).unwrap();
@@ -241,6 +252,10 @@ mod tests {
             (2, vec![4, 9])
         );
         assert_eq!(trailer.priorities, vec![(4, -2)]);
+        assert_eq!(
+            (trailer.consumer_timeout_ms, trailer.deadlines),
+            (Some(5), vec![(7, 12)])
+        );
 
         let mut newer = bytes;
         newer.extend(io_encode(&(TRAILER_FORMAT + 1)).unwrap());

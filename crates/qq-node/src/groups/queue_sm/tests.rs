@@ -76,6 +76,13 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     apply(
         &m,
         302,
+        QueueRequest::command(Command::SetConsumerTimeout {
+            timeout_ms: Some(60_000),
+        }),
+    );
+    apply(
+        &m,
+        303,
         QueueRequest::command(Command::Checkout {
             now_ms: 1_000,
             consumer: 7,
@@ -85,7 +92,7 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     );
     apply(
         &m,
-        303,
+        304,
         QueueRequest::command(Command::CancelConsumer {
             now_ms: 1_000,
             consumer: 7,
@@ -97,7 +104,7 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     };
     apply(
         &m,
-        304,
+        305,
         QueueRequest::command(Command::GetWithReceipt {
             now_ms: 1_000,
             lease_ms: 60_000,
@@ -106,7 +113,7 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     );
     apply(
         &m,
-        305,
+        306,
         QueueRequest::command(Command::StartMove {
             now_ms: 1_000,
             destination: "elsewhere".into(),
@@ -117,7 +124,7 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     let at_cut = m.with_state(|s| s.clone());
     let cut = m.cut();
     // After the cut, every ready message is purged: their bodies go from RocksDB.
-    apply(&m, 306, QueueRequest::command(Command::Purge));
+    apply(&m, 307, QueueRequest::command(Command::Purge));
     assert_eq!(
         m.with_state(|s| s.message_ids().len()),
         3,
@@ -138,6 +145,12 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     assert_eq!(installed.moves().len(), 1);
     assert_eq!(installed.cancelled().len(), 1);
     assert_eq!(installed.machine_version(), 2);
+    assert_eq!(installed.consumer_timeouts().0, Some(60_000));
+    assert_eq!(
+        installed.consumer_timeouts().1.len(),
+        2,
+        "the cancelled consumer's two"
+    );
     installed.check_invariants().unwrap();
     let ids = installed.message_ids();
     assert_eq!(ids.len(), 300, "all 300 were live at the cut");
