@@ -3,58 +3,15 @@
 //! channel.
 
 use qq_core::queue::{
-    Command, Effect, FIRST_MACHINE_VERSION, Location, MACHINE_VERSION, MsgHeader, QueueState,
-    Reply, SettleOutcome,
+    Command, FIRST_MACHINE_VERSION, Location, MACHINE_VERSION, QueueState, Reply, SettleOutcome,
 };
 use qq_core::types::{ConsumerId, MessageId, QueueConfig};
 
 mod common;
 
-use common::deliveries;
-
-struct Q {
-    s: QueueState,
-    index: u64,
-}
+use common::{Q, deliveries};
 
 impl Q {
-    fn new(single_active_consumer: bool) -> Q {
-        let mut config = QueueConfig::new("/", "q");
-        config.single_active_consumer = single_active_consumer;
-        let mut q = Q {
-            s: QueueState::new(config),
-            index: 0,
-        };
-        // CancelConsumer is machine version 2's (the leader moves a queue there once every
-        // member runs a release that has it).
-        assert_eq!(
-            q.apply(Command::SetMachineVersion { version: 2 }).0,
-            Reply::Ok
-        );
-        q
-    }
-
-    fn apply(&mut self, cmd: Command) -> (Reply, Vec<Effect>) {
-        self.index += 1;
-        let out = self.s.apply(self.index, cmd);
-        self.s.check_invariants().unwrap();
-        out
-    }
-
-    fn publish(&mut self) -> Vec<(ConsumerId, MessageId)> {
-        let (reply, fx) = self.apply(Command::Enqueue {
-            now_ms: 1,
-            header: MsgHeader {
-                size_bytes: 10,
-                expiration_ms: None,
-            },
-            publish_key: None,
-            dedup_key: None,
-        });
-        assert!(matches!(reply, Reply::Enqueued { .. }), "{reply:?}");
-        deliveries(&fx)
-    }
-
     fn checkout(&mut self, consumer: ConsumerId, prefetch: u32) -> Vec<(ConsumerId, MessageId)> {
         let (reply, fx) = self.apply(Command::Checkout {
             now_ms: 1,

@@ -2,38 +2,14 @@
 //! credit is served first; with single active consumer the highest priority becomes active once
 //! the active one holds nothing.
 
-use qq_core::queue::{Command, MsgHeader, QueueState, Reply, SettleOutcome};
+use qq_core::queue::{Command, QueueState, Reply, SettleOutcome};
 use qq_core::types::{ConsumerId, MessageId, QueueConfig};
 
 mod common;
 
-use common::deliveries;
-
-struct Q {
-    s: QueueState,
-    index: u64,
-}
+use common::{Q, deliveries};
 
 impl Q {
-    fn new(single_active_consumer: bool) -> Q {
-        let mut config = QueueConfig::new("/", "q");
-        config.single_active_consumer = single_active_consumer;
-        let mut q = Q {
-            s: QueueState::new(config),
-            index: 0,
-        };
-        let (reply, _) = q.apply(Command::SetMachineVersion { version: 2 });
-        assert_eq!(reply, Reply::Ok);
-        q
-    }
-
-    fn apply(&mut self, cmd: Command) -> (Reply, Vec<(ConsumerId, MessageId)>) {
-        self.index += 1;
-        let (reply, fx) = self.s.apply(self.index, cmd);
-        self.s.check_invariants().unwrap();
-        (reply, deliveries(&fx))
-    }
-
     fn checkout(&mut self, consumer: ConsumerId, prefetch: u32, priority: i32) {
         let (reply, _) = self.apply(Command::CheckoutWithPriority {
             now_ms: 1,
@@ -46,28 +22,19 @@ impl Q {
     }
 
     /// Publishes one message; returns who got it.
-    fn publish(&mut self) -> Option<ConsumerId> {
-        let (_, got) = self.apply(Command::Enqueue {
-            now_ms: 1,
-            header: MsgHeader {
-                size_bytes: 10,
-                expiration_ms: None,
-            },
-            publish_key: None,
-            dedup_key: None,
-        });
-        got.first().map(|(c, _)| *c)
+    fn publish_to(&mut self) -> Option<ConsumerId> {
+        self.publish().first().map(|(c, _)| *c)
     }
 
     fn ack(&mut self, consumer: ConsumerId, ids: &[MessageId]) -> Vec<(ConsumerId, MessageId)> {
-        let (reply, got) = self.apply(Command::Settle {
+        let (reply, fx) = self.apply(Command::Settle {
             now_ms: 1,
             consumer,
             ids: ids.to_vec(),
             outcome: SettleOutcome::Ack,
         });
         assert_eq!(reply, Reply::Ok);
-        got
+        deliveries(&fx)
     }
 
     fn held_by(&self, consumer: ConsumerId) -> Vec<MessageId> {
@@ -90,13 +57,13 @@ fn the_highest_priority_with_credit_is_served_first_and_equals_share() {
     q.checkout(1, 0, 0); // unlimited, priority 0
     q.checkout(2, 2, 5);
     q.checkout(3, 2, 5);
-    let got: Vec<Option<ConsumerId>> = (0..6).map(|_| q.publish()).collect();
+    let got: Vec<Option<ConsumerId>> = (0..6).map(|_| q.publish_to()).collect();
     // 2 and 3 (priority 5) take turns until both are at their prefetch of 2; then 1.
     assert_eq!(got, [Some(2), Some(3), Some(2), Some(3), Some(1), Some(1)]);
     // An ack gives 2 credit again: the next message is 2's, not 1's.
     let held = q.held_by(2);
     q.ack(2, &held[..1]);
-    assert_eq!(q.publish(), Some(2));
+    assert_eq!(q.publish_to(), Some(2));
 }
 
 #[test]
@@ -104,19 +71,23 @@ fn a_negative_priority_gets_messages_only_when_the_default_ones_are_full() {
     let mut q = Q::new(false);
     q.checkout(1, 0, -1);
     q.checkout(2, 1, 0);
-    assert_eq!(q.publish(), Some(2));
-    assert_eq!(q.publish(), Some(1));
+    assert_eq!(q.publish_to(), Some(2));
+    assert_eq!(q.publish_to(), Some(1));
 }
 
 #[test]
 fn with_single_active_consumer_a_higher_priority_takes_over_once_the_active_holds_nothing() {
     let mut q = Q::new(true);
     q.checkout(1, 2, 0);
-    assert_eq!(q.publish(), Some(1));
-    assert_eq!(q.publish(), Some(1));
+    assert_eq!(q.publish_to(), Some(1));
+    assert_eq!(q.publish_to(), Some(1));
     // 2 attaches with a higher priority while 1 holds two: 1 stays active meanwhile.
     q.checkout(2, 10, 3);
-    assert_eq!(q.publish(), None, "1 is at its prefetch; 2 waits its turn");
+    assert_eq!(
+        q.publish_to(),
+        None,
+        "1 is at its prefetch; 2 waits its turn"
+    );
     // 1 settles one: it has credit again, but takes nothing new while 2 waits.
     let held = q.held_by(1);
     assert_eq!(q.ack(1, &held[..1]), vec![]);
@@ -124,7 +95,7 @@ fn with_single_active_consumer_a_higher_priority_takes_over_once_the_active_hold
     let rest = q.held_by(1);
     let ready: Vec<ConsumerId> = q.ack(1, &rest).iter().map(|(c, _)| *c).collect();
     assert_eq!(ready, [2]);
-    assert_eq!(q.publish(), Some(2));
+    assert_eq!(q.publish_to(), Some(2));
     assert!(q.held_by(1).is_empty());
 }
 
@@ -135,8 +106,8 @@ fn with_single_active_consumer_the_highest_priority_is_chosen_at_first() {
     q.checkout(2, 0, 7);
     q.checkout(3, 0, 7);
     // 2 and 3 share the top priority: the earlier attached one is active.
-    assert_eq!(q.publish(), Some(2));
-    assert_eq!(q.publish(), Some(2));
+    assert_eq!(q.publish_to(), Some(2));
+    assert_eq!(q.publish_to(), Some(2));
 }
 
 #[test]

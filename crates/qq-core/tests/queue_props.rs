@@ -811,10 +811,17 @@ fn check_step(
         .collect();
     for e in effects {
         if let Effect::Deliver(d) = e {
+            // (A cancelled consumer that timed out as the timers fired and that this very
+            // command attached again is a new consumer.)
+            let timed_out = effects.iter().any(
+                |e| matches!(e, Effect::ConsumerTimedOut { consumer, .. } if *consumer == d.consumer),
+            );
             prop_assert!(
-                !before.cancelled().contains(&d.consumer) && !s.cancelled().contains(&d.consumer),
-                "delivered to cancelled consumer {}",
-                d.consumer
+                (timed_out || !before.cancelled().contains(&d.consumer))
+                    && !s.cancelled().contains(&d.consumer),
+                "delivered to cancelled consumer {} by {:?}",
+                d.consumer,
+                cmd
             );
             let (prefetch, unacked) = consumers[&d.consumer];
             prop_assert!(prefetch == 0 || unacked <= prefetch, "prefetch exceeded");
@@ -865,6 +872,42 @@ fn check_step(
     Ok(())
 }
 
+/// A snapshot as a node makes one: the state's own encoding, and what travels beside it (the
+/// moves, the cancelled consumers, the machine version, the consumer priorities and timeouts).
+struct Snapshot {
+    state: Vec<u8>,
+    moves: std::collections::BTreeMap<u64, qq_core::queue::MoveTask>,
+    cancelled: imbl::OrdSet<ConsumerId>,
+    machine: u32,
+    priorities: imbl::OrdMap<ConsumerId, i32>,
+    timeouts: (Option<u64>, Vec<(MessageId, u64)>),
+}
+
+impl Snapshot {
+    fn of(s: &QueueState) -> Snapshot {
+        Snapshot {
+            state: postcard::to_allocvec(s).unwrap(),
+            moves: s.moves().clone(),
+            cancelled: s.cancelled().clone(),
+            machine: s.machine_version(),
+            priorities: s.priorities().clone(),
+            timeouts: s.consumer_timeouts(),
+        }
+    }
+
+    fn restore(self) -> Result<QueueState, TestCaseError> {
+        let mut restored: QueueState = postcard::from_bytes(&self.state).unwrap();
+        prop_assert_eq!(restored.machine_version(), FIRST_MACHINE_VERSION);
+        restored.restore_moves(self.moves);
+        restored.restore_cancelled(self.cancelled);
+        restored.restore_machine_version(self.machine);
+        restored.restore_priorities(self.priorities);
+        restored.restore_consumer_timeouts(self.timeouts.0, self.timeouts.1);
+        restored.check_invariants().map_err(TestCaseError::fail)?;
+        Ok(restored)
+    }
+}
+
 /// Whether the queue's machine version is too old for `cmd` (it is refused untouched).
 fn gated(before: &QueueState, cmd: &Command) -> bool {
     cmd.machine_version() > before.machine_version()
@@ -880,14 +923,7 @@ fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<()
     let mut snapshot = None;
     for (step, (gap, op)) in ops.iter().enumerate() {
         if step == snapshot_at {
-            snapshot = Some((
-                postcard::to_allocvec(&s).unwrap(),
-                s.moves().clone(),
-                s.cancelled().clone(),
-                s.machine_version(),
-                s.priorities().clone(),
-                s.consumer_timeouts(),
-            ));
+            snapshot = Some(Snapshot::of(&s));
         }
         index += gap;
         let cmd = resolve(&s, op);
@@ -897,27 +933,7 @@ fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<()
         log.push((index, cmd));
         outputs.push((reply, effects));
     }
-    // The moves, the cancelled consumers, the machine version and the consumer priorities
-    // travel beside the state, as in a snapshot.
-    let (snapshot, moves, cancelled, machine, priorities, timeouts) =
-        snapshot.unwrap_or_else(|| {
-            (
-                postcard::to_allocvec(&s).unwrap(),
-                s.moves().clone(),
-                s.cancelled().clone(),
-                s.machine_version(),
-                s.priorities().clone(),
-                s.consumer_timeouts(),
-            )
-        });
-    let mut restored: QueueState = postcard::from_bytes(&snapshot).unwrap();
-    prop_assert_eq!(restored.machine_version(), FIRST_MACHINE_VERSION);
-    restored.restore_moves(moves);
-    restored.restore_cancelled(cancelled);
-    restored.restore_machine_version(machine);
-    restored.restore_priorities(priorities);
-    restored.restore_consumer_timeouts(timeouts.0, timeouts.1);
-    restored.check_invariants().map_err(TestCaseError::fail)?;
+    let mut restored = snapshot.unwrap_or_else(|| Snapshot::of(&s)).restore()?;
     let from = snapshot_at.min(log.len());
     for ((index, cmd), expected) in log[from..].iter().zip(&outputs[from..]) {
         let got = restored.apply(*index, cmd.clone());
