@@ -284,39 +284,9 @@ impl QueueState {
             self.last_index
         );
         self.last_index = index;
-        let now = match &cmd {
-            Command::Enqueue { now_ms, .. }
-            | Command::Checkout { now_ms, .. }
-            | Command::CheckoutWithPriority { now_ms, .. }
-            | Command::Settle { now_ms, .. }
-            | Command::ConsumerDown { now_ms, .. }
-            | Command::NodeDown { now_ms, .. }
-            | Command::Get { now_ms, .. }
-            | Command::Expire { now_ms }
-            | Command::UpdateConfig { now_ms, .. }
-            | Command::ExpireQueue { now_ms, .. }
-            | Command::GetWithReceipt { now_ms, .. }
-            | Command::SettleReceipts { now_ms, .. }
-            | Command::StartMove { now_ms, .. }
-            | Command::CancelConsumer { now_ms, .. } => (*now_ms).max(self.clock_ms),
-            Command::DeadLetterSettle { .. }
-            | Command::SetMachineVersion { .. }
-            | Command::SetConsumerTimeout { .. }
-            | Command::Purge
-            | Command::MoveDone { .. }
-            | Command::EndMove { .. } => self.clock_ms,
-        };
+        let now = cmd.now_ms().map_or(self.clock_ms, |t| t.max(self.clock_ms));
         self.clock_ms = now;
-        let uses_queue = matches!(
-            cmd,
-            Command::Checkout { .. }
-                | Command::CheckoutWithPriority { .. }
-                | Command::Get { .. }
-                | Command::GetWithReceipt { .. }
-                | Command::ConsumerDown { .. }
-                | Command::CancelConsumer { .. }
-                | Command::NodeDown { .. }
-        );
+        let uses_queue = cmd.uses_queue();
         // Every command runs in four phases: timers due by `now` fire; the command acts;
         // ready messages go to consumers with credit; then what is still ready and due (TTL 0)
         // expires and drop-head trims the queue back within its limits.

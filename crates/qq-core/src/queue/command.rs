@@ -203,6 +203,47 @@ pub const MAX_REQUEUE_DELAYS: usize = 32;
 pub const MAX_DEDUP_KEY_BYTES: usize = 1024;
 
 impl Command {
+    /// The leader's time stamped into the command (None: a command without one runs at the
+    /// state's clock).
+    pub fn now_ms(&self) -> Option<u64> {
+        match self {
+            Command::Enqueue { now_ms, .. }
+            | Command::Checkout { now_ms, .. }
+            | Command::CheckoutWithPriority { now_ms, .. }
+            | Command::Settle { now_ms, .. }
+            | Command::ConsumerDown { now_ms, .. }
+            | Command::NodeDown { now_ms, .. }
+            | Command::Get { now_ms, .. }
+            | Command::Expire { now_ms }
+            | Command::UpdateConfig { now_ms, .. }
+            | Command::ExpireQueue { now_ms, .. }
+            | Command::GetWithReceipt { now_ms, .. }
+            | Command::SettleReceipts { now_ms, .. }
+            | Command::StartMove { now_ms, .. }
+            | Command::CancelConsumer { now_ms, .. } => Some(*now_ms),
+            Command::DeadLetterSettle { .. }
+            | Command::SetMachineVersion { .. }
+            | Command::SetConsumerTimeout { .. }
+            | Command::Purge
+            | Command::MoveDone { .. }
+            | Command::EndMove { .. } => None,
+        }
+    }
+
+    /// Whether the command uses the queue for `x-expires` (a consumer or a Get), once accepted.
+    pub(super) fn uses_queue(&self) -> bool {
+        matches!(
+            self,
+            Command::Checkout { .. }
+                | Command::CheckoutWithPriority { .. }
+                | Command::Get { .. }
+                | Command::GetWithReceipt { .. }
+                | Command::ConsumerDown { .. }
+                | Command::CancelConsumer { .. }
+                | Command::NodeDown { .. }
+        )
+    }
+
     /// Bounds checked before a command is proposed (by the proposing node, and by a leader
     /// for a forwarded proposal) and again at apply, where a command outside them is refused
     /// without being applied. Whatever depends on the state is left to apply.
