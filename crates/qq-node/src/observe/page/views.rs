@@ -259,6 +259,12 @@ pub fn feature_tags(q: &QueueMeta, policy: Option<&Policy>) -> String {
             out.push(' ');
         }
     }
+    // The consumer timeout lives outside the queue's config (its machine has it since
+    // version 2): tagged from the argument and the policy.
+    if let Some(t) = policy::consumer_timeout_ms(&q.arguments, policy) {
+        out.push_str(&tag("CT", &format!("consumer-timeout: {t} ms")));
+        out.push(' ');
+    }
     if let Some(p) = &q.config.policy {
         out.push_str(&tag(&format!("Pol {p}"), &format!("policy {p}")));
     }
@@ -642,12 +648,13 @@ mod tests {
                 ("x-message-ttl", Value::Long(60_000)),
                 ("x-max-length", Value::Long(1000)),
                 ("x-delivery-limit", Value::Long(5)),
+                ("x-consumer-timeout", Value::Long(30_000)),
             ],
             None,
         );
         assert_eq!(
             tags(&feature_tags(&q, None)),
-            ["DLX", "DLK", "TTL", "Lim", "D-Lim"]
+            ["DLX", "DLK", "TTL", "Lim", "D-Lim", "CT"]
         );
         // No arguments, no policy: no tags (the default delivery limit is not a feature).
         let plain = queue_meta("plain", &[], None);
