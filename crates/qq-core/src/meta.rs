@@ -927,6 +927,12 @@ impl MetaState {
             .flat_map(|v| v.policies.values())
     }
 
+    /// The policy queue `q`'s effective configuration names, if it still exists.
+    pub fn policy_of(&self, q: &QueueMeta) -> Option<&Policy> {
+        let name = q.config.policy.as_deref()?;
+        self.policies(&q.vhost).find(|p| p.name == name)
+    }
+
     /// Routes a publish to exchange `exchange` with `routing_keys` (the key plus CC and BCC keys,
     /// see [`route::routing_keys`]) and `headers`. The default exchange (`""` or `amq.default`)
     /// routes to the existing queues named by the keys. Returns the distinct target queues,

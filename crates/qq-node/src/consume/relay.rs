@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use qq_core::NodeId;
-use qq_core::queue::FIRST_MACHINE_VERSION;
 use qq_proto::internal::{ForwardConsumeRequest, ForwardConsumeResponse};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -45,14 +44,10 @@ pub async fn start_session(
     let (fwd_tx, fwd_rx) = mpsc::channel::<ForwardConsumeRequest>(RELAY_BOUND);
     // A priority goes only to a leader that knows it (machine version 2); a leader of release
     // 0.1.0 attaches the consumer without one, as a queue at version 1 does.
-    let leader_version = node
-        .peer_machines()
-        .common_version(node.id(), [leader])
-        .unwrap_or(FIRST_MACHINE_VERSION);
+    let leader_version = node.peer_machines().version_of(node.id(), leader);
     let first = match args.priority {
-        0 => SessionIn::Subscribe(args),
-        _ if leader_version < 2 => SessionIn::Subscribe(args),
-        p => SessionIn::SubscribeWithPriority(args, p),
+        p if p != 0 && leader_version >= 2 => SessionIn::SubscribeWithPriority(args, p),
+        _ => SessionIn::Subscribe(args),
     };
     let subscribe = encode(&first).map_err(|e| Status::internal(e.to_string()))?;
     fwd_tx
@@ -73,12 +68,7 @@ pub async fn start_session(
         while let Some(Some(m)) = stopping.run_until_cancelled(input.recv()).await {
             // A leader of release 0.1.0 (machine version 1) cannot decode Stop: the older
             // cancel, which closes its session (it returns what the consumer holds).
-            if matches!(m, SessionIn::Stop)
-                && machines
-                    .common_version(me, [leader])
-                    .unwrap_or(FIRST_MACHINE_VERSION)
-                    < 2
-            {
+            if matches!(m, SessionIn::Stop) && machines.version_of(me, leader) < 2 {
                 return;
             }
             let Ok(req) = encode(&m) else { return };

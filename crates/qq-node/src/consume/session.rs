@@ -121,7 +121,20 @@ pub async fn run_session(
     let consumer: ConsumerId = node.next_consumer_id();
     let machine = r.machine().clone();
     let events = machine.register_consumer(consumer, args.prefetch);
-    if let Err(e) = checkout(&node, group, consumer, &args).await {
+    // A priority needs the queue's machine at version 2, which this leader's state says (it
+    // only moves forward, so a version read here holds when the checkout applies).
+    let priority = match machine.with_state(|s| s.machine_version()) {
+        v if v >= 2 => args.priority,
+        _ if args.priority != 0 => {
+            warn!(
+                group,
+                "consumer priority ignored until the queue's machine is upgraded"
+            );
+            0
+        }
+        _ => 0,
+    };
+    if let Err(e) = checkout(&node, group, consumer, args.prefetch, priority).await {
         machine.unregister_consumer(consumer);
         let status = tonic::Status::from(e);
         let _ = out.send(error(status.code(), status.message())).await;
@@ -158,45 +171,31 @@ pub async fn run_session(
     finish(&node, group, consumer, Some((settle_tx, settler))).await;
 }
 
-/// Attach the consumer. With a priority, `CheckoutWithPriority`; a queue whose machine
-/// predates it (a member still runs release 0.1.0) attaches it without one, and says so in
-/// the log.
+/// Attach the consumer: `CheckoutWithPriority` with a priority, else `Checkout`.
 async fn checkout(
     node: &Arc<Node>,
     group: GroupId,
     consumer: ConsumerId,
-    args: &SubscribeArgs,
+    prefetch: u32,
+    priority: i32,
 ) -> Result<(), crate::error::NodeError> {
-    let plain = Command::Checkout {
-        now_ms: now_ms(),
-        consumer,
-        node: node.id(),
-        prefetch: args.prefetch,
-    };
-    if args.priority != 0 {
-        let cmd = Command::CheckoutWithPriority {
+    let cmd = match priority {
+        0 => Command::Checkout {
             now_ms: now_ms(),
             consumer,
             node: node.id(),
-            prefetch: args.prefetch,
-            priority: args.priority,
-        };
-        match node
-            .proposer()
-            .propose_queue(group, QueueRequest::command(cmd))
-            .await?
-        {
-            Reply::Error { detail } => {
-                warn!(
-                    group,
-                    "consumer priority ignored until the upgrade completes: {detail}"
-                )
-            }
-            _ => return Ok(()),
-        }
-    }
+            prefetch,
+        },
+        priority => Command::CheckoutWithPriority {
+            now_ms: now_ms(),
+            consumer,
+            node: node.id(),
+            prefetch,
+            priority,
+        },
+    };
     node.proposer()
-        .propose_queue(group, QueueRequest::command(plain))
+        .propose_queue(group, QueueRequest::command(cmd))
         .await
         .map(|_| ())
 }

@@ -44,14 +44,9 @@ impl QueueLeader {
     /// once the queue's machine has it (version 2); until then the queue has none.
     async fn try_sync_consumer_timeout(&self, wanted: &QueueMeta) -> bool {
         let view = self.ctx.view.current();
-        let policy = view
-            .policies(&wanted.vhost)
-            .find(|p| Some(&p.name) == wanted.config.policy.as_ref());
-        let timeout = policy::consumer_timeout_ms(&wanted.arguments, policy).or((self
-            .ctx
-            .default_consumer_timeout_ms
-            > 0)
-        .then_some(self.ctx.default_consumer_timeout_ms));
+        let timeout = policy::consumer_timeout_ms(&wanted.arguments, view.policy_of(wanted))
+            .or((self.ctx.default_consumer_timeout_ms > 0)
+                .then_some(self.ctx.default_consumer_timeout_ms));
         let (current, version) = self
             .machine
             .with_state(|s| (s.consumer_timeout_ms(), s.machine_version()));

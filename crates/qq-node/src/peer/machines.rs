@@ -29,6 +29,13 @@ impl PeerMachines {
         self.0.lock().unwrap().remove(&peer);
     }
 
+    /// The version `peer` runs; an unknown one counts as [`FIRST_MACHINE_VERSION`] (send it
+    /// nothing a 0.1.0 node could not decode).
+    pub fn version_of(&self, me: NodeId, peer: NodeId) -> u32 {
+        self.common_version(me, [peer])
+            .unwrap_or(FIRST_MACHINE_VERSION)
+    }
+
     /// The newest version every one of `members` runs (this node, `me`, runs
     /// [`MACHINE_VERSION`]); None while a member's is unknown.
     pub fn common_version(

@@ -36,7 +36,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use qq_core::deadletter::{Death, X_DEATH, X_LAST_DEATH_DETAIL};
 use qq_core::meta::{MetaState, QueueMeta};
-use qq_core::policy::Policy;
 use qq_core::{Table, Value};
 use tokio::sync::watch;
 use tonic::{Code, Status};
@@ -343,12 +342,6 @@ async fn overview(
     page.view(&s, Section::Overview, "Overview", Ok(body))
 }
 
-/// The policy a queue's effective configuration names, from the same metadata snapshot.
-fn policy_of<'a>(state: &'a MetaState, q: &QueueMeta) -> Option<&'a Policy> {
-    let name = q.config.policy.as_deref()?;
-    state.policies(&q.vhost).find(|p| p.name == name)
-}
-
 async fn queues(
     State(page): State<Arc<Page>>,
     headers: HeaderMap,
@@ -375,7 +368,7 @@ async fn queues(
                 .zip(rates)
                 .map(|((q, d), rate)| views::QueueRow {
                     meta: q,
-                    policy: policy_of(&state, q),
+                    policy: state.policy_of(q),
                     info: d.as_ref(),
                     rate,
                 })
@@ -529,7 +522,7 @@ async fn queue(
             let state = page.api.node().view().current();
             Ok(views::queue(&views::QueueView {
                 meta: &meta,
-                policy: policy_of(&state, &meta),
+                policy: state.policy_of(&meta),
                 info: &info,
                 target: dead_letter_target(&state, &meta),
                 deaths,
