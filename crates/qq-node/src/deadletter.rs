@@ -156,7 +156,7 @@ impl DeadLetters {
                 "exchange '{dlx}' routes no queue for keys {keys:?}"
             )));
         }
-        let encoded = postcard::to_stdvec(&copy)
+        let encoded = qq_raft::encoding::to_vec_exact(&copy)
             .map_err(|e| TransferError::Unavailable(format!("encode: {e}")))?;
         let expiration_ms = if copy.properties.expiration.is_empty() {
             None

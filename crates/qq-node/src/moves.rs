@@ -124,7 +124,7 @@ impl Mover {
                     detail: format!("message {id} would move to its own queue '{name}'"),
                 };
             }
-            let encoded = match postcard::to_stdvec(&message) {
+            let encoded = match qq_raft::encoding::to_vec_exact(&message) {
                 Ok(b) => b,
                 Err(e) => return MoveOutcome::Retry(format!("encode: {e}")),
             };

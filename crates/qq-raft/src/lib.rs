@@ -1,11 +1,13 @@
 //! qq-raft: openraft glue for quorumq.
 //!
 //! - [`types`]: the `TypeConfig` every group uses (opaque byte payloads).
+//! - [`encoding`]: postcard into a buffer of the exact size.
 //! - [`store`]: one RocksDB per node shared by all groups, with a single fsync thread
 //!   (group commit across groups).
 //! - [`log_store`]: openraft's `RaftLogStorage` for one group on top of [`store`].
 //! - [`snapshot`]: snapshot files, streamed to disk, read back and sent in chunks.
 
+pub mod encoding;
 pub mod log_store;
 pub mod mux;
 pub mod network;

@@ -110,7 +110,7 @@ impl LogStore {
     }
 
     fn encode<T: Serialize>(&self, what: &str, v: &T) -> io::Result<Vec<u8>> {
-        postcard::to_stdvec(v).map_err(|e| {
+        crate::encoding::to_vec_exact(v).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("encode {}: {e}", self.ctx(what)),

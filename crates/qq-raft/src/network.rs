@@ -387,7 +387,7 @@ impl GroupClient {
         timeout: Duration,
     ) -> Result<Resp, RPCError<TypeConfig>> {
         let unreachable = |msg: String| RPCError::Unreachable(Unreachable::new(&NetError(msg)));
-        let payload = postcard::to_stdvec(req)
+        let payload = crate::encoding::to_vec_exact(req)
             .map_err(|e| RPCError::Network(NetworkError::new(&NetError(format!("encode: {e}")))))?;
         let request = RaftRequest {
             group: self.group,

@@ -188,7 +188,7 @@ pub(crate) fn route_message(
         routing_key,
         bcc,
     };
-    let encoded = postcard::to_stdvec(&message)
+    let encoded = qq_raft::encoding::to_vec_exact(&message)
         .map_err(|e| Status::internal(format!("encode message: {e}")))?;
     // What the queue stores and counts (x-max-length-bytes): properties, headers and body.
     if encoded.len() > max {

@@ -107,7 +107,7 @@ pub struct QueueMachine {
 }
 
 fn io_encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
-    postcard::to_stdvec(v).map_err(|e| io::Error::other(format!("encode: {e}")))
+    qq_raft::encoding::to_vec_exact(v).map_err(|e| io::Error::other(format!("encode: {e}")))
 }
 
 impl QueueMachine {
