@@ -561,6 +561,23 @@ impl TestCluster {
         http_get(self.http_address(id), path).await
     }
 
+    /// Waits (up to 30 s) until every node's `/metrics` has the line `line` exactly: `what`
+    /// names it in the error.
+    pub async fn wait_metric_line_everywhere(&self, line: &str, what: &str) -> anyhow::Result<()> {
+        for id in self.ids() {
+            eventually(
+                &format!("node {id}: {what}"),
+                Duration::from_secs(30),
+                || async move {
+                    let (_, text) = self.http_get(id, "/metrics").await?;
+                    Ok(text.lines().any(|l| l == line).then_some(()))
+                },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
     /// The cluster (node-to-node) address of node `id`.
     pub fn cluster_address(&self, id: u64) -> &str {
         &self.node(id).cluster_address

@@ -100,6 +100,7 @@ use crate::types::{ConsumerId, MessageId, Overflow, QueueConfig, Reason, Strateg
 
 mod command;
 mod consumers;
+mod counts;
 mod digest;
 mod handlers;
 mod invariants;
@@ -115,6 +116,7 @@ pub use command::{
     check_requeue_delays,
 };
 use consumers::Consumer;
+use counts::Return;
 pub use machine::{FIRST_MACHINE_VERSION, MACHINE_VERSION};
 pub use moves::{MAX_ENDED_MOVES, MAX_MOVE_DESTINATION_BYTES, MoveState, MoveTask};
 pub use reply::{Browsed, Counts, Delivery, Effect, HeldDeadLetter, Location, Reply, Stats};
@@ -230,6 +232,10 @@ pub struct QueueState {
     unacked_deadlines: OrdMap<MessageId, u64>,
     #[serde(skip)]
     timeouts: OrdSet<(u64, MessageId)>,
+    /// Releases per message, for those released at least once (module `counts`). Not
+    /// serialized with the rest, as `receipts`.
+    #[serde(skip)]
+    releases: OrdMap<MessageId, u32>,
 }
 
 impl QueueState {
@@ -264,6 +270,7 @@ impl QueueState {
             consumer_timeout_ms: None,
             unacked_deadlines: OrdMap::new(),
             timeouts: OrdSet::new(),
+            releases: OrdMap::new(),
         }
     }
 
@@ -324,7 +331,12 @@ impl QueueState {
                         detail: format!("consumer id {GET_CONSUMER} is reserved for get"),
                     }
                 } else {
-                    self.consumer_down(now, consumer, &mut fx);
+                    self.consumer_down(
+                        now,
+                        consumer,
+                        Return::Failed { delay_ms: Some(0) },
+                        &mut fx,
+                    );
                     Reply::Ok
                 }
             }
@@ -336,7 +348,12 @@ impl QueueState {
                     .map(|(id, _)| *id)
                     .collect();
                 for consumer in down {
-                    self.consumer_down(now, consumer, &mut fx);
+                    self.consumer_down(
+                        now,
+                        consumer,
+                        Return::Failed { delay_ms: Some(0) },
+                        &mut fx,
+                    );
                 }
                 Reply::Ok
             }
@@ -420,7 +437,8 @@ impl QueueState {
                 break;
             }
             self.detach_unacked(id);
-            self.return_failed(id, now, Some(0), fx);
+            let how = Return::Failed { delay_ms: Some(0) };
+            self.return_message(id, now, how, fx);
         }
         self.time_out_consumers(now, fx);
         // Delayed messages whose time has come join the tail of the returns queue, in
@@ -514,34 +532,15 @@ impl QueueState {
         }
     }
 
-    /// A failed delivery comes back: count it; past the delivery limit it dies, past its
+    /// Puts a returned message (counted by [`QueueState::return_message`]) back: past its
     /// deadline it expires, otherwise it joins the tail of the returns queue, or waits
-    /// `delay_ms` in the delayed set first (None: the queue's `x-requeue-delays` decide).
-    /// The message must already be detached from its holder.
-    fn return_failed(
-        &mut self,
-        id: MessageId,
-        now: u64,
-        delay_ms: Option<u64>,
-        fx: &mut Vec<Effect>,
-    ) {
-        self.stats.returned_total += 1;
+    /// `delay_ms` in the delayed set first.
+    fn requeue(&mut self, id: MessageId, now: u64, delay_ms: u64, fx: &mut Vec<Effect>) {
         let m = self.msgs.get_mut(&id).expect("returned message exists");
-        m.delivery_count = m.delivery_count.saturating_add(1);
-        let over_limit = self
-            .config
-            .delivery_limit
-            .is_some_and(|limit| u64::from(m.delivery_count) > limit);
-        if over_limit {
-            self.kill(id, Reason::DeliveryLimit, None, now, fx);
-            return;
-        }
         if m.deadline_ms.is_some_and(|d| d <= now) {
             self.kill(id, Reason::Expired, None, now, fx);
             return;
         }
-        let delivery_count = m.delivery_count;
-        let delay_ms = delay_ms.unwrap_or_else(|| self.requeue_delay_ms(delivery_count));
         if delay_ms > 0 {
             let due_ms = now.saturating_add(delay_ms);
             let seq = self.next_seq();
@@ -598,7 +597,7 @@ impl QueueState {
             self.held_bytes += m.header.size_bytes;
             self.held.insert(seq, id);
         } else {
-            self.msgs.remove(&id);
+            self.forget(&id);
         }
     }
 

@@ -9,7 +9,9 @@ use qq_core::queue::{
     Command, Effect, FIRST_MACHINE_VERSION, GET_CONSUMER, Location, MACHINE_VERSION, MoveState,
     MsgHeader, QueueState, Reply, SettleOutcome,
 };
-use qq_core::types::{ConsumerId, MessageId, Overflow, QueueConfig, Strategy as DlStrategy};
+use qq_core::types::{
+    ConsumerId, MessageId, Overflow, QueueConfig, Reason, Strategy as DlStrategy,
+};
 
 /// An abstract step; ids to settle are resolved against the state when it is applied.
 #[derive(Clone, Debug)]
@@ -113,6 +115,7 @@ fn outcome() -> impl Strategy<Value = SettleOutcome> {
         2 => prop_oneof![Just(0u64), 1u64..150]
             .prop_map(|delay_ms| SettleOutcome::RequeueAfter { delay_ms }),
         1 => "[a-z é]{0,12}".prop_map(|detail| SettleOutcome::RejectWithDetail { detail }),
+        2 => Just(SettleOutcome::Release),
     ]
 }
 
@@ -578,6 +581,51 @@ fn check_step(
             prop_assert!(held, "settled {} that was not unacked", id);
         }
     }
+    // Delivery counting (RabbitMQ 4.3): a requeue is a failed delivery, counted in both the
+    // delivery count and the acquired count; a release only in the acquired count, and the
+    // delivery limit never kills a released message.
+    if let Command::Settle { ids, outcome, .. } = cmd
+        && !matches!(reply, Reply::Error { .. })
+    {
+        let failed_before = |id: MessageId| {
+            before
+                .pending_deliveries()
+                .iter()
+                .find(|d| d.id == id)
+                .map(|d| d.delivery_count)
+        };
+        for id in ids {
+            let (Some(acquired_before), Some(acquired)) =
+                (before.acquired_count(*id), s.acquired_count(*id))
+            else {
+                continue; // acked, dead-lettered or expired in this step
+            };
+            match outcome {
+                SettleOutcome::Release => {
+                    prop_assert_eq!(acquired, acquired_before + 1, "release of {}", id);
+                }
+                SettleOutcome::Requeue | SettleOutcome::RequeueAfter { .. } => {
+                    prop_assert_eq!(acquired, acquired_before + 1, "requeue of {}", id);
+                    if let Some(failed) = failed_before(*id) {
+                        let after = s
+                            .pending_deliveries()
+                            .iter()
+                            .find(|d| d.id == *id)
+                            .map(|d| d.delivery_count);
+                        // Back in the queue now; once redelivered its count shows one more.
+                        prop_assert!(after.is_none() || after == Some(failed + 1));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if *outcome == SettleOutcome::Release {
+            let limit_killed = effects.iter().any(|e| {
+                matches!(e, Effect::DeadLetter { id, reason: Reason::DeliveryLimit, .. } if ids.contains(id))
+            });
+            prop_assert!(!limit_killed, "a release reached the delivery limit");
+        }
+    }
     // A requeue that names a delay puts each message that did not die in this step out of
     // reach until the settle's time + the delay; the queue's delays by delivery count too.
     if let Command::Settle { ids, outcome, .. } = cmd
@@ -638,6 +686,18 @@ fn check_step(
                 prop_assert_ne!(d.consumer, GET_CONSUMER);
                 prop_assert!(d.lease_deadline_ms.is_none());
                 prop_assert!(d.delivery_count == 0 || d.redelivered);
+                let acquired = s.acquired_count(d.id);
+                prop_assert!(
+                    acquired >= Some(d.delivery_count),
+                    "acquired count of {}",
+                    d.id
+                );
+                prop_assert_eq!(
+                    acquired > Some(0),
+                    d.redelivered,
+                    "redelivered flag of {}",
+                    d.id
+                );
                 model.deliver(d.id, d.redelivered, s.clock_ms())?;
             }
             Effect::DeadLetter { id, strategy, .. } => {
@@ -881,6 +941,7 @@ struct Snapshot {
     machine: u32,
     priorities: imbl::OrdMap<ConsumerId, i32>,
     timeouts: (Option<u64>, Vec<(MessageId, u64)>),
+    releases: Vec<(MessageId, u32)>,
 }
 
 impl Snapshot {
@@ -892,6 +953,7 @@ impl Snapshot {
             machine: s.machine_version(),
             priorities: s.priorities().clone(),
             timeouts: s.consumer_timeouts(),
+            releases: s.releases(),
         }
     }
 
@@ -903,6 +965,7 @@ impl Snapshot {
         restored.restore_machine_version(self.machine);
         restored.restore_priorities(self.priorities);
         restored.restore_consumer_timeouts(self.timeouts.0, self.timeouts.1);
+        restored.restore_releases(self.releases);
         restored.check_invariants().map_err(TestCaseError::fail)?;
         Ok(restored)
     }

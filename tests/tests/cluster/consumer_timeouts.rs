@@ -1,7 +1,8 @@
 //! Consumer timeouts (`x-consumer-timeout`, RabbitMQ 4.3's quorum queues): a consumer that
 //! holds a message longer than the queue's timeout is cancelled with a reason naming the
 //! timeout (gRPC `cancelled`, AMQP basic.cancel from the server), and what it held goes back
-//! to the queue, redelivered to the next consumer with `x-delivery-count` 1.
+//! to the queue, redelivered to the next consumer (released, not failed: `x-acquired-count` 1
+//! and no `x-delivery-count`, as RabbitMQ 4.3).
 
 use std::time::Duration;
 
@@ -16,21 +17,9 @@ use super::amqp::{WAIT, connect};
 
 /// `queue`'s consumer timeout on every node, from the metrics, is `ms`.
 async fn wait_timeout_in_effect(cluster: &TestCluster, queue: &str, ms: u64) -> anyhow::Result<()> {
-    for id in cluster.ids() {
-        eventually(
-            &format!("node {id} to apply the consumer timeout of {queue}"),
-            Duration::from_secs(30),
-            || async move {
-                let (_, text) = cluster.http_get(id, "/metrics").await?;
-                let line = format!(
-                    "quorumq_queue_consumer_timeout_ms{{vhost=\"/\",queue=\"{queue}\"}} {ms}"
-                );
-                Ok(text.lines().any(|l| l == line).then_some(()))
-            },
-        )
-        .await?;
-    }
-    Ok(())
+    let line = format!("quorumq_queue_consumer_timeout_ms{{vhost=\"/\",queue=\"{queue}\"}} {ms}");
+    let what = format!("the consumer timeout of {queue} applied");
+    cluster.wait_metric_line_everywhere(&line, &what).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,7 @@ mod consumers;
 mod deadletter;
 mod dedup;
 mod definitions;
+mod delivery_counts;
 mod dlx_workflows;
 mod failover;
 mod hostile_input;

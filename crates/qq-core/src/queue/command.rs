@@ -37,6 +37,10 @@ pub enum SettleOutcome {
     RejectWithDetail {
         detail: String,
     },
+    /// Back to the queue at once without counting a failed delivery: only the acquired count
+    /// grows, and the delivery limit does not see it (AMQP `basic.nack` with requeue, as
+    /// RabbitMQ 4.3; module `counts`). Machine version 2. Added last.
+    Release,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

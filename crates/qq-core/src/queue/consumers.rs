@@ -26,7 +26,7 @@
 use imbl::{OrdMap, OrdSet};
 use serde::{Deserialize, Serialize};
 
-use super::{Effect, GET_CONSUMER, MAX_CONSUMERS, QueueState, Reply};
+use super::{Effect, GET_CONSUMER, MAX_CONSUMERS, QueueState, Reply, Return};
 use crate::types::{ConsumerId, MessageId, NodeId};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -134,7 +134,15 @@ impl QueueState {
         }
     }
 
-    pub(super) fn consumer_down(&mut self, now: u64, consumer: ConsumerId, fx: &mut Vec<Effect>) {
+    /// The consumer leaves; what it holds comes back `how` (a consumer timeout: released, not
+    /// failed).
+    pub(super) fn consumer_down(
+        &mut self,
+        now: u64,
+        consumer: ConsumerId,
+        how: Return,
+        fx: &mut Vec<Effect>,
+    ) {
         self.cancelled.remove(&consumer);
         self.priorities.remove(&consumer);
         let Some(c) = self.consumers.remove(&consumer) else {
@@ -144,7 +152,7 @@ impl QueueState {
         // there is nothing to detach from but the timeouts.
         for id in c.checked_out {
             self.stop_timeout(id);
-            self.return_failed(id, now, Some(0), fx);
+            self.return_message(id, now, how, fx);
         }
     }
 

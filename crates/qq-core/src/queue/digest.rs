@@ -48,6 +48,9 @@ impl fmt::Debug for QueueState {
             d.field("consumer_timeout_ms", &self.consumer_timeout_ms)
                 .field("unacked_deadlines", &self.unacked_deadlines);
         }
+        if !self.releases.is_empty() {
+            d.field("releases", &self.releases);
+        }
         d.finish()
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use super::{
-    Delivery, Effect, GET_CONSUMER, Msg, MsgHeader, Place, QueueState, Receipt, Reply,
+    Delivery, Effect, GET_CONSUMER, Msg, MsgHeader, Place, QueueState, Receipt, Reply, Return,
     SettleOutcome,
 };
 use crate::dedup::key_id;
@@ -108,14 +108,20 @@ impl QueueState {
             self.detach_unacked(*id);
             match &outcome {
                 SettleOutcome::Ack => {
-                    self.msgs.remove(id);
+                    self.forget(id);
                     self.stats.acked_total += 1;
                     fx.push(Effect::DeleteBody { id: *id });
                 }
-                SettleOutcome::Requeue => self.return_failed(*id, now, None, fx),
-                SettleOutcome::RequeueAfter { delay_ms } => {
-                    self.return_failed(*id, now, Some(*delay_ms), fx)
+                SettleOutcome::Requeue => {
+                    self.return_message(*id, now, Return::Failed { delay_ms: None }, fx)
                 }
+                SettleOutcome::RequeueAfter { delay_ms } => {
+                    let how = Return::Failed {
+                        delay_ms: Some(*delay_ms),
+                    };
+                    self.return_message(*id, now, how, fx)
+                }
+                SettleOutcome::Release => self.return_message(*id, now, Return::Released, fx),
                 SettleOutcome::Reject => self.kill(*id, Reason::Rejected, None, now, fx),
                 SettleOutcome::RejectWithDetail { detail } => {
                     self.kill(*id, Reason::Rejected, Some(detail.clone()), now, fx)
@@ -208,7 +214,7 @@ impl QueueState {
             lease_deadline_ms,
         };
         if auto_ack {
-            self.msgs.remove(&id);
+            self.forget(&id);
             self.stats.acked_total += 1;
             fx.push(Effect::DeleteBody { id });
         } else if let Some(deadline) = lease_deadline_ms {
@@ -235,7 +241,7 @@ impl QueueState {
             return; // unknown or not held: already settled (a retried confirmation)
         };
         let seq = *seq;
-        let m = self.msgs.remove(&id).expect("held message exists");
+        let m = self.forget(&id).expect("held message exists");
         self.held.remove(&seq);
         self.held_bytes -= m.header.size_bytes;
         self.stats.dead_lettered_confirmed += 1;
@@ -248,7 +254,7 @@ impl QueueState {
         ids.extend(self.delayed.values().copied());
         for id in &ids {
             self.detach_waiting(*id);
-            self.msgs.remove(id);
+            self.forget(id);
             fx.push(Effect::DeleteBody { id: *id });
         }
         self.stats.purged_total += ids.len() as u64;
@@ -266,7 +272,7 @@ impl QueueState {
             let held = std::mem::take(&mut self.held);
             self.held_bytes = 0;
             for (_, id) in held {
-                let m = self.msgs.remove(&id).expect("held message exists");
+                let m = self.forget(&id).expect("held message exists");
                 let Place::Held {
                     reason,
                     died_at_ms,

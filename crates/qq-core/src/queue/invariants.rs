@@ -127,6 +127,7 @@ impl QueueState {
         self.check_machine_version()?;
         self.check_priorities()?;
         self.check_timeouts()?;
+        self.check_releases()?;
         self.publish_keys.check()?;
         self.transfer_keys.check()?;
         Ok(())

@@ -17,12 +17,12 @@
 //! | version | release | what it adds |
 //! |---:|---|---|
 //! | 1 | 0.1.0 | everything up to 0.1.0 |
-//! | 2 | next | `CancelConsumer` (AMQP basic.cancel keeps what the consumer holds); `CheckoutWithPriority` (consumer priorities); `SetConsumerTimeout` (consumer timeouts); `SetMachineVersion` |
+//! | 2 | next | `CancelConsumer` (AMQP basic.cancel keeps what the consumer holds); `CheckoutWithPriority` (consumer priorities); `SetConsumerTimeout` (consumer timeouts, which return messages released, not failed); `Settle` with `SettleOutcome::Release` (module `counts`); `SetMachineVersion` |
 //!
 //! `SetMachineVersion` itself is version 2's, and is never gated: it is proposed only when
 //! every member decodes it.
 
-use super::{Command, QueueState, Reply};
+use super::{Command, QueueState, Reply, SettleOutcome};
 
 /// The machine of release 0.1.0: what a queue starts at, and what a state decoded from a
 /// snapshot without a version runs.
@@ -44,6 +44,10 @@ impl Command {
             | Command::SetMachineVersion { .. }
             | Command::CheckoutWithPriority { .. }
             | Command::SetConsumerTimeout { .. } => 2,
+            Command::Settle {
+                outcome: SettleOutcome::Release,
+                ..
+            } => 2,
             _ => FIRST_MACHINE_VERSION,
         }
     }

@@ -128,7 +128,7 @@ impl QueueState {
                 Some(Place::Ready { .. })
             ) {
                 self.detach_ready(id);
-                self.msgs.remove(&id);
+                self.forget(&id);
                 fx.push(Effect::DeleteBody { id });
                 moved += 1;
             }

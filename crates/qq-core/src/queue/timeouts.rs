@@ -1,7 +1,7 @@
 //! Consumer timeouts (`x-consumer-timeout`, RabbitMQ 4.3's quorum queues enforce them in the
 //! queue): a message checked out to a consumer and not settled within the queue's timeout ends
-//! that consumer. Its unacked messages return to the queue as failed deliveries (as when its
-//! stream closes) and [`Effect::ConsumerTimedOut`] tells the leader to cancel its session with
+//! that consumer. Its unacked messages return to the queue, released rather than failed (as
+//! RabbitMQ 4.3: a timeout does not count towards the delivery limit; module `counts`), and [`Effect::ConsumerTimedOut`] tells the leader to cancel its session with
 //! a reason the client sees. Get leases have their own deadline and are not concerned.
 //!
 //! The timeout is set by [`super::Command::SetConsumerTimeout`] (machine version 2), which the
@@ -14,7 +14,7 @@
 //! `receipts`: a snapshot carries them beside it ([`QueueState::consumer_timeouts`],
 //! [`QueueState::restore_consumer_timeouts`]).
 
-use super::{Effect, GET_CONSUMER, Place, QueueState, Reply};
+use super::{Effect, GET_CONSUMER, Place, QueueState, Reply, Return};
 use crate::types::{ConsumerId, MessageId};
 
 /// The longest consumer timeout a queue takes (RabbitMQ caps its own at about 24 days, the
@@ -84,8 +84,8 @@ impl QueueState {
         self.timeouts.get_min().map(|(d, _)| *d)
     }
 
-    /// Ends every consumer holding a message past its deadline: its messages return as failed
-    /// deliveries, and the leader is told to cancel its session.
+    /// Ends every consumer holding a message past its deadline: its messages return released,
+    /// and the leader is told to cancel its session.
     pub(super) fn time_out_consumers(&mut self, now: u64, fx: &mut Vec<Effect>) {
         while let Some(&(deadline, id)) = self.timeouts.get_min() {
             if deadline > now {
@@ -100,7 +100,7 @@ impl QueueState {
                 id,
                 timeout_ms: self.consumer_timeout_ms.unwrap_or_default(),
             });
-            self.consumer_down(now, consumer, fx);
+            self.consumer_down(now, consumer, Return::Released, fx);
             // A consumer leaving is a use of the queue (x-expires), as with ConsumerDown.
             self.last_used_ms = now;
         }

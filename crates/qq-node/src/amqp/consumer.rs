@@ -83,14 +83,13 @@ pub async fn basic(
             None
         }
         M::Nack(n) => {
-            deliveries::settle(
-                session,
-                channel,
-                n.delivery_tag,
-                n.multiple,
-                outcome(n.requeue),
-            )
-            .await?;
+            // As RabbitMQ 4.3: a nack with requeue hands the message back without counting a
+            // failed delivery (a reject with requeue counts one).
+            let outcome = match n.requeue {
+                true => SettleOutcome::Release,
+                false => SettleOutcome::Reject,
+            };
+            deliveries::settle(session, channel, n.delivery_tag, n.multiple, outcome).await?;
             None
         }
         M::Reject(r) => {

@@ -14,7 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
-use super::session::{SessionIn, SessionOut, SubscribeArgs, run_session};
+use super::session::{SessionIn, SessionOut, SubscribeArgs, outcome_for_machine, run_session};
 use crate::node::Node;
 
 /// Messages buffered each way in a relay, at most.
@@ -68,9 +68,23 @@ pub async fn start_session(
         while let Some(Some(m)) = stopping.run_until_cancelled(input.recv()).await {
             // A leader of release 0.1.0 (machine version 1) cannot decode Stop: the older
             // cancel, which closes its session (it returns what the consumer holds).
-            if matches!(m, SessionIn::Stop) && machines.version_of(me, leader) < 2 {
+            let version = machines.version_of(me, leader);
+            if matches!(m, SessionIn::Stop) && version < 2 {
                 return;
             }
+            // Nor a release, which it takes as the requeue it knows.
+            let m = match m {
+                SessionIn::Settle {
+                    tags,
+                    multiple,
+                    outcome,
+                } => SessionIn::Settle {
+                    tags,
+                    multiple,
+                    outcome: outcome_for_machine(outcome, version),
+                },
+                m => m,
+            };
             let Ok(req) = encode(&m) else { return };
             if fwd_tx.send(req).await.is_err() {
                 return;

@@ -24,7 +24,7 @@ use tonic::Code;
 use tracing::{debug, warn};
 
 use crate::clock::now_ms;
-use crate::groups::queue_sm::{ConsumerEvent, QueueRequest};
+use crate::groups::queue_sm::{ConsumerEvent, QueueMachine, QueueRequest};
 use crate::node::Node;
 use crate::proposer::Proposer;
 
@@ -163,12 +163,22 @@ pub async fn run_session(
         stopped: false,
         events,
         proposer: node.proposer().clone(),
+        machine: machine.clone(),
         group,
         consumer,
     };
     session.serve(input, node.stopping().clone()).await;
     let Session { settle_tx, .. } = session;
     finish(&node, group, consumer, Some((settle_tx, settler))).await;
+}
+
+/// A settle as a queue's machine at `version` takes it: a release (AMQP `basic.nack` with
+/// requeue) needs version 2; before, it is a requeue, as release 0.1.0 counted every return.
+pub(crate) fn outcome_for_machine(outcome: SettleOutcome, version: u32) -> SettleOutcome {
+    match outcome {
+        SettleOutcome::Release if version < 2 => SettleOutcome::Requeue,
+        other => other,
+    }
 }
 
 /// Attach the consumer: `CheckoutWithPriority` with a priority, else `Checkout`.
@@ -247,6 +257,8 @@ struct Session {
     events: mpsc::Receiver<ConsumerEvent>,
     /// Where [`SessionIn::Stop`] proposes the consumer's cancel.
     proposer: Proposer,
+    /// The queue's state here, for its machine version.
+    machine: Arc<QueueMachine>,
     group: GroupId,
     consumer: ConsumerId,
 }
@@ -340,6 +352,7 @@ impl Session {
         match event {
             Some(ConsumerEvent::Deliver {
                 delivery,
+                acquired_count,
                 mut message,
             }) => {
                 let tag = self.next_tag;
@@ -348,6 +361,12 @@ impl Session {
                     message.properties.headers.insert(
                         "x-delivery-count".into(),
                         Value::Long(delivery.delivery_count as i64),
+                    );
+                }
+                if acquired_count > 0 {
+                    message.properties.headers.insert(
+                        "x-acquired-count".into(),
+                        Value::Long(i64::from(acquired_count)),
                     );
                 }
                 if self.auto_ack {
@@ -396,6 +415,8 @@ impl Session {
             }) => match self.take_tags(tags, multiple) {
                 Ok(ids) => {
                     if !ids.is_empty() {
+                        let version = self.machine.with_state(|s| s.machine_version());
+                        let outcome = outcome_for_machine(outcome, version);
                         let _ = self.settle_tx.send((ids, outcome)).await;
                     }
                     self.end_if_drained().await

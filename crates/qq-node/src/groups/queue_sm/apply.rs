@@ -25,7 +25,24 @@ impl QueueMachine {
     /// Apply one command at sub-index `index` (raft index << 16 | position in the entry).
     fn apply_one(&self, index: u64, req: QueueRequest) -> io::Result<QueueReplyOut> {
         let QueueRequest { cmd, message: body } = req;
-        let (reply, effects) = self.state.lock().unwrap().apply(index, cmd);
+        let leader = self.is_leader();
+        let (reply, effects, acquired) = {
+            let mut state = self.state.lock().unwrap();
+            let (reply, effects) = state.apply(index, cmd);
+            // The leader sends `x-acquired-count` with each delivery, read while it holds the
+            // state (a checked-out message's counts do not change until it comes back).
+            let acquired: Vec<u32> = match leader {
+                true => effects
+                    .iter()
+                    .filter_map(|e| match e {
+                        Effect::Deliver(d) => Some(state.acquired_count(d.id).unwrap_or(0)),
+                        _ => None,
+                    })
+                    .collect(),
+                false => Vec::new(),
+            };
+            (reply, effects, acquired)
+        };
         // A Get's message is read before effects run (auto-ack deletes its body).
         let message = match &reply {
             Reply::Got {
@@ -39,13 +56,14 @@ impl QueueMachine {
             }
             _ => {}
         }
-        self.carry_out(effects);
+        self.carry_out(effects, leader, acquired);
         Ok(QueueReplyOut { reply, message })
     }
 
     /// Carries out the effects of one command; body writes are collected for the entry.
-    fn carry_out(&self, effects: Vec<Effect>) {
-        let leader = self.is_leader();
+    /// `acquired`: the acquired count of each delivery among them, in order (leader only).
+    fn carry_out(&self, effects: Vec<Effect>, leader: bool, acquired: Vec<u32>) {
+        let mut acquired = acquired.into_iter();
         for effect in effects {
             if leader
                 && let Effect::DeadLetter {
@@ -55,7 +73,9 @@ impl QueueMachine {
                 metrics::dead_lettered(*reason, *strategy);
             }
             match effect {
-                Effect::Deliver(delivery) if leader => self.deliver(delivery),
+                Effect::Deliver(delivery) if leader => {
+                    self.deliver(delivery, acquired.next().unwrap_or(0))
+                }
                 Effect::Deliver(_) => {}
                 Effect::DeleteBody { id } => self.delete_body(id),
                 Effect::ConsumerTimedOut {
@@ -87,7 +107,7 @@ impl QueueMachine {
         }
     }
 
-    fn deliver(&self, delivery: Delivery) {
+    fn deliver(&self, delivery: Delivery, acquired_count: u32) {
         let consumer = delivery.consumer;
         let mut consumers = self.consumers.lock().unwrap();
         let Some(tx) = consumers.get(&consumer) else {
@@ -100,9 +120,11 @@ impl QueueMachine {
                 return;
             }
         };
-        if let Err(mpsc::error::TrySendError::Full(_)) =
-            tx.try_send(ConsumerEvent::Deliver { delivery, message })
-        {
+        if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(ConsumerEvent::Deliver {
+            delivery,
+            acquired_count,
+            message,
+        }) {
             // See UNLIMITED_PREFETCH_BUFFER: the session ends, the new leader-side clean-up
             // returns what it held.
             warn!(

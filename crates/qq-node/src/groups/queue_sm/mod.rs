@@ -59,6 +59,8 @@ pub const LEADER_EVENTS_BOUND: usize = 65_536;
 pub enum ConsumerEvent {
     Deliver {
         delivery: Delivery,
+        /// Returns of any kind so far (`x-acquired-count`).
+        acquired_count: u32,
         message: Message,
     },
     /// The stream must end: leadership lost or queue deleted.

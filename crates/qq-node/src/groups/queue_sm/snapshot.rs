@@ -36,7 +36,8 @@ const TRAILER_FORMAT: u32 = 1;
 
 /// What a snapshot carries after its header: a postcard `u32` format number, then that
 /// format's record. A reader knows every format up to its own [`TRAILER_FORMAT`] and refuses a
-/// newer one by name. A new field makes a new format (`TrailerV2`, ...) read beside the old.
+/// newer one by name. Once a release has written a format, a new field makes a new format
+/// (`TrailerV2`, ...) read beside the old; format 1 is first released with 0.2.0.
 #[derive(Serialize, Deserialize)]
 struct TrailerV1 {
     /// [`QueueState::machine_version`].
@@ -49,6 +50,8 @@ struct TrailerV1 {
     /// messages checked out under it.
     consumer_timeout_ms: Option<u64>,
     deadlines: Vec<(MessageId, u64)>,
+    /// [`QueueState::releases`]: returns that were not failed deliveries, per message.
+    releases: Vec<(MessageId, u32)>,
 }
 
 /// [`QueueSnapshotHeader`] by reference, encoded from the cut's copy of the state.
@@ -99,6 +102,7 @@ impl QueueMachine {
             priorities: state.priorities().iter().map(|(c, p)| (*c, *p)).collect(),
             consumer_timeout_ms: state.consumer_timeouts().0,
             deadlines: state.consumer_timeouts().1,
+            releases: state.releases(),
         })?);
         out.header(&header)?;
         // Both in id order: a merge of the live ids with the pinned bodies, page by page.
@@ -181,6 +185,7 @@ impl QueueMachine {
         state.restore_machine_version(trailer.machine_version);
         state.restore_priorities(trailer.priorities);
         state.restore_consumer_timeouts(trailer.consumer_timeout_ms, trailer.deadlines);
+        state.restore_releases(trailer.releases);
         *self.state.lock().unwrap() = state;
         Ok(())
     }
@@ -197,6 +202,7 @@ fn decode_header(bytes: &[u8]) -> Result<(QueueSnapshotHeader, TrailerV1), Strin
             priorities: Vec::new(),
             consumer_timeout_ms: None,
             deadlines: Vec::new(),
+            releases: Vec::new(),
         };
         return Ok((header, trailer));
     }
@@ -244,6 +250,7 @@ mod tests {
             priorities: vec![(4, -2)],
             consumer_timeout_ms: Some(5),
             deadlines: vec![(7, 12)],
+            releases: vec![(7, 3)],
         };
         with.extend(io_encode(&v1).unwrap());
         let (_, trailer) = decode_header(&with).unwrap();
@@ -256,6 +263,7 @@ mod tests {
             (trailer.consumer_timeout_ms, trailer.deadlines),
             (Some(5), vec![(7, 12)])
         );
+        assert_eq!(trailer.releases, vec![(7, 3)]);
 
         let mut newer = bytes;
         newer.extend(io_encode(&(TRAILER_FORMAT + 1)).unwrap());

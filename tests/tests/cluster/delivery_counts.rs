@@ -1,0 +1,127 @@
+//! Delivery counting over AMQP as RabbitMQ 4.3: `basic.nack` with requeue hands a message back
+//! without counting a failed delivery (only `x-acquired-count` grows), `basic.reject` with
+//! requeue counts one (`x-delivery-count` and `x-acquired-count` grow), and only failed
+//! deliveries reach the delivery limit.
+
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use futures::StreamExt;
+use lapin::BasicProperties;
+use lapin::message::Delivery;
+use lapin::options::{
+    BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    BasicRejectOptions, ConfirmSelectOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use qq_tests::{TestCluster, eventually, info};
+
+use super::amqp::{WAIT, connect, declare, quorum};
+
+/// `queue` runs machine version 2 on every node (its leader moves it there once it knows every
+/// member runs this release).
+async fn wait_machine_version_2(cluster: &TestCluster, queue: &str) -> anyhow::Result<()> {
+    let line = format!("quorumq_queue_machine_version{{vhost=\"/\",queue=\"{queue}\"}} 2");
+    let what = format!("{queue} at machine version 2");
+    cluster.wait_metric_line_everywhere(&line, &what).await
+}
+
+/// (redelivered, x-delivery-count, x-acquired-count) of a delivery.
+fn counts(d: &Delivery) -> (bool, Option<i64>, Option<i64>) {
+    let header = |name: &str| {
+        d.properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get(name).cloned())
+            .map(|v| match v {
+                AMQPValue::LongLongInt(n) => n,
+                other => panic!("{name}: {other:?}"),
+            })
+    };
+    (
+        d.redelivered,
+        header("x-delivery-count"),
+        header("x-acquired-count"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nack_is_not_a_failed_delivery_and_a_reject_is() -> anyhow::Result<()> {
+    let cluster = TestCluster::start(3).await?;
+    let conn = connect(&cluster, 2).await?;
+    let ch = conn.create_channel().await?;
+    let mut args = quorum();
+    args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(1));
+    declare(&ch, "counted", args).await?;
+    wait_machine_version_2(&cluster, "counted").await?;
+
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    let confirm = ch
+        .basic_publish(
+            "".into(),
+            "counted".into(),
+            BasicPublishOptions::default(),
+            b"m",
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await?
+        .await?;
+    ensure!(confirm.is_ack(), "{confirm:?}");
+    ch.basic_qos(1, BasicQosOptions::default()).await?;
+    let mut consumer = ch
+        .basic_consume(
+            "counted".into(),
+            "counter".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut next = async || -> anyhow::Result<Delivery> {
+        let d = tokio::time::timeout(WAIT, consumer.next())
+            .await
+            .context("no delivery")?
+            .context("the consumer ended")??;
+        Ok(d)
+    };
+
+    info!("--- the first delivery has neither count");
+    let mut d = next().await?;
+    ensure!(counts(&d) == (false, None, None), "{:?}", counts(&d));
+
+    info!("--- three nacks with requeue: acquired 1, 2, 3, never failed");
+    for n in 1..=3 {
+        d.nack(BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        })
+        .await?;
+        let again = next().await?;
+        ensure!(
+            counts(&again) == (true, None, Some(n)),
+            "after nack {n}: {:?}",
+            counts(&again)
+        );
+        d = again;
+    }
+
+    info!("--- a reject with requeue is a failed delivery");
+    d.reject(BasicRejectOptions { requeue: true }).await?;
+    let d = next().await?;
+    ensure!(counts(&d) == (true, Some(1), Some(4)), "{:?}", counts(&d));
+
+    info!("--- a second failure is past the delivery limit of 1: the message is gone");
+    d.reject(BasicRejectOptions { requeue: true }).await?;
+    let c = cluster.client(1).await?;
+    eventually(
+        "the message to be dropped",
+        Duration::from_secs(20),
+        || async {
+            let q = c.get_queue("counted").await?;
+            Ok((q.messages_ready == 0 && q.messages_unacked == 0).then_some(()))
+        },
+    )
+    .await?;
+    conn.close(200, "bye".into()).await?;
+    cluster.stop();
+    Ok(())
+}
