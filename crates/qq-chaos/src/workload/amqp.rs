@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
-    BasicRejectOptions, ConfirmSelectOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
+    ConfirmSelectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{
@@ -321,13 +321,9 @@ impl Subscription for Consume {
         match action {
             Action::Ack => acker.ack(BasicAckOptions::default()).await,
             Action::Reject => acker.reject(BasicRejectOptions { requeue: false }).await,
-            Action::Requeue => {
-                let requeue = BasicNackOptions {
-                    multiple: false,
-                    requeue: true,
-                };
-                acker.nack(requeue).await
-            }
+            // A failed delivery, which the delivery limit counts (a nack with requeue is a
+            // release since RabbitMQ 4.3, which it does not).
+            Action::Requeue => acker.reject(BasicRejectOptions { requeue: true }).await,
         }
         .map(|_| ())
         .map_err(|e| kind(&e))
