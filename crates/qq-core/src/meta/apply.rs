@@ -1,0 +1,755 @@
+//! [`MetaState::apply`]: one committed command at a time, each handler deciding its reply and
+//! the effects the node carries out (module documentation of [`super`]).
+
+use super::*;
+
+impl MetaState {
+    /// Applies one committed command. On error nothing changed.
+    pub fn apply(&mut self, cmd: MetaCommand) -> (Result<MetaReply, MetaError>, Vec<MetaEffect>) {
+        // A committed command outside the bounds (only a faulty proposer makes one) changes
+        // nothing, on every replica alike.
+        if let Err(e) = cmd.validate() {
+            return (Err(e), Vec::new());
+        }
+        let mut effects = Vec::new();
+        let result = match cmd {
+            MetaCommand::PutVhost { name } => self.put_vhost(name),
+            MetaCommand::DeleteVhost { name } => self.delete_vhost(&name, &mut effects),
+            MetaCommand::PutUser {
+                name,
+                password_hash,
+                salt,
+                tags,
+            } => self.put_user(name, password_hash, salt, tags),
+            MetaCommand::DeleteUser { name } => self.delete_user(&name),
+            MetaCommand::SetPermissions {
+                user,
+                vhost,
+                configure,
+                write,
+                read,
+            } => self.set_permissions(
+                user,
+                &vhost,
+                Permissions {
+                    configure,
+                    write,
+                    read,
+                },
+            ),
+            MetaCommand::DeclareExchange {
+                vhost,
+                name,
+                kind,
+                durable,
+                auto_delete,
+                internal,
+                arguments,
+                passive,
+                owner,
+            } => self.declare_exchange(
+                &vhost,
+                &name,
+                &kind,
+                durable,
+                auto_delete,
+                internal,
+                arguments,
+                passive,
+                owner,
+            ),
+            MetaCommand::DeleteExchange {
+                vhost,
+                name,
+                if_unused,
+            } => self.delete_exchange(&vhost, &name, if_unused),
+            MetaCommand::DeclareQueue {
+                vhost,
+                name,
+                arguments,
+                passive,
+                nodes,
+                owner,
+                origin,
+            } => self.declare_queue(
+                &vhost,
+                &name,
+                arguments,
+                passive,
+                Placement { nodes, origin },
+                owner,
+                &mut effects,
+            ),
+            MetaCommand::DeleteQueue { vhost, name } => {
+                self.delete_queue(&vhost, &name, &mut effects)
+            }
+            MetaCommand::Bind {
+                vhost,
+                queue,
+                exchange,
+                routing_key,
+                arguments,
+            } => self.bind(&vhost, queue, exchange, routing_key, arguments, true),
+            MetaCommand::Unbind {
+                vhost,
+                queue,
+                exchange,
+                routing_key,
+                arguments,
+            } => self.bind(&vhost, queue, exchange, routing_key, arguments, false),
+            MetaCommand::SetPolicy {
+                vhost,
+                name,
+                pattern,
+                apply_to,
+                priority,
+                definition,
+            } => self.set_policy(
+                &vhost,
+                Policy {
+                    name,
+                    pattern,
+                    apply_to,
+                    priority,
+                    definition,
+                },
+                &mut effects,
+            ),
+            MetaCommand::ClearPolicy { vhost, name } => {
+                self.clear_policy(&vhost, &name, &mut effects)
+            }
+            MetaCommand::SetVhostLimits { vhost, limits } => self.set_vhost_limits(vhost, limits),
+            MetaCommand::SetUserLimits { user, limits } => self.set_user_limits(user, limits),
+            MetaCommand::SetQueueMembers {
+                vhost,
+                name,
+                id,
+                expected,
+                members,
+                learners,
+            } => self.set_queue_members(
+                &vhost,
+                &name,
+                id,
+                &expected,
+                members,
+                learners,
+                &mut effects,
+            ),
+            MetaCommand::JoinNode {
+                id,
+                address,
+                cluster_address,
+            } => self.join_node(id, address, cluster_address, &mut effects),
+            MetaCommand::ForgetNode { id } => self.forget_node(id, &mut effects),
+        };
+        (result, effects)
+    }
+
+    fn join_node(
+        &mut self,
+        id: NodeId,
+        address: String,
+        cluster_address: String,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        if self.forgotten.contains(&id) {
+            return Err(MetaError::failed_precondition(format!(
+                "id: node {id} was forgotten; a forgotten id is never reused, choose a new one"
+            )));
+        }
+        let addrs = NodeAddrs {
+            address,
+            cluster_address,
+        };
+        match self.joined.get(&id) {
+            Some(known) if *known == addrs => return Ok(MetaReply::Ok),
+            Some(_) => {
+                return Err(MetaError::new(
+                    ErrorKind::AlreadyExists,
+                    format!("id: node {id} already joined with other addresses"),
+                ));
+            }
+            None => {}
+        }
+        self.joined.insert(id, addrs);
+        effects.push(MetaEffect::NodesChanged);
+        Ok(MetaReply::Ok)
+    }
+
+    fn forget_node(
+        &mut self,
+        id: NodeId,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        let holding: Vec<String> = self
+            .queues()
+            .filter(|q| q.replicas().any(|n| n == id))
+            .take(10)
+            .map(|q| format!("{}/{}", q.vhost, q.name))
+            .collect();
+        if !holding.is_empty() {
+            return Err(MetaError::failed_precondition(format!(
+                "id: node {id} still holds replicas of {} (shrink them first)",
+                holding.join(", ")
+            )));
+        }
+        self.joined.remove(&id);
+        if self.forgotten.insert(id) {
+            effects.push(MetaEffect::NodesChanged);
+        }
+        Ok(MetaReply::Ok)
+    }
+
+    fn vhost_mut(&mut self, vhost: &str) -> Result<&mut Vhost, MetaError> {
+        self.vhosts
+            .get_mut(vhost)
+            .ok_or_else(|| vhost_not_found(vhost))
+    }
+
+    fn put_vhost(&mut self, name: String) -> Result<MetaReply, MetaError> {
+        check_name("vhost", &name)?;
+        self.vhosts
+            .entry(name)
+            .or_insert_with(Vhost::with_default_exchanges);
+        Ok(MetaReply::Ok)
+    }
+
+    fn delete_vhost(
+        &mut self,
+        name: &str,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        let vhost = self
+            .vhosts
+            .remove(name)
+            .ok_or_else(|| vhost_not_found(name))?;
+        self.vhost_limits.remove(name);
+        for queue in vhost.queues.into_values() {
+            self.queue_ids.remove(&queue.id);
+            effects.push(MetaEffect::QueueDeleted(queue));
+        }
+        Ok(MetaReply::Ok)
+    }
+
+    fn put_user(
+        &mut self,
+        name: String,
+        password_hash: Vec<u8>,
+        salt: Vec<u8>,
+        tags: Vec<String>,
+    ) -> Result<MetaReply, MetaError> {
+        check_name("user", &name)?;
+        self.users.insert(
+            name.clone(),
+            User {
+                name,
+                password_hash,
+                salt,
+                tags,
+            },
+        );
+        Ok(MetaReply::Ok)
+    }
+
+    fn delete_user(&mut self, name: &str) -> Result<MetaReply, MetaError> {
+        self.users
+            .remove(name)
+            .ok_or_else(|| MetaError::not_found(format!("user '{name}' not found")))?;
+        self.user_limits.remove(name);
+        for vhost in self.vhosts.values_mut() {
+            vhost.permissions.remove(name);
+        }
+        Ok(MetaReply::Ok)
+    }
+
+    fn set_permissions(
+        &mut self,
+        user: String,
+        vhost: &str,
+        permissions: Permissions,
+    ) -> Result<MetaReply, MetaError> {
+        if !self.users.contains_key(&user) {
+            return Err(MetaError::not_found(format!("user '{user}' not found")));
+        }
+        compile("configure", &permissions.configure)?;
+        compile("write", &permissions.write)?;
+        compile("read", &permissions.read)?;
+        self.vhost_mut(vhost)?.permissions.insert(user, permissions);
+        Ok(MetaReply::Ok)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn declare_exchange(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        kind: &str,
+        durable: bool,
+        auto_delete: bool,
+        internal: bool,
+        arguments: Table,
+        passive: bool,
+        owner: Option<String>,
+    ) -> Result<MetaReply, MetaError> {
+        let owned = owner.as_deref().map_or(0, |u| {
+            self.count_owned(u, |v| v.exchanges.values().map(|x| &x.owner))
+        });
+        let user_limits = owner.as_deref().map(|u| self.user_limits(u));
+        let vhost_limits = self.vhost_limits(vhost);
+        let v = self.vhost_mut(vhost)?;
+        if passive {
+            return if is_default_exchange(name) || v.exchanges.contains_key(name) {
+                Ok(MetaReply::Ok)
+            } else {
+                Err(exchange_not_found(vhost, name))
+            };
+        }
+        if is_default_exchange(name) {
+            return Err(default_exchange_refused());
+        }
+        check_name("exchange", name)?;
+        let kind_parsed = ExchangeType::parse(kind)
+            .ok_or_else(|| MetaError::invalid(format!("type: unknown exchange type '{kind}'")))?;
+        if let Some(current) = v.exchanges.get(name) {
+            let inequivalent = |arg: &str, received: &str, current: &str| {
+                MetaError::failed_precondition(format!(
+                    "inequivalent arg '{arg}' for exchange '{name}' in vhost '{vhost}': \
+                     received '{received}' but current is '{current}'"
+                ))
+            };
+            if current.kind != kind_parsed {
+                return Err(inequivalent("type", kind, current.kind.as_str()));
+            }
+            for (arg, received, cur) in [
+                ("durable", durable, current.durable),
+                ("auto_delete", auto_delete, current.auto_delete),
+                ("internal", internal, current.internal),
+            ] {
+                if received != cur {
+                    return Err(inequivalent(arg, &received.to_string(), &cur.to_string()));
+                }
+            }
+            for key in EXCHANGE_EQUIVALENCE_ARGS {
+                let (received, cur) = (arguments.get(key), current.arguments.get(key));
+                if received != cur {
+                    let what = format!("exchange '{name}' in vhost '{vhost}'");
+                    return Err(inequivalent_arg(&what, key, received, cur));
+                }
+            }
+            return Ok(MetaReply::Ok);
+        }
+        check_not_reserved("exchange", name)?;
+        // The predeclared `amq.*` exchanges do not count.
+        let declared = v
+            .exchanges
+            .keys()
+            .filter(|n| !n.starts_with("amq."))
+            .count() as u64;
+        vhost_limits.admit(Counted::Exchanges, Scope::Vhost(vhost), declared)?;
+        if let (Some(u), Some(limits)) = (owner.as_deref(), user_limits) {
+            limits.admit(Counted::Exchanges, Scope::User(u), owned)?;
+        }
+        v.exchanges.insert(
+            name.to_string(),
+            Exchange {
+                name: name.to_string(),
+                kind: kind_parsed,
+                durable,
+                auto_delete,
+                internal,
+                arguments,
+                owner,
+            },
+        );
+        Ok(MetaReply::Ok)
+    }
+
+    fn delete_exchange(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        if_unused: bool,
+    ) -> Result<MetaReply, MetaError> {
+        let v = self.vhost_mut(vhost)?;
+        if is_default_exchange(name) {
+            return Err(default_exchange_refused());
+        }
+        if name.starts_with("amq.") {
+            return Err(MetaError::permission_denied(format!(
+                "deletion of system exchange '{name}' in vhost '{vhost}' not allowed"
+            )));
+        }
+        if !v.exchanges.contains_key(name) {
+            return Err(exchange_not_found(vhost, name));
+        }
+        if if_unused && v.bindings_from(name).next().is_some() {
+            return Err(MetaError::failed_precondition(format!(
+                "exchange '{name}' in vhost '{vhost}' in use"
+            )));
+        }
+        v.exchanges.remove(name);
+        v.bindings.retain(|b| b.source != name);
+        Ok(MetaReply::Ok)
+    }
+
+    // The fields of MetaCommand::DeclareQueue, passed through one by one.
+    #[allow(clippy::too_many_arguments)]
+    fn declare_queue(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        arguments: Table,
+        passive: bool,
+        placement: Placement,
+        owner: Option<String>,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        let Placement { mut nodes, origin } = placement;
+        nodes.sort_unstable();
+        nodes.dedup();
+        // Both scan every queue: only when they decide something (a declare with neither a
+        // balanced locator nor a user limit must not cost time linear in the queues).
+        let balanced = self.vhosts.get(vhost).is_some_and(|v| {
+            let matching = policy::matching_policy(v.policies.values(), name);
+            leader_locator(&arguments, matching) == Some("balanced")
+        });
+        let least_leading = if balanced {
+            self.least_leading(&nodes)
+        } else {
+            0
+        };
+        let next_id = self.next_queue_id;
+        let owned = owner
+            .as_deref()
+            .filter(|u| self.user_limits.contains_key(*u))
+            .map_or(0, |u| {
+                self.count_owned(u, |v| v.queues.values().map(|q| &q.owner))
+            });
+        let user_limits = owner.as_deref().map(|u| self.user_limits(u));
+        let vhost_limits = self.vhost_limits(vhost);
+        let v = self.vhost_mut(vhost)?;
+        if passive {
+            return match v.queues.get(name) {
+                Some(q) => Ok(MetaReply::QueueDeclared {
+                    queue: q.clone(),
+                    created: false,
+                }),
+                None => Err(queue_not_found(vhost, name)),
+            };
+        }
+        check_name("queue", name)?;
+        if let Some(current) = v.queues.get(name) {
+            check_equivalent(vhost, name, &current.arguments, &arguments)?;
+            return Ok(MetaReply::QueueDeclared {
+                queue: current.clone(),
+                created: false,
+            });
+        }
+        check_not_reserved("queue", name)?;
+        policy::validate_queue_arguments(&arguments)?;
+        vhost_limits
+            .admit(Counted::Queues, Scope::Vhost(vhost), v.queues.len() as u64)
+            .map_err(|e| declare_refused(name, e))?;
+        if let (Some(u), Some(limits)) = (owner.as_deref(), user_limits) {
+            limits
+                .admit(Counted::Queues, Scope::User(u), owned)
+                .map_err(|e| declare_refused(name, e))?;
+        }
+        let matching = policy::matching_policy(v.policies.values(), name);
+        let config = policy::effective_config(vhost, name, &arguments, matching);
+        policy::check_declared_strategy(&arguments, &config)?;
+        let locator = leader_locator(&arguments, matching).map(str::to_string);
+
+        if nodes.is_empty() {
+            return Err(MetaError::failed_precondition(
+                "no cluster nodes to place the queue on",
+            ));
+        }
+        let group_size = arguments
+            .get("x-quorum-initial-group-size")
+            .and_then(Value::as_i64)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(DEFAULT_GROUP_SIZE)
+            .min(nodes.len());
+        let first = match locator.as_deref() {
+            Some("client-local") => origin.and_then(|o| nodes.iter().position(|n| *n == o)),
+            Some("balanced") => Some(least_leading),
+            _ => None,
+        };
+        let start = first.unwrap_or((next_id % nodes.len() as u64) as usize);
+        let members = (0..group_size)
+            .map(|i| nodes[(start + i) % nodes.len()])
+            .collect();
+
+        let queue = QueueMeta {
+            id: next_id,
+            vhost: vhost.to_string(),
+            name: name.to_string(),
+            arguments,
+            members,
+            config,
+            owner,
+            learners: Vec::new(),
+        };
+        v.queues.insert(name.to_string(), queue.clone());
+        self.queue_ids
+            .insert(next_id, (vhost.to_string(), name.to_string()));
+        self.next_queue_id += 1;
+        effects.push(MetaEffect::QueueCreated(queue.clone()));
+        Ok(MetaReply::QueueDeclared {
+            queue,
+            created: true,
+        })
+    }
+
+    /// The index in `nodes` (sorted) of the node that is the first member (initial or
+    /// rebalanced leader) of the fewest queues; the lowest id on a tie. Replicated state only.
+    fn least_leading(&self, nodes: &[NodeId]) -> usize {
+        let mut led: BTreeMap<NodeId, usize> = nodes.iter().map(|n| (*n, 0)).collect();
+        for q in self.queues() {
+            if let Some(c) = q.members.first().and_then(|f| led.get_mut(f)) {
+                *c += 1;
+            }
+        }
+        let mut best = 0;
+        for (i, n) in nodes.iter().enumerate() {
+            if led[n] < led[&nodes[best]] {
+                best = i;
+            }
+        }
+        best
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn set_queue_members(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        id: QueueId,
+        expected: &[NodeId],
+        members: Vec<NodeId>,
+        learners: Vec<NodeId>,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        let v = self.vhost_mut(vhost)?;
+        let Some(q) = v.queues.get_mut(name).filter(|q| q.id == id) else {
+            return Err(queue_not_found(vhost, name));
+        };
+        if q.members != expected {
+            return Err(MetaError::failed_precondition(format!(
+                "queue '{name}' in vhost '{vhost}': its members changed meanwhile \
+                 (now {:?}, expected {expected:?}); try again",
+                q.members
+            )));
+        }
+        if members.is_empty() {
+            return Err(MetaError::failed_precondition(format!(
+                "queue '{name}' in vhost '{vhost}': cannot remove its last member"
+            )));
+        }
+        let mut seen = BTreeSet::new();
+        if let Some(n) = members.iter().chain(&learners).find(|n| !seen.insert(**n)) {
+            return Err(MetaError::invalid(format!(
+                "members: node {n} is listed twice (members and learners are distinct)"
+            )));
+        }
+        q.members = members;
+        q.learners = learners;
+        effects.push(MetaEffect::QueueMembersChanged(q.clone()));
+        Ok(MetaReply::Ok)
+    }
+
+    /// How many of the objects `of` lists in every vhost belong to `user`.
+    fn count_owned<'a, I>(&'a self, user: &str, of: impl Fn(&'a Vhost) -> I) -> u64
+    where
+        I: Iterator<Item = &'a Option<String>>,
+    {
+        self.vhosts
+            .values()
+            .flat_map(of)
+            .filter(|o| o.as_deref() == Some(user))
+            .count() as u64
+    }
+
+    fn set_vhost_limits(&mut self, vhost: String, limits: Limits) -> Result<MetaReply, MetaError> {
+        if !self.vhosts.contains_key(&vhost) {
+            return Err(vhost_not_found(&vhost));
+        }
+        if limits.is_unlimited() {
+            self.vhost_limits.remove(&vhost);
+        } else {
+            self.vhost_limits.insert(vhost, limits);
+        }
+        Ok(MetaReply::Ok)
+    }
+
+    fn set_user_limits(&mut self, user: String, limits: Limits) -> Result<MetaReply, MetaError> {
+        if !self.users.contains_key(&user) {
+            return Err(MetaError::not_found(format!("user '{user}' not found")));
+        }
+        if limits.is_unlimited() {
+            self.user_limits.remove(&user);
+        } else {
+            self.user_limits.insert(user, limits);
+        }
+        Ok(MetaReply::Ok)
+    }
+
+    fn delete_queue(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        let v = self.vhost_mut(vhost)?;
+        let queue = v
+            .queues
+            .remove(name)
+            .ok_or_else(|| queue_not_found(vhost, name))?;
+        v.remove_bindings(|b| b.destination == name);
+        self.queue_ids.remove(&queue.id);
+        effects.push(MetaEffect::QueueDeleted(queue.clone()));
+        Ok(MetaReply::QueueDeleted { queue })
+    }
+
+    fn bind(
+        &mut self,
+        vhost: &str,
+        queue: String,
+        exchange: String,
+        routing_key: String,
+        arguments: Table,
+        add: bool,
+    ) -> Result<MetaReply, MetaError> {
+        let v = self.vhost_mut(vhost)?;
+        if is_default_exchange(&exchange) {
+            return Err(default_exchange_refused());
+        }
+        let kind = v
+            .exchanges
+            .get(&exchange)
+            .ok_or_else(|| exchange_not_found(vhost, &exchange))?
+            .kind;
+        if !v.queues.contains_key(&queue) {
+            return Err(queue_not_found(vhost, &queue));
+        }
+        let binding = Binding {
+            source: exchange,
+            destination: queue,
+            routing_key,
+            arguments,
+        };
+        if add {
+            route::validate_binding_arguments(kind, &binding.arguments)?;
+            v.bindings.insert(binding);
+        } else {
+            v.remove_bindings(|b| *b == binding);
+        }
+        Ok(MetaReply::Ok)
+    }
+
+    fn set_policy(
+        &mut self,
+        vhost: &str,
+        policy: Policy,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        let v = self.vhost_mut(vhost)?;
+        check_name("policy", &policy.name)?;
+        compile("pattern", &policy.pattern)?;
+        if !policy::valid_apply_to(&policy.apply_to) {
+            return Err(MetaError::invalid(format!(
+                "apply_to: expected all, queues, quorum_queues or exchanges, got '{}'",
+                policy.apply_to
+            )));
+        }
+        policy::validate_policy_definition(&policy.definition)?;
+        v.policies.insert(policy.name.clone(), policy);
+        recompute_configs(vhost, v, effects);
+        Ok(MetaReply::Ok)
+    }
+
+    fn clear_policy(
+        &mut self,
+        vhost: &str,
+        name: &str,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        let v = self.vhost_mut(vhost)?;
+        v.policies.remove(name).ok_or_else(|| {
+            MetaError::not_found(format!("no policy '{name}' in vhost '{vhost}'"))
+        })?;
+        recompute_configs(vhost, v, effects);
+        Ok(MetaReply::Ok)
+    }
+}
+
+/// A new queue's leader locator: the argument wins over the policy (RabbitMQ's
+/// rabbit_queue_location).
+fn leader_locator<'a>(arguments: &'a Table, matching: Option<&'a Policy>) -> Option<&'a str> {
+    arguments
+        .get("x-queue-leader-locator")
+        .or_else(|| matching.and_then(|p| p.definition.get("queue-leader-locator")))
+        .and_then(Value::as_str)
+}
+
+/// Recomputes the effective configuration of every queue of `v` and reports those that changed.
+fn recompute_configs(vhost: &str, v: &mut Vhost, effects: &mut Vec<MetaEffect>) {
+    for queue in v.queues.values_mut() {
+        let config = policy::effective_config(
+            vhost,
+            &queue.name,
+            &queue.arguments,
+            policy::matching_policy(v.policies.values(), &queue.name),
+        );
+        if config != queue.config {
+            queue.config = config;
+            effects.push(MetaEffect::QueueConfigChanged(queue.clone()));
+        }
+    }
+}
+
+/// A redeclare must carry the same value (or the same absence) for every argument quorumq
+/// interprets; `x-queue-type` absent means `quorum`.
+fn check_equivalent(
+    vhost: &str,
+    name: &str,
+    current: &Table,
+    received: &Table,
+) -> Result<(), MetaError> {
+    let quorum = Value::String("quorum".into());
+    for key in policy::known_argument_names() {
+        let normalize = |t: &'_ Table| -> Option<Value> {
+            match t.get(&key) {
+                None if key == "x-queue-type" => Some(quorum.clone()),
+                other => other.cloned(),
+            }
+        };
+        let (cur, rec) = (normalize(current), normalize(received));
+        if cur != rec {
+            let what = format!("queue '{name}' in vhost '{vhost}'");
+            return Err(inequivalent_arg(&what, &key, rec.as_ref(), cur.as_ref()));
+        }
+    }
+    Ok(())
+}
+
+/// The exchange arguments a redeclare must repeat: RabbitMQ compares only
+/// `alternate-exchange` (`rabbit_exchange:assert_args_equivalence`).
+const EXCHANGE_EQUIVALENCE_ARGS: [&str; 1] = ["alternate-exchange"];
+
+/// RabbitMQ's refusal of a redeclare whose argument `key` differs (`rabbit_misc:
+/// equivalence_fail`); `what` names the queue or exchange and its vhost.
+fn inequivalent_arg(
+    what: &str,
+    key: &str,
+    received: Option<&Value>,
+    current: Option<&Value>,
+) -> MetaError {
+    MetaError::failed_precondition(format!(
+        "inequivalent arg '{key}' for {what}: received {} but current is {}",
+        show_arg(received),
+        show_arg(current)
+    ))
+}
