@@ -331,12 +331,7 @@ impl QueueState {
                         detail: format!("consumer id {GET_CONSUMER} is reserved for get"),
                     }
                 } else {
-                    self.consumer_down(
-                        now,
-                        consumer,
-                        Return::Failed { delay_ms: Some(0) },
-                        &mut fx,
-                    );
+                    self.consumer_down(now, consumer, Return::FAILED_AT_ONCE, &mut fx);
                     Reply::Ok
                 }
             }
@@ -348,12 +343,7 @@ impl QueueState {
                     .map(|(id, _)| *id)
                     .collect();
                 for consumer in down {
-                    self.consumer_down(
-                        now,
-                        consumer,
-                        Return::Failed { delay_ms: Some(0) },
-                        &mut fx,
-                    );
+                    self.consumer_down(now, consumer, Return::FAILED_AT_ONCE, &mut fx);
                 }
                 Reply::Ok
             }
@@ -437,8 +427,7 @@ impl QueueState {
                 break;
             }
             self.detach_unacked(id);
-            let how = Return::Failed { delay_ms: Some(0) };
-            self.return_message(id, now, how, fx);
+            self.return_message(id, now, Return::FAILED_AT_ONCE, fx);
         }
         self.time_out_consumers(now, fx);
         // Delayed messages whose time has come join the tail of the returns queue, in

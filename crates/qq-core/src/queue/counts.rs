@@ -30,6 +30,12 @@ pub(super) enum Return {
     Released,
 }
 
+impl Return {
+    /// A failed delivery back at once, whatever `x-requeue-delays` says: what a consumer that
+    /// leaves, or a Get lease that lapses, held.
+    pub(super) const FAILED_AT_ONCE: Return = Return::Failed { delay_ms: Some(0) };
+}
+
 impl QueueState {
     /// Every message's releases so far (only those released at least once), for a snapshot.
     pub fn releases(&self) -> Vec<(MessageId, u32)> {
@@ -50,8 +56,13 @@ impl QueueState {
     /// crosses nodes in Get replies, keeps the shape release 0.1.0 decodes.
     pub fn acquired_count(&self, id: MessageId) -> Option<u32> {
         let m = self.msgs.get(&id)?;
-        let released = self.releases.get(&id).copied().unwrap_or(0);
-        Some(m.delivery_count.saturating_add(released))
+        Some(m.delivery_count.saturating_add(self.releases_of(id)))
+    }
+
+    /// Releases so far of message `id` (0 for most): what a delivery's `delivery_count` lacks
+    /// to be its acquired count.
+    pub fn releases_of(&self, id: MessageId) -> u32 {
+        self.releases.get(&id).copied().unwrap_or(0)
     }
 
     /// The message leaves the state, with its release count.

@@ -68,8 +68,9 @@ pub async fn start_session(
         while let Some(Some(m)) = stopping.run_until_cancelled(input.recv()).await {
             // A leader of release 0.1.0 (machine version 1) cannot decode Stop: the older
             // cancel, which closes its session (it returns what the consumer holds).
-            let version = machines.version_of(me, leader);
-            if matches!(m, SessionIn::Stop) && version < 2 {
+            // Asked only for a Stop or a release, not for every settle.
+            let version = || machines.version_of(me, leader);
+            if matches!(m, SessionIn::Stop) && version() < 2 {
                 return;
             }
             // Nor a release, which it takes as the requeue it knows.

@@ -174,9 +174,14 @@ pub async fn run_session(
 
 /// A settle as a queue's machine at `version` takes it: a release (AMQP `basic.nack` with
 /// requeue) needs version 2; before, it is a requeue, as release 0.1.0 counted every return.
-pub(crate) fn outcome_for_machine(outcome: SettleOutcome, version: u32) -> SettleOutcome {
+/// `version` is asked only for a release: settles are the hot path, and every other outcome
+/// is the same at every version.
+pub(crate) fn outcome_for_machine(
+    outcome: SettleOutcome,
+    version: impl FnOnce() -> u32,
+) -> SettleOutcome {
     match outcome {
-        SettleOutcome::Release if version < 2 => SettleOutcome::Requeue,
+        SettleOutcome::Release if version() < 2 => SettleOutcome::Requeue,
         other => other,
     }
 }
@@ -415,8 +420,9 @@ impl Session {
             }) => match self.take_tags(tags, multiple) {
                 Ok(ids) => {
                     if !ids.is_empty() {
-                        let version = self.machine.with_state(|s| s.machine_version());
-                        let outcome = outcome_for_machine(outcome, version);
+                        let outcome = outcome_for_machine(outcome, || {
+                            self.machine.with_state(|s| s.machine_version())
+                        });
                         let _ = self.settle_tx.send((ids, outcome)).await;
                     }
                     self.end_if_drained().await

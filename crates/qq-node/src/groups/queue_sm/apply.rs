@@ -35,7 +35,9 @@ impl QueueMachine {
                 true => effects
                     .iter()
                     .filter_map(|e| match e {
-                        Effect::Deliver(d) => Some(state.acquired_count(d.id).unwrap_or(0)),
+                        Effect::Deliver(d) => {
+                            Some(d.delivery_count.saturating_add(state.releases_of(d.id)))
+                        }
                         _ => None,
                     })
                     .collect(),
