@@ -14,7 +14,8 @@
 //! A live message is in exactly one place ([`Location`]):
 //! - **ready**: waiting for a consumer. Dispatch order is the *returns* queue (messages given back
 //!   by a consumer or a lapsed Get lease, in the order they came back) followed by the never
-//!   delivered messages in id (= enqueue) order. Returned messages are served first.
+//!   delivered messages in id (= enqueue) order, two high-priority ones for each normal one
+//!   while both wait (module `priorities`). Returned messages are served first.
 //! - **unacked**: checked out to a consumer, or held by a Get lease (consumer [`GET_CONSUMER`]).
 //!   Unacked messages never expire and do not count against length limits.
 //! - **held**: dead-lettered under the at-least-once strategy, kept until the transfer to every
@@ -85,8 +86,8 @@
 //!
 //! # What it leaves out
 //! Bodies (stored by the glue in RocksDB under the message id), routing of dead letters and the
-//! `x-death` history (`deadletter`), consumer priorities, AMQP 1.0 credit, consumer timeouts,
-//! message priorities, and the deletion of a queue whose `x-expires` has passed
+//! `x-death` history (`deadletter`), AMQP 1.0 credit, strict message priorities
+//! (`x-max-priority`), and the deletion of a queue whose `x-expires` has passed
 //! (decided here by `ExpireQueue`, carried out by the node through the metadata layer; its
 //! messages are not dead-lettered).
 
@@ -104,8 +105,10 @@ mod counts;
 mod digest;
 mod handlers;
 mod invariants;
+mod lengths;
 mod machine;
 mod moves;
+mod priorities;
 mod queries;
 mod reply;
 mod timeouts;
@@ -119,6 +122,7 @@ use consumers::Consumer;
 use counts::Return;
 pub use machine::{FIRST_MACHINE_VERSION, MACHINE_VERSION};
 pub use moves::{MAX_ENDED_MOVES, MAX_MOVE_DESTINATION_BYTES, MoveState, MoveTask};
+pub use priorities::{HIGH_PRIORITY_FROM, is_high as is_high_priority};
 pub use reply::{Browsed, Counts, Delivery, Effect, HeldDeadLetter, Location, Reply, Stats};
 pub use timeouts::MAX_CONSUMER_TIMEOUT_MS;
 
@@ -236,6 +240,13 @@ pub struct QueueState {
     /// serialized with the rest, as `receipts`.
     #[serde(skip)]
     releases: OrdMap<MessageId, u32>,
+    /// Ready, never returned, high priority, in id order (module `priorities`; `fresh` holds
+    /// the normal level). Not serialized with the rest, as `receipts`.
+    #[serde(skip)]
+    high: OrdSet<MessageId>,
+    /// Where the two-to-one cycle between the levels stands (module `priorities`).
+    #[serde(skip)]
+    dequeue_counter: u8,
 }
 
 impl QueueState {
@@ -271,6 +282,8 @@ impl QueueState {
             unacked_deadlines: OrdMap::new(),
             timeouts: OrdSet::new(),
             releases: OrdMap::new(),
+            high: OrdSet::new(),
+            dequeue_counter: 0,
         }
     }
 
@@ -305,7 +318,17 @@ impl QueueState {
                 publish_key,
                 dedup_key,
                 ..
-            } => self.enqueue(index, now, header, publish_key, dedup_key, &mut fx),
+            } => self.enqueue(index, now, header, (publish_key, dedup_key), false, &mut fx),
+            Command::EnqueueWithPriority {
+                header,
+                publish_key,
+                dedup_key,
+                priority,
+                ..
+            } => {
+                let high = priorities::is_high(priority);
+                self.enqueue(index, now, header, (publish_key, dedup_key), high, &mut fx)
+            }
             Command::Checkout {
                 consumer,
                 node,
@@ -479,6 +502,7 @@ impl QueueState {
             let Some(cid) = self.next_consumer() else {
                 break;
             };
+            self.note_taken(id);
             self.detach_ready(id);
             let m = self.msgs.get_mut(&id).expect("ready message exists");
             let redelivered = m.delivered;
@@ -516,6 +540,7 @@ impl QueueState {
             let Some(id) = self.ready_head() else {
                 break; // only held dead letters left over the limit: nothing drop-head can drop
             };
+            self.note_taken(id);
             self.detach_ready(id);
             self.kill(id, Reason::Maxlen, None, now, fx);
         }
@@ -595,19 +620,18 @@ impl QueueState {
         let Place::Ready { returned } = m.place else {
             unreachable!("message {id} is not ready")
         };
+        let (deadline, size) = (m.deadline_ms, m.header.size_bytes);
         match returned {
             Some(pos) => {
                 self.returns.remove(&pos);
                 self.returned_ids.remove(&id);
             }
-            None => {
-                self.fresh.remove(&id);
-            }
+            None => self.remove_fresh(id),
         }
-        if let Some(d) = m.deadline_ms {
+        if let Some(d) = deadline {
             self.expiries.remove(&(d, id));
         }
-        self.ready_bytes -= m.header.size_bytes;
+        self.ready_bytes -= size;
     }
 
     fn detach_delayed(&mut self, id: MessageId) {
@@ -659,7 +683,7 @@ impl QueueState {
         self.returns
             .get_min()
             .map(|(_, id)| *id)
-            .or_else(|| self.fresh.get_min().copied())
+            .or_else(|| self.fresh_head())
     }
 
     /// Sort key of a ready message in dispatch order.
@@ -671,45 +695,6 @@ impl QueueState {
             Place::Delayed { seq, .. } => (2, seq),
             _ => (1, id),
         }
-    }
-
-    fn ready_len(&self) -> u64 {
-        (self.returns.len() + self.fresh.len()) as u64
-    }
-
-    fn unacked_len(&self) -> u64 {
-        self.leases.len() as u64
-            + self
-                .consumers
-                .values()
-                .map(|c| c.checked_out.len() as u64)
-                .sum::<u64>()
-    }
-
-    /// Ready, delayed and held messages count against the length limits.
-    fn is_over_limit(&self) -> bool {
-        let count = self.ready_len() + self.held.len() as u64 + self.delayed.len() as u64;
-        let bytes = self.ready_bytes + self.held_bytes + self.delayed_bytes;
-        self.config.max_length.is_some_and(|l| count > l)
-            || self.config.max_length_bytes.is_some_and(|l| bytes > l)
-    }
-
-    /// Which limit one more ready message of `size` bytes would break, as a refusal detail.
-    fn would_exceed(&self, size: u64) -> Option<String> {
-        let count = self.ready_len() + self.held.len() as u64 + self.delayed.len() as u64 + 1;
-        let bytes = self.ready_bytes + self.held_bytes + self.delayed_bytes + size;
-        let name = &self.config.name;
-        if let Some(l) = self.config.max_length
-            && count > l
-        {
-            return Some(format!("queue '{name}' is full (x-max-length {l})"));
-        }
-        if let Some(l) = self.config.max_length_bytes
-            && bytes > l
-        {
-            return Some(format!("queue '{name}' is full (x-max-length-bytes {l})"));
-        }
-        None
     }
 
     fn next_seq(&mut self) -> u64 {

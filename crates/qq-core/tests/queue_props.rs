@@ -22,6 +22,8 @@ enum Op {
         expiration_ms: Option<u64>,
         publisher: Option<(u64, u64)>,
         key: Option<u8>,
+        /// Some: `EnqueueWithPriority` (5 and up is high).
+        priority: Option<u8>,
     },
     Checkout {
         dt: u64,
@@ -181,9 +183,9 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => (dt(), 1u64..40, prop::option::weighted(0.3, 0u64..80),
               prop::option::weighted(0.4, (0u64..3, 0u64..12)),
-              prop::option::weighted(0.2, 0u8..6))
-            .prop_map(|(dt, size, expiration_ms, publisher, key)| Op::Enqueue {
-                dt, size, expiration_ms, publisher, key }),
+              prop::option::weighted(0.2, 0u8..6), prop::option::weighted(0.3, 0u8..10))
+            .prop_map(|(dt, size, expiration_ms, publisher, key, priority)| Op::Enqueue {
+                dt, size, expiration_ms, publisher, key, priority }),
         3 => (dt(), consumer.clone(), 1u64..=2, 0u32..4)
             .prop_map(|(dt, consumer, node, prefetch)| Op::Checkout { dt, consumer, node, prefetch }),
         2 => (dt(), consumer.clone(), 1u64..=2, 0u32..4, -1i32..=2)
@@ -245,15 +247,30 @@ fn resolve(s: &QueueState, op: &Op) -> Command {
             expiration_ms,
             publisher,
             key,
-        } => Command::Enqueue {
-            now_ms: t + dt,
-            header: MsgHeader {
+            priority,
+        } => {
+            let header = MsgHeader {
                 size_bytes: size,
                 expiration_ms,
-            },
-            publish_key: publisher.map(|(p, seq)| format!("pub{p}\0{seq}")),
-            dedup_key: key.map(|k| format!("key-{k}")),
-        },
+            };
+            let publish_key = publisher.map(|(p, seq)| format!("pub{p}\0{seq}"));
+            let dedup_key = key.map(|k| format!("key-{k}"));
+            match priority {
+                None => Command::Enqueue {
+                    now_ms: t + dt,
+                    header,
+                    publish_key,
+                    dedup_key,
+                },
+                Some(priority) => Command::EnqueueWithPriority {
+                    now_ms: t + dt,
+                    header,
+                    publish_key,
+                    dedup_key,
+                    priority,
+                },
+            }
+        }
         Op::CheckoutWithPriority {
             dt,
             consumer,
@@ -379,8 +396,10 @@ struct Model {
     live: BTreeSet<MessageId>,
     gone: BTreeSet<MessageId>,
     delivered: BTreeSet<MessageId>,
-    /// Largest id ever handed out on a first delivery.
-    last_first_delivery: MessageId,
+    /// Largest id ever handed out on a first delivery, per priority level (normal, high).
+    last_first_delivery: [MessageId; 2],
+    /// The messages that arrived high-priority.
+    high: BTreeSet<MessageId>,
     /// Requeued with a delay: not to be delivered before this time.
     not_before: BTreeMap<MessageId, u64>,
     /// Idempotency keys of stored messages ((publish or transfer, key) -> stored at ms).
@@ -416,11 +435,14 @@ impl Model {
             id
         );
         if !redelivered {
+            // FIFO within each priority level.
+            let level = usize::from(self.high.contains(&id));
             prop_assert!(
-                id > self.last_first_delivery,
-                "first deliveries out of FIFO order"
+                id > self.last_first_delivery[level],
+                "first deliveries out of FIFO order (level {})",
+                level
             );
-            self.last_first_delivery = id;
+            self.last_first_delivery[level] = id;
         }
         self.delivered.insert(id);
         Ok(())
@@ -441,7 +463,13 @@ fn check_step(
         publish_key,
         dedup_key,
         ..
+    }
+    | Command::EnqueueWithPriority {
+        publish_key,
+        dedup_key,
+        ..
     } = cmd
+        && !gated(before, cmd)
     {
         let now = s.clock_ms();
         let cutoff = now.saturating_sub(s.config().dedup_window_ms);
@@ -463,7 +491,14 @@ fn check_step(
         }
     }
     match reply {
-        Reply::Enqueued { id } | Reply::RejectedDeadLettered { id, .. } => model.arrive(*id)?,
+        Reply::Enqueued { id } | Reply::RejectedDeadLettered { id, .. } => {
+            if let Command::EnqueueWithPriority { priority, .. } = cmd
+                && *priority >= qq_core::queue::HIGH_PRIORITY_FROM
+            {
+                model.high.insert(*id);
+            }
+            model.arrive(*id)?
+        }
         Reply::Got {
             delivery: Some(d), ..
         } => {
@@ -942,6 +977,7 @@ struct Snapshot {
     priorities: imbl::OrdMap<ConsumerId, i32>,
     timeouts: (Option<u64>, Vec<(MessageId, u64)>),
     releases: Vec<(MessageId, u32)>,
+    high: (Vec<MessageId>, u8),
 }
 
 impl Snapshot {
@@ -954,6 +990,7 @@ impl Snapshot {
             priorities: s.priorities().clone(),
             timeouts: s.consumer_timeouts(),
             releases: s.releases(),
+            high: s.high_priority(),
         }
     }
 
@@ -966,6 +1003,7 @@ impl Snapshot {
         restored.restore_priorities(self.priorities);
         restored.restore_consumer_timeouts(self.timeouts.0, self.timeouts.1);
         restored.restore_releases(self.releases);
+        restored.restore_high_priority(self.high.0, self.high.1);
         restored.check_invariants().map_err(TestCaseError::fail)?;
         Ok(restored)
     }

@@ -170,6 +170,11 @@ impl DeadLetters {
             expiration_ms,
         };
         let key = format!("dl:{group}:{id}:{count}");
+        let stored = enqueue::Stored {
+            header: &header,
+            priority: copy.properties.priority,
+            encoded: &encoded,
+        };
         // A cycle without a rejection in it: the copy is dropped for that target.
         let routed: Vec<Routed> = targets
             .into_iter()
@@ -177,7 +182,7 @@ impl DeadLetters {
             .map(|t| Routed {
                 target: t.id,
                 name: t.name.clone(),
-                request: enqueue::request(&header, &encoded, key.clone()),
+                request: enqueue::request(&stored, key.clone()),
             })
             .collect();
         // Every target a cycle: no route. At-most-once drops it; at-least-once keeps it held

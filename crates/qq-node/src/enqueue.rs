@@ -22,7 +22,7 @@ use qq_raft::GroupId;
 
 use crate::clock::now_ms;
 use crate::error::NodeError;
-use crate::groups::queue_sm::QueueRequest;
+use crate::groups::queue_sm::{QueueReplyOut, QueueRequest};
 use crate::proposer::Proposer;
 
 /// One routed message for one target queue.
@@ -39,32 +39,78 @@ pub struct TargetReply {
     pub reply: Result<Reply, NodeError>,
 }
 
-/// The enqueue command for a dead-letter copy or a moved message (`encoded`: postcard of the
-/// message) under its transfer key `dedup_key`.
-pub fn request(header: &MsgHeader, encoded: &[u8], dedup_key: String) -> QueueRequest {
-    enqueue(header, encoded, None, Some(dedup_key))
+/// A message as its target queue stores it: its header, its priority (`properties.priority`)
+/// and its encoding (postcard of the message).
+pub struct Stored<'a> {
+    pub header: &'a MsgHeader,
+    pub priority: u32,
+    pub encoded: &'a [u8],
+}
+
+/// The enqueue command for a dead-letter copy or a moved message under its transfer key
+/// `dedup_key`.
+pub fn request(message: &Stored<'_>, dedup_key: String) -> QueueRequest {
+    enqueue(message, None, Some(dedup_key))
 }
 
 /// The enqueue command for a published message under its publish key.
-pub fn publish_request(header: &MsgHeader, encoded: &[u8], publish_key: String) -> QueueRequest {
-    enqueue(header, encoded, Some(publish_key), None)
+pub fn publish_request(message: &Stored<'_>, publish_key: String) -> QueueRequest {
+    enqueue(message, Some(publish_key), None)
 }
 
+/// A high-priority message goes with `EnqueueWithPriority` (machine version 2; see
+/// [`Enqueuer::commit`] for a queue not there yet), any other with a plain `Enqueue`.
 fn enqueue(
-    header: &MsgHeader,
-    encoded: &[u8],
+    message: &Stored<'_>,
     publish_key: Option<String>,
     dedup_key: Option<String>,
 ) -> QueueRequest {
-    QueueRequest {
-        cmd: Command::Enqueue {
-            now_ms: now_ms(),
-            header: header.clone(),
+    let priority = u8::try_from(message.priority).unwrap_or(u8::MAX);
+    let (now_ms, header) = (now_ms(), message.header.clone());
+    let cmd = if qq_core::queue::is_high_priority(priority) {
+        Command::EnqueueWithPriority {
+            now_ms,
+            header,
             publish_key,
             dedup_key,
-        },
-        message: Some(encoded.to_vec()),
+            priority,
+        }
+    } else {
+        Command::Enqueue {
+            now_ms,
+            header,
+            publish_key,
+            dedup_key,
+        }
+    };
+    QueueRequest {
+        cmd,
+        message: Some(message.encoded.to_vec()),
     }
+}
+
+/// The plain `Enqueue` of an `EnqueueWithPriority` (same keys and time): what a queue whose
+/// machine is still at version 1 stores, at normal priority. None for any other request.
+fn without_priority(req: &QueueRequest) -> Option<QueueRequest> {
+    let Command::EnqueueWithPriority {
+        now_ms,
+        header,
+        publish_key,
+        dedup_key,
+        ..
+    } = &req.cmd
+    else {
+        return None;
+    };
+    Some(QueueRequest {
+        cmd: Command::Enqueue {
+            now_ms: *now_ms,
+            header: header.clone(),
+            publish_key: publish_key.clone(),
+            dedup_key: dedup_key.clone(),
+        },
+        message: req.message.clone(),
+    })
 }
 
 #[derive(Clone)]
@@ -121,7 +167,7 @@ impl Enqueuer {
                 .map(|(target, (name, items))| async move {
                     let (positions, reqs): (Vec<usize>, Vec<QueueRequest>) =
                         items.into_iter().unzip();
-                    let result = self.proposer.propose_queue_batch(target, reqs).await;
+                    let result = self.propose_target(target, reqs).await;
                     (name, positions, result)
                 }),
         )
@@ -147,5 +193,50 @@ impl Enqueuer {
             }
         }
         out
+    }
+
+    /// Proposes one target's batch. A queue whose machine is still at version 1 refuses a
+    /// high-priority enqueue (every replica alike, `Reply::Error`), and a leader of release
+    /// 0.1.0 refuses a batch holding one as invalid: those messages are proposed again as
+    /// plain enqueues, at normal priority, as release 0.1.0 stores every message (after the
+    /// rest of their batch). A queue moves to version 2 once every member runs this release.
+    async fn propose_target(
+        &self,
+        target: GroupId,
+        reqs: Vec<QueueRequest>,
+    ) -> Result<Vec<QueueReplyOut>, NodeError> {
+        let plain: Vec<Option<QueueRequest>> = reqs.iter().map(without_priority).collect();
+        if plain.iter().all(Option::is_none) {
+            return self.proposer.propose_queue_batch(target, reqs).await;
+        }
+        let all_plain: Vec<QueueRequest> = reqs
+            .iter()
+            .zip(&plain)
+            .map(|(r, p)| p.clone().unwrap_or_else(|| r.clone()))
+            .collect();
+        let mut replies = match self.proposer.propose_queue_batch(target, reqs).await {
+            Err(NodeError::InvalidArgument(_)) => {
+                return self.proposer.propose_queue_batch(target, all_plain).await;
+            }
+            other => other?,
+        };
+        let again: Vec<(usize, QueueRequest)> = replies
+            .iter()
+            .zip(plain)
+            .enumerate()
+            .filter_map(|(i, (r, p))| match (&r.reply, p) {
+                (Reply::Error { .. }, Some(p)) => Some((i, p)),
+                _ => None,
+            })
+            .collect();
+        if again.is_empty() {
+            return Ok(replies);
+        }
+        let (positions, retry): (Vec<usize>, Vec<QueueRequest>) = again.into_iter().unzip();
+        let retried = self.proposer.propose_queue_batch(target, retry).await?;
+        for (i, r) in positions.into_iter().zip(retried) {
+            replies[i] = r;
+        }
+        Ok(replies)
     }
 }

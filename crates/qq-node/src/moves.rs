@@ -132,7 +132,14 @@ impl Mover {
             copies.push(vec![Routed {
                 target: dest.id,
                 name: name.clone(),
-                request: enqueue::request(&header, &encoded, key),
+                request: enqueue::request(
+                    &enqueue::Stored {
+                        header: &header,
+                        priority: message.properties.priority,
+                        encoded: &encoded,
+                    },
+                    key,
+                ),
             }]);
         }
         let replies = self.enqueuer.commit(copies).await;

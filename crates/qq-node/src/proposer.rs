@@ -77,6 +77,16 @@ enum LocalError {
     Unavailable(String),
 }
 
+/// Why a forwarded proposal did not go through.
+enum RemoteError {
+    /// The leader refused it as invalid (it does not decode there, or is out of bounds): a
+    /// retry would be refused again. A leader of an older release refuses a command it
+    /// does not know this way.
+    Refused(String),
+    /// Anything else (unreachable, timed out, shutting down): try again, maybe elsewhere.
+    Failed(String),
+}
+
 /// Cheap to clone: every task that proposes holds one.
 #[derive(Clone)]
 pub struct Proposer {
@@ -128,7 +138,9 @@ impl Proposer {
                 Some(t) => match self.propose_remote(t, group, payload.clone()).await {
                     Ok(Ok(bytes)) => return Ok(bytes),
                     Ok(Err(h)) => (h, format!("node {t} is not the leader")),
-                    Err(e) => (self.member_after(group, Some(t), attempt), e),
+                    // The leader will refuse it again: no retry.
+                    Err(RemoteError::Refused(e)) => return Err(NodeError::InvalidArgument(e)),
+                    Err(RemoteError::Failed(e)) => (self.member_after(group, Some(t), attempt), e),
                 },
             };
             let moved = next.is_some() && next != hint;
@@ -185,11 +197,11 @@ impl Proposer {
         target: NodeId,
         group: GroupId,
         payload: Vec<u8>,
-    ) -> Result<Result<Vec<u8>, Option<NodeId>>, String> {
+    ) -> Result<Result<Vec<u8>, Option<NodeId>>, RemoteError> {
         let mut client = self
             .peers
             .client(target)
-            .ok_or_else(|| format!("unknown node {target}"))?;
+            .ok_or_else(|| RemoteError::Failed(format!("unknown node {target}")))?;
         let mut req = tonic::Request::new(ProposeRequest {
             group,
             payload: payload.into(),
@@ -198,10 +210,20 @@ impl Proposer {
         let reply = client
             .propose(req)
             .await
-            .map_err(|s| format!("node {target}: {}", s.message()))?
+            .map_err(|s| {
+                let e = format!("node {target}: {}", s.message());
+                if s.code() == tonic::Code::InvalidArgument {
+                    RemoteError::Refused(e)
+                } else {
+                    RemoteError::Failed(e)
+                }
+            })?
             .into_inner();
         if !reply.error.is_empty() {
-            return Err(format!("node {target}: {}", reply.error));
+            return Err(RemoteError::Failed(format!(
+                "node {target}: {}",
+                reply.error
+            )));
         }
         if reply.code == NOT_LEADER {
             return Ok(Err(if reply.forward_to == 0 {

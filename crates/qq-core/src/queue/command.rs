@@ -182,6 +182,16 @@ pub enum Command {
     SetConsumerTimeout {
         timeout_ms: Option<u64>,
     },
+    /// [`Command::Enqueue`] of a message with a priority (`properties.priority`): from
+    /// [`super::HIGH_PRIORITY_FROM`] up it is a high-priority message (module `priorities`).
+    /// Machine version 2. Added last.
+    EnqueueWithPriority {
+        now_ms: u64,
+        header: MsgHeader,
+        publish_key: Option<String>,
+        dedup_key: Option<String>,
+        priority: u8,
+    },
 }
 
 /// What binds a Get lease to whoever took it: a random token and the authenticated user.
@@ -207,11 +217,20 @@ pub const MAX_REQUEUE_DELAYS: usize = 32;
 pub const MAX_DEDUP_KEY_BYTES: usize = 1024;
 
 impl Command {
+    /// Whether the command stores a message (its entry carries the body).
+    pub fn is_enqueue(&self) -> bool {
+        matches!(
+            self,
+            Command::Enqueue { .. } | Command::EnqueueWithPriority { .. }
+        )
+    }
+
     /// The leader's time stamped into the command (None: a command without one runs at the
     /// state's clock).
     pub fn now_ms(&self) -> Option<u64> {
         match self {
             Command::Enqueue { now_ms, .. }
+            | Command::EnqueueWithPriority { now_ms, .. }
             | Command::Checkout { now_ms, .. }
             | Command::CheckoutWithPriority { now_ms, .. }
             | Command::Settle { now_ms, .. }
@@ -264,18 +283,15 @@ impl Command {
                 ))
             }
             Command::Enqueue {
-                dedup_key: Some(k), ..
-            } if k.len() > MAX_DEDUP_KEY_BYTES => Err(format!(
-                "dedup_key: {} bytes, more than {MAX_DEDUP_KEY_BYTES}",
-                k.len()
-            )),
-            Command::Enqueue {
-                publish_key: Some(k),
+                publish_key,
+                dedup_key,
                 ..
-            } if k.len() > MAX_DEDUP_KEY_BYTES => Err(format!(
-                "publish_key: {} bytes, more than {MAX_DEDUP_KEY_BYTES}",
-                k.len()
-            )),
+            }
+            | Command::EnqueueWithPriority {
+                publish_key,
+                dedup_key,
+                ..
+            } => check_keys(publish_key, dedup_key),
             Command::Checkout { consumer, .. }
             | Command::CheckoutWithPriority { consumer, .. }
             | Command::CancelConsumer { consumer, .. }
@@ -309,6 +325,21 @@ impl Command {
             _ => Ok(()),
         }
     }
+}
+
+/// The bounds of an enqueue's idempotency keys.
+fn check_keys(publish_key: &Option<String>, dedup_key: &Option<String>) -> Result<(), String> {
+    for (name, key) in [("dedup_key", dedup_key), ("publish_key", publish_key)] {
+        if let Some(k) = key
+            && k.len() > MAX_DEDUP_KEY_BYTES
+        {
+            return Err(format!(
+                "{name}: {} bytes, more than {MAX_DEDUP_KEY_BYTES}",
+                k.len()
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl SettleOutcome {

@@ -51,6 +51,10 @@ impl fmt::Debug for QueueState {
         if !self.releases.is_empty() {
             d.field("releases", &self.releases);
         }
+        if !self.high.is_empty() || self.dequeue_counter != 0 {
+            d.field("high", &self.high)
+                .field("dequeue_counter", &self.dequeue_counter);
+        }
         d.finish()
     }
 }

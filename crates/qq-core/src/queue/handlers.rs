@@ -16,8 +16,8 @@ impl QueueState {
         index: u64,
         now: u64,
         header: MsgHeader,
-        publish_key: Option<String>,
-        dedup_key: Option<String>,
+        (publish_key, dedup_key): (Option<String>, Option<String>),
+        high: bool,
         fx: &mut Vec<Effect>,
     ) -> Reply {
         let window = self.config.dedup_window_ms;
@@ -73,7 +73,7 @@ impl QueueState {
         }
         self.stats.enqueued_total += 1;
         self.msgs.insert(index, msg);
-        self.fresh.insert(index);
+        self.add_fresh(index, high);
         self.ready_bytes += size;
         if let Some(d) = deadline_ms {
             self.expiries.insert((d, index));
@@ -198,6 +198,7 @@ impl QueueState {
                 message_count: 0,
             };
         };
+        self.note_taken(id);
         self.detach_ready(id);
         self.stats.delivered_total += 1;
         let lease_deadline_ms = if auto_ack {

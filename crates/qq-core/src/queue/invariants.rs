@@ -38,7 +38,7 @@ impl QueueState {
                             returns.insert(r, *id);
                         }
                         None => {
-                            if !self.fresh.contains(id) {
+                            if !self.fresh.contains(id) && !self.high.contains(id) {
                                 return Err(format!("ready message {id} not in fresh"));
                             }
                         }
@@ -128,6 +128,7 @@ impl QueueState {
         self.check_priorities()?;
         self.check_timeouts()?;
         self.check_releases()?;
+        self.check_message_priorities()?;
         self.publish_keys.check()?;
         self.transfer_keys.check()?;
         Ok(())

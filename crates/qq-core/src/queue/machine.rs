@@ -17,7 +17,7 @@
 //! | version | release | what it adds |
 //! |---:|---|---|
 //! | 1 | 0.1.0 | everything up to 0.1.0 |
-//! | 2 | next | `CancelConsumer` (AMQP basic.cancel keeps what the consumer holds); `CheckoutWithPriority` (consumer priorities); `SetConsumerTimeout` (consumer timeouts, which return messages released, not failed); `Settle` with `SettleOutcome::Release` (module `counts`); `SetMachineVersion` |
+//! | 2 | next | `CancelConsumer` (AMQP basic.cancel keeps what the consumer holds); `CheckoutWithPriority` (consumer priorities); `SetConsumerTimeout` (consumer timeouts, which return messages released, not failed); `Settle` with `SettleOutcome::Release` (module `counts`); `EnqueueWithPriority` (message priorities, module `priorities`); `SetMachineVersion` |
 //!
 //! `SetMachineVersion` itself is version 2's, and is never gated: it is proposed only when
 //! every member decodes it.
@@ -43,7 +43,8 @@ impl Command {
             Command::CancelConsumer { .. }
             | Command::SetMachineVersion { .. }
             | Command::CheckoutWithPriority { .. }
-            | Command::SetConsumerTimeout { .. } => 2,
+            | Command::SetConsumerTimeout { .. }
+            | Command::EnqueueWithPriority { .. } => 2,
             Command::Settle {
                 outcome: SettleOutcome::Release,
                 ..
@@ -113,6 +114,7 @@ fn command_name(cmd: &Command) -> &'static str {
         Command::SetMachineVersion { .. } => "SetMachineVersion",
         Command::CheckoutWithPriority { .. } => "CheckoutWithPriority",
         Command::SetConsumerTimeout { .. } => "SetConsumerTimeout",
+        Command::EnqueueWithPriority { .. } => "EnqueueWithPriority",
         _ => "of version 1",
     }
 }

@@ -91,19 +91,20 @@ impl QueueState {
         let mut bytes = 0u64;
         self.returns
             .values()
-            .chain(self.fresh.iter())
+            .copied()
+            .chain(self.fresh_in_order())
             .enumerate()
             .skip(usize::try_from(offset).unwrap_or(usize::MAX))
             .take(limit)
             .take_while(|(position, id)| {
-                bytes = bytes.saturating_add(self.msgs[*id].header.size_bytes);
+                bytes = bytes.saturating_add(self.msgs[id].header.size_bytes);
                 *position as u64 == offset || bytes <= max_bytes
             })
             .map(|(position, id)| {
-                let m = &self.msgs[id];
+                let m = &self.msgs[&id];
                 Browsed {
                     position: position as u64,
-                    id: *id,
+                    id,
                     delivery_count: m.delivery_count,
                     redelivered: m.delivered,
                     enqueued_ms: m.enqueued_ms,
@@ -115,9 +116,9 @@ impl QueueState {
     /// When the oldest ready message was enqueued (ids grow with enqueue time, so it is the
     /// smallest ready id). O(log n).
     pub fn oldest_ready_enqueued_ms(&self) -> Option<u64> {
-        let oldest = match (self.fresh.get_min(), self.returned_ids.get_min()) {
-            (Some(a), Some(b)) => Some(*a.min(b)),
-            (a, b) => a.or(b).copied(),
+        let oldest = match (self.oldest_fresh(), self.returned_ids.get_min().copied()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }?;
         Some(self.msgs[&oldest].enqueued_ms)
     }
@@ -196,9 +197,9 @@ impl QueueState {
     pub fn first_ready_ids(&self, n: usize) -> Vec<MessageId> {
         self.returns
             .values()
-            .chain(self.fresh.iter())
-            .take(n)
             .copied()
+            .chain(self.fresh_in_order())
+            .take(n)
             .collect()
     }
 

@@ -47,6 +47,25 @@ impl Q {
         assert!(matches!(reply, Reply::Enqueued { .. }), "{reply:?}");
         deliveries(&fx)
     }
+
+    /// Publishes a 10-byte message of `priority` (machine version 2's `EnqueueWithPriority`);
+    /// returns its id.
+    pub fn publish_with_priority(&mut self, priority: u8, ttl_ms: Option<u64>) -> MessageId {
+        let (reply, _) = self.apply(Command::EnqueueWithPriority {
+            now_ms: 1,
+            header: MsgHeader {
+                size_bytes: 10,
+                expiration_ms: ttl_ms,
+            },
+            publish_key: None,
+            dedup_key: None,
+            priority,
+        });
+        match reply {
+            Reply::Enqueued { id } => id,
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 /// The (consumer, message) of every delivery among `fx`, in order.

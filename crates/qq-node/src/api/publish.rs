@@ -40,6 +40,8 @@ pub(crate) enum Prepared {
     Route {
         targets: Vec<(u64, String)>,
         header: MsgHeader,
+        /// `properties.priority` (validated: at most 255).
+        priority: u32,
         encoded: Vec<u8>,
         /// The client's publish key (user, publisher id, seq), if it gave a publisher id.
         publish_key: Option<String>,
@@ -181,6 +183,7 @@ pub(crate) fn route_message(
     } else {
         Some(parse_expiration(&properties.expiration)?)
     };
+    let priority = properties.priority;
     let message = Message {
         properties,
         body,
@@ -207,6 +210,7 @@ pub(crate) fn route_message(
             .map(|q| (q.id, q.name.clone()))
             .collect(),
         header,
+        priority,
         encoded,
         publish_key,
     })
@@ -354,9 +358,15 @@ pub(crate) async fn commit(
             Prepared::Route {
                 targets,
                 header,
+                priority,
                 encoded,
                 publish_key,
             } => {
+                let stored = enqueue::Stored {
+                    header: &header,
+                    priority,
+                    encoded: &encoded,
+                };
                 answers.push((seq, None));
                 copies.push(
                     targets
@@ -367,8 +377,7 @@ pub(crate) async fn commit(
                             // The client's key, or a fresh one of the node's: a retry (the
                             // client's, or the node's own) stores the message once.
                             request: enqueue::publish_request(
-                                &header,
-                                &encoded,
+                                &stored,
                                 publish_key
                                     .clone()
                                     .unwrap_or_else(|| enqueuer.next_publish_key()),

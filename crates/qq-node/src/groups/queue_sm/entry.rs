@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QueueRequest {
     pub cmd: Command,
-    /// postcard of [`Message`]; only with `Command::Enqueue`.
+    /// postcard of [`Message`]; only with an enqueue ([`Command::is_enqueue`]).
     #[serde(with = "serde_bytes")]
     pub message: Option<Vec<u8>>,
 }
@@ -56,13 +56,13 @@ pub fn check_entry(payload: &[u8]) -> Result<QueueEntry, String> {
 
 fn check_request(req: &QueueRequest) -> Result<(), String> {
     req.cmd.validate()?;
-    match (&req.cmd, &req.message) {
-        (Command::Enqueue { .. }, Some(bytes)) => postcard::from_bytes::<Message>(bytes)
+    match (req.cmd.is_enqueue(), &req.message) {
+        (true, Some(bytes)) => postcard::from_bytes::<Message>(bytes)
             .map(|_| ())
             .map_err(|e| format!("enqueue: the message does not decode: {e}")),
-        (Command::Enqueue { .. }, None) => Err("enqueue: no message".into()),
-        (_, Some(_)) => Err("a message with a command other than enqueue".into()),
-        (_, None) => Ok(()),
+        (true, None) => Err("enqueue: no message".into()),
+        (false, Some(_)) => Err("a message with a command other than enqueue".into()),
+        (false, None) => Ok(()),
     }
 }
 

@@ -52,6 +52,10 @@ struct TrailerV1 {
     deadlines: Vec<(MessageId, u64)>,
     /// [`QueueState::releases`]: returns that were not failed deliveries, per message.
     releases: Vec<(MessageId, u32)>,
+    /// [`QueueState::high_priority`]: the fresh high-priority messages, and where the
+    /// two-to-one cycle between the levels stands.
+    high_priority: Vec<MessageId>,
+    dequeue_counter: u8,
 }
 
 /// [`QueueSnapshotHeader`] by reference, encoded from the cut's copy of the state.
@@ -103,6 +107,8 @@ impl QueueMachine {
             consumer_timeout_ms: state.consumer_timeouts().0,
             deadlines: state.consumer_timeouts().1,
             releases: state.releases(),
+            high_priority: state.high_priority().0,
+            dequeue_counter: state.high_priority().1,
         })?);
         out.header(&header)?;
         // Both in id order: a merge of the live ids with the pinned bodies, page by page.
@@ -186,6 +192,7 @@ impl QueueMachine {
         state.restore_priorities(trailer.priorities);
         state.restore_consumer_timeouts(trailer.consumer_timeout_ms, trailer.deadlines);
         state.restore_releases(trailer.releases);
+        state.restore_high_priority(trailer.high_priority, trailer.dequeue_counter);
         *self.state.lock().unwrap() = state;
         Ok(())
     }
@@ -203,6 +210,8 @@ fn decode_header(bytes: &[u8]) -> Result<(QueueSnapshotHeader, TrailerV1), Strin
             consumer_timeout_ms: None,
             deadlines: Vec::new(),
             releases: Vec::new(),
+            high_priority: Vec::new(),
+            dequeue_counter: 0,
         };
         return Ok((header, trailer));
     }
@@ -251,6 +260,8 @@ mod tests {
             consumer_timeout_ms: Some(5),
             deadlines: vec![(7, 12)],
             releases: vec![(7, 3)],
+            high_priority: vec![8],
+            dequeue_counter: 1,
         };
         with.extend(io_encode(&v1).unwrap());
         let (_, trailer) = decode_header(&with).unwrap();
@@ -264,6 +275,10 @@ mod tests {
             (Some(5), vec![(7, 12)])
         );
         assert_eq!(trailer.releases, vec![(7, 3)]);
+        assert_eq!(
+            (trailer.high_priority, trailer.dequeue_counter),
+            (vec![8], 1)
+        );
 
         let mut newer = bytes;
         newer.extend(io_encode(&(TRAILER_FORMAT + 1)).unwrap());

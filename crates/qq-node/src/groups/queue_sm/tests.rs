@@ -25,6 +25,22 @@ fn enqueue(body: &[u8]) -> QueueRequest {
     }
 }
 
+/// [`enqueue`] of a high-priority message (machine version 2).
+fn enqueue_high(body: &[u8]) -> QueueRequest {
+    let mut req = enqueue(body);
+    let Command::Enqueue { now_ms, header, .. } = req.cmd else {
+        unreachable!()
+    };
+    req.cmd = Command::EnqueueWithPriority {
+        now_ms,
+        header,
+        publish_key: None,
+        dedup_key: None,
+        priority: 9,
+    };
+    req
+}
+
 fn apply(m: &QueueMachine, index: u64, req: QueueRequest) {
     let entry = postcard::to_stdvec(&QueueEntry::One(req)).unwrap();
     m.apply_payload(index, &entry).unwrap();
@@ -121,10 +137,12 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
             max_per_second: 5,
         }),
     );
+    // And a high-priority message (carried in the trailer).
+    apply(&m, 307, enqueue_high(&[1; 3000]));
     let at_cut = m.with_state(|s| s.clone());
     let cut = m.cut();
     // After the cut, every ready message is purged: their bodies go from RocksDB.
-    apply(&m, 307, QueueRequest::command(Command::Purge));
+    apply(&m, 308, QueueRequest::command(Command::Purge));
     assert_eq!(
         m.with_state(|s| s.message_ids().len()),
         3,
@@ -153,7 +171,8 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
     );
     installed.check_invariants().unwrap();
     let ids = installed.message_ids();
-    assert_eq!(ids.len(), 300, "all 300 were live at the cut");
+    assert_eq!(installed.high_priority().0.len(), 1);
+    assert_eq!(ids.len(), 301, "all 301 were live at the cut");
     for id in ids {
         let message = other.read_message(id).unwrap();
         assert_eq!(message.body.len(), 3000);
