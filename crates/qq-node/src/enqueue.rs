@@ -197,9 +197,10 @@ impl Enqueuer {
 
     /// Proposes one target's batch. A queue whose machine is still at version 1 refuses a
     /// high-priority enqueue (every replica alike, `Reply::Error`), and a leader of release
-    /// 0.1.0 refuses a batch holding one as invalid: those messages are proposed again as
-    /// plain enqueues, at normal priority, as release 0.1.0 stores every message (after the
-    /// rest of their batch). A queue moves to version 2 once every member runs this release.
+    /// 0.1.0 cannot decode a batch holding one: those messages are proposed again as plain
+    /// enqueues, at normal priority, as release 0.1.0 stores every message (after the rest of
+    /// their batch). A queue moves to version 2 once every member runs this release. Only a
+    /// batch with a high-priority message pays for the copies this takes.
     async fn propose_target(
         &self,
         target: GroupId,
@@ -214,11 +215,12 @@ impl Enqueuer {
             .zip(&plain)
             .map(|(r, p)| p.clone().unwrap_or_else(|| r.clone()))
             .collect();
-        let mut replies = match self.proposer.propose_queue_batch(target, reqs).await {
-            Err(NodeError::InvalidArgument(_)) => {
-                return self.proposer.propose_queue_batch(target, all_plain).await;
-            }
-            other => other?,
+        // A batch that failed as a whole goes again plain: a 0.1.0 leader may refuse it as
+        // invalid, or commit it and answer in a form this node does not read. Anything else
+        // that failed fails again the same way, and a batch that was stored after all is
+        // stored once: the retry carries the same publish and transfer keys.
+        let Ok(mut replies) = self.proposer.propose_queue_batch(target, reqs).await else {
+            return self.proposer.propose_queue_batch(target, all_plain).await;
         };
         let again: Vec<(usize, QueueRequest)> = replies
             .iter()

@@ -19,6 +19,7 @@ mod deadletter;
 mod dedup;
 mod definitions;
 mod delivery_counts;
+mod message_priorities;
 mod dlx_workflows;
 mod failover;
 mod hostile_input;

@@ -34,6 +34,10 @@ fn previous_binary() -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// The number of the high-priority message published through an upgraded node while the
+/// cluster is mixed (the load's own numbers never reach it).
+const MIXED_HIGH_PRIORITY: u64 = 1 << 40;
+
 /// What the load saw: confirmed publishes and delivered bodies (numbers).
 #[derive(Default)]
 struct Seen {
@@ -54,7 +58,8 @@ async fn any_client(addresses: &[String], start: usize) -> Option<Client> {
 }
 
 /// Publishes numbered messages one at a time, each until it is confirmed (a failed one is
-/// published again through the next node: a message may arrive twice, never not at all).
+/// published again through the next node: a message may arrive twice, never not at all),
+/// every third with priority 9.
 async fn publish(addresses: Vec<String>, seen: Arc<Mutex<Seen>>, stop: CancellationToken) {
     let mut n = 0u64;
     let mut at = 0usize;
@@ -68,7 +73,12 @@ async fn publish(addresses: Vec<String>, seen: Arc<Mutex<Seen>>, stop: Cancellat
             continue;
         };
         seen.lock().unwrap().published.insert(n);
-        let message = qq_client::message(n.to_string().into_bytes());
+        // Every third one high-priority: while the cluster is mixed the queue's machine is at
+        // version 1, and the node stores it as a plain enqueue (a refused one never confirms).
+        let priority = if n % 3 == 0 { 9 } else { 0 };
+        let message = qq_client::MessageBuilder::new(n.to_string().into_bytes())
+            .priority(priority)
+            .build();
         match c.publish("", QUEUE, message).await {
             Ok(confirm) if confirm.is_confirmed() => {
                 seen.lock().unwrap().confirmed.insert(n);
@@ -194,6 +204,19 @@ async fn a_rolling_upgrade_under_load_loses_nothing() -> anyhow::Result<()> {
                     "node {upgraded} reports machine version {v:?} while node 3 runs the previous release"
                 );
             }
+            // A high-priority publish through an upgraded node while the queue's machine is at
+            // version 1 (whichever node leads): stored, as a plain enqueue, and confirmed.
+            let n = MIXED_HIGH_PRIORITY;
+            seen.lock().unwrap().published.insert(n);
+            let message = qq_client::MessageBuilder::new(n.to_string().into_bytes())
+                .priority(9)
+                .build();
+            let confirm = cluster.client(1).await?.publish("", QUEUE, message).await?;
+            ensure!(
+                confirm.is_confirmed(),
+                "a high-priority publish while mixed: {confirm:?}"
+            );
+            seen.lock().unwrap().confirmed.insert(n);
         }
         info!(
             node = id,

@@ -1,0 +1,95 @@
+//! Message priorities over AMQP as RabbitMQ 4.0's quorum queues have them: a backlog of normal
+//! and high-priority messages (priority 5 and up) is delivered two high for each normal while
+//! both wait, each level in publish order, with the `priority` property delivered unchanged.
+
+use anyhow::{Context, ensure};
+use futures::StreamExt;
+use lapin::BasicProperties;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions,
+};
+use lapin::types::FieldTable;
+use qq_tests::{TestCluster, info};
+
+use super::amqp::{WAIT, connect, declare, quorum};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn high_priority_messages_go_two_to_one_before_normal_ones() -> anyhow::Result<()> {
+    let cluster = TestCluster::start(3).await?;
+    let conn = connect(&cluster, 2).await?;
+    let ch = conn.create_channel().await?;
+    declare(&ch, "prio", quorum()).await?;
+    let line = "quorumq_queue_machine_version{vhost=\"/\",queue=\"prio\"} 2";
+    cluster
+        .wait_metric_line_everywhere(line, "prio at machine version 2")
+        .await?;
+
+    info!("--- a backlog: n0..n3 (no priority, 4, 3), then h0..h5 (priority 5, 9)");
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    let published: Vec<(&str, Option<u8>)> = vec![
+        ("n0", None),
+        ("n1", Some(4)),
+        ("n2", None),
+        ("n3", Some(3)),
+        ("h0", Some(9)),
+        ("h1", Some(5)),
+        ("h2", Some(9)),
+        ("h3", Some(5)),
+        ("h4", Some(9)),
+        ("h5", Some(5)),
+    ];
+    for (body, priority) in &published {
+        let mut props = BasicProperties::default().with_delivery_mode(2);
+        if let Some(p) = priority {
+            props = props.with_priority(*p);
+        }
+        let confirm = ch
+            .basic_publish(
+                "".into(),
+                "prio".into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                props,
+            )
+            .await?
+            .await?;
+        ensure!(confirm.is_ack(), "{body}: {confirm:?}");
+    }
+
+    info!("--- one at a time (prefetch 1, ack each)");
+    ch.basic_qos(1, BasicQosOptions::default()).await?;
+    let mut consumer = ch
+        .basic_consume(
+            "prio".into(),
+            "reader".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut got = Vec::new();
+    for _ in 0..published.len() {
+        let d = tokio::time::timeout(WAIT, consumer.next())
+            .await
+            .context("no delivery")?
+            .context("the consumer ended")??;
+        let body = String::from_utf8(d.data.clone())?;
+        let sent = published
+            .iter()
+            .find(|(b, _)| *b == body)
+            .context("unknown body")?;
+        ensure!(
+            *d.properties.priority() == sent.1,
+            "{body}: priority {:?}, sent {:?}",
+            d.properties.priority(),
+            sent.1
+        );
+        got.push(body);
+        d.ack(BasicAckOptions::default()).await?;
+    }
+    let expected = ["h0", "h1", "n0", "h2", "h3", "n1", "h4", "h5", "n2", "n3"];
+    ensure!(got == expected, "delivered {got:?}, expected {expected:?}");
+    conn.close(200, "bye".into()).await?;
+    cluster.stop();
+    Ok(())
+}
