@@ -1,0 +1,70 @@
+use openraft::network::{RPCOption, RaftNetworkFactory, v2::RaftNetworkV2};
+use openraft::raft::VoteRequest;
+use openraft::{BasicNode, alias::VoteOf};
+use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
+use tonic::transport::{Identity, ServerTlsConfig};
+
+use super::*;
+
+/// A CA and a node certificate from it (PEM): (ca, cert, key).
+fn ca_and_node() -> (String, String, String) {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut leaf = CertificateParams::new(vec![CLUSTER_TLS_NAME.to_string()]).unwrap();
+    leaf.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let cert = leaf.signed_by(&key, &issuer).unwrap();
+    (ca_cert.pem(), cert.pem(), key.serialize_pem())
+}
+
+/// Serves a peer that grants every vote, over mutual TLS with `server`'s CA and identity.
+async fn tls_peer(server: &(String, String, String)) -> String {
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&server.1, &server.2))
+        .client_ca_root(Certificate::from_pem(&server.0));
+    super::tests::serve_peer(Some(tls)).await
+}
+
+async fn vote(address: String, me: &(String, String, String)) -> bool {
+    let tls = PeerTls {
+        ca_pem: me.0.clone().into_bytes(),
+        cert_pem: me.1.clone().into_bytes(),
+        key_pem: me.2.clone().into_bytes(),
+    };
+    let peers = tests::peers_at(1, address, Some(&tls));
+    let mut raft = GroupNetwork { group: 7, peers }
+        .new_client(1, &BasicNode::default())
+        .await;
+    raft.vote(
+        VoteRequest::new(VoteOf::<TypeConfig>::new(3, 2), None),
+        RPCOption::new(Duration::from_secs(2)),
+    )
+    .await
+    .is_ok_and(|r| r.vote_granted)
+}
+
+/// Peers dial https:// with the node certificate: a peer from the same CA answers; a server
+/// whose certificate comes from another CA is refused (and so is this node by it).
+#[tokio::test]
+async fn peers_speak_mutual_tls_and_refuse_a_foreign_server() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cluster = ca_and_node();
+    let address = tls_peer(&cluster).await;
+    assert!(
+        vote(address, &cluster).await,
+        "same CA: the vote is answered"
+    );
+
+    let foreign = ca_and_node();
+    let address = tls_peer(&foreign).await;
+    assert!(
+        !vote(address, &cluster).await,
+        "a foreign server must be refused"
+    );
+}
