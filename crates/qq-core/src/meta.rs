@@ -51,6 +51,7 @@
 
 mod apply;
 mod command;
+mod queues;
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
