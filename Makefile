@@ -21,7 +21,7 @@ export QQ_PREVIOUS_NODE_BIN
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: previous-release amqp-diff bench-quick bench-quick-baseline check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short chaos-short-amqp chaos-amqp
+.PHONY: previous-release amqp-diff bench-quick bench-quick-baseline check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short chaos-short-amqp chaos-upgrade chaos-amqp
 
 all: build
 
@@ -82,6 +82,7 @@ test: deps build previous-release check-core-purity deploy-check
 	$(CARGO) test --workspace
 	$(MAKE) --no-print-directory chaos-short
 	$(MAKE) --no-print-directory chaos-short-amqp
+	$(MAKE) --no-print-directory chaos-upgrade
 
 # Chaos runs (qq-chaos): a three-node cluster in network namespaces, cut, killed and paused
 # while a workload runs; the checker fails the run if a confirmed message is lost, a dead
@@ -99,6 +100,13 @@ chaos-short: deps build
 # "Chaos over AMQP"). Part of `make test`.
 chaos-short-amqp: deps build
 	$(SUDO) $(QQ_CHAOS_BIN) --scenario short-amqp --node-bin $(QQ_NODE_BIN)
+
+# A rolling upgrade under load: the nodes start with the previous release's qq-node and the
+# rolling-restart nemesis moves each to today's (lost 0, unexpected 0, every node upgraded).
+# Part of `make test`, about 2.5 minutes.
+chaos-upgrade: deps build previous-release
+	$(SUDO) $(QQ_CHAOS_BIN) --scenario upgrade --node-bin $(QQ_NODE_BIN) \
+		--start-bin $(QQ_PREVIOUS_NODE_BIN)
 
 # The AMQP differential test: the scripted sessions of tests/amqp/diff.py against the local
 # cluster (`make cluster` first), compared field by field with RabbitMQ 3.10's recorded

@@ -60,6 +60,11 @@ struct Spare {
 pub struct Hosts {
     script: PathBuf,
     node_bin: PathBuf,
+    /// The binary a node runs until its first graceful stop (a rolling restart then upgrades
+    /// it to `node_bin`); None: `node_bin` throughout.
+    start_bin: Option<PathBuf>,
+    /// Nodes stopped gracefully at least once: they run `node_bin` from then on.
+    upgraded: std::collections::BTreeSet<u64>,
     dir: PathBuf,
     ids: Vec<u64>,
     procs: Vec<Option<Child>>,
@@ -139,6 +144,8 @@ impl Hosts {
         let hosts = Hosts {
             script: script.to_path_buf(),
             node_bin: node_bin.to_path_buf(),
+            start_bin: None,
+            upgraded: Default::default(),
             dir: dir.to_path_buf(),
             ids: (1..=n as u64).collect(),
             procs: (0..n).map(|_| None).collect(),
@@ -238,6 +245,20 @@ impl Hosts {
             .is_some_and(|s| s.id == id && s.proc.is_some())
     }
 
+    /// Nodes run `start_bin` until their first graceful stop, then the harness's binary: a
+    /// rolling restart becomes a rolling upgrade.
+    pub fn set_start_bin(&mut self, start_bin: Option<PathBuf>) {
+        self.start_bin = start_bin;
+    }
+
+    /// The binary node `id` runs when it is next started.
+    pub fn binary_of(&self, id: u64) -> &Path {
+        match &self.start_bin {
+            Some(b) if !self.upgraded.contains(&id) => b,
+            _ => &self.node_bin,
+        }
+    }
+
     /// Starts node `id` (a founder, or the current spare) if it is not running.
     pub fn start(&mut self, id: u64) -> anyhow::Result<()> {
         let host = if self.is_founder(id) {
@@ -259,7 +280,7 @@ impl Hosts {
         // `ip netns exec` execs the node, so the child's pid is the node's pid.
         let child = Command::new("ip")
             .args(["netns", "exec", &ns(host)])
-            .arg(&self.node_bin)
+            .arg(self.binary_of(id))
             .arg("--config")
             .arg(self.dir.join(format!("node{id}.toml")))
             .env(
@@ -442,6 +463,8 @@ impl Hosts {
         id: u64,
         limit: Duration,
     ) -> anyhow::Result<Option<Stopped>> {
+        // Started again after this (running or not), it runs the harness's binary.
+        self.upgraded.insert(id);
         let slot = self.slot(id);
         let Some(child) = self.procs[slot].as_mut() else {
             return Ok(None);

@@ -90,6 +90,11 @@ struct Args {
     /// (CARGO_TARGET_DIR defaulting to ~/.cache/quorumq/target).
     #[arg(long)]
     node_bin: Option<PathBuf>,
+    /// Start the nodes with this qq-node binary instead (e.g. the previous release's, from
+    /// `make previous-release`): each runs `--node-bin` from its first graceful stop on, so
+    /// the rolling-restart nemesis upgrades the cluster one node at a time under the load.
+    #[arg(long)]
+    start_bin: Option<PathBuf>,
     /// The namespace script. Default: cluster/netns.sh under the current directory.
     #[arg(long)]
     netns_script: Option<PathBuf>,
@@ -128,6 +133,15 @@ const SCENARIOS: &[(&str, u64, u64, &str, Protocol, &str)] = &[
         "partition-halves,kill-leader",
         Protocol::Amqp,
         "`short` over AMQP 0-9-1 (reconnects, republishes, resubscribes), also in `make test`",
+    ),
+    (
+        "upgrade",
+        7,
+        90,
+        "rolling-restart",
+        Protocol::Grpc,
+        "a rolling upgrade under load: with --start-bin (the previous release), each rolling \
+         restart moves a node to --node-bin; also in `make test` (`make chaos-upgrade`)",
     ),
     (
         "partition-heal",
@@ -198,6 +212,9 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
         args.nemesis = nemesis.to_string();
         args.protocol = args.protocol.or(Some(*protocol));
         label = Some(name.clone());
+        if name == "upgrade" && args.start_bin.is_none() {
+            bail!("scenario 'upgrade' needs --start-bin (`make previous-release` prints one)");
+        }
     }
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
@@ -245,10 +262,16 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
     if base.exists() {
         std::fs::remove_dir_all(&base).with_context(|| format!("clear {}", base.display()))?;
     }
+    if let Some(b) = &args.start_bin
+        && !b.exists()
+    {
+        bail!("--start-bin {} not found", b.display());
+    }
     let setup = Setup {
         seed,
         script,
         node_bin,
+        start_bin: args.start_bin.clone(),
         rate: args.rate,
         duration: args.duration,
         idle_queues: args.idle_queues,
@@ -290,6 +313,7 @@ struct Setup {
     seed: u64,
     script: PathBuf,
     node_bin: PathBuf,
+    start_bin: Option<PathBuf>,
     rate: f64,
     duration: u64,
     idle_queues: usize,
@@ -301,6 +325,7 @@ struct Setup {
 async fn run_one(setup: &Setup, kinds: &[Kind], out: &std::path::Path) -> anyhow::Result<Report> {
     std::fs::create_dir_all(out)?;
     let mut hosts = Hosts::create(&setup.script, &setup.node_bin, &out.join("run"), 3)?;
+    hosts.set_start_bin(setup.start_bin.clone());
     let mut notes = Vec::new();
     let requested = kinds.to_vec();
     let mut kinds = kinds.to_vec();
@@ -702,6 +727,19 @@ async fn chaos(
             "rolling restarts: each node exits 0 on SIGTERM in time and serves again",
             rolling_findings,
             format!("{rolling_stops} graceful stops, each exited 0 and its node served again"),
+        ));
+    }
+    if let Some(start) = &setup.start_bin {
+        let missed: Vec<String> = hosts
+            .ids()
+            .iter()
+            .filter(|id| hosts.binary_of(**id) == start.as_path())
+            .map(|id| format!("node {id} still runs {}", start.display()))
+            .collect();
+        checks.push(Check::all_clear(
+            "upgrade: every node runs --node-bin by the end",
+            missed,
+            format!("every node moved from {} on its restart", start.display()),
         ));
     }
 
