@@ -57,6 +57,12 @@ async fn high_priority_messages_go_two_to_one_before_normal_ones() -> anyhow::Re
         ensure!(confirm.is_ack(), "{body}: {confirm:?}");
     }
 
+    // Six high-priority messages wait, on every replica.
+    let line = "quorumq_queue_messages_ready_high_priority{vhost=\"/\",queue=\"prio\"} 6";
+    cluster
+        .wait_metric_line_everywhere(line, "six high-priority messages ready")
+        .await?;
+
     info!("--- one at a time (prefetch 1, ack each)");
     ch.basic_qos(1, BasicQosOptions::default()).await?;
     let mut consumer = ch

@@ -138,6 +138,11 @@ impl QueueState {
         }
     }
 
+    /// Ready high-priority messages that were never delivered (the high level).
+    pub fn high_priority_ready(&self) -> u64 {
+        self.high.len() as u64
+    }
+
     /// The high-priority fresh messages and the counter, for a snapshot.
     pub fn high_priority(&self) -> (Vec<MessageId>, u8) {
         (self.high.iter().copied().collect(), self.dequeue_counter)

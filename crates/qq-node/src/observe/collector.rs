@@ -81,6 +81,8 @@ struct GroupRow {
     machine_version: u32,
     /// The queue's consumer timeout in its state here (0: none).
     consumer_timeout_ms: u64,
+    /// Ready high-priority messages in its state here (never delivered ones).
+    high_priority_ready: u64,
 }
 
 impl GroupRow {
@@ -100,6 +102,7 @@ impl GroupRow {
             counts: None,
             machine_version: 0,
             consumer_timeout_ms: 0,
+            high_priority_ready: 0,
         }
     }
 }
@@ -148,9 +151,17 @@ impl NodeCollector {
                 row.unloaded = matches!(r, Replica::Dormant(_));
                 row.counts = (row.state == ServerState::Leader)
                     .then(|| r.machine().with_state(|s| s.counts()));
-                (row.machine_version, row.consumer_timeout_ms) = r
-                    .machine()
-                    .with_state(|s| (s.machine_version(), s.consumer_timeout_ms().unwrap_or(0)));
+                (
+                    row.machine_version,
+                    row.consumer_timeout_ms,
+                    row.high_priority_ready,
+                ) = r.machine().with_state(|s| {
+                    (
+                        s.machine_version(),
+                        s.consumer_timeout_ms().unwrap_or(0),
+                        s.high_priority_ready(),
+                    )
+                });
                 row
             })
             .collect();
@@ -368,7 +379,7 @@ impl Collector for NodeCollector {
             )?;
         }
         // Per Raft group hosted here (leaders and followers: lag shows between them).
-        let per_group: [(&str, &str, fn(&GroupRow) -> u64); 7] = [
+        let per_group: [(&str, &str, fn(&GroupRow) -> u64); 8] = [
             (
                 "raft_term",
                 "Raft term of the queue's group on this node",
@@ -407,6 +418,12 @@ impl Collector for NodeCollector {
                 "queue_consumer_timeout_ms",
                 "Consumer timeout of the queue in its state on this node, in ms (0: none)",
                 |g| g.consumer_timeout_ms,
+            ),
+            (
+                "queue_messages_ready_high_priority",
+                "Ready high-priority messages (priority 5 and up, not delivered yet) in the \
+                 queue's state on this node (docs/semantics.md, Message priorities)",
+                |g| g.high_priority_ready,
             ),
         ];
         for (name, help, value) in per_group {
