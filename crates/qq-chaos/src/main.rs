@@ -15,6 +15,7 @@
 //! sudo qq-chaos --matrix --nemesis partition-halves,kill-leader --protocol amqp
 //! ```
 
+mod args;
 mod checker;
 mod hosts;
 mod idle;
@@ -37,6 +38,7 @@ use qq_client::Client;
 use tokio::task::JoinSet;
 use tokio::time::{sleep, timeout};
 
+use args::{Args, SCENARIOS};
 use checker::Check;
 use hosts::Hosts;
 use nemesis::Kind;
@@ -47,114 +49,12 @@ use probes::{
 use report::{Report, Window};
 use workload::{Clients, Control, Protocol, Recorder, Role};
 
-#[derive(Parser, Debug)]
-#[command(
-    version,
-    about = "Chaos test of a three-node quorumq cluster in network namespaces (needs root)"
-)]
-struct Args {
-    /// Seed of the fault schedule (printed first; the same seed gives the same schedule).
-    /// Default: derived from the clock.
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Seconds of workload under faults (healing, draining and checking come after).
-    #[arg(long, default_value_t = 120)]
-    duration: u64,
-    /// Comma-separated faults: partition-halves, isolate-leader, majorities-ring, bridge,
-    /// kill-leader, kill-random, pause, netem, wipe-rejoin, disk-full, rolling-restart,
-    /// membership; or `all`.
-    #[arg(long, default_value = "all")]
-    nemesis: String,
-    /// A named scenario (sets seed, duration and nemesis): see `--list-scenarios`.
-    #[arg(long)]
-    scenario: Option<String>,
-    /// The workload's client protocol: the gRPC API, or AMQP 0-9-1 (lapin, reconnecting and
-    /// republishing as RabbitMQ's clients do). Default: grpc, or the scenario's.
-    #[arg(long, value_enum)]
-    protocol: Option<Protocol>,
-    /// Print the named scenarios and exit.
-    #[arg(long)]
-    list_scenarios: bool,
-    /// Run every selected nemesis alone (`--duration` each), then all of them together, and
-    /// print one table (also matrix.md and matrix.json in the output directory).
-    #[arg(long)]
-    matrix: bool,
-    /// Total publish rate of the workload, messages per second (over three publishers).
-    #[arg(long, default_value_t = 150.0)]
-    rate: f64,
-    /// Where the report, history, timeline and node logs go.
-    /// Default: .qq-chaos/<scenario or seed> under the current directory.
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// The qq-node binary. Default: $QQ_NODE_BIN, else $CARGO_TARGET_DIR/debug/qq-node
-    /// (CARGO_TARGET_DIR defaulting to ~/.cache/quorumq/target).
-    #[arg(long)]
-    node_bin: Option<PathBuf>,
-    /// Start the nodes with this qq-node binary instead (e.g. the previous release's, from
-    /// `make previous-release`): each runs `--node-bin` from its first graceful stop on, so
-    /// the rolling-restart nemesis upgrades the cluster one node at a time under the load.
-    #[arg(long)]
-    start_bin: Option<PathBuf>,
-    /// The namespace script. Default: cluster/netns.sh under the current directory.
-    #[arg(long)]
-    netns_script: Option<PathBuf>,
-    /// Idle queues declared besides the workload's (their groups sleep while the faults run);
-    /// after healing each must take a publish and give it back.
-    #[arg(long, default_value_t = 0)]
-    idle_queues: usize,
-    /// When a run fails, keep its cluster up this many seconds before tearing it down, to look
-    /// at it (`qqctl --node 10.78.0.N:7101 --user '' ...`: no credentials, acting as guest).
-    #[arg(long, default_value_t = 0)]
-    hold_on_failure: u64,
-}
-
 /// Publishes in flight per publisher and queue. Large enough that publishes stuck on a cut-off
 /// node (until the client's 5 s timeout) do not stop new ones from reaching the new leader:
 /// the confirm gaps then measure the cluster's failover, not the client's window.
 const PUBLISH_CONCURRENCY: usize = 128;
 /// Size of each node's data filesystem (a tmpfs) in runs with the disk-full fault.
 const SMALL_DISK_MIB: u64 = 256;
-
-/// Named scenarios: the short run of `make test`, and every anomaly chaos runs found, kept as a
-/// regression (see docs/chaos.md).
-const SCENARIOS: &[(&str, u64, u64, &str, Protocol, &str)] = &[
-    (
-        "short",
-        1,
-        60,
-        "partition-halves,kill-leader",
-        Protocol::Grpc,
-        "the run of `make test`: partitions plus a leader kill, one minute",
-    ),
-    (
-        "short-amqp",
-        1,
-        60,
-        "partition-halves,kill-leader",
-        Protocol::Amqp,
-        "`short` over AMQP 0-9-1 (reconnects, republishes, resubscribes), also in `make test`",
-    ),
-    (
-        "upgrade",
-        7,
-        90,
-        "rolling-restart",
-        Protocol::Grpc,
-        "a rolling upgrade under load: with --start-bin (the previous release), each rolling \
-         restart moves a node to --node-bin; also in `make test` (`make chaos-upgrade`)",
-    ),
-    (
-        "partition-heal",
-        42,
-        60,
-        "partition-halves",
-        Protocol::Grpc,
-        "found: a node back from a partition deposed every leader (fixed by Pre-Vote; the \
-         term check fails without it: cut-off node at term 7-11, the others at 1-2), and \
-         forwarded proposals starved replication between the majority's nodes (a queue confirmed nothing for 14 s; fixed by a separate Raft \
-         connection, unit test in qq-raft)",
-    ),
-];
 
 fn default_node_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("QQ_NODE_BIN") {
