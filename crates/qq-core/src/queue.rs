@@ -502,8 +502,7 @@ impl QueueState {
             let Some(cid) = self.next_consumer() else {
                 break;
             };
-            self.note_taken(id);
-            self.detach_ready(id);
+            self.take_ready(id);
             let m = self.msgs.get_mut(&id).expect("ready message exists");
             let redelivered = m.delivered;
             m.delivered = true;
@@ -540,8 +539,7 @@ impl QueueState {
             let Some(id) = self.ready_head() else {
                 break; // only held dead letters left over the limit: nothing drop-head can drop
             };
-            self.note_taken(id);
-            self.detach_ready(id);
+            self.take_ready(id);
             self.kill(id, Reason::Maxlen, None, now, fx);
         }
     }
@@ -677,13 +675,6 @@ impl QueueState {
                 .remove(&id);
             self.stop_timeout(id);
         }
-    }
-
-    fn ready_head(&self) -> Option<MessageId> {
-        self.returns
-            .get_min()
-            .map(|(_, id)| *id)
-            .or_else(|| self.fresh_head())
     }
 
     /// Sort key of a ready message in dispatch order.

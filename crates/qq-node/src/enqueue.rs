@@ -167,7 +167,7 @@ impl Enqueuer {
                 .map(|(target, (name, items))| async move {
                     let (positions, reqs): (Vec<usize>, Vec<QueueRequest>) =
                         items.into_iter().unzip();
-                    let result = self.propose_target(target, reqs).await;
+                    let result = self.propose_target(target, &reqs).await;
                     (name, positions, result)
                 }),
         )
@@ -199,43 +199,42 @@ impl Enqueuer {
     /// high-priority enqueue (every replica alike, `Reply::Error`), and a leader of release
     /// 0.1.0 cannot decode a batch holding one: those messages are proposed again as plain
     /// enqueues, at normal priority, as release 0.1.0 stores every message (after the rest of
-    /// their batch). A queue moves to version 2 once every member runs this release. Only a
-    /// batch with a high-priority message pays for the copies this takes.
+    /// their batch). A queue moves to version 2 once every member runs this release. Copies
+    /// are made only for such a retry.
     async fn propose_target(
         &self,
         target: GroupId,
-        reqs: Vec<QueueRequest>,
+        reqs: &[QueueRequest],
     ) -> Result<Vec<QueueReplyOut>, NodeError> {
-        let plain: Vec<Option<QueueRequest>> = reqs.iter().map(without_priority).collect();
-        if plain.iter().all(Option::is_none) {
-            return self.proposer.propose_queue_batch(target, reqs).await;
+        let first = self.proposer.propose_queue_batch(target, reqs).await;
+        let is_high = |r: &QueueRequest| matches!(r.cmd, Command::EnqueueWithPriority { .. });
+        if !reqs.iter().any(is_high) {
+            return first;
         }
-        let all_plain: Vec<QueueRequest> = reqs
-            .iter()
-            .zip(&plain)
-            .map(|(r, p)| p.clone().unwrap_or_else(|| r.clone()))
-            .collect();
         // A batch that failed as a whole goes again plain: a 0.1.0 leader may refuse it as
         // invalid, or commit it and answer in a form this node does not read. Anything else
         // that failed fails again the same way, and a batch that was stored after all is
         // stored once: the retry carries the same publish and transfer keys.
-        let Ok(mut replies) = self.proposer.propose_queue_batch(target, reqs).await else {
-            return self.proposer.propose_queue_batch(target, all_plain).await;
+        let Ok(mut replies) = first else {
+            let plain: Vec<QueueRequest> = reqs
+                .iter()
+                .map(|r| without_priority(r).unwrap_or_else(|| r.clone()))
+                .collect();
+            return self.proposer.propose_queue_batch(target, &plain).await;
         };
-        let again: Vec<(usize, QueueRequest)> = replies
+        let (positions, retry): (Vec<usize>, Vec<QueueRequest>) = replies
             .iter()
-            .zip(plain)
+            .zip(reqs)
             .enumerate()
-            .filter_map(|(i, (r, p))| match (&r.reply, p) {
-                (Reply::Error { .. }, Some(p)) => Some((i, p)),
+            .filter_map(|(i, (r, req))| match r.reply {
+                Reply::Error { .. } => Some((i, without_priority(req)?)),
                 _ => None,
             })
-            .collect();
-        if again.is_empty() {
+            .unzip();
+        if retry.is_empty() {
             return Ok(replies);
         }
-        let (positions, retry): (Vec<usize>, Vec<QueueRequest>) = again.into_iter().unzip();
-        let retried = self.proposer.propose_queue_batch(target, retry).await?;
+        let retried = self.proposer.propose_queue_batch(target, &retry).await?;
         for (i, r) in positions.into_iter().zip(retried) {
             replies[i] = r;
         }

@@ -27,7 +27,9 @@ use tracing::debug;
 use crate::clock::now_ms;
 use crate::codec::{decode, encode};
 use crate::error::NodeError;
-use crate::groups::queue_sm::{QueueEntry, QueueReplyOut, QueueRequest, check_entry};
+use crate::groups::queue_sm::{
+    QueueEntry, QueueEntryRef, QueueReplyOut, QueueRequest, check_entry,
+};
 use crate::groups::registry::{BrowseData, QueueInfoData, Registry};
 use crate::meta_view::MetaView;
 use crate::metrics;
@@ -338,9 +340,9 @@ impl Proposer {
     pub async fn propose_queue_batch(
         &self,
         group: GroupId,
-        reqs: Vec<QueueRequest>,
+        reqs: &[QueueRequest],
     ) -> Result<Vec<QueueReplyOut>, NodeError> {
-        let payload = encode(&QueueEntry::Batch(reqs))?;
+        let payload = encode(&QueueEntryRef::Batch(reqs))?;
         check_entry(&payload).map_err(NodeError::InvalidArgument)?;
         let bytes = self.propose(group, payload).await?;
         decode(&bytes)

@@ -198,8 +198,7 @@ impl QueueState {
                 message_count: 0,
             };
         };
-        self.note_taken(id);
-        self.detach_ready(id);
+        self.take_ready(id);
         self.stats.delivered_total += 1;
         let lease_deadline_ms = if auto_ack {
             None

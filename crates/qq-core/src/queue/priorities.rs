@@ -80,6 +80,14 @@ impl Iterator for FreshOrder<'_> {
 }
 
 impl QueueState {
+    /// The next ready message to hand out: the oldest returned one, else the next fresh one.
+    pub(super) fn ready_head(&self) -> Option<MessageId> {
+        self.returns
+            .get_min()
+            .map(|(_, id)| *id)
+            .or_else(|| self.fresh_head())
+    }
+
     /// The next fresh (never returned) ready message, of either level.
     pub(super) fn fresh_head(&self) -> Option<MessageId> {
         pick(
@@ -127,15 +135,15 @@ impl QueueState {
         }
     }
 
-    /// `id`, the ready head, is about to be taken (delivered, got, dropped): a fresh one moves
-    /// the counter on while high-priority messages wait. Call before detaching it. (Only
-    /// then: a queue that never had one keeps the counter at 0, and the state of release
-    /// 0.1.0.)
-    pub(super) fn note_taken(&mut self, id: MessageId) {
+    /// Takes `id`, the ready head, off the ready messages (to deliver, get or drop it): a
+    /// fresh one moves the counter on while high-priority messages wait. (Only then: a queue
+    /// that never had one keeps the counter at 0, and the state of release 0.1.0.)
+    pub(super) fn take_ready(&mut self, id: MessageId) {
         if !self.high.is_empty() && matches!(self.msgs[&id].place, Place::Ready { returned: None })
         {
             self.dequeue_counter = advance(self.dequeue_counter);
         }
+        self.detach_ready(id);
     }
 
     /// Ready high-priority messages that were never delivered (the high level).

@@ -30,6 +30,14 @@ pub enum QueueEntry {
     Batch(Vec<QueueRequest>),
 }
 
+/// [`QueueEntry`] by reference: encodes to the same bytes (same variants in the same order, a
+/// slice as a `Vec`), so a proposer keeps its requests (to propose them again) without copies.
+#[derive(Serialize)]
+pub enum QueueEntryRef<'a> {
+    One(&'a QueueRequest),
+    Batch(&'a [QueueRequest]),
+}
+
 /// Decode a queue entry and check it before it is proposed (or a forwarded proposal is
 /// accepted) and again at apply, where an entry that fails is refused as a no-op
 /// ([`Refusals`]): at most [`MAX_BATCH`] commands, each within [`Command::validate`]'s bounds,

@@ -39,7 +39,9 @@ use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
 use self::bodies::PendingBodies;
-pub use self::entry::{MAX_BATCH, QueueEntry, QueueReplyOut, QueueRequest, check_entry};
+pub use self::entry::{
+    MAX_BATCH, QueueEntry, QueueEntryRef, QueueReplyOut, QueueRequest, check_entry,
+};
 pub use self::snapshot::QueueCut;
 use super::shell::{LogId, Machine, Refusals};
 

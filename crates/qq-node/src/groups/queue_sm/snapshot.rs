@@ -100,6 +100,7 @@ impl QueueMachine {
             moves: state.moves(),
         })?;
         header.extend(io_encode(&TRAILER_FORMAT)?);
+        let (high_priority, dequeue_counter) = state.high_priority();
         header.extend(io_encode(&TrailerV1 {
             machine_version: state.machine_version(),
             cancelled: state.cancelled().iter().copied().collect(),
@@ -107,8 +108,8 @@ impl QueueMachine {
             consumer_timeout_ms: state.consumer_timeouts().0,
             deadlines: state.consumer_timeouts().1,
             releases: state.releases(),
-            high_priority: state.high_priority().0,
-            dequeue_counter: state.high_priority().1,
+            high_priority,
+            dequeue_counter,
         })?);
         out.header(&header)?;
         // Both in id order: a merge of the live ids with the pinned bodies, page by page.

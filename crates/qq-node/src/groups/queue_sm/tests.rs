@@ -183,3 +183,20 @@ fn a_snapshot_is_a_consistent_cut_and_installs_state_and_bodies() {
         "stale body removed"
     );
 }
+
+#[test]
+fn an_entry_by_reference_encodes_as_the_entry() {
+    let reqs = vec![
+        enqueue(b"a"),
+        enqueue_high(b"b"),
+        QueueRequest::command(Command::Purge),
+    ];
+    assert_eq!(
+        postcard::to_stdvec(&QueueEntryRef::Batch(&reqs)).unwrap(),
+        postcard::to_stdvec(&QueueEntry::Batch(reqs.clone())).unwrap()
+    );
+    assert_eq!(
+        postcard::to_stdvec(&QueueEntryRef::One(&reqs[1])).unwrap(),
+        postcard::to_stdvec(&QueueEntry::One(reqs[1].clone())).unwrap()
+    );
+}
