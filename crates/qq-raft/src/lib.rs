@@ -5,10 +5,13 @@
 //! - [`store`]: one RocksDB per node shared by all groups, with a single fsync thread
 //!   (group commit across groups).
 //! - [`log_store`]: openraft's `RaftLogStorage` for one group on top of [`store`].
+//! - [`log_tail`]: the newest entries of a group's log, kept in memory for the reads that
+//!   follow an append.
 //! - [`snapshot`]: snapshot files, streamed to disk, read back and sent in chunks.
 
 pub mod encoding;
 pub mod log_store;
+pub mod log_tail;
 pub mod mux;
 pub mod network;
 pub mod snapshot;

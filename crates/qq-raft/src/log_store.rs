@@ -23,15 +23,16 @@
 //!
 //! The vote and the last purged log id are cached (shared by the store and its readers, so
 //! `leader_bounded_stream`, which reads the vote twice per replication batch, does not hit
-//! RocksDB). Reads of more than a few hundred entries, or of open ranges, run on
+//! RocksDB). The newest entries are kept in memory too ([`crate::log_tail`]): replication
+//! and apply read what was just appended without going back to RocksDB. Reads of more than a few hundred entries, or of open ranges, run on
 //! `spawn_blocking`.
 //!
 //! # What it leaves out
 //!
 //! - One `LogStore` (plus the readers it hands out) per group and process: a second
 //!   `LogStore::new` for the same group would have its own caches.
-//! - No in-memory cache of recent entries: replication reads hit the RocksDB memtable / block
-//!   cache.
+//! - Entries are read from memory only while they are in the group's [`Tail`] (the newest
+//!   ones, within its bounds); older reads (a follower far behind) hit RocksDB.
 //! - `append` does not check that the entries are consecutive; openraft guarantees it.
 
 use std::fmt::Debug;
@@ -47,6 +48,7 @@ use rocksdb::{ReadOptions, WriteBatch};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::log_tail::Tail;
 use crate::store::{
     CF_LOG, CF_RAFT, Store, TAG_COMMITTED, TAG_LAST_PURGED, TAG_VOTE, group_end, key16, raft_key,
 };
@@ -61,10 +63,10 @@ type Vote = VoteOf<TypeConfig>;
 const INLINE_READ_MAX: u64 = 256;
 
 /// Values cached per group. The outer `Option` is "not loaded yet".
-#[derive(Default)]
 struct Cached {
     vote: Option<Option<Vote>>,
     last_purged: Option<Option<LogId>>,
+    tail: Tail,
 }
 
 /// Log storage (and log reader) of one Raft group. Cloning gives another handle to the same
@@ -89,9 +91,13 @@ impl LogStore {
     /// The log store of `group` in the node's shared `store`. Nothing is read until used.
     pub fn new(store: Store, group: GroupId) -> LogStore {
         LogStore {
-            store,
             group,
-            cached: Arc::new(Mutex::new(Cached::default())),
+            cached: Arc::new(Mutex::new(Cached {
+                vote: None,
+                last_purged: None,
+                tail: Tail::new(store.tail_budget()),
+            })),
+            store,
         }
     }
 
@@ -260,6 +266,11 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let Some((start, end)) = index_range(&range) else {
             return Ok(Vec::new());
         };
+        if let Some(end) = end
+            && let Some(entries) = self.lock().tail.get(start, end)
+        {
+            return Ok(entries);
+        }
         match end {
             Some(end) if end - start <= INLINE_READ_MAX => self.read_entries(start, Some(end)),
             _ => {
@@ -338,14 +349,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let cf = self.store.cf(CF_LOG);
         let mut batch = WriteBatch::default();
-        let mut n = 0usize;
+        let mut kept = Vec::new();
         let mut last = None;
         for entry in entries {
             let bytes = self.encode("log entry", &entry)?;
+            let size = bytes.len();
             batch.put_cf(cf, key16(self.group, entry.index()), bytes);
             last = Some(entry.index());
-            n += 1;
+            kept.push((entry, size));
         }
+        let n = kept.len();
         if n == 0 {
             // Nothing to write, but the callback still means "everything before is durable".
             self.store.flush_then(callback);
@@ -354,6 +367,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.store.write(batch, || {
             format!("append {n} entries up to {:?} {}", last, self.ctx("log"))
         })?;
+        // After the write: the tail never holds what RocksDB does not.
+        self.lock().tail.appended(kept);
         self.store.flush_then(callback);
         Ok(())
     }
@@ -366,6 +381,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             },
             None => 0,
         };
+        // Before the write: a read in between finds the entries in RocksDB, not stale ones here.
+        self.lock().tail.truncate_from(from);
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(
             self.store.cf(CF_LOG),
@@ -380,6 +397,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
         let bytes = self.encode("last purged log id", &log_id)?;
         let mut c = self.lock();
+        c.tail.purge_to(log_id.index());
         let mut batch = WriteBatch::default();
         batch.put_cf(
             self.store.cf(CF_RAFT),

@@ -85,6 +85,7 @@ use rocksdb::{
     DBRecoveryMode, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions,
 };
 
+use crate::log_tail::TailBudget;
 use crate::snapshot::SnapshotDir;
 use crate::types::{GroupId, TypeConfig};
 
@@ -213,6 +214,8 @@ struct Inner {
     path: PathBuf,
     stats: Arc<Stats>,
     on_fault: FaultHandler,
+    /// The bytes of the newest entries the groups keep in memory ([`crate::log_tail`]).
+    tail_budget: Arc<TailBudget>,
     /// `Some` until drop; dropping it stops the fsync thread.
     tx: Option<mpsc::Sender<SyncRequest>>,
     thread: Option<JoinHandle<()>>,
@@ -314,6 +317,7 @@ impl Store {
                 path: path.to_path_buf(),
                 stats,
                 on_fault,
+                tail_budget: Arc::default(),
                 tx: Some(tx),
                 thread: Some(thread),
             }),
@@ -325,6 +329,11 @@ impl Store {
                 source,
             })?;
         Ok(store)
+    }
+
+    /// What the groups' log tails hold in memory, together.
+    pub fn tail_budget(&self) -> Arc<TailBudget> {
+        self.inner.tail_budget.clone()
     }
 
     /// Removes snapshot files no group's record names (a group deleted, or a stop between a
