@@ -298,8 +298,8 @@ impl QqCluster {
                     String::from_utf8_lossy(&made.stderr)
                 );
             }
-            // Every field at its default (cluster/node1.toml) except addresses, paths and what
-            // --qq-set names.
+            // Every field at its default (cluster/node1.toml) except addresses, paths,
+            // worker_threads and what --qq-set names.
             let mut config = format!(
                 "node_id = {id}\nlisten = \"{addr}\"\npeers = [\n{peers}\n]\ndata_dir = \"{data}\"\n\
                  cluster_addr = \"{cluster}\"\ncluster_ca = \"{ca}\"\ncluster_cert = \"{cert}\"\n\
@@ -316,6 +316,14 @@ impl QqCluster {
                 peers = peers.join("\n"),
                 data = dir.join(format!("node{}", n + 1)).display(),
             );
+            // Three nodes and the client share this machine's cores: one worker thread per
+            // node (docs/benchmarks.md, "Method"), unless --qq-set says otherwise.
+            if !extra
+                .iter()
+                .any(|l| l.trim_start().starts_with("worker_threads"))
+            {
+                config.push_str("worker_threads = 1\n");
+            }
             for line in extra {
                 config.push_str(line);
                 config.push('\n');

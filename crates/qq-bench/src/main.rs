@@ -150,7 +150,8 @@ struct Args {
     #[arg(long)]
     no_profile: bool,
     /// A line for every quorumq node's config, e.g. `--qq-set election_timeout_min_ms=400`
-    /// (repeatable; the table's numbers use the defaults of cluster/node1.toml).
+    /// (repeatable; the table's numbers use the defaults of cluster/node1.toml, but one
+    /// worker thread per node: `worker_threads = 1` unless this sets it).
     #[arg(long = "qq-set", value_name = "KEY=VALUE")]
     qq_set: Vec<String>,
     /// Leave both clusters running at the end.

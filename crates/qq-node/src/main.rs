@@ -4,8 +4,7 @@
 use qq_node::config::{Args, Command, Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     fix_mmap_threshold();
     // First: rustls panics at the first TLS config when it cannot tell which crypto provider
     // to use (both or neither of ring/aws-lc enabled by the dependency graph); say it is ring.
@@ -39,6 +38,17 @@ async fn main() -> anyhow::Result<()> {
             "{name}: no configuration key has this variable; ignored (see qq-node --help)"
         );
     }
+    // Built once the configuration is read: `worker_threads` sizes it.
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Some(n) = config.worker_threads {
+        runtime.worker_threads(n);
+    }
+    runtime.build()?.block_on(serve(config))
+}
+
+/// Run the node until a signal asks it to stop.
+async fn serve(config: Config) -> anyhow::Result<()> {
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");

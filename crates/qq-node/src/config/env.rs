@@ -115,6 +115,7 @@ pub(super) const KEYS: &[Key] = &[
     key("amqp_frame_max", U32),
     key("amqp_heartbeat_s", U16),
     key("per_queue_metrics", Kind::Bool),
+    optional("worker_threads", U64),
     optional("definitions_file", Kind::Text),
     key("log_format", Kind::OneOf(&["text", "json"])),
 ];

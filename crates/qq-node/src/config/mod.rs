@@ -192,6 +192,11 @@ pub struct Config {
     /// bounded number of series.
     #[serde(default = "default_per_queue_metrics")]
     pub per_queue_metrics: bool,
+    /// Threads that run the node's tasks (tokio's workers); unset, one per core. Nodes that
+    /// share a machine's cores (`make cluster`, the benchmark) may spend less CPU with fewer:
+    /// docs/operating.md, "Worker threads".
+    #[serde(default)]
+    pub worker_threads: Option<usize>,
     /// A definitions document (`qqctl definitions export`) imported once this node has joined
     /// and sees a metadata leader (idempotent, so every node may name it). A file that does
     /// not parse stops the node at start.
@@ -283,6 +288,9 @@ fn default_amqp_frame_max() -> u32 {
 fn default_amqp_heartbeat_s() -> u16 {
     60
 }
+/// Most `worker_threads` a node starts.
+pub const MAX_WORKER_THREADS: usize = 1024;
+
 fn default_per_queue_metrics() -> bool {
     true
 }
@@ -298,6 +306,11 @@ impl Config {
         }
         if self.peers.is_empty() {
             bail!("peers: at least one peer (this node) is required");
+        }
+        if let Some(n) = self.worker_threads
+            && !(1..=MAX_WORKER_THREADS).contains(&n)
+        {
+            bail!("worker_threads: {n} is not between 1 and {MAX_WORKER_THREADS}");
         }
         if self.consumer_timeout_ms > qq_core::queue::MAX_CONSUMER_TIMEOUT_MS {
             bail!(
@@ -564,6 +577,19 @@ mod tests {
             "{}",
             err(both)
         );
+    }
+
+    #[test]
+    fn worker_threads_are_bounded() {
+        let e = err("insecure_cluster = true\nworker_threads = 0");
+        assert!(
+            e.starts_with("worker_threads: 0 is not between 1 and"),
+            "{e}"
+        );
+        let config = Config::for_tests("insecure_cluster = true\nworker_threads = 1").unwrap();
+        assert_eq!(config.worker_threads, Some(1));
+        let config = Config::for_tests("insecure_cluster = true").unwrap();
+        assert_eq!(config.worker_threads, None, "unset: one per core");
     }
 
     #[test]
