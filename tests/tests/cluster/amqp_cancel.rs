@@ -211,3 +211,65 @@ async fn what_a_cancelled_consumer_holds_returns_when_its_channel_closes() -> an
     cluster.stop();
     Ok(())
 }
+
+/// Fifty acks sent one by one right before channel.close are all kept: the channel runs its
+/// frames in order, so every ack reaches the consumer's session before the close returns what
+/// the session still holds. Once the queue has no consumer left, a marker published then is
+/// the first thing a new consumer gets (a returned message would come before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_sent_just_before_a_close_are_kept() -> anyhow::Result<()> {
+    let cluster = TestCluster::start(3).await?;
+    let conn = connect(&cluster, 1).await?;
+    let queue = "acks-before-close";
+    let publisher = conn.create_channel().await?;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    declare(&publisher, queue, quorum()).await?;
+    for i in 0..50 {
+        publish(&publisher, queue, &format!("m{i}")).await?;
+    }
+    let a = conn.create_channel().await?;
+    a.basic_qos(100, BasicQosOptions::default()).await?;
+    let mut consumer = a
+        .basic_consume(
+            queue.into(),
+            "a".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut tags = Vec::new();
+    for _ in 0..50 {
+        tags.push(next(&mut consumer).await?.0);
+    }
+    for tag in tags {
+        a.basic_ack(tag, BasicAckOptions::default()).await?;
+    }
+    a.close(200, "done".into()).await?;
+    // Once the queue has no consumer, whatever A's session held and was not acked is back.
+    eventually("A's consumer gone from the queue", WAIT, || async {
+        let q = publisher
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        Ok((q.consumer_count() == 0).then_some(q.message_count()))
+    })
+    .await?;
+    publish(&publisher, queue, "marker").await?;
+    let b = conn.create_channel().await?;
+    let mut fresh = auto_ack_consumer(&b, queue).await?;
+    let (_, body, redelivered) = next(&mut fresh).await?;
+    ensure!(
+        body == "marker" && !redelivered,
+        "an acked message came back after the close: {body} (redelivered {redelivered})"
+    );
+    cluster.stop();
+    Ok(())
+}
