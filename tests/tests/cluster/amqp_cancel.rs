@@ -29,6 +29,20 @@ async fn publish(ch: &Channel, queue: &str, body: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A connection to node 1, and a channel of it in confirm mode on which `queue` is declared.
+async fn publishing_to(
+    cluster: &TestCluster,
+    queue: &str,
+) -> anyhow::Result<(lapin::Connection, Channel)> {
+    let conn = connect(cluster, 1).await?;
+    let publisher = conn.create_channel().await?;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    declare(&publisher, queue, quorum()).await?;
+    Ok((conn, publisher))
+}
+
 /// Consumer "b" on `queue`, without acks.
 async fn auto_ack_consumer(ch: &Channel, queue: &str) -> anyhow::Result<Consumer> {
     let options = BasicConsumeOptions {
@@ -180,13 +194,8 @@ async fn a_cancelled_consumer_keeps_what_it_holds_until_it_settles() -> anyhow::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_cancelled_consumer_holds_returns_when_its_channel_closes() -> anyhow::Result<()> {
     let cluster = TestCluster::start(3).await?;
-    let conn = connect(&cluster, 1).await?;
     let queue = "cancel-then-close";
-    let publisher = conn.create_channel().await?;
-    publisher
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    declare(&publisher, queue, quorum()).await?;
+    let (conn, publisher) = publishing_to(&cluster, queue).await?;
     let a = conn.create_channel().await?;
     let mut consumer_a = a
         .basic_consume(
@@ -219,13 +228,8 @@ async fn what_a_cancelled_consumer_holds_returns_when_its_channel_closes() -> an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acks_sent_just_before_a_close_are_kept() -> anyhow::Result<()> {
     let cluster = TestCluster::start(3).await?;
-    let conn = connect(&cluster, 1).await?;
     let queue = "acks-before-close";
-    let publisher = conn.create_channel().await?;
-    publisher
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    declare(&publisher, queue, quorum()).await?;
+    let (conn, publisher) = publishing_to(&cluster, queue).await?;
     for i in 0..50 {
         publish(&publisher, queue, &format!("m{i}")).await?;
     }
