@@ -24,8 +24,8 @@
 //! The vote and the last purged log id are cached (shared by the store and its readers, so
 //! `leader_bounded_stream`, which reads the vote twice per replication batch, does not hit
 //! RocksDB). The newest entries are kept in memory too ([`crate::log_tail`]): replication
-//! and apply read what was just appended without going back to RocksDB. Reads of more than a few hundred entries, or of open ranges, run on
-//! `spawn_blocking`.
+//! and apply read what was just appended without going back to RocksDB. Reads of more than a
+//! few hundred entries, or of open ranges, run on `spawn_blocking`.
 //!
 //! # What it leaves out
 //!

@@ -43,6 +43,33 @@ async fn publishing_to(
     Ok((conn, publisher))
 }
 
+/// Consumer "a" on `queue`, with manual acks.
+async fn manual_consumer(ch: &Channel, queue: &str) -> anyhow::Result<Consumer> {
+    Ok(ch
+        .basic_consume(
+            queue.into(),
+            "a".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?)
+}
+
+/// `queue`'s ready messages and consumers, by a passive declare.
+async fn counts(ch: &Channel, queue: &str) -> anyhow::Result<(u32, u32)> {
+    let q = ch
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    Ok((q.message_count(), q.consumer_count()))
+}
+
 /// Consumer "b" on `queue`, without acks.
 async fn auto_ack_consumer(ch: &Channel, queue: &str) -> anyhow::Result<Consumer> {
     let options = BasicConsumeOptions {
@@ -98,14 +125,7 @@ async fn a_cancelled_consumer_keeps_what_it_holds_until_it_settles() -> anyhow::
 
         let a = conn.create_channel().await?;
         a.basic_qos(3, BasicQosOptions::default()).await?;
-        let mut consumer_a = a
-            .basic_consume(
-                queue.as_str().into(),
-                "a".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
+        let mut consumer_a = manual_consumer(&a, &queue).await?;
         for i in 0..5 {
             publish(&publisher, &queue, &format!("m{i}")).await?;
         }
@@ -167,21 +187,10 @@ async fn a_cancelled_consumer_keeps_what_it_holds_until_it_settles() -> anyhow::
             got == [("marker-2".to_string(), false)],
             "node {node}: after A's channel closed B got {got:?}"
         );
-        let q = publisher
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
+        let (ready, consumers) = counts(&publisher, &queue).await?;
         ensure!(
-            q.message_count() == 0 && q.consumer_count() == 1,
-            "node {node}: {} ready, {} consumers at the end",
-            q.message_count(),
-            q.consumer_count()
+            ready == 0 && consumers == 1,
+            "node {node}: {ready} ready, {consumers} consumers at the end"
         );
         conn.close(200, "done".into()).await?;
     }
@@ -197,14 +206,7 @@ async fn what_a_cancelled_consumer_holds_returns_when_its_channel_closes() -> an
     let queue = "cancel-then-close";
     let (conn, publisher) = publishing_to(&cluster, queue).await?;
     let a = conn.create_channel().await?;
-    let mut consumer_a = a
-        .basic_consume(
-            queue.into(),
-            "a".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    let mut consumer_a = manual_consumer(&a, queue).await?;
     publish(&publisher, queue, "m0").await?;
     next(&mut consumer_a).await?;
     a.basic_cancel("a".into(), BasicCancelOptions::default())
@@ -235,14 +237,7 @@ async fn acks_sent_just_before_a_close_are_kept() -> anyhow::Result<()> {
     }
     let a = conn.create_channel().await?;
     a.basic_qos(100, BasicQosOptions::default()).await?;
-    let mut consumer = a
-        .basic_consume(
-            queue.into(),
-            "a".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    let mut consumer = manual_consumer(&a, queue).await?;
     let mut tags = Vec::new();
     for _ in 0..50 {
         tags.push(next(&mut consumer).await?.0);
@@ -253,17 +248,8 @@ async fn acks_sent_just_before_a_close_are_kept() -> anyhow::Result<()> {
     a.close(200, "done".into()).await?;
     // Once the queue has no consumer, whatever A's session held and was not acked is back.
     eventually("A's consumer gone from the queue", WAIT, || async {
-        let q = publisher
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        Ok((q.consumer_count() == 0).then_some(q.message_count()))
+        let (ready, consumers) = counts(&publisher, queue).await?;
+        Ok((consumers == 0).then_some(ready))
     })
     .await?;
     publish(&publisher, queue, "marker").await?;
