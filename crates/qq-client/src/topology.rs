@@ -206,14 +206,7 @@ impl Client {
         priority: i64,
         definition: HashMap<String, Value>,
     ) -> Result<()> {
-        let req = v1::SetPolicyRequest {
-            vhost: self.vhost.clone(),
-            name: name.into(),
-            pattern: pattern.into(),
-            apply_to: apply_to.into(),
-            priority,
-            definition,
-        };
+        let req = self.policy_request(name, pattern, apply_to, priority, definition);
         self.raw().set_policy(req).await?;
         Ok(())
     }
@@ -234,5 +227,100 @@ impl Client {
             vhost: self.vhost.clone(),
         };
         Ok(self.raw().list_policies(req).await?.into_inner().policies)
+    }
+
+    /// Binds exchange `destination` to exchange `source`: what `source` routes by this
+    /// binding, `destination` routes on (`BindExchange`).
+    pub async fn bind_exchange(
+        &self,
+        destination: &str,
+        source: &str,
+        routing_key: &str,
+        arguments: HashMap<String, Value>,
+    ) -> Result<()> {
+        let req = self.exchange_bind_request(destination, source, routing_key, arguments);
+        self.raw().bind_exchange(req).await?;
+        Ok(())
+    }
+
+    /// Removes an exchange-to-exchange binding (the same four fields).
+    pub async fn unbind_exchange(
+        &self,
+        destination: &str,
+        source: &str,
+        routing_key: &str,
+        arguments: HashMap<String, Value>,
+    ) -> Result<()> {
+        let req = self.exchange_bind_request(destination, source, routing_key, arguments);
+        self.raw().unbind_exchange(req).await?;
+        Ok(())
+    }
+
+    fn exchange_bind_request(
+        &self,
+        destination: &str,
+        source: &str,
+        routing_key: &str,
+        arguments: HashMap<String, Value>,
+    ) -> v1::ExchangeBindRequest {
+        v1::ExchangeBindRequest {
+            vhost: self.vhost.clone(),
+            destination: destination.into(),
+            source: source.into(),
+            routing_key: routing_key.into(),
+            arguments,
+        }
+    }
+
+    /// Sets an operator policy: limits (`max-length`, `max-length-bytes`, `message-ttl`,
+    /// `delivery-limit`, `expires`) imposed over the users' own; the stricter wins.
+    pub async fn set_operator_policy(
+        &self,
+        name: &str,
+        pattern: &str,
+        apply_to: &str,
+        priority: i64,
+        definition: HashMap<String, Value>,
+    ) -> Result<()> {
+        let req = self.policy_request(name, pattern, apply_to, priority, definition);
+        self.raw().set_operator_policy(req).await?;
+        Ok(())
+    }
+
+    /// Removes an operator policy.
+    pub async fn clear_operator_policy(&self, name: &str) -> Result<()> {
+        let req = v1::ClearPolicyRequest {
+            vhost: self.vhost.clone(),
+            name: name.into(),
+        };
+        self.raw().clear_operator_policy(req).await?;
+        Ok(())
+    }
+
+    /// Every operator policy of the vhost.
+    pub async fn list_operator_policies(&self) -> Result<Vec<Policy>> {
+        let req = v1::ListPoliciesRequest {
+            vhost: self.vhost.clone(),
+        };
+        let reply = self.raw().list_operator_policies(req).await?;
+        Ok(reply.into_inner().policies)
+    }
+
+    fn policy_request(
+        &self,
+        name: &str,
+        pattern: &str,
+        apply_to: &str,
+        priority: i64,
+        definition: HashMap<String, Value>,
+    ) -> v1::SetPolicyRequest {
+        v1::SetPolicyRequest {
+            vhost: self.vhost.clone(),
+            name: name.into(),
+            pattern: pattern.into(),
+            apply_to: apply_to.into(),
+            priority,
+            definition,
+        }
     }
 }

@@ -44,14 +44,18 @@
 //! - Permission regexes are matched unanchored; an empty regex grants nothing. The default
 //!   exchange is checked under the name `amq.default`.
 //!
-//! What it leaves out: exchange-to-exchange bindings, operator policies,
+//! What it leaves out: strict priorities (`x-max-priority`),
 //! exclusive/auto-delete queues (quorum queues are always durable), and the `internal` check on
 //! publish, which the node does with [`MetaState::exchange`] because dead letters may be routed
 //! through an internal exchange.
 
 mod apply;
 mod command;
+mod exchange_bindings;
+mod machine;
+mod operator_policies;
 mod queues;
+mod routing;
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
@@ -62,6 +66,7 @@ use serde::{Deserialize, Serialize};
 pub use self::command::{
     MAX_COMMAND_ITEMS, MAX_TEXT_BYTES, MAX_VALUE_DEPTH, MetaCommand, check_table,
 };
+pub use self::machine::{FIRST_META_MACHINE_VERSION, META_MACHINE_VERSION, MetaExtras};
 pub use crate::error::{ErrorKind, MetaError};
 pub use crate::limits::{Counted, Limits, Scope};
 use crate::policy;
@@ -288,6 +293,14 @@ pub struct Vhost {
     pub policies: BTreeMap<String, Policy>,
     /// user name → permissions on this vhost.
     pub permissions: BTreeMap<String, Permissions>,
+    /// Exchange-to-exchange bindings (`destination` is an exchange; metadata machine version
+    /// 2). Left out of the state's encoding, which is release 0.1.0's: a snapshot carries them
+    /// in its trailer ([`MetaExtras`]).
+    #[serde(skip)]
+    pub exchange_bindings: BTreeSet<Binding>,
+    /// Operator policies by name (version 2; in the trailer likewise).
+    #[serde(skip)]
+    pub operator_policies: BTreeMap<String, Policy>,
 }
 
 impl Vhost {
@@ -333,35 +346,79 @@ impl Vhost {
             .and_then(Value::as_str)
     }
 
+    /// Bindings to queues whose source is `exchange`.
     fn bindings_from<'a>(&'a self, exchange: &'a str) -> impl Iterator<Item = &'a Binding> + 'a {
-        let lower = Binding {
-            source: exchange.to_string(),
-            destination: String::new(),
-            routing_key: String::new(),
-            arguments: Table::new(),
-        };
-        self.bindings
-            .range(lower..)
-            .take_while(move |b| b.source == exchange)
+        from_source(&self.bindings, exchange)
     }
 
-    /// Removes every binding matching `drop`, then deletes the auto-delete exchanges that had
-    /// bindings before and have none now.
-    fn remove_bindings(&mut self, doomed: impl Fn(&Binding) -> bool) {
-        let removed: BTreeSet<String> = self
+    /// Bindings to exchanges whose source is `exchange`.
+    fn exchange_bindings_from<'a>(
+        &'a self,
+        exchange: &'a str,
+    ) -> impl Iterator<Item = &'a Binding> + 'a {
+        from_source(&self.exchange_bindings, exchange)
+    }
+
+    /// Whether `exchange` is the source of any binding (to a queue or an exchange).
+    fn is_source(&self, exchange: &str) -> bool {
+        self.bindings_from(exchange).next().is_some()
+            || self.exchange_bindings_from(exchange).next().is_some()
+    }
+
+    /// Removes the bindings to queues matching `to_queue` and those to exchanges matching
+    /// `to_exchange`, then deletes the auto-delete exchanges that were the source of one and
+    /// are the source of none now (as RabbitMQ deletes an auto-delete exchange when its last
+    /// binding goes), with the bindings to them, and so on up the chain.
+    fn remove_bindings(
+        &mut self,
+        to_queue: impl Fn(&Binding) -> bool,
+        to_exchange: impl Fn(&Binding) -> bool,
+    ) {
+        let mut sources: Vec<String> = self
             .bindings
             .iter()
-            .filter(|b| doomed(b))
+            .filter(|b| to_queue(b))
+            .chain(self.exchange_bindings.iter().filter(|b| to_exchange(b)))
             .map(|b| b.source.clone())
             .collect();
-        self.bindings.retain(|b| !doomed(b));
-        for source in removed {
+        self.bindings.retain(|b| !to_queue(b));
+        self.exchange_bindings.retain(|b| !to_exchange(b));
+        // Each round deletes an exchange or drops a name: bounded by the vhost's exchanges
+        // and bindings.
+        while let Some(source) = sources.pop() {
             let auto_delete = self.exchanges.get(&source).is_some_and(|x| x.auto_delete);
-            if auto_delete && self.bindings_from(&source).next().is_none() {
+            if auto_delete && !self.is_source(&source) {
                 self.exchanges.remove(&source);
+                sources.extend(self.drop_bindings_to_exchange(&source));
             }
         }
     }
+
+    /// Drops the bindings whose destination is exchange `name`; returns their sources.
+    fn drop_bindings_to_exchange(&mut self, name: &str) -> Vec<String> {
+        let sources = self
+            .exchange_bindings
+            .iter()
+            .filter(|b| b.destination == name)
+            .map(|b| b.source.clone())
+            .collect();
+        self.exchange_bindings.retain(|b| b.destination != name);
+        sources
+    }
+}
+
+/// The bindings of `set` whose source is `exchange` (the set is ordered by source first).
+fn from_source<'a>(
+    set: &'a BTreeSet<Binding>,
+    exchange: &'a str,
+) -> impl Iterator<Item = &'a Binding> + 'a {
+    let lower = Binding {
+        source: exchange.to_string(),
+        destination: String::new(),
+        routing_key: String::new(),
+        arguments: Table::new(),
+    };
+    set.range(lower..).take_while(move |b| b.source == exchange)
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -378,6 +435,10 @@ pub struct MetaState {
     /// configuration), and nodes forgotten for good (founding ones included).
     joined: BTreeMap<NodeId, NodeAddrs>,
     forgotten: BTreeSet<NodeId>,
+    /// The metadata machine version the log runs (module `machine`); in the snapshot's
+    /// trailer, not in this encoding.
+    #[serde(skip, default = "machine::first")]
+    machine_version: u32,
 }
 
 impl Default for MetaState {
@@ -505,6 +566,7 @@ impl MetaState {
             user_limits: BTreeMap::new(),
             joined: BTreeMap::new(),
             forgotten: BTreeSet::new(),
+            machine_version: FIRST_META_MACHINE_VERSION,
         }
     }
 
@@ -598,57 +660,6 @@ impl MetaState {
     pub fn policy_of(&self, q: &QueueMeta) -> Option<&Policy> {
         let name = q.config.policy.as_deref()?;
         self.policies(&q.vhost).find(|p| p.name == name)
-    }
-
-    /// Routes a publish to exchange `exchange` with `routing_keys` (the key plus CC and BCC keys,
-    /// see [`route::routing_keys`]) and `headers`. The default exchange (`""` or `amq.default`)
-    /// routes to the existing queues named by the keys. Returns the distinct target queues,
-    /// sorted by name; NOT_FOUND if the vhost or exchange is missing.
-    pub fn route(
-        &self,
-        vhost: &str,
-        exchange: &str,
-        routing_keys: &[String],
-        headers: &Table,
-    ) -> Result<Vec<&QueueMeta>, MetaError> {
-        let v = self
-            .vhosts
-            .get(vhost)
-            .ok_or_else(|| vhost_not_found(vhost))?;
-        // Borrowed, not cloned: this runs for every publish.
-        let queues = |names: BTreeSet<&str>| -> Vec<&QueueMeta> {
-            names.into_iter().filter_map(|n| v.queues.get(n)).collect()
-        };
-        if is_default_exchange(exchange) {
-            return Ok(queues(routing_keys.iter().map(String::as_str).collect()));
-        }
-        let mut x = v
-            .exchanges
-            .get(exchange)
-            .ok_or_else(|| exchange_not_found(vhost, exchange))?;
-        // An exchange that routes the message nowhere hands it to its alternate exchange, and
-        // so on; each exchange is tried once (an alternate-exchange cycle ends), and a missing
-        // alternate exchange ends the chain (as RabbitMQ's rabbit_exchange:route).
-        let mut tried = BTreeSet::new();
-        loop {
-            tried.insert(x.name.as_str());
-            let names = v
-                .bindings_from(&x.name)
-                .filter(|b| {
-                    x.kind
-                        .binding_matches(&b.routing_key, &b.arguments, routing_keys, headers)
-                })
-                .map(|b| b.destination.as_str())
-                .collect();
-            let found = queues(names);
-            if !found.is_empty() {
-                return Ok(found);
-            }
-            match v.alternate_exchange(x).and_then(|ae| v.exchanges.get(ae)) {
-                Some(ae) if !tried.contains(ae.name.as_str()) => x = ae,
-                _ => return Ok(found),
-            }
-        }
     }
 
     /// Checks that `user` may `perm` the exchange or queue `resource` in `vhost`. NOT_FOUND for a

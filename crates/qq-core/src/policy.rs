@@ -662,5 +662,8 @@ pub fn setting_sources(
         .collect()
 }
 
+mod operator;
 #[cfg(test)]
 mod setting_source_tests;
+
+pub use operator::{OPERATOR_POLICY_KEYS, apply_operator_policy, validate_operator_policy};

@@ -20,9 +20,9 @@
 //! - **sender-selected distribution**: a `CC` or `BCC` header (a list of strings) adds routing
 //!   keys. `BCC` is stripped from the message before anyone else sees it ([`strip_bcc`]).
 //!
-//! What it leaves out: exchange-to-exchange bindings (quorumq has none), alternate exchanges
-//! (followed by [`crate::meta::MetaState::route`]), and the default exchange, which [`crate::meta::MetaState::route`] handles by queue
-//! name because it has no bindings.
+//! What it leaves out: the walk over exchange-to-exchange bindings and alternate exchanges,
+//! and the default exchange (routed by queue name, as it has no bindings), all done by
+//! [`crate::meta::MetaState::route`].
 
 use serde::{Deserialize, Serialize};
 

@@ -355,7 +355,10 @@ impl Proposer {
         &self,
         cmd: MetaCommand,
     ) -> Result<Result<MetaReply, MetaError>, NodeError> {
-        if let Err(e) = cmd.validate_new() {
+        // A command of a metadata machine version the cluster does not run yet is refused
+        // here too (apply would refuse it on every replica alike).
+        let runs = self.view.current().check_runs(&cmd);
+        if let Err(e) = cmd.validate_new().and(runs) {
             return Ok(Err(e));
         }
         let bytes = self.propose(META_GROUP, encode(&cmd)?).await?;

@@ -106,6 +106,17 @@ enum Command {
     ClearPolicy(NameArgs),
     /// Table of policies.
     ListPolicies,
+    /// Bind an exchange to an exchange: bind-exchange DESTINATION SOURCE --key K.
+    BindExchange(cmd::admin::ExchangeBindArgs),
+    /// Remove an exchange-to-exchange binding.
+    UnbindExchange(cmd::admin::ExchangeBindArgs),
+    /// Set an operator policy (limits over the users' own, the stricter wins): e.g.
+    /// set-operator-policy cap '.*' --definition '{"max-length":100000}'.
+    SetOperatorPolicy(SetPolicyArgs),
+    /// Remove an operator policy.
+    ClearOperatorPolicy(NameArgs),
+    /// Table of operator policies.
+    ListOperatorPolicies,
     /// Create or update a user.
     PutUser(PutUserArgs),
     /// Delete a user.
@@ -207,9 +218,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Queue(a) => status::queue(c, a).await,
         Command::ListExchanges => status::list_exchanges(c).await,
         Command::ListBindings => status::list_bindings(c).await,
-        Command::SetPolicy(a) => admin::set_policy(c, a).await,
-        Command::ClearPolicy(a) => admin::clear_policy(c, a).await,
+        Command::SetPolicy(a) => admin::set_policy(c, a, false).await,
+        Command::ClearPolicy(a) => admin::clear_policy(c, a, false).await,
         Command::ListPolicies => status::list_policies(c).await,
+        Command::BindExchange(a) => admin::bind_exchange(c, a).await,
+        Command::UnbindExchange(a) => admin::unbind_exchange(c, a).await,
+        Command::SetOperatorPolicy(a) => admin::set_policy(c, a, true).await,
+        Command::ClearOperatorPolicy(a) => admin::clear_policy(c, a, true).await,
+        Command::ListOperatorPolicies => status::list_operator_policies(c).await,
         Command::PutUser(a) => admin::put_user(c, a).await,
         Command::DeleteUser(a) => admin::delete_user(c, a).await,
         Command::SetPermissions(a) => admin::set_permissions(c, a).await,
@@ -345,6 +361,11 @@ mod tests {
         "qqctl join-node 4 127.0.0.1:7104 127.0.0.1:7204",
         "qqctl grow 4 '.*'",
         "qqctl forget-node 4",
+        "qqctl bind-exchange audit orders --key 'eu.#' --arg x-match=all",
+        "qqctl unbind-exchange audit orders --key 'eu.#'",
+        "qqctl set-operator-policy cap '.*' --definition '{\"max-length\": 100000}' --priority 1 --apply-to quorum_queues",
+        "qqctl clear-operator-policy cap",
+        "qqctl list-operator-policies",
     ];
 
     #[test]

@@ -94,6 +94,11 @@ pub fn queue_json(q: &QueueInfo) -> Json {
         "id": q.id,
         "arguments": table_to_json(&q.arguments),
         "policy": if q.policy.is_empty() { Json::Null } else { json!(q.policy) },
+        "operator_policy": if q.operator_policy.is_empty() {
+            Json::Null
+        } else {
+            json!(q.operator_policy)
+        },
         "effective": effective,
         "messages": q.messages,
         "messages_ready": q.messages_ready,

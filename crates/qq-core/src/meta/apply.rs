@@ -1,6 +1,7 @@
 //! [`MetaState::apply`]: one committed command at a time, each handler deciding its reply and
 //! the effects the node carries out (module documentation of [`super`]).
 
+use super::operator_policies::recompute_configs;
 use super::queues::{EXCHANGE_EQUIVALENCE_ARGS, inequivalent_arg};
 use super::*;
 
@@ -9,7 +10,7 @@ impl MetaState {
     pub fn apply(&mut self, cmd: MetaCommand) -> (Result<MetaReply, MetaError>, Vec<MetaEffect>) {
         // A committed command outside the bounds (only a faulty proposer makes one) changes
         // nothing, on every replica alike.
-        if let Err(e) = cmd.validate() {
+        if let Err(e) = cmd.validate().and_then(|()| self.check_runs(&cmd)) {
             return (Err(e), Vec::new());
         }
         let mut effects = Vec::new();
@@ -143,8 +144,80 @@ impl MetaState {
                 cluster_address,
             } => self.join_node(id, address, cluster_address, &mut effects),
             MetaCommand::ForgetNode { id } => self.forget_node(id, &mut effects),
+            cmd @ (MetaCommand::SetMachineVersion { .. }
+            | MetaCommand::BindExchange { .. }
+            | MetaCommand::UnbindExchange { .. }
+            | MetaCommand::SetOperatorPolicy { .. }
+            | MetaCommand::ClearOperatorPolicy { .. }) => self.apply_v2(cmd, &mut effects),
         };
         (result, effects)
+    }
+
+    /// The commands of metadata machine version 2 (module `machine`).
+    fn apply_v2(
+        &mut self,
+        cmd: MetaCommand,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        match cmd {
+            MetaCommand::SetMachineVersion { version } => self.set_machine_version(version),
+            MetaCommand::BindExchange {
+                vhost,
+                destination,
+                source,
+                routing_key,
+                arguments,
+            } => self.bind_exchange(
+                &vhost,
+                Binding {
+                    source,
+                    destination,
+                    routing_key,
+                    arguments,
+                },
+                true,
+            ),
+            MetaCommand::UnbindExchange {
+                vhost,
+                destination,
+                source,
+                routing_key,
+                arguments,
+            } => self.bind_exchange(
+                &vhost,
+                Binding {
+                    source,
+                    destination,
+                    routing_key,
+                    arguments,
+                },
+                false,
+            ),
+            MetaCommand::SetOperatorPolicy {
+                vhost,
+                name,
+                pattern,
+                apply_to,
+                priority,
+                definition,
+            } => self.set_operator_policy(
+                &vhost,
+                Policy {
+                    name,
+                    pattern,
+                    apply_to,
+                    priority,
+                    definition,
+                },
+                effects,
+            ),
+            MetaCommand::ClearOperatorPolicy { vhost, name } => {
+                self.clear_operator_policy(&vhost, &name, effects)
+            }
+            _ => Err(MetaError::invalid(
+                "not a command of metadata machine version 2",
+            )),
+        }
     }
 
     fn join_node(
@@ -384,13 +457,16 @@ impl MetaState {
         if !v.exchanges.contains_key(name) {
             return Err(exchange_not_found(vhost, name));
         }
-        if if_unused && v.bindings_from(name).next().is_some() {
+        if if_unused && v.is_source(name) {
             return Err(MetaError::failed_precondition(format!(
                 "exchange '{name}' in vhost '{vhost}' in use"
             )));
         }
         v.exchanges.remove(name);
         v.bindings.retain(|b| b.source != name);
+        v.exchange_bindings.retain(|b| b.source != name);
+        // Bindings to it go too, and an auto-delete source left without any is deleted.
+        v.remove_bindings(|_| false, |b| b.destination == name);
         Ok(MetaReply::Ok)
     }
 
@@ -461,7 +537,7 @@ impl MetaState {
             route::validate_binding_arguments(kind, &binding.arguments)?;
             v.bindings.insert(binding);
         } else {
-            v.remove_bindings(|b| *b == binding);
+            v.remove_bindings(|b| *b == binding, |_| false);
         }
         Ok(MetaReply::Ok)
     }
@@ -499,21 +575,5 @@ impl MetaState {
         })?;
         recompute_configs(vhost, v, effects);
         Ok(MetaReply::Ok)
-    }
-}
-
-/// Recomputes the effective configuration of every queue of `v` and reports those that changed.
-fn recompute_configs(vhost: &str, v: &mut Vhost, effects: &mut Vec<MetaEffect>) {
-    for queue in v.queues.values_mut() {
-        let config = policy::effective_config(
-            vhost,
-            &queue.name,
-            &queue.arguments,
-            policy::matching_policy(v.policies.values(), &queue.name),
-        );
-        if config != queue.config {
-            queue.config = config;
-            effects.push(MetaEffect::QueueConfigChanged(queue.clone()));
-        }
     }
 }

@@ -125,6 +125,43 @@ pub enum MetaCommand {
     ForgetNode {
         id: NodeId,
     },
+    // Metadata machine version 2 (module `machine`): appended, so that the encoding of every
+    // command above stays release 0.1.0's.
+    /// Moves the metadata machine to `version`, proposed by the metadata leader once every
+    /// node runs a release that has it.
+    SetMachineVersion {
+        version: u32,
+    },
+    /// Binds exchange `destination` to exchange `source`: what `source` routes by this
+    /// binding, `destination` routes on.
+    BindExchange {
+        vhost: String,
+        destination: String,
+        source: String,
+        routing_key: String,
+        arguments: Table,
+    },
+    UnbindExchange {
+        vhost: String,
+        destination: String,
+        source: String,
+        routing_key: String,
+        arguments: Table,
+    },
+    /// An operator policy: limits imposed over the users' policies and arguments (the
+    /// stricter value wins), keys [`crate::policy::OPERATOR_POLICY_KEYS`].
+    SetOperatorPolicy {
+        vhost: String,
+        name: String,
+        pattern: String,
+        apply_to: String,
+        priority: i64,
+        definition: Table,
+    },
+    ClearOperatorPolicy {
+        vhost: String,
+        name: String,
+    },
 }
 
 /// Longest text field (pattern, routing key, permission regex, tag) a command may carry.
@@ -150,7 +187,9 @@ impl MetaCommand {
             {
                 names::check_new("name", name)
             }
-            MetaCommand::SetPolicy { name, .. } => names::check_new("name", name),
+            MetaCommand::SetPolicy { name, .. } | MetaCommand::SetOperatorPolicy { name, .. } => {
+                names::check_new("name", name)
+            }
             _ => Ok(()),
         }
     }
@@ -213,7 +252,8 @@ impl MetaCommand {
             }
             MetaCommand::DeleteExchange { vhost, name: n, .. }
             | MetaCommand::DeleteQueue { vhost, name: n }
-            | MetaCommand::ClearPolicy { vhost, name: n } => {
+            | MetaCommand::ClearPolicy { vhost, name: n }
+            | MetaCommand::ClearOperatorPolicy { vhost, name: n } => {
                 name("vhost", vhost)?;
                 name("name", n)
             }
@@ -258,6 +298,14 @@ impl MetaCommand {
                 apply_to,
                 definition,
                 ..
+            }
+            | MetaCommand::SetOperatorPolicy {
+                vhost,
+                name: n,
+                pattern,
+                apply_to,
+                definition,
+                ..
             } => {
                 name("vhost", vhost)?;
                 name("name", n)?;
@@ -292,6 +340,27 @@ impl MetaCommand {
                 name("address", address)?;
                 name("cluster_address", cluster_address)
             }
+            MetaCommand::BindExchange {
+                vhost,
+                destination,
+                source,
+                routing_key,
+                arguments,
+            }
+            | MetaCommand::UnbindExchange {
+                vhost,
+                destination,
+                source,
+                routing_key,
+                arguments,
+            } => {
+                name("vhost", vhost)?;
+                name("destination", destination)?;
+                name("source", source)?;
+                text("routing_key", routing_key)?;
+                check_table("arguments", arguments)
+            }
+            MetaCommand::SetMachineVersion { .. } => Ok(()),
             MetaCommand::ForgetNode { id } => {
                 if *id == 0 {
                     return Err(MetaError::invalid("id: a node id must be at least 1"));

@@ -68,7 +68,7 @@ impl MetaState {
                 .map_err(|e| declare_refused(name, e))?;
         }
         let matching = policy::matching_policy(v.policies.values(), name);
-        let config = policy::effective_config(vhost, name, &arguments, matching);
+        let config = v.queue_config(vhost, name, &arguments);
         policy::check_declared_strategy(&arguments, &config)?;
         let locator = leader_locator(&arguments, matching).map(str::to_string);
 
@@ -182,7 +182,7 @@ impl MetaState {
             .queues
             .remove(name)
             .ok_or_else(|| queue_not_found(vhost, name))?;
-        v.remove_bindings(|b| b.destination == name);
+        v.remove_bindings(|b| b.destination == name, |_| false);
         self.queue_ids.remove(&queue.id);
         effects.push(MetaEffect::QueueDeleted(queue.clone()));
         Ok(MetaReply::QueueDeleted { queue })

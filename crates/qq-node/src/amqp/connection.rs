@@ -247,14 +247,12 @@ fn start(ctx: &Ctx, external: bool) -> conn::Start {
         "authentication_failure_close",
         "per_consumer_qos",
         "consumer_priorities",
+        "exchange_exchange_bindings",
     ] {
         caps.insert(cap.into(), AMQPValue::Boolean(true));
     }
-    // Exchange-to-exchange bindings and direct reply-to are not supported: said so, as
-    // RabbitMQ clients read these flags.
-    for cap in ["exchange_exchange_bindings", "direct_reply_to"] {
-        caps.insert(cap.into(), AMQPValue::Boolean(false));
-    }
+    // Direct reply-to is not supported: said so, as RabbitMQ clients read these flags.
+    caps.insert("direct_reply_to".into(), AMQPValue::Boolean(false));
     let text = |s: &str| AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()));
     let mut props = FieldTable::default();
     props.insert("product".into(), text("quorumq"));

@@ -5,7 +5,9 @@
 //! Every queue is a quorum queue: a declare that asks for `exclusive`, `auto-delete` or a
 //! non-durable queue is refused with 406, as RabbitMQ refuses those properties for
 //! `x-queue-type=quorum`. Deleting a queue or exchange that does not exist succeeds, as in
-//! RabbitMQ. Exchange-to-exchange bindings are not supported (540).
+//! RabbitMQ. Exchange-to-exchange bindings (exchange.bind/unbind) are `BindExchange` and
+//! `UnbindExchange`: refused with 406 while a rolling upgrade has not moved the metadata
+//! machine to version 2.
 
 use amq_protocol::protocol::{AMQPClass, exchange as ex, queue as q};
 use amq_protocol::types::{FieldTable, ShortString};
@@ -13,7 +15,7 @@ use qq_core::meta::Perm;
 use qq_proto::v1 as pb;
 use tonic::{Code, Status};
 
-use super::codes::{AmqpError, NOT_IMPLEMENTED, PRECONDITION_FAILED, RESOURCE_LOCKED};
+use super::codes::{AmqpError, PRECONDITION_FAILED, RESOURCE_LOCKED};
 use super::convert::{short, table_from_amqp};
 use super::session::{Session, request};
 use crate::api::{admin, convert::table_to_pb};
@@ -71,11 +73,27 @@ pub async fn exchange(
             missing_is_done(done, ())?;
             (ex::AMQPMethod::DeleteOk(ex::DeleteOk {}), d.nowait)
         }
-        ex::AMQPMethod::Bind(_) | ex::AMQPMethod::Unbind(_) => {
-            return Err(AmqpError::new(
-                NOT_IMPLEMENTED,
-                "exchange-to-exchange bindings are not supported",
-            ));
+        ex::AMQPMethod::Bind(b) => {
+            let r = exchange_binding(
+                vhost,
+                &b.destination,
+                &b.source,
+                &b.routing_key,
+                &b.arguments,
+            );
+            admin::exchange_binding(api, request(session, r), true).await?;
+            (ex::AMQPMethod::BindOk(ex::BindOk {}), b.nowait)
+        }
+        ex::AMQPMethod::Unbind(b) => {
+            let r = exchange_binding(
+                vhost,
+                &b.destination,
+                &b.source,
+                &b.routing_key,
+                &b.arguments,
+            );
+            admin::exchange_binding(api, request(session, r), false).await?;
+            (ex::AMQPMethod::UnbindOk(ex::UnbindOk {}), b.nowait)
         }
         _ => return Err(client_only()),
     };
@@ -129,6 +147,23 @@ fn exclusive_redeclare(session: &Session, d: &q::Declare) -> Result<(), AmqpErro
              value does not match that of the original declaration."
         ),
     ))
+}
+
+/// The gRPC request of an exchange.bind or exchange.unbind.
+fn exchange_binding(
+    vhost: String,
+    destination: &ShortString,
+    source: &ShortString,
+    routing_key: &ShortString,
+    args: &FieldTable,
+) -> pb::ExchangeBindRequest {
+    pb::ExchangeBindRequest {
+        vhost,
+        destination: destination.to_string(),
+        source: source.to_string(),
+        routing_key: routing_key.to_string(),
+        arguments: arguments(args),
+    }
 }
 
 /// The gRPC request of a queue.bind or queue.unbind.

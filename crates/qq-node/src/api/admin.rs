@@ -263,7 +263,54 @@ pub async fn binding(api: &Api, request: Request<pb::BindRequest>, bind: bool) -
     empty()
 }
 
-pub async fn set_policy(api: &Api, request: Request<pb::SetPolicyRequest>) -> Empty {
+/// `BindExchange` (`bind`) or `UnbindExchange`: write on the destination and read on the
+/// source, as RabbitMQ checks `exchange.bind`.
+pub async fn exchange_binding(
+    api: &Api,
+    request: Request<pb::ExchangeBindRequest>,
+    bind: bool,
+) -> Empty {
+    let caller = api.auth.caller(&request).await?;
+    let r = request.into_inner();
+    bounded(&[
+        ("vhost", &r.vhost),
+        ("destination", &r.destination),
+        ("source", &r.source),
+    ])?;
+    let vhost = vhost(&r.vhost);
+    api.auth
+        .check(&caller, &vhost, Perm::Write, &r.destination)?;
+    api.auth.check(&caller, &vhost, Perm::Read, &r.source)?;
+    let arguments = table_from_pb("arguments", &r.arguments)?;
+    let (destination, source, routing_key) = (r.destination, r.source, r.routing_key);
+    let cmd = if bind {
+        MetaCommand::BindExchange {
+            vhost,
+            destination,
+            source,
+            routing_key,
+            arguments,
+        }
+    } else {
+        MetaCommand::UnbindExchange {
+            vhost,
+            destination,
+            source,
+            routing_key,
+            arguments,
+        }
+    };
+    api.meta(cmd).await?;
+    empty()
+}
+
+/// `SetPolicy`, or `SetOperatorPolicy` (`operator`): administrators only (RabbitMQ's
+/// policymaker and administrator tags are one tag here).
+pub async fn set_policy(
+    api: &Api,
+    request: Request<pb::SetPolicyRequest>,
+    operator: bool,
+) -> Empty {
     api.admin(&request).await?;
     let r = request.into_inner();
     let definition = table_from_pb("definition", &r.definition)?;
@@ -272,24 +319,43 @@ pub async fn set_policy(api: &Api, request: Request<pb::SetPolicyRequest>) -> Em
     } else {
         r.apply_to
     };
-    api.meta(MetaCommand::SetPolicy {
-        vhost: vhost(&r.vhost),
-        name: r.name,
-        pattern: r.pattern,
-        apply_to,
-        priority: r.priority,
-        definition,
+    let (vhost, name, pattern, priority) = (vhost(&r.vhost), r.name, r.pattern, r.priority);
+    api.meta(if operator {
+        MetaCommand::SetOperatorPolicy {
+            vhost,
+            name,
+            pattern,
+            apply_to,
+            priority,
+            definition,
+        }
+    } else {
+        MetaCommand::SetPolicy {
+            vhost,
+            name,
+            pattern,
+            apply_to,
+            priority,
+            definition,
+        }
     })
     .await?;
     empty()
 }
 
-pub async fn clear_policy(api: &Api, request: Request<pb::ClearPolicyRequest>) -> Empty {
+/// `ClearPolicy`, or `ClearOperatorPolicy` (`operator`).
+pub async fn clear_policy(
+    api: &Api,
+    request: Request<pb::ClearPolicyRequest>,
+    operator: bool,
+) -> Empty {
     api.admin(&request).await?;
     let r = request.into_inner();
-    api.meta(MetaCommand::ClearPolicy {
-        vhost: vhost(&r.vhost),
-        name: r.name,
+    let (vhost, name) = (vhost(&r.vhost), r.name);
+    api.meta(if operator {
+        MetaCommand::ClearOperatorPolicy { vhost, name }
+    } else {
+        MetaCommand::ClearPolicy { vhost, name }
     })
     .await?;
     empty()

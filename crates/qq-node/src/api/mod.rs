@@ -217,18 +217,47 @@ impl Broker for BrokerService {
     }
 
     async fn set_policy(&self, request: Request<pb::SetPolicyRequest>) -> Unary<pb::Empty> {
-        admin::set_policy(&self.api, request).await
+        admin::set_policy(&self.api, request, false).await
     }
 
     async fn clear_policy(&self, request: Request<pb::ClearPolicyRequest>) -> Unary<pb::Empty> {
-        admin::clear_policy(&self.api, request).await
+        admin::clear_policy(&self.api, request, false).await
     }
 
     async fn list_policies(
         &self,
         request: Request<pb::ListPoliciesRequest>,
     ) -> Unary<pb::ListPoliciesResponse> {
-        status::list_policies(&self.api, request).await
+        status::list_policies(&self.api, request, false).await
+    }
+
+    async fn bind_exchange(&self, request: Request<pb::ExchangeBindRequest>) -> Unary<pb::Empty> {
+        admin::exchange_binding(&self.api, request, true).await
+    }
+
+    async fn unbind_exchange(&self, request: Request<pb::ExchangeBindRequest>) -> Unary<pb::Empty> {
+        admin::exchange_binding(&self.api, request, false).await
+    }
+
+    async fn set_operator_policy(
+        &self,
+        request: Request<pb::SetPolicyRequest>,
+    ) -> Unary<pb::Empty> {
+        admin::set_policy(&self.api, request, true).await
+    }
+
+    async fn clear_operator_policy(
+        &self,
+        request: Request<pb::ClearPolicyRequest>,
+    ) -> Unary<pb::Empty> {
+        admin::clear_policy(&self.api, request, true).await
+    }
+
+    async fn list_operator_policies(
+        &self,
+        request: Request<pb::ListPoliciesRequest>,
+    ) -> Unary<pb::ListPoliciesResponse> {
+        status::list_policies(&self.api, request, true).await
     }
 
     async fn list_queues(

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use qq_core::Strategy;
-use qq_core::meta::QueueMeta;
+use qq_core::meta::{Binding, MetaState, Policy, QueueMeta};
 use qq_core::policy;
 use qq_proto::v1 as pb;
 use tonic::{Request, Response, Status};
@@ -25,7 +25,11 @@ use crate::groups::registry::QueueInfoData;
 /// How long `ClusterStatus` waits for each peer's answer.
 const REACH_TIMEOUT: Duration = Duration::from_millis(800);
 
-pub(crate) fn queue_info_pb(qm: &QueueMeta, data: Option<QueueInfoData>) -> pb::QueueInfo {
+pub(crate) fn queue_info_pb(
+    meta: &MetaState,
+    qm: &QueueMeta,
+    data: Option<QueueInfoData>,
+) -> pb::QueueInfo {
     let c = &qm.config;
     let effective = pb::EffectiveConfig {
         dead_letter_exchange: c.dead_letter_exchange.clone().unwrap_or_default(),
@@ -47,6 +51,10 @@ pub(crate) fn queue_info_pb(qm: &QueueMeta, data: Option<QueueInfoData>) -> pb::
         vhost: qm.vhost.clone(),
         arguments: table_to_pb(&qm.arguments),
         policy: c.policy.clone().unwrap_or_default(),
+        operator_policy: meta
+            .operator_policy_of(qm)
+            .map(|p| p.name.clone())
+            .unwrap_or_default(),
         effective: Some(effective),
         members: qm.members.clone(),
         id: qm.id,
@@ -73,23 +81,33 @@ pub(crate) fn queue_info_pb(qm: &QueueMeta, data: Option<QueueInfoData>) -> pb::
     info
 }
 
+/// `ListPolicies`, or `ListOperatorPolicies` (`operator`).
 pub async fn list_policies(
     api: &Api,
     request: Request<pb::ListPoliciesRequest>,
+    operator: bool,
 ) -> Result<Response<pb::ListPoliciesResponse>, Status> {
     let caller = api.auth.caller(&request).await?;
-    let policies = policies_of(api, &caller, &vhost(&request.get_ref().vhost))?;
+    let policies = policies_of(api, &caller, &vhost(&request.get_ref().vhost), operator)?;
     Ok(Response::new(pb::ListPoliciesResponse { policies }))
 }
 
-/// The policies of vhost `v`, if `caller` may see it.
-pub(crate) fn policies_of(api: &Api, caller: &Caller, v: &str) -> Result<Vec<pb::Policy>, Status> {
+/// The policies (or the `operator` policies) of vhost `v`, if `caller` may see it.
+pub(crate) fn policies_of(
+    api: &Api,
+    caller: &Caller,
+    v: &str,
+    operator: bool,
+) -> Result<Vec<pb::Policy>, Status> {
     api.auth.require_visible(caller, v)?;
-    Ok(api
-        .node
-        .view()
-        .current()
-        .policies(v)
+    let meta = api.node.view().current();
+    let policies: Vec<&Policy> = if operator {
+        meta.operator_policies(v).collect()
+    } else {
+        meta.policies(v).collect()
+    };
+    Ok(policies
+        .into_iter()
         .map(|p| pb::Policy {
             vhost: v.to_string(),
             name: p.name.clone(),
@@ -106,10 +124,11 @@ pub async fn list_queues(
     request: Request<pb::ListQueuesRequest>,
 ) -> Result<Response<pb::ListQueuesResponse>, Status> {
     let caller = api.auth.caller(&request).await?;
-    let queues = queues_of(api, &caller, &vhost(&request.get_ref().vhost))
-        .await?
+    let queues = queues_of(api, &caller, &vhost(&request.get_ref().vhost)).await?;
+    let meta = api.node.view().current();
+    let queues = queues
         .into_iter()
-        .map(|(q, d)| queue_info_pb(&q, d))
+        .map(|(q, d)| queue_info_pb(&meta, &q, d))
         .collect();
     Ok(Response::new(pb::ListQueuesResponse { queues }))
 }
@@ -146,7 +165,8 @@ pub async fn get_queue(
     let caller = api.auth.caller(&request).await?;
     let r = request.into_inner();
     let (qm, data) = queue_of(api, &caller, &vhost(&r.vhost), &r.name).await?;
-    Ok(Response::new(queue_info_pb(&qm, Some(data))))
+    let meta = api.node.view().current();
+    Ok(Response::new(queue_info_pb(&meta, &qm, Some(data))))
 }
 
 /// Queue `name` of vhost `v`, if `caller` may see the vhost, with its leader's information.
@@ -212,18 +232,25 @@ pub(crate) fn bindings_of(
     v: &str,
 ) -> Result<Vec<pb::BindingInfo>, Status> {
     api.auth.require_visible(caller, v)?;
-    Ok(api
-        .node
-        .view()
-        .current()
+    let meta = api.node.view().current();
+    let info = |b: &Binding, kind: &str| pb::BindingInfo {
+        vhost: v.to_string(),
+        exchange: b.source.clone(),
+        queue: if kind == "queue" {
+            b.destination.clone()
+        } else {
+            String::new()
+        },
+        routing_key: b.routing_key.clone(),
+        arguments: table_to_pb(&b.arguments),
+        destination_kind: kind.to_string(),
+        destination: b.destination.clone(),
+    };
+    let to_exchanges = meta.vhost(v).into_iter().flat_map(|x| &x.exchange_bindings);
+    Ok(meta
         .bindings(v)
-        .map(|b| pb::BindingInfo {
-            vhost: v.to_string(),
-            exchange: b.source.clone(),
-            queue: b.destination.clone(),
-            routing_key: b.routing_key.clone(),
-            arguments: table_to_pb(&b.arguments),
-        })
+        .map(|b| info(b, "queue"))
+        .chain(to_exchanges.map(|b| info(b, "exchange")))
         .collect())
 }
 

@@ -3,7 +3,7 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
-use qq_core::meta::{Limits, MetaState, User, Vhost};
+use qq_core::meta::{Limits, MetaState, Policy, User, Vhost};
 use qq_core::{Table, Value};
 use serde_json::{Map, Value as J, json};
 
@@ -92,6 +92,7 @@ pub fn export(state: &MetaState) -> J {
         queues,
         bindings,
         policies,
+        operator_policies,
     } = per_vhost;
     let vhost_limits: Vec<J> = state
         .all_vhost_limits()
@@ -110,6 +111,7 @@ pub fn export(state: &MetaState) -> J {
         "queues": queues,
         "bindings": bindings,
         "policies": policies,
+        "operator_policies": operator_policies,
         "parameters": [],
         "global_parameters": [],
         "topic_permissions": [],
@@ -127,6 +129,7 @@ struct VhostArrays {
     queues: Vec<J>,
     bindings: Vec<J>,
     policies: Vec<J>,
+    operator_policies: Vec<J>,
 }
 
 impl VhostArrays {
@@ -166,11 +169,21 @@ impl VhostArrays {
                 "arguments": table_to_json(&b.arguments),
             }));
         }
-        for p in v.policies.values() {
-            self.policies.push(json!({
-                "vhost": name, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
-                "definition": table_to_json(&p.definition), "priority": p.priority,
+        for b in &v.exchange_bindings {
+            self.bindings.push(json!({
+                "source": b.source, "vhost": name, "destination": b.destination,
+                "destination_type": "exchange", "routing_key": b.routing_key,
+                "arguments": table_to_json(&b.arguments),
             }));
         }
+        let policy = |p: &Policy| {
+            json!({
+                "vhost": name, "name": p.name, "pattern": p.pattern, "apply-to": p.apply_to,
+                "definition": table_to_json(&p.definition), "priority": p.priority,
+            })
+        };
+        self.policies.extend(v.policies.values().map(policy));
+        self.operator_policies
+            .extend(v.operator_policies.values().map(policy));
     }
 }

@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use qq_core::NodeId;
-use qq_core::meta::{ErrorKind, Limits, MetaCommand, MetaError, MetaState, Permissions};
+use qq_core::Table;
+use qq_core::meta::{Binding, ErrorKind, Limits, MetaCommand, MetaError, MetaState, Permissions};
 use tonic::{Code, Status};
 use tracing::info;
 
@@ -115,22 +116,57 @@ fn topology_outcome(state: &MetaState, cmd: &MetaCommand) -> Outcome {
         MetaCommand::DeclareQueue { vhost, name, .. } => {
             exists(state.queue(vhost, name).is_some(), true)
         }
+        MetaCommand::SetOperatorPolicy {
+            vhost,
+            name,
+            pattern,
+            apply_to,
+            priority,
+            definition,
+        } => match state.operator_policies(vhost).find(|p| &p.name == name) {
+            None => Outcome::Created,
+            Some(p) => exists(
+                true,
+                &p.pattern == pattern
+                    && &p.apply_to == apply_to
+                    && p.priority == *priority
+                    && &p.definition == definition,
+            ),
+        },
         MetaCommand::Bind {
             vhost,
             queue,
             exchange,
             routing_key,
             arguments,
-        } => exists(
-            state.bindings(vhost).any(|b| {
-                &b.source == exchange
-                    && &b.destination == queue
-                    && &b.routing_key == routing_key
-                    && &b.arguments == arguments
-            }),
-            true,
-        ),
+        } => {
+            let wanted = binding(exchange, queue, routing_key, arguments);
+            exists(state.bindings(vhost).any(|b| *b == wanted), true)
+        }
+        MetaCommand::BindExchange {
+            vhost,
+            destination,
+            source,
+            routing_key,
+            arguments,
+        } => {
+            let wanted = binding(source, destination, routing_key, arguments);
+            let v = state.vhost(vhost);
+            exists(
+                v.is_some_and(|v| v.exchange_bindings.contains(&wanted)),
+                true,
+            )
+        }
         _ => Outcome::Created,
+    }
+}
+
+fn binding(source: &str, destination: &str, routing_key: &str, arguments: &Table) -> Binding {
+    Binding {
+        source: source.to_string(),
+        destination: destination.to_string(),
+        routing_key: routing_key.to_string(),
+        arguments: arguments.clone(),
     }
 }
 

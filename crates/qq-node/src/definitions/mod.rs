@@ -78,13 +78,14 @@ const IGNORED_KEYS: &[&str] = &[
 const UNSUPPORTED_KEYS: &[&str] = &["parameters", "global_parameters", "topic_permissions"];
 
 /// The kinds of item, in the order they are applied.
-const KINDS: [&str; 9] = [
+const KINDS: [&str; 10] = [
     "vhosts",
     "users",
     "permissions",
     "quorumq_vhost_limits",
     "quorumq_user_limits",
     "policies",
+    "operator_policies",
     "exchanges",
     "queues",
     "bindings",

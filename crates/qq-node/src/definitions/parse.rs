@@ -293,6 +293,14 @@ fn parse_item(kind: usize, at: &At<'_>) -> Result<MetaCommand, Status> {
             priority: at.i64_or("priority", 0)?,
             definition: at.table("definition")?,
         },
+        "operator_policies" => MetaCommand::SetOperatorPolicy {
+            vhost: at.vhost()?,
+            name: at.str("name")?,
+            pattern: at.str("pattern")?,
+            apply_to: at.str_or("apply-to", "all")?,
+            priority: at.i64_or("priority", 0)?,
+            definition: at.table("definition")?,
+        },
         "exchanges" => MetaCommand::DeclareExchange {
             vhost: at.vhost()?,
             name: at.str("name")?,
@@ -359,25 +367,32 @@ fn parse_queue(at: &At<'_>) -> Result<MetaCommand, Status> {
     })
 }
 
-/// A `bindings` item: `Bind` of a queue to an exchange.
+/// A `bindings` item: `Bind` of a queue to an exchange, or `BindExchange` of an exchange to
+/// an exchange (`destination_type` `exchange`).
 fn parse_binding(at: &At<'_>) -> Result<MetaCommand, Status> {
     let destination_type = at.str_or("destination_type", "queue")?;
-    if destination_type != "queue" {
-        return Err(invalid(
+    let (vhost, destination, source) = (at.vhost()?, at.str("destination")?, at.str("source")?);
+    let (routing_key, arguments) = (at.str_or("routing_key", "")?, at.table("arguments")?);
+    match destination_type.as_str() {
+        "queue" => Ok(MetaCommand::Bind {
+            vhost,
+            queue: destination,
+            exchange: source,
+            routing_key,
+            arguments,
+        }),
+        "exchange" => Ok(MetaCommand::BindExchange {
+            vhost,
+            destination,
+            source,
+            routing_key,
+            arguments,
+        }),
+        other => Err(invalid(
             &at.field("destination_type"),
-            format!(
-                "'{}': only queues can be bound (no exchange-to-exchange bindings)",
-                shown(&destination_type)
-            ),
-        ));
+            format!("'{}': expected queue or exchange", shown(other)),
+        )),
     }
-    Ok(MetaCommand::Bind {
-        vhost: at.vhost()?,
-        queue: at.str("destination")?,
-        exchange: at.str("source")?,
-        routing_key: at.str_or("routing_key", "")?,
-        arguments: at.table("arguments")?,
-    })
 }
 
 #[cfg(test)]
@@ -410,7 +425,7 @@ mod tests {
             e.message()
         );
         let e = doc(json!({"bindings": [{"source": "x", "destination": "y",
-            "destination_type": "exchange"}]}))
+            "destination_type": "stream"}]}))
         .unwrap_err();
         assert!(
             e.message().starts_with("bindings[0].destination_type: "),

@@ -13,7 +13,7 @@
 use std::io;
 use std::sync::{Arc, Mutex, RwLock};
 
-use qq_core::meta::{MetaCommand, MetaEffect, MetaError, MetaReply, MetaState};
+use qq_core::meta::{MetaCommand, MetaEffect, MetaError, MetaExtras, MetaReply, MetaState};
 use qq_raft::snapshot::{SnapshotReader, SnapshotWriter};
 use qq_raft::store::Store;
 use qq_raft::{GroupId, META_GROUP};
@@ -38,6 +38,11 @@ pub struct MetaMachine {
     refusals: Refusals,
 }
 
+/// A metadata snapshot's header: the state in release 0.1.0's encoding, then a trailer (a
+/// postcard `u32` format number and that format's record) with what later releases added
+/// ([`MetaExtras`]). A 0.1.0 node reads the state and ignores the trailer, which is right while
+/// the metadata machine runs version 1 (the only time such a node is a member); a header
+/// without a trailer was written by 0.1.0.
 #[derive(Deserialize)]
 struct MetaSnapshot {
     state: MetaState,
@@ -47,6 +52,29 @@ struct MetaSnapshot {
 #[derive(Serialize)]
 struct MetaSnapshotRef<'a> {
     state: &'a MetaState,
+}
+
+/// The trailer's format: 1 is [`MetaExtras`] as first released. A reader knows every format
+/// up to its own and refuses a newer one by name; a new field makes a new format.
+const META_TRAILER_FORMAT: u32 = 1;
+
+/// The state of a snapshot header, with its trailer's extras put back.
+fn decode_snapshot(bytes: &[u8]) -> Result<MetaState, String> {
+    let (snap, rest) =
+        postcard::take_from_bytes::<MetaSnapshot>(bytes).map_err(|e| e.to_string())?;
+    let mut state = snap.state;
+    if rest.is_empty() {
+        return Ok(state);
+    }
+    let (format, rest) = postcard::take_from_bytes::<u32>(rest).map_err(|e| e.to_string())?;
+    if format != META_TRAILER_FORMAT {
+        return Err(format!(
+            "trailer format {format} is not one this release reads (it reads              {META_TRAILER_FORMAT}): written by a newer release"
+        ));
+    }
+    let extras: MetaExtras = postcard::from_bytes(rest).map_err(|e| e.to_string())?;
+    state.restore_extras(extras);
+    Ok(state)
 }
 
 impl MetaMachine {
@@ -147,17 +175,60 @@ impl Machine for MetaMachine {
     }
 
     fn write_cut(&self, cut: Arc<MetaState>, out: &mut SnapshotWriter) -> io::Result<()> {
-        let header = postcard::to_stdvec(&MetaSnapshotRef { state: &cut })
-            .map_err(|e| io::Error::other(format!("encode: {e}")))?;
+        let encode = |e: postcard::Error| io::Error::other(format!("encode: {e}"));
+        let mut header = postcard::to_stdvec(&MetaSnapshotRef { state: &cut }).map_err(encode)?;
+        header.extend(postcard::to_stdvec(&META_TRAILER_FORMAT).map_err(encode)?);
+        header.extend(postcard::to_stdvec(&cut.extras()).map_err(encode)?);
         out.header(&header)
     }
 
     fn install(&self, snapshot: &mut SnapshotReader) -> io::Result<()> {
         let header = snapshot.header()?;
-        let snap: MetaSnapshot = postcard::from_bytes(&header)
+        let state = decode_snapshot(&header)
             .map_err(|e| io::Error::other(format!("metadata: decode snapshot: {e}")))?;
-        *self.state.write().unwrap() = Arc::new(snap.state);
+        *self.state.write().unwrap() = Arc::new(state);
         self.resync.send_modify(|n| *n += 1);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use qq_core::meta::MetaCommand;
+    use qq_core::types::{Table, Value};
+
+    use super::*;
+
+    #[test]
+    fn a_snapshot_keeps_the_extras_and_reads_one_without_them() {
+        let mut state = MetaState::new();
+        for cmd in [
+            MetaCommand::SetMachineVersion { version: 2 },
+            MetaCommand::SetOperatorPolicy {
+                vhost: "/".into(),
+                name: "cap".into(),
+                pattern: ".*".into(),
+                apply_to: "queues".into(),
+                priority: 0,
+                definition: Table::from([("max-length".to_string(), Value::Long(5))]),
+            },
+        ] {
+            state.apply(cmd).0.unwrap();
+        }
+        let mut bytes = postcard::to_stdvec(&MetaSnapshotRef { state: &state }).unwrap();
+        // Release 0.1.0 wrote the state alone: version 1, no extras.
+        let old = decode_snapshot(&bytes).unwrap();
+        assert_eq!(old.machine_version(), 1);
+        assert_eq!(old.operator_policies("/").count(), 0);
+        bytes.extend(postcard::to_stdvec(&META_TRAILER_FORMAT).unwrap());
+        let extras = postcard::to_stdvec(&state.extras()).unwrap();
+        let mut newer = bytes.clone();
+        bytes.extend(&extras);
+        assert_eq!(decode_snapshot(&bytes).unwrap(), state);
+        // A format this release does not know is refused by name.
+        newer[bytes.len() - extras.len() - 1] = 2;
+        newer.extend(&extras);
+        let e = decode_snapshot(&newer).unwrap_err();
+        assert!(e.contains("trailer format 2"), "{e}");
     }
 }

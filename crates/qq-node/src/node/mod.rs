@@ -21,6 +21,7 @@
 //! Must not: serve clients or peers (that is [`crate::api`] and [`crate::peer`]), or decide
 //! anything a queue's leader decides ([`crate::leader`]).
 
+mod meta_upgrade;
 mod raft;
 mod replicas;
 mod shutdown;
@@ -154,6 +155,7 @@ impl Node {
         self.registry.set_loader(loader);
         self.tasks.spawn(self.clone().supervise(effects));
         self.tasks.spawn(self.clone().follow_meta_sync());
+        self.tasks.spawn(self.clone().upgrade_meta_machine());
         if self.config.unload_after_ms > 0 && self.config.quiesce_after_ms > 0 {
             let after = Duration::from_millis(self.config.unload_after_ms);
             self.tasks.spawn(self.clone().unload_sleepers(after));

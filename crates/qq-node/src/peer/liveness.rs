@@ -139,7 +139,11 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
                 match tokio::time::timeout(silence, events.next()).await {
                     Ok(Some(Ok(event))) => {
                         silent = false;
-                        node.peer_machines().record(peer, event.machine_version);
+                        node.peer_machines().record(
+                            peer,
+                            event.machine_version,
+                            event.meta_machine_version,
+                        );
                     }
                     Ok(_) => break,
                     Err(_) if !silent => {

@@ -346,6 +346,7 @@ impl Internal for InternalService {
                         let event = WatchEvent {
                             node_id: id,
                             machine_version: qq_core::queue::MACHINE_VERSION,
+                            meta_machine_version: qq_core::meta::META_MACHINE_VERSION,
                         };
                         if tx.send(Ok(event)).await.is_err() {
                             return;

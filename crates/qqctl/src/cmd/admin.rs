@@ -145,37 +145,96 @@ pub async fn unbind(client: &Client, b: BindArgs) -> anyhow::Result<()> {
 }
 
 #[derive(Debug, Args)]
+pub struct ExchangeBindArgs {
+    /// The exchange that routes on.
+    destination: String,
+    /// The exchange whose matching messages go to the destination.
+    source: String,
+    #[arg(long, default_value = "")]
+    key: String,
+    /// Binding argument key=value (a headers source: x-match=all, format=pdf, …).
+    #[arg(long = "arg", value_name = "KEY=VALUE")]
+    args: Vec<String>,
+}
+
+pub async fn bind_exchange(client: &Client, b: ExchangeBindArgs) -> anyhow::Result<()> {
+    let args = parse_pairs(&b.args)?;
+    client
+        .bind_exchange(&b.destination, &b.source, &b.key, args)
+        .await?;
+    println!(
+        "bound exchange {} to {} with key {:?}",
+        b.destination, b.source, b.key
+    );
+    Ok(())
+}
+
+pub async fn unbind_exchange(client: &Client, b: ExchangeBindArgs) -> anyhow::Result<()> {
+    let args = parse_pairs(&b.args)?;
+    client
+        .unbind_exchange(&b.destination, &b.source, &b.key, args)
+        .await?;
+    println!(
+        "unbound exchange {} from {} with key {:?}",
+        b.destination, b.source, b.key
+    );
+    Ok(())
+}
+
+#[derive(Debug, Args)]
 pub struct SetPolicyArgs {
     name: String,
     pattern: String,
-    /// JSON object of policy keys (max-length, message-ttl, overflow, dead-letter-exchange, …).
+    /// JSON object of policy keys (max-length, message-ttl, overflow, dead-letter-exchange, …;
+    /// an operator policy: max-length, max-length-bytes, message-ttl, delivery-limit, expires).
     #[arg(long)]
     definition: String,
     #[arg(long, default_value_t = 0)]
     priority: i64,
-    #[arg(long, default_value = "queues", value_parser = ["all", "queues", "exchanges"])]
+    /// What it applies to (an operator policy: queues only, so not exchanges).
+    #[arg(long, default_value = "queues", value_parser = ["all", "queues", "quorum_queues", "exchanges"])]
     apply_to: String,
 }
 
-pub async fn set_policy(client: &Client, a: SetPolicyArgs) -> anyhow::Result<()> {
-    let json: Json = serde_json::from_str(&a.definition).context("--definition is not JSON")?;
+/// A `--definition` JSON object as the policy's keys and values.
+fn definition(text: &str) -> anyhow::Result<std::collections::HashMap<String, v1::Value>> {
+    let json: Json = serde_json::from_str(text).context("--definition is not JSON")?;
     let Json::Object(map) = json else {
         bail!("--definition must be a JSON object")
     };
-    let def = map
+    Ok(map
         .into_iter()
         .map(|(k, v)| (k, json_to_value(v)))
-        .collect();
-    client
-        .set_policy(&a.name, &a.pattern, &a.apply_to, a.priority, def)
-        .await?;
-    println!("policy {} set", a.name);
+        .collect())
+}
+
+/// `set-policy`, or `set-operator-policy` (`operator`).
+pub async fn set_policy(client: &Client, a: SetPolicyArgs, operator: bool) -> anyhow::Result<()> {
+    let def = definition(&a.definition)?;
+    let (name, pattern, apply_to) = (&a.name, &a.pattern, &a.apply_to);
+    if operator {
+        client
+            .set_operator_policy(name, pattern, apply_to, a.priority, def)
+            .await?;
+        println!("operator policy {name} set");
+    } else {
+        client
+            .set_policy(name, pattern, apply_to, a.priority, def)
+            .await?;
+        println!("policy {name} set");
+    }
     Ok(())
 }
 
-pub async fn clear_policy(client: &Client, a: NameArgs) -> anyhow::Result<()> {
-    client.clear_policy(&a.name).await?;
-    println!("policy {} cleared", a.name);
+/// `clear-policy`, or `clear-operator-policy` (`operator`).
+pub async fn clear_policy(client: &Client, a: NameArgs, operator: bool) -> anyhow::Result<()> {
+    if operator {
+        client.clear_operator_policy(&a.name).await?;
+        println!("operator policy {} cleared", a.name);
+    } else {
+        client.clear_policy(&a.name).await?;
+        println!("policy {} cleared", a.name);
+    }
     Ok(())
 }
 

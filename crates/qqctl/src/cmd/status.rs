@@ -73,11 +73,18 @@ pub async fn list_exchanges(client: &Client) -> anyhow::Result<()> {
 }
 
 pub async fn list_bindings(client: &Client) -> anyhow::Result<()> {
-    let mut rows = vec![row(["exchange", "queue", "routing-key", "arguments"])];
+    let mut rows = vec![row([
+        "source",
+        "destination",
+        "kind",
+        "routing-key",
+        "arguments",
+    ])];
     for b in client.list_bindings().await? {
         rows.push(vec![
             or_default(b.exchange),
-            b.queue,
+            b.destination,
+            b.destination_kind,
             b.routing_key,
             display_table(&b.arguments),
         ]);
@@ -87,6 +94,16 @@ pub async fn list_bindings(client: &Client) -> anyhow::Result<()> {
 }
 
 pub async fn list_policies(client: &Client) -> anyhow::Result<()> {
+    print_policies(client.list_policies().await?);
+    Ok(())
+}
+
+pub async fn list_operator_policies(client: &Client) -> anyhow::Result<()> {
+    print_policies(client.list_operator_policies().await?);
+    Ok(())
+}
+
+fn print_policies(policies: Vec<v1::Policy>) {
     let mut rows = vec![row([
         "name",
         "pattern",
@@ -94,7 +111,7 @@ pub async fn list_policies(client: &Client) -> anyhow::Result<()> {
         "priority",
         "definition",
     ])];
-    for p in client.list_policies().await? {
+    for p in policies {
         rows.push(vec![
             p.name,
             p.pattern,
@@ -104,7 +121,6 @@ pub async fn list_policies(client: &Client) -> anyhow::Result<()> {
         ]);
     }
     print_table(&rows);
-    Ok(())
 }
 
 pub async fn status(client: &Client) -> anyhow::Result<()> {

@@ -369,6 +369,7 @@ async fn queues(
                 .map(|((q, d), rate)| views::QueueRow {
                     meta: q,
                     policy: state.policy_of(q),
+                    operator: state.operator_policy_of(q),
                     info: d.as_ref(),
                     rate,
                 })
@@ -523,6 +524,7 @@ async fn queue(
             Ok(views::queue(&views::QueueView {
                 meta: &meta,
                 policy: state.policy_of(&meta),
+                operator: state.operator_policy_of(&meta),
                 info: &info,
                 target: dead_letter_target(&state, &meta),
                 deaths,
@@ -579,7 +581,15 @@ async fn policies(
     let Some(s) = page.signed(&headers, query.as_deref()) else {
         return redirect("/login");
     };
-    let body = policies_of(&page.api, &s.caller, &s.vhost).map(|ps| views::policies(&ps));
+    let body = policies_of(&page.api, &s.caller, &s.vhost, false).and_then(|ps| {
+        let ops = policies_of(&page.api, &s.caller, &s.vhost, true)?;
+        let mut html = views::policies("policies", &ps);
+        if !ops.is_empty() {
+            html.push_str("<h2>Operator policies</h2>");
+            html.push_str(&views::policies("operator-policies", &ops));
+        }
+        Ok(html)
+    });
     page.view(
         &s,
         Section::Policies,

@@ -239,8 +239,8 @@ fn source_text(source: SettingSource, policy_name: Option<&str>) -> String {
 }
 
 /// The feature tags of a queue: each setting given by an argument or a policy that is in
-/// effect, then its policy's name.
-pub fn feature_tags(q: &QueueMeta, policy: Option<&Policy>) -> String {
+/// effect, then its policy's name and its operator policy's (with the limits it imposes).
+pub fn feature_tags(q: &QueueMeta, policy: Option<&Policy>, operator: Option<&Policy>) -> String {
     let mut out = String::new();
     for (key, source) in policy::setting_sources(&q.arguments, policy) {
         if source == SettingSource::Default {
@@ -267,6 +267,20 @@ pub fn feature_tags(q: &QueueMeta, policy: Option<&Policy>) -> String {
     }
     if let Some(p) = &q.config.policy {
         out.push_str(&tag(&format!("Pol {p}"), &format!("policy {p}")));
+        out.push(' ');
+    }
+    if let Some(op) = operator {
+        let limits: Vec<String> = op
+            .definition
+            .iter()
+            .map(|(k, v)| format!("{k} {}", v.as_i64().unwrap_or_default()))
+            .collect();
+        let title = format!(
+            "operator policy {}: {} (the stricter of these and the queue's own wins)",
+            op.name,
+            limits.join(", ")
+        );
+        out.push_str(&tag(&format!("Op {}", op.name), &title));
     }
     out.trim_end().to_string()
 }
@@ -275,6 +289,7 @@ pub fn feature_tags(q: &QueueMeta, policy: Option<&Policy>) -> String {
 pub struct QueueRow<'a> {
     pub meta: &'a QueueMeta,
     pub policy: Option<&'a Policy>,
+    pub operator: Option<&'a Policy>,
     pub info: Option<&'a QueueInfoData>,
     pub rate: Option<Rate>,
 }
@@ -309,7 +324,7 @@ pub fn queues(vhost: &str, rows: &[QueueRow<'_>]) -> String {
             esc(&q.name),
             link("/queue", &[("vhost", &q.vhost), ("name", &q.name)], &q.name),
             esc(&queue_type(q)),
-            feature_tags(q, r.policy)
+            feature_tags(q, r.policy, r.operator)
         );
         match r.info {
             Some(d) => {
@@ -363,6 +378,7 @@ pub struct DeathCounts {
 pub struct QueueView<'a> {
     pub meta: &'a QueueMeta,
     pub policy: Option<&'a Policy>,
+    pub operator: Option<&'a Policy>,
     pub info: &'a QueueInfoData,
     /// Where a dead letter of this queue goes, in words (already escaped HTML).
     pub target: String,
@@ -386,7 +402,7 @@ pub fn queue(v: &QueueView<'_>) -> String {
          <tr><th>Delayed</th><td class=\"n\">{}</td></tr><tr><th>Consumers</th><td class=\"n\">{}</td></tr>\
          <tr><th>Published / delivered / acked (total)</th><td class=\"n\">{} / {} / {}</td></tr>\
          <tr><th>Policy</th><td>{}</td></tr></table>",
-        feature_tags(q, v.policy),
+        feature_tags(q, v.policy, v.operator),
         esc(&q.vhost),
         esc(&queue_type(q)),
         d.leader,
@@ -576,10 +592,12 @@ pub fn bindings(vhost: &str, bs: &[pb::BindingInfo], exchange: Option<&str>) -> 
     out
 }
 
-pub fn policies(ps: &[pb::Policy]) -> String {
-    let mut out = String::from(
-        "<table id=\"policies\"><tr><th>Name</th><th>Pattern</th><th>Apply to</th>\
+/// A table of policies with HTML id `id`.
+pub fn policies(id: &str, ps: &[pb::Policy]) -> String {
+    let mut out = format!(
+        "<table id=\"{}\"><tr><th>Name</th><th>Pattern</th><th>Apply to</th>\
          <th>Priority</th><th>Definition</th></tr>",
+        esc(id)
     );
     let mut ps: Vec<&pb::Policy> = ps.iter().collect();
     ps.sort_by(|a, b| a.name.cmp(&b.name));

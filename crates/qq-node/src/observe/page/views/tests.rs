@@ -41,12 +41,12 @@ fn features_are_tagged_as_the_management_ui_does() {
         None,
     );
     assert_eq!(
-        tags(&feature_tags(&q, None)),
+        tags(&feature_tags(&q, None, None)),
         ["DLX", "DLK", "TTL", "Lim", "D-Lim", "CT"]
     );
     // No arguments, no policy: no tags (the default delivery limit is not a feature).
     let plain = queue_meta("plain", &[], None);
-    assert!(tags(&feature_tags(&plain, None)).is_empty());
+    assert!(tags(&feature_tags(&plain, None, None)).is_empty());
     // A policy's settings are tagged, with the policy's name.
     let p = Policy {
         name: "cap".into(),
@@ -58,16 +58,27 @@ fn features_are_tagged_as_the_management_ui_does() {
             .collect(),
     };
     let capped = queue_meta("capped", &[], Some(&p));
-    let html = feature_tags(&capped, Some(&p));
+    let html = feature_tags(&capped, Some(&p), None);
     assert_eq!(tags(&html), ["Lim", "Pol cap"]);
     assert!(html.contains("max-length: 50 (policy cap)"), "{html}");
+    // An operator policy is tagged with its name and the limits it imposes.
+    let op = Policy {
+        name: "ops".into(),
+        ..p.clone()
+    };
+    let html = feature_tags(&capped, Some(&p), Some(&op));
+    assert_eq!(tags(&html), ["Lim", "Pol cap", "Op ops"]);
+    assert!(
+        html.contains("operator policy ops: max-length 50"),
+        "{html}"
+    );
     // A routing key without an exchange has no effect: no DLK tag.
     let odd = queue_meta(
         "odd",
         &[("x-dead-letter-routing-key", Value::String("k".into()))],
         None,
     );
-    assert!(tags(&feature_tags(&odd, None)).is_empty());
+    assert!(tags(&feature_tags(&odd, None, None)).is_empty());
 }
 
 #[test]
@@ -78,6 +89,7 @@ fn a_hostile_queue_name_is_escaped_in_the_queues_table() {
         &[QueueRow {
             meta: &q,
             policy: None,
+            operator: None,
             info: None,
             rate: None,
         }],
