@@ -263,15 +263,18 @@ async fn counts_and_ready(
 }
 
 /// Compares what the upgraded cluster holds (`now`) with what the old release recorded
-/// (`then`). One allowance: a leased message whose lease ran out since is ready again (at the
+/// (`then`). Allowances: the release that exported, and empty arrays (see below); and a leased message whose lease ran out since is ready again (at the
 /// head, as any returned message), so in [`LEASED_QUEUE`] the unacked count may have moved to
 /// the ready list.
 pub fn compare(then: &Json, now: &Json) -> anyhow::Result<()> {
-    // The exporting binary's release is the one field that must change.
+    // The exporting binary's release is the one field that must change; an array a later
+    // release added to the document (e.g. operator_policies) is left out when empty, as the
+    // old release had nothing to put in it.
     let definitions = |j: &Json| {
         let mut d = j["definitions"].clone();
         if let Some(m) = d.as_object_mut() {
             m.remove("quorumq_version");
+            m.retain(|_, v| v.as_array().is_none_or(|a| !a.is_empty()));
         }
         d
     };

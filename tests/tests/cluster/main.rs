@@ -20,6 +20,7 @@ mod dedup;
 mod definitions;
 mod delivery_counts;
 mod dlx_workflows;
+mod exchange_bindings;
 mod failover;
 mod hostile_input;
 mod limits;

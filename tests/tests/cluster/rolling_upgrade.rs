@@ -3,7 +3,9 @@
 //! release's commit) serves a publisher and a consumer while its nodes are replaced one at a
 //! time by today's binary (SIGTERM, then a start on the same data). Nothing confirmed is lost,
 //! nothing arrives that was not published, and the queue's machine moves to today's version
-//! only once the last node runs today's binary (`quorumq_queue_machine_version`).
+//! only once the last node runs today's binary (`quorumq_queue_machine_version`), as does the
+//! metadata machine (`quorumq_metadata_machine_version`: exchange-to-exchange bindings are
+//! refused while the cluster is mixed, accepted after).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -217,6 +219,19 @@ async fn a_rolling_upgrade_under_load_loses_nothing() -> anyhow::Result<()> {
                 "a high-priority publish while mixed: {confirm:?}"
             );
             seen.lock().unwrap().confirmed.insert(n);
+            // The metadata machine stays at version 1 too: a command of version 2 is refused
+            // by name, before anything is proposed.
+            let e = cluster
+                .client(1)
+                .await?
+                .bind_exchange("amq.fanout", "amq.direct", "", Default::default())
+                .await
+                .expect_err("an exchange binding while the cluster is mixed");
+            ensure!(
+                e.code() == tonic::Code::FailedPrecondition
+                    && e.to_string().contains("metadata machine version 2"),
+                "an exchange binding while mixed: {e}"
+            );
         }
         info!(
             node = id,
@@ -236,6 +251,18 @@ async fn a_rolling_upgrade_under_load_loses_nothing() -> anyhow::Result<()> {
     .await?;
     info!("--- every node runs today's binary: the queue's machine moves on");
     wait_machine_version(&cluster, QUEUE, 2).await?;
+    info!("--- and the metadata machine: exchange-to-exchange bindings are accepted");
+    cluster
+        .wait_metric_line_everywhere(
+            "quorumq_metadata_machine_version 2",
+            "the metadata machine at version 2",
+        )
+        .await?;
+    cluster
+        .client(2)
+        .await?
+        .bind_exchange("amq.fanout", "amq.direct", "", Default::default())
+        .await?;
 
     stop.cancel();
     publisher.await?;

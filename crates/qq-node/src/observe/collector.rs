@@ -166,7 +166,8 @@ impl NodeCollector {
             })
             .collect();
         let metrics = registry.meta_raft().metrics();
-        let meta = GroupRow::of(&metrics.borrow_watched(), String::new(), String::new());
+        let mut meta = GroupRow::of(&metrics.borrow_watched(), String::new(), String::new());
+        meta.machine_version = self.node.view().current().machine_version();
         Scrape { groups, meta }
     }
 }
@@ -261,6 +262,12 @@ impl Collector for NodeCollector {
                     .count();
                 ([("state", *name)], int(n as u64))
             }),
+        )?;
+        gauge(
+            &mut encoder,
+            "metadata_machine_version",
+            "The metadata machine version this node's replica runs (see Upgrades)",
+            i64::from(scrape.meta.machine_version),
         )?;
         gauge(
             &mut encoder,
