@@ -179,11 +179,19 @@ const ARGUMENT_ONLY_KEYS: &[(&str, Rule)] = &[
     ),
     ("x-single-active-consumer", Rule::Bool),
     ("x-queue-type", Rule::QueueType),
+    // Strict priority levels 0..=N (RabbitMQ 4.3's quorum queues): fixed for the queue's
+    // lifetime, accepted from metadata machine version 2 (`MetaState::declare_queue`).
+    (
+        "x-max-priority",
+        Rule::Long {
+            min: 1,
+            max: crate::queue::MAX_PRIORITY as i64,
+        },
+    ),
 ];
 
 /// Arguments RabbitMQ knows for other queue types and refuses on a quorum queue.
 const UNSUPPORTED_ARGUMENTS: &[&str] = &[
-    "x-max-priority",
     "x-queue-mode",
     "x-queue-version",
     "x-queue-master-locator",
@@ -453,6 +461,15 @@ fn min_non_negative(args: &Table, policy: Option<&Policy>, key: &str) -> Option<
         (Some(a), Some(p)) => Some(a.min(p)),
         (a, p) => a.or(p),
     }
+}
+
+/// The top strict priority level of a queue declared with `args` (`x-max-priority`), if any.
+/// Inputs are assumed validated (a value out of range counts as none).
+pub fn max_priority(args: &Table) -> Option<u8> {
+    args.get("x-max-priority")
+        .and_then(Value::as_i64)
+        .and_then(|n| u8::try_from(n).ok())
+        .filter(|n| (1..=crate::queue::MAX_PRIORITY).contains(n))
 }
 
 /// The consumer timeout of a queue declared with `args` under `policy`: the smaller of

@@ -111,6 +111,7 @@ mod moves;
 mod priorities;
 mod queries;
 mod reply;
+mod strict_priorities;
 mod timeouts;
 
 pub use command::{
@@ -124,6 +125,7 @@ pub use machine::{FIRST_MACHINE_VERSION, MACHINE_VERSION};
 pub use moves::{MAX_ENDED_MOVES, MAX_MOVE_DESTINATION_BYTES, MoveState, MoveTask};
 pub use priorities::{HIGH_PRIORITY_FROM, is_high as is_high_priority};
 pub use reply::{Browsed, Counts, Delivery, Effect, HeldDeadLetter, Location, Reply, Stats};
+pub use strict_priorities::MAX_PRIORITY;
 pub use timeouts::MAX_CONSUMER_TIMEOUT_MS;
 
 /// Consumer id used for messages taken with Get (leases). Real consumers use ids != 0.
@@ -247,6 +249,13 @@ pub struct QueueState {
     /// Where the two-to-one cycle between the levels stands (module `priorities`).
     #[serde(skip)]
     dequeue_counter: u8,
+    /// The top strict level under `x-max-priority` (module `strict_priorities`), set by the
+    /// node from the queue's arguments; None: the two levels of module `priorities`.
+    #[serde(skip)]
+    max_priority: Option<u8>,
+    /// Ready, never returned messages per strict level (only non-empty levels).
+    #[serde(skip)]
+    levels: OrdMap<u8, OrdSet<MessageId>>,
 }
 
 impl QueueState {
@@ -284,6 +293,8 @@ impl QueueState {
             releases: OrdMap::new(),
             high: OrdSet::new(),
             dequeue_counter: 0,
+            max_priority: None,
+            levels: OrdMap::new(),
         }
     }
 
@@ -318,17 +329,21 @@ impl QueueState {
                 publish_key,
                 dedup_key,
                 ..
-            } => self.enqueue(index, now, header, (publish_key, dedup_key), false, &mut fx),
+            } => self.enqueue(index, now, header, (publish_key, dedup_key), 0, &mut fx),
             Command::EnqueueWithPriority {
                 header,
                 publish_key,
                 dedup_key,
                 priority,
                 ..
-            } => {
-                let high = priorities::is_high(priority);
-                self.enqueue(index, now, header, (publish_key, dedup_key), high, &mut fx)
-            }
+            } => self.enqueue(
+                index,
+                now,
+                header,
+                (publish_key, dedup_key),
+                priority,
+                &mut fx,
+            ),
             Command::Checkout {
                 consumer,
                 node,

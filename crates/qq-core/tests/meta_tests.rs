@@ -417,8 +417,13 @@ fn invalid_queue_arguments_name_the_argument_and_why() {
             "requires x-dead-letter-exchange",
         ),
         (
-            table(&[("x-max-priority", l(5))]),
+            table(&[("x-max-priority", l(32))]),
             "x-max-priority:",
+            "between 1 and 31",
+        ),
+        (
+            table(&[("x-queue-mode", s("lazy"))]),
+            "x-queue-mode:",
             "not supported",
         ),
     ];

@@ -353,3 +353,35 @@ fn extras_carry_what_the_old_encoding_leaves_out() {
     decoded.restore_extras(extras);
     assert_eq!(decoded, state);
 }
+
+#[test]
+fn x_max_priority_is_accepted_from_version_2_and_compared_on_redeclare() {
+    let args = |n: i64| table(&[("x-max-priority", Value::Long(n))]);
+    let declare = |n: i64| MetaCommand::DeclareQueue {
+        vhost: "/".into(),
+        name: "prio".into(),
+        arguments: args(n),
+        passive: false,
+        nodes: vec![1, 2, 3],
+        owner: None,
+        origin: None,
+    };
+    let mut old = MetaState::new();
+    let e = err(&mut old, declare(10));
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(e.message.starts_with("x-max-priority:"), "{}", e.message);
+
+    let mut state = v2();
+    ok(&mut state, declare(10));
+    let q = state.queue("/", "prio").unwrap();
+    assert_eq!(qq_core::policy::max_priority(&q.arguments), Some(10));
+    ok(&mut state, declare(10));
+    let e = err(&mut state, declare(5));
+    assert_eq!(e.kind, ErrorKind::FailedPrecondition);
+    assert!(
+        e.message
+            .starts_with("inequivalent arg 'x-max-priority' for queue 'prio'"),
+        "{}",
+        e.message
+    );
+}

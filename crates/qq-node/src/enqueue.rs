@@ -58,8 +58,10 @@ pub fn publish_request(message: &Stored<'_>, publish_key: String) -> QueueReques
     enqueue(message, Some(publish_key), None)
 }
 
-/// A high-priority message goes with `EnqueueWithPriority` (machine version 2; see
-/// [`Enqueuer::commit`] for a queue not there yet), any other with a plain `Enqueue`.
+/// A message with a priority goes with `EnqueueWithPriority` (machine version 2; see
+/// [`Enqueuer::commit`] for a queue not there yet), one without (or 0) with a plain `Enqueue`:
+/// the queue decides what the priority means (two levels, or its strict levels under
+/// `x-max-priority`).
 fn enqueue(
     message: &Stored<'_>,
     publish_key: Option<String>,
@@ -67,7 +69,7 @@ fn enqueue(
 ) -> QueueRequest {
     let priority = u8::try_from(message.priority).unwrap_or(u8::MAX);
     let (now_ms, header) = (now_ms(), message.header.clone());
-    let cmd = if qq_core::queue::is_high_priority(priority) {
+    let cmd = if priority > 0 {
         Command::EnqueueWithPriority {
             now_ms,
             header,

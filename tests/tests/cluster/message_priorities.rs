@@ -1,6 +1,7 @@
 //! Message priorities over AMQP as RabbitMQ 4.0's quorum queues have them: a backlog of normal
 //! and high-priority messages (priority 5 and up) is delivered two high for each normal while
-//! both wait, each level in publish order, with the `priority` property delivered unchanged.
+//! both wait, each level in publish order, with the `priority` property delivered unchanged;
+//! and RabbitMQ 4.3's strict levels under `x-max-priority`.
 
 use anyhow::{Context, ensure};
 use futures::StreamExt;
@@ -9,7 +10,7 @@ use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use qq_tests::{TestCluster, info};
 
 use super::amqp::{WAIT, connect, declare, quorum};
@@ -94,6 +95,94 @@ async fn high_priority_messages_go_two_to_one_before_normal_ones() -> anyhow::Re
         d.ack(BasicAckOptions::default()).await?;
     }
     let expected = ["h0", "h1", "n0", "h2", "h3", "n1", "h4", "h5", "n2", "n3"];
+    ensure!(got == expected, "delivered {got:?}, expected {expected:?}");
+    conn.close(200, "bye".into()).await?;
+    cluster.stop();
+    Ok(())
+}
+
+/// RabbitMQ 4.3's strict priorities under `x-max-priority`: the highest level first, FIFO
+/// within a level, a priority above the top counted as the top; kept across a restart of every
+/// node (the levels come back from the log and the queue's arguments); a redeclare with another
+/// `x-max-priority` is 406.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_levels_deliver_the_highest_first_across_a_restart() -> anyhow::Result<()> {
+    let mut cluster = TestCluster::start(3).await?;
+    cluster
+        .wait_metric_line_everywhere(
+            "quorumq_metadata_machine_version 2",
+            "the metadata machine at version 2",
+        )
+        .await?;
+    let conn = connect(&cluster, 1).await?;
+    let ch = conn.create_channel().await?;
+    let with_max = |n: i64| {
+        let mut args = quorum();
+        args.insert("x-max-priority".into(), AMQPValue::LongLongInt(n));
+        args
+    };
+    declare(&ch, "strict", with_max(9)).await?;
+    let line = "quorumq_queue_machine_version{vhost=\"/\",queue=\"strict\"} 2";
+    cluster
+        .wait_metric_line_everywhere(line, "strict at machine version 2")
+        .await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    let published: [(&str, Option<u8>); 7] = [
+        ("a", None),
+        ("b3", Some(3)),
+        ("c9", Some(9)),
+        ("d5", Some(5)),
+        ("e200", Some(200)),
+        ("f3", Some(3)),
+        ("g0", Some(0)),
+    ];
+    for (body, priority) in published {
+        let mut props = BasicProperties::default().with_delivery_mode(2);
+        if let Some(p) = priority {
+            props = props.with_priority(p);
+        }
+        let confirm = ch
+            .basic_publish(
+                "".into(),
+                "strict".into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                props,
+            )
+            .await?
+            .await?;
+        ensure!(confirm.is_ack(), "{body}: {confirm:?}");
+    }
+    let e = ch
+        .queue_declare("strict".into(), super::amqp::durable(), with_max(5))
+        .await
+        .expect_err("a redeclare with another x-max-priority");
+    ensure!(super::amqp::reply_code(&e) == Some(406), "{e}");
+    drop(conn);
+
+    info!("--- every node restarts: the levels come back from the log");
+    cluster.restart_all().await?;
+    let conn = connect(&cluster, 3).await?;
+    let ch = conn.create_channel().await?;
+    ch.basic_qos(1, BasicQosOptions::default()).await?;
+    let mut consumer = ch
+        .basic_consume(
+            "strict".into(),
+            "reader".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut got = Vec::new();
+    for _ in 0..published.len() {
+        let d = tokio::time::timeout(WAIT, consumer.next())
+            .await
+            .context("no delivery")?
+            .context("the consumer ended")??;
+        got.push(String::from_utf8(d.data.clone())?);
+        d.ack(BasicAckOptions::default()).await?;
+    }
+    let expected = ["c9", "e200", "d5", "b3", "f3", "a", "g0"];
     ensure!(got == expected, "delivered {got:?}, expected {expected:?}");
     conn.close(200, "bye".into()).await?;
     cluster.stop();

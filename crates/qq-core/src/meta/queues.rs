@@ -31,6 +31,7 @@ impl MetaState {
             0
         };
         let next_id = self.next_queue_id;
+        let self_version = self.machine_version;
         let owned = owner
             .as_deref()
             .filter(|u| self.user_limits.contains_key(*u))
@@ -59,6 +60,13 @@ impl MetaState {
         }
         check_not_reserved("queue", name)?;
         policy::validate_queue_arguments(&arguments)?;
+        // Release 0.1.0 refused the argument: a log that runs its machine still does.
+        if arguments.contains_key("x-max-priority") && self_version < 2 {
+            return Err(MetaError::invalid(
+                "x-max-priority: not supported by quorum queues until metadata machine \
+                 version 2 (every node must run a release that has strict priorities)",
+            ));
+        }
         vhost_limits
             .admit(Counted::Queues, Scope::Vhost(vhost), v.queues.len() as u64)
             .map_err(|e| declare_refused(name, e))?;

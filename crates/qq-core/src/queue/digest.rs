@@ -51,6 +51,10 @@ impl fmt::Debug for QueueState {
         if !self.releases.is_empty() {
             d.field("releases", &self.releases);
         }
+        if self.max_priority.is_some() {
+            d.field("max_priority", &self.max_priority)
+                .field("levels", &self.levels);
+        }
         if !self.high.is_empty() || self.dequeue_counter != 0 {
             d.field("high", &self.high)
                 .field("dequeue_counter", &self.dequeue_counter);

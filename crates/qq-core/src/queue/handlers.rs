@@ -17,7 +17,7 @@ impl QueueState {
         now: u64,
         header: MsgHeader,
         (publish_key, dedup_key): (Option<String>, Option<String>),
-        high: bool,
+        priority: u8,
         fx: &mut Vec<Effect>,
     ) -> Reply {
         let window = self.config.dedup_window_ms;
@@ -73,7 +73,9 @@ impl QueueState {
         }
         self.stats.enqueued_total += 1;
         self.msgs.insert(index, msg);
-        self.add_fresh(index, high);
+        if !self.add_strict(index, priority) {
+            self.add_fresh(index, super::priorities::is_high(priority));
+        }
         self.ready_bytes += size;
         if let Some(d) = deadline_ms {
             self.expiries.insert((d, index));

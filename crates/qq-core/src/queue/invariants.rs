@@ -38,7 +38,10 @@ impl QueueState {
                             returns.insert(r, *id);
                         }
                         None => {
-                            if !self.fresh.contains(id) && !self.high.contains(id) {
+                            if !self.fresh.contains(id)
+                                && !self.high.contains(id)
+                                && !self.in_strict_level(*id)
+                            {
                                 return Err(format!("ready message {id} not in fresh"));
                             }
                         }
@@ -125,6 +128,7 @@ impl QueueState {
         }
         self.check_cancelled()?;
         self.check_machine_version()?;
+        self.check_strict_levels()?;
         self.check_priorities()?;
         self.check_timeouts()?;
         self.check_releases()?;

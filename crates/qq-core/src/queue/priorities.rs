@@ -20,8 +20,8 @@
 //! snapshot carries them beside the state ([`QueueState::high_priority`],
 //! [`QueueState::restore_high_priority`]).
 //!
-//! Not here: RabbitMQ 4.3's strict levels under `x-max-priority` (that argument is still
-//! refused, as RabbitMQ 4.0 refuses it on quorum queues).
+//! Not here: RabbitMQ 4.3's strict levels under `x-max-priority` (module
+//! `strict_priorities`), which a queue with that argument uses instead.
 
 use imbl::OrdSet;
 
@@ -88,22 +88,25 @@ impl QueueState {
             .or_else(|| self.fresh_head())
     }
 
-    /// The next fresh (never returned) ready message, of either level.
+    /// The next fresh (never returned) ready message: of the strict levels (module
+    /// `strict_priorities`) if any holds one, else of either of the two levels.
     pub(super) fn fresh_head(&self) -> Option<MessageId> {
-        pick(
-            self.high.get_min().copied(),
-            self.fresh.get_min().copied(),
-            self.dequeue_counter,
-        )
+        self.strict_head().or_else(|| {
+            pick(
+                self.high.get_min().copied(),
+                self.fresh.get_min().copied(),
+                self.dequeue_counter,
+            )
+        })
     }
 
     /// Every fresh message in the order it would be taken.
-    pub(super) fn fresh_in_order(&self) -> FreshOrder<'_> {
-        FreshOrder {
+    pub(super) fn fresh_in_order(&self) -> impl Iterator<Item = MessageId> + '_ {
+        self.strict_in_order().chain(FreshOrder {
             high: self.high.iter().peekable(),
             normal: self.fresh.iter().peekable(),
             counter: self.dequeue_counter,
-        }
+        })
     }
 
     /// Puts a new ready message on its level.
@@ -117,22 +120,26 @@ impl QueueState {
 
     /// Takes a fresh message off its level (whichever holds it).
     pub(super) fn remove_fresh(&mut self, id: MessageId) {
-        if self.fresh.remove(&id).is_none() {
-            self.high.remove(&id);
+        if self.fresh.remove(&id).is_none() && self.high.remove(&id).is_none() {
+            self.remove_strict(id);
         }
     }
 
-    /// Fresh messages of both levels.
+    /// Fresh messages of every level.
     pub(super) fn fresh_len(&self) -> usize {
-        self.fresh.len() + self.high.len()
+        self.fresh.len() + self.high.len() + self.strict_len()
     }
 
-    /// The oldest fresh message of either level.
+    /// The oldest fresh message of any level.
     pub(super) fn oldest_fresh(&self) -> Option<MessageId> {
-        match (self.fresh.get_min(), self.high.get_min()) {
-            (Some(a), Some(b)) => Some(*a.min(b)),
-            (a, b) => a.or(b).copied(),
-        }
+        [
+            self.fresh.get_min().copied(),
+            self.high.get_min().copied(),
+            self.strict_oldest(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Takes `id`, the ready head, off the ready messages (to deliver, get or drop it): a

@@ -106,7 +106,7 @@ impl Node {
         qm: QueueMeta,
         span: tracing::Span,
     ) -> anyhow::Result<()> {
-        let machine = QueueMachine::new(qm.id, self.store.clone(), qm.config.clone());
+        let machine = QueueMachine::for_queue(self.store.clone(), &qm);
         // One log store for the check and the instance: the vote it read stays cached.
         let log = LogStore::new(self.store.clone(), qm.id);
         let quiet = Arc::new(match follower_at_rest(log.clone(), self.id).await {

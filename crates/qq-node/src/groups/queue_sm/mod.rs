@@ -31,6 +31,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use qq_core::meta::QueueMeta;
 use qq_core::queue::{Delivery, QueueState};
 use qq_core::{ConsumerId, Message, MessageId, QueueConfig, Reason};
 use qq_raft::GroupId;
@@ -108,6 +109,9 @@ pub struct QueueMachine {
     /// At-most-once dead letters dropped at a full leader inbox (the leader actor logs them).
     dropped_dead_letters: AtomicU64,
     refusals: Refusals,
+    /// The queue's top strict priority level (`x-max-priority`, fixed for its lifetime):
+    /// given to the state at construction and again after a snapshot install.
+    max_priority: Option<u8>,
 }
 
 fn io_encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
@@ -116,10 +120,27 @@ fn io_encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
 
 impl QueueMachine {
     pub fn new(group: GroupId, store: Store, config: QueueConfig) -> Arc<QueueMachine> {
+        Self::with_max_priority(group, store, config, None)
+    }
+
+    /// The machine of queue `qm` (its configuration and its strict priority levels).
+    pub fn for_queue(store: Store, qm: &QueueMeta) -> Arc<QueueMachine> {
+        let max_priority = qq_core::policy::max_priority(&qm.arguments);
+        Self::with_max_priority(qm.id, store, qm.config.clone(), max_priority)
+    }
+
+    fn with_max_priority(
+        group: GroupId,
+        store: Store,
+        config: QueueConfig,
+        max_priority: Option<u8>,
+    ) -> Arc<QueueMachine> {
+        let mut state = QueueState::new(config);
+        state.set_max_priority(max_priority);
         Arc::new(QueueMachine {
             group,
             store,
-            state: Mutex::new(QueueState::new(config)),
+            state: Mutex::new(state),
             last_applied: Mutex::new(None),
             consumers: Mutex::new(HashMap::new()),
             leader: Mutex::new(None),
@@ -128,6 +149,7 @@ impl QueueMachine {
             pending: Mutex::new(PendingBodies::default()),
             dropped_dead_letters: AtomicU64::new(0),
             refusals: Refusals::default(),
+            max_priority,
         })
     }
 

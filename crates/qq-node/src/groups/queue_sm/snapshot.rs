@@ -56,6 +56,9 @@ struct TrailerV1 {
     /// two-to-one cycle between the levels stands.
     high_priority: Vec<MessageId>,
     dequeue_counter: u8,
+    /// [`QueueState::strict_levels`]: the fresh messages of a queue with `x-max-priority`, each
+    /// with its level (the top level itself comes from the queue's arguments).
+    strict_levels: Vec<(MessageId, u8)>,
 }
 
 /// [`QueueSnapshotHeader`] by reference, encoded from the cut's copy of the state.
@@ -110,6 +113,7 @@ impl QueueMachine {
             releases: state.releases(),
             high_priority,
             dequeue_counter,
+            strict_levels: state.strict_levels(),
         })?);
         out.header(&header)?;
         // Both in id order: a merge of the live ids with the pinned bodies, page by page.
@@ -194,6 +198,8 @@ impl QueueMachine {
         state.restore_consumer_timeouts(trailer.consumer_timeout_ms, trailer.deadlines);
         state.restore_releases(trailer.releases);
         state.restore_high_priority(trailer.high_priority, trailer.dequeue_counter);
+        state.set_max_priority(self.max_priority);
+        state.restore_strict_levels(trailer.strict_levels);
         *self.state.lock().unwrap() = state;
         Ok(())
     }
@@ -213,6 +219,7 @@ fn decode_header(bytes: &[u8]) -> Result<(QueueSnapshotHeader, TrailerV1), Strin
             releases: Vec::new(),
             high_priority: Vec::new(),
             dequeue_counter: 0,
+            strict_levels: Vec::new(),
         };
         return Ok((header, trailer));
     }
@@ -263,6 +270,7 @@ mod tests {
             releases: vec![(7, 3)],
             high_priority: vec![8],
             dequeue_counter: 1,
+            strict_levels: vec![(10, 3)],
         };
         with.extend(io_encode(&v1).unwrap());
         let (_, trailer) = decode_header(&with).unwrap();
@@ -280,6 +288,7 @@ mod tests {
             (trailer.high_priority, trailer.dequeue_counter),
             (vec![8], 1)
         );
+        assert_eq!(trailer.strict_levels, vec![(10, 3)]);
 
         let mut newer = bytes;
         newer.extend(io_encode(&(TRAILER_FORMAT + 1)).unwrap());

@@ -200,3 +200,46 @@ fn an_entry_by_reference_encodes_as_the_entry() {
         postcard::to_stdvec(&QueueEntry::One(reqs[1].clone())).unwrap()
     );
 }
+
+/// A queue with `x-max-priority` gets its levels from its arguments when its machine is built,
+/// and a snapshot installed on another replica of it keeps every message on its level.
+#[test]
+fn strict_levels_come_from_the_arguments_and_travel_in_the_snapshot() {
+    let qm = QueueMeta {
+        id: 6,
+        vhost: "/".into(),
+        name: "strict".into(),
+        arguments: [("x-max-priority".to_string(), qq_core::Value::Long(4))]
+            .into_iter()
+            .collect(),
+        members: vec![1, 2, 3],
+        config: QueueConfig::new("/", "strict"),
+        owner: None,
+        learners: Vec::new(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = QueueMachine::for_queue(Store::open(dir.path()).unwrap(), &qm);
+    assert_eq!(m.with_state(|s| s.max_priority()), Some(4));
+    apply(
+        &m,
+        1,
+        QueueRequest::command(Command::SetMachineVersion { version: 2 }),
+    );
+    apply(&m, 2, enqueue(b"plain"));
+    apply(&m, 3, enqueue_high(b"nine, so four"));
+    let order = m.with_state(|s| s.ready_ids());
+    assert!(
+        order.len() == 2 && order[0] > order[1],
+        "the later, higher message first: {order:?}"
+    );
+    let file = snapshot_of(&m, m.cut());
+
+    let dir2 = tempfile::tempdir().unwrap();
+    let other = QueueMachine::for_queue(Store::open(dir2.path()).unwrap(), &qm);
+    other.install(&mut file.reader().unwrap()).unwrap();
+    let installed = other.with_state(|s| s.clone());
+    installed.check_invariants().unwrap();
+    assert_eq!(installed.ready_ids(), order);
+    assert_eq!(installed.strict_level_counts(), [(4, 1), (0, 1)]);
+    assert_eq!(installed, m.with_state(|s| s.clone()));
+}

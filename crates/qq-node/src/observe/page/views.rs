@@ -265,6 +265,11 @@ pub fn feature_tags(q: &QueueMeta, policy: Option<&Policy>, operator: Option<&Po
         out.push_str(&tag("CT", &format!("consumer-timeout: {t} ms")));
         out.push(' ');
     }
+    if let Some(max) = policy::max_priority(&q.arguments) {
+        let title = format!("x-max-priority: {max} (strict levels 0-{max})");
+        out.push_str(&tag("Pri", &title));
+        out.push(' ');
+    }
     if let Some(p) = &q.config.policy {
         out.push_str(&tag(&format!("Pol {p}"), &format!("policy {p}")));
         out.push(' ');

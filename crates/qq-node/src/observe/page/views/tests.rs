@@ -37,12 +37,13 @@ fn features_are_tagged_as_the_management_ui_does() {
             ("x-max-length", Value::Long(1000)),
             ("x-delivery-limit", Value::Long(5)),
             ("x-consumer-timeout", Value::Long(30_000)),
+            ("x-max-priority", Value::Long(9)),
         ],
         None,
     );
     assert_eq!(
         tags(&feature_tags(&q, None, None)),
-        ["DLX", "DLK", "TTL", "Lim", "D-Lim", "CT"]
+        ["DLX", "DLK", "TTL", "Lim", "D-Lim", "CT", "Pri"]
     );
     // No arguments, no policy: no tags (the default delivery limit is not a feature).
     let plain = queue_meta("plain", &[], None);
