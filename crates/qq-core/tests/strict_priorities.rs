@@ -33,20 +33,8 @@ fn settle(q: &mut Q, id: MessageId, outcome: SettleOutcome) -> Vec<(u64, Message
 
 /// Publishes a 10-byte message of `priority`: its id and what was delivered at once.
 fn publish(q: &mut Q, priority: u8, ttl_ms: Option<u64>) -> (MessageId, Vec<MessageId>) {
-    let (reply, fx) = q.apply(Command::EnqueueWithPriority {
-        now_ms: 1,
-        header: MsgHeader {
-            size_bytes: 10,
-            expiration_ms: ttl_ms,
-        },
-        publish_key: None,
-        dedup_key: None,
-        priority,
-    });
-    let Reply::Enqueued { id } = reply else {
-        panic!("{reply:?}")
-    };
-    (id, deliveries(&fx).into_iter().map(|(_, id)| id).collect())
+    let (id, delivered) = q.publish_delivered(priority, ttl_ms);
+    (id, delivered.into_iter().map(|(_, id)| id).collect())
 }
 
 /// What the queue must do, as plainly as it can be said.

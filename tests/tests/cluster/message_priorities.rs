@@ -5,15 +5,70 @@
 
 use anyhow::{Context, ensure};
 use futures::StreamExt;
-use lapin::BasicProperties;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel};
 use qq_tests::{TestCluster, info};
 
 use super::amqp::{WAIT, connect, declare, quorum};
+
+/// Publishes each (body, priority) to `queue` through the default exchange, persistent, each
+/// confirmed (`ch` is in confirm mode).
+async fn publish_all(
+    ch: &Channel,
+    queue: &str,
+    messages: &[(&str, Option<u8>)],
+) -> anyhow::Result<()> {
+    for (body, priority) in messages {
+        let mut props = BasicProperties::default().with_delivery_mode(2);
+        if let Some(p) = priority {
+            props = props.with_priority(*p);
+        }
+        let confirm = ch
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                props,
+            )
+            .await?
+            .await?;
+        ensure!(confirm.is_ack(), "{body}: {confirm:?}");
+    }
+    Ok(())
+}
+
+/// Consumes `n` messages from `queue` one at a time (prefetch 1, ack each): each body and
+/// priority property, in delivery order.
+async fn consume_one_by_one(
+    ch: &Channel,
+    queue: &str,
+    n: usize,
+) -> anyhow::Result<Vec<(String, Option<u8>)>> {
+    ch.basic_qos(1, BasicQosOptions::default()).await?;
+    let mut consumer = ch
+        .basic_consume(
+            queue.into(),
+            "reader".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut got = Vec::new();
+    for _ in 0..n {
+        let d = tokio::time::timeout(WAIT, consumer.next())
+            .await
+            .context("no delivery")?
+            .context("the consumer ended")??;
+        got.push((String::from_utf8(d.data.clone())?, *d.properties.priority()));
+        d.ack(BasicAckOptions::default()).await?;
+    }
+    Ok(got)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn high_priority_messages_go_two_to_one_before_normal_ones() -> anyhow::Result<()> {
@@ -40,23 +95,7 @@ async fn high_priority_messages_go_two_to_one_before_normal_ones() -> anyhow::Re
         ("h4", Some(9)),
         ("h5", Some(5)),
     ];
-    for (body, priority) in &published {
-        let mut props = BasicProperties::default().with_delivery_mode(2);
-        if let Some(p) = priority {
-            props = props.with_priority(*p);
-        }
-        let confirm = ch
-            .basic_publish(
-                "".into(),
-                "prio".into(),
-                BasicPublishOptions::default(),
-                body.as_bytes(),
-                props,
-            )
-            .await?
-            .await?;
-        ensure!(confirm.is_ack(), "{body}: {confirm:?}");
-    }
+    publish_all(&ch, "prio", &published).await?;
 
     // Six high-priority messages wait, on every replica.
     let line = "quorumq_queue_messages_ready_high_priority{vhost=\"/\",queue=\"prio\"} 6";
@@ -65,34 +104,18 @@ async fn high_priority_messages_go_two_to_one_before_normal_ones() -> anyhow::Re
         .await?;
 
     info!("--- one at a time (prefetch 1, ack each)");
-    ch.basic_qos(1, BasicQosOptions::default()).await?;
-    let mut consumer = ch
-        .basic_consume(
-            "prio".into(),
-            "reader".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
     let mut got = Vec::new();
-    for _ in 0..published.len() {
-        let d = tokio::time::timeout(WAIT, consumer.next())
-            .await
-            .context("no delivery")?
-            .context("the consumer ended")??;
-        let body = String::from_utf8(d.data.clone())?;
+    for (body, priority) in consume_one_by_one(&ch, "prio", published.len()).await? {
         let sent = published
             .iter()
             .find(|(b, _)| *b == body)
             .context("unknown body")?;
         ensure!(
-            *d.properties.priority() == sent.1,
-            "{body}: priority {:?}, sent {:?}",
-            d.properties.priority(),
+            priority == sent.1,
+            "{body}: priority {priority:?}, sent {:?}",
             sent.1
         );
         got.push(body);
-        d.ack(BasicAckOptions::default()).await?;
     }
     let expected = ["h0", "h1", "n0", "h2", "h3", "n1", "h4", "h5", "n2", "n3"];
     ensure!(got == expected, "delivered {got:?}, expected {expected:?}");
@@ -136,23 +159,7 @@ async fn strict_levels_deliver_the_highest_first_across_a_restart() -> anyhow::R
         ("f3", Some(3)),
         ("g0", Some(0)),
     ];
-    for (body, priority) in published {
-        let mut props = BasicProperties::default().with_delivery_mode(2);
-        if let Some(p) = priority {
-            props = props.with_priority(p);
-        }
-        let confirm = ch
-            .basic_publish(
-                "".into(),
-                "strict".into(),
-                BasicPublishOptions::default(),
-                body.as_bytes(),
-                props,
-            )
-            .await?
-            .await?;
-        ensure!(confirm.is_ack(), "{body}: {confirm:?}");
-    }
+    publish_all(&ch, "strict", &published).await?;
     let e = ch
         .queue_declare("strict".into(), super::amqp::durable(), with_max(5))
         .await
@@ -164,24 +171,11 @@ async fn strict_levels_deliver_the_highest_first_across_a_restart() -> anyhow::R
     cluster.restart_all().await?;
     let conn = connect(&cluster, 3).await?;
     let ch = conn.create_channel().await?;
-    ch.basic_qos(1, BasicQosOptions::default()).await?;
-    let mut consumer = ch
-        .basic_consume(
-            "strict".into(),
-            "reader".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    let mut got = Vec::new();
-    for _ in 0..published.len() {
-        let d = tokio::time::timeout(WAIT, consumer.next())
-            .await
-            .context("no delivery")?
-            .context("the consumer ended")??;
-        got.push(String::from_utf8(d.data.clone())?);
-        d.ack(BasicAckOptions::default()).await?;
-    }
+    let got: Vec<String> = consume_one_by_one(&ch, "strict", published.len())
+        .await?
+        .into_iter()
+        .map(|(body, _)| body)
+        .collect();
     let expected = ["c9", "e200", "d5", "b3", "f3", "a", "g0"];
     ensure!(got == expected, "delivered {got:?}, expected {expected:?}");
     conn.close(200, "bye".into()).await?;

@@ -51,7 +51,16 @@ impl Q {
     /// Publishes a 10-byte message of `priority` (machine version 2's `EnqueueWithPriority`);
     /// returns its id.
     pub fn publish_with_priority(&mut self, priority: u8, ttl_ms: Option<u64>) -> MessageId {
-        let (reply, _) = self.apply(Command::EnqueueWithPriority {
+        self.publish_delivered(priority, ttl_ms).0
+    }
+
+    /// As [`Q::publish_with_priority`], with what was delivered at once.
+    pub fn publish_delivered(
+        &mut self,
+        priority: u8,
+        ttl_ms: Option<u64>,
+    ) -> (MessageId, Vec<(ConsumerId, MessageId)>) {
+        let (reply, fx) = self.apply(Command::EnqueueWithPriority {
             now_ms: 1,
             header: MsgHeader {
                 size_bytes: 10,
@@ -62,7 +71,7 @@ impl Q {
             priority,
         });
         match reply {
-            Reply::Enqueued { id } => id,
+            Reply::Enqueued { id } => (id, deliveries(&fx)),
             other => panic!("{other:?}"),
         }
     }
