@@ -153,4 +153,23 @@ fn a_release_is_refused_until_the_machine_moves_to_version_2() {
     assert!(matches!(reply, Reply::Error { .. }), "{reply:?}");
     assert!(fx.is_empty());
     assert_eq!(s, before, "a refused command changes nothing");
+    // A Get receipt's release likewise (release 0.1.0 could not decode it).
+    let receipt = qq_core::queue::Receipt {
+        token: [1; 16],
+        user: "u".into(),
+    };
+    let (reply, fx) = s.apply(
+        4,
+        Command::SettleReceipts {
+            now_ms: 2,
+            receipts: vec![(id, receipt)],
+            outcome: SettleOutcome::Release,
+        },
+    );
+    assert!(
+        matches!(&reply, Reply::Error { detail } if detail.contains("SettleReceipts")),
+        "{reply:?}"
+    );
+    assert!(fx.is_empty());
+    assert_eq!(s.ready_ids(), before.ready_ids());
 }

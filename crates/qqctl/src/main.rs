@@ -90,7 +90,8 @@ enum Command {
     /// Take one message. Default and --no-ack: print it and return it to the queue;
     /// --ack: take it for good.
     Get(GetArgs),
-    /// Consume from a queue, printing each delivery; acks unless --reject or --requeue.
+    /// Consume from a queue, printing each delivery; acks unless --reject, --requeue or
+    /// --release.
     Consume(ConsumeArgs),
     /// Table of queues.
     ListQueues,
@@ -321,6 +322,7 @@ mod tests {
         "qqctl get q --no-ack",
         "qqctl consume q --prefetch 5 --count 2 --reject",
         "qqctl consume q --requeue",
+        "qqctl consume q --release --count 1",
         "qqctl list-exchanges",
         "qqctl list-bindings",
         "qqctl set-policy limit '^jobs\\.' --definition '{\"max-length\":5}' --priority 3 --apply-to all",

@@ -125,3 +125,69 @@ async fn a_nack_is_not_a_failed_delivery_and_a_reject_is() -> anyhow::Result<()>
     cluster.stop();
     Ok(())
 }
+
+/// The gRPC `RELEASE` outcome, on a Get receipt and on a consume stream: back to the queue
+/// without a failed delivery, so a queue with `x-delivery-limit` 1 keeps the message however
+/// often it is released (`x-acquired-count` grows, `x-delivery-count` stays absent); then two
+/// `REQUEUE`s take its delivery count above the limit and the message is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_release_is_not_a_failed_delivery() -> anyhow::Result<()> {
+    use qq_client::{SettleOutcome, Value, ValueExt, delivery_headers, message, table};
+
+    let cluster = TestCluster::start(3).await?;
+    let c = cluster.client(1).await?;
+    c.declare_queue("released", table([("x-delivery-limit", Value::long(1))]))
+        .await?;
+    wait_machine_version_2(&cluster, "released").await?;
+    let r = c.publish("", "released", message("m")).await?;
+    ensure!(r.is_confirmed(), "{r:?}");
+    let header = |d: &qq_client::Delivery, name: &str| {
+        delivery_headers(d).get(name).and_then(|v| v.as_long())
+    };
+
+    info!("--- three Get + RELEASE: the message stays");
+    for n in 1..=3i64 {
+        let got = c.get("released", false, 30_000).await?;
+        let d = got.delivery.context("the message is there")?;
+        ensure!(header(&d, "x-delivery-count").is_none(), "get {n}: {d:?}");
+        c.settle(vec![d.receipt.clone()], SettleOutcome::Release)
+            .await?;
+    }
+
+    info!("--- a consumer releases it twice, then requeues it twice: above the limit of 1");
+    let mut consumer = c.consume("released", 1).await?;
+    for n in 0..4 {
+        let d = tokio::time::timeout(WAIT, consumer.next())
+            .await
+            .context("no delivery")?
+            .context("the stream ended")??;
+        // Three Get leases and the releases so far were each a hand-out.
+        ensure!(
+            header(&d, "x-acquired-count") == Some(3 + n),
+            "delivery {n}: x-acquired-count {:?}",
+            header(&d, "x-acquired-count")
+        );
+        let failed = (n == 3).then_some(1);
+        ensure!(
+            header(&d, "x-delivery-count") == failed,
+            "delivery {n}: x-delivery-count {:?}",
+            header(&d, "x-delivery-count")
+        );
+        let outcome = if n < 2 {
+            SettleOutcome::Release
+        } else {
+            SettleOutcome::Requeue
+        };
+        consumer
+            .settle_with(vec![d.delivery_tag], false, outcome, None, None)
+            .await?;
+    }
+    eventually(
+        "the message gone at its delivery limit",
+        Duration::from_secs(20),
+        || async { Ok((c.get_queue("released").await?.messages == 0).then_some(())) },
+    )
+    .await?;
+    cluster.stop();
+    Ok(())
+}

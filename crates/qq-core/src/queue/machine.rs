@@ -17,7 +17,7 @@
 //! | version | release | what it adds |
 //! |---:|---|---|
 //! | 1 | 0.1.0 | everything up to 0.1.0 |
-//! | 2 | next | `CancelConsumer` (AMQP basic.cancel keeps what the consumer holds); `CheckoutWithPriority` (consumer priorities); `SetConsumerTimeout` (consumer timeouts, which return messages released, not failed); `Settle` with `SettleOutcome::Release` (module `counts`); `EnqueueWithPriority` (message priorities, module `priorities`); `SetMachineVersion` |
+//! | 2 | next | `CancelConsumer` (AMQP basic.cancel keeps what the consumer holds); `CheckoutWithPriority` (consumer priorities); `SetConsumerTimeout` (consumer timeouts, which return messages released, not failed); `Settle` and `SettleReceipts` with `SettleOutcome::Release` (module `counts`); `EnqueueWithPriority` (message priorities, module `priorities`); `SetMachineVersion` |
 //!
 //! `SetMachineVersion` itself is version 2's, and is never gated: it is proposed only when
 //! every member decodes it.
@@ -46,6 +46,10 @@ impl Command {
             | Command::SetConsumerTimeout { .. }
             | Command::EnqueueWithPriority { .. } => 2,
             Command::Settle {
+                outcome: SettleOutcome::Release,
+                ..
+            }
+            | Command::SettleReceipts {
                 outcome: SettleOutcome::Release,
                 ..
             } => 2,
@@ -115,6 +119,8 @@ fn command_name(cmd: &Command) -> &'static str {
         Command::CheckoutWithPriority { .. } => "CheckoutWithPriority",
         Command::SetConsumerTimeout { .. } => "SetConsumerTimeout",
         Command::EnqueueWithPriority { .. } => "EnqueueWithPriority",
+        Command::Settle { .. } => "Settle (release)",
+        Command::SettleReceipts { .. } => "SettleReceipts (release)",
         _ => "of version 1",
     }
 }

@@ -8,7 +8,7 @@
 
 use futures::StreamExt;
 use qq_core::meta::Perm;
-use qq_core::queue::{Command, Receipt, Reply};
+use qq_core::queue::{Command, Receipt, Reply, SettleOutcome};
 use qq_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -155,16 +155,21 @@ pub async fn settle(
                 "receipts: the queue of receipt group {group} does not exist"
             ))
         })?;
-        let cmd = Command::SettleReceipts {
-            now_ms: now_ms(),
-            receipts,
-            outcome: outcome.clone(),
+        let proposer = api.node.proposer();
+        let settle = |outcome: SettleOutcome, receipts: Vec<(u64, Receipt)>| {
+            let cmd = Command::SettleReceipts {
+                now_ms: now_ms(),
+                receipts,
+                outcome,
+            };
+            proposer.propose_queue(group, QueueRequest::command(cmd))
         };
-        let reply = api
-            .node
-            .proposer()
-            .propose_queue(group, QueueRequest::command(cmd))
-            .await?;
+        let mut reply = settle(outcome.clone(), receipts.clone()).await?;
+        // A queue whose machine is still at version 1 (a rolling upgrade) refuses a release,
+        // all or nothing: it is a requeue there, as release 0.1.0 counted every return.
+        if matches!(reply, Reply::Error { .. }) && outcome == SettleOutcome::Release {
+            reply = settle(SettleOutcome::Requeue, receipts).await?;
+        }
         if let Reply::Error { detail } = reply {
             return Err(Status::not_found(format!("receipts: {detail}")));
         }

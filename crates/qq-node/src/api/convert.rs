@@ -174,8 +174,9 @@ pub fn settle_outcome(v: i32, field: &str) -> Result<SettleOutcome, Status> {
         Ok(pb::SettleOutcome::Ack) => Ok(SettleOutcome::Ack),
         Ok(pb::SettleOutcome::Requeue) => Ok(SettleOutcome::Requeue),
         Ok(pb::SettleOutcome::Reject) => Ok(SettleOutcome::Reject),
+        Ok(pb::SettleOutcome::Release) => Ok(SettleOutcome::Release),
         _ => Err(Status::invalid_argument(format!(
-            "{field}: {v} is not a settle outcome (ACK, REQUEUE or REJECT)"
+            "{field}: {v} is not a settle outcome (ACK, REQUEUE, REJECT or RELEASE)"
         ))),
     }
 }

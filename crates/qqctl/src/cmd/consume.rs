@@ -14,8 +14,8 @@ pub struct GetArgs {
     /// Remove the message from the queue (auto-ack).
     #[arg(long, conflicts_with = "no_ack")]
     ack: bool,
-    /// Leave the message in the queue (it is requeued after printing; this counts as a
-    /// failed delivery).
+    /// Leave the message in the queue (it is released back after printing: not a failed
+    /// delivery, so x-delivery-count and the delivery limit do not move; x-acquired-count does).
     #[arg(long)]
     no_ack: bool,
 }
@@ -34,9 +34,9 @@ pub async fn get(client: &Client, a: GetArgs) -> anyhow::Result<()> {
             print_delivery(&d, Some(&d.receipt));
             if !ack {
                 client
-                    .settle(vec![d.receipt.clone()], SettleOutcome::Requeue)
+                    .settle(vec![d.receipt.clone()], SettleOutcome::Release)
                     .await?;
-                println!("(requeued; use --ack to remove it)");
+                println!("(released back to the queue; use --ack to remove it)");
             }
         }
     }
@@ -53,11 +53,15 @@ pub struct ConsumeArgs {
     #[arg(long)]
     count: Option<u64>,
     /// Reject every delivery (dead-letters with reason `rejected`).
-    #[arg(long, conflicts_with = "requeue")]
+    #[arg(long, conflicts_with_all = ["requeue", "release"])]
     reject: bool,
     /// Requeue every delivery (redelivered, x-delivery-count + 1).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "release")]
     requeue: bool,
+    /// Release every delivery back to the queue (redelivered; not a failed delivery:
+    /// x-acquired-count + 1, x-delivery-count unchanged).
+    #[arg(long)]
+    release: bool,
     /// With --reject: the reason detail recorded in the dead letter's x-death entry
     /// (reason-detail) and x-last-death-detail header (at most 1024 bytes).
     #[arg(long, requires = "reject", conflicts_with = "requeue")]
@@ -107,7 +111,7 @@ pub async fn consume(client: &Client, a: ConsumeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Rejects, requeues or (the default) acks one delivery, as the flags say.
+/// Rejects, requeues, releases or (the default) acks one delivery, as the flags say.
 async fn settle(consumer: &Consumer, a: &ConsumeArgs, tag: u64) -> anyhow::Result<()> {
     if a.reject {
         let detail = a.reason.clone();
@@ -117,6 +121,10 @@ async fn settle(consumer: &Consumer, a: &ConsumeArgs, tag: u64) -> anyhow::Resul
     } else if a.requeue {
         consumer
             .settle_with(vec![tag], false, SettleOutcome::Requeue, None, a.delay_ms)
+            .await?;
+    } else if a.release {
+        consumer
+            .settle_with(vec![tag], false, SettleOutcome::Release, None, None)
             .await?;
     } else {
         consumer.ack(tag, false).await?;
