@@ -10,6 +10,7 @@
 //! - [`snapshot`]: snapshot files, streamed to disk, read back and sent in chunks.
 
 pub mod encoding;
+pub mod layout;
 pub mod log_store;
 pub mod log_tail;
 pub mod mux;

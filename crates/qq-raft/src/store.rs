@@ -157,6 +157,13 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "the database at {} has layout {found}, written by a newer release (this one reads \
+         up to {}): a node must not be downgraded; start it with the release that wrote it",
+        path.display(),
+        crate::layout::LAYOUT_VERSION
+    )]
+    NewerLayout { path: PathBuf, found: u32 },
 }
 
 /// `group ++ index`, the key of a log entry or a message body.
@@ -286,6 +293,7 @@ impl Store {
                 path: path.to_path_buf(),
                 source,
             })?;
+        crate::layout::check_and_record(&db, path)?;
         let db = Arc::new(db);
         let snapshots = SnapshotDir::open(&path.join(SNAPSHOT_DIR)).map_err(|source| {
             StoreError::Snapshots {

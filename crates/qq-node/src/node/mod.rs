@@ -39,7 +39,7 @@ use qq_core::NodeId;
 use qq_core::meta::MetaEffect;
 use qq_raft::log_store::LogStore;
 use qq_raft::network::{GroupNetwork, PeerAddress, Peers};
-use qq_raft::store::Store;
+use qq_raft::store::{Store, StoreError};
 use qq_raft::{GroupId, META_GROUP};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -316,8 +316,11 @@ fn reseed_advice(data_dir: &std::path::Path) -> String {
 fn open_store_and_peers(config: &Config) -> anyhow::Result<(Store, Peers)> {
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| anyhow::anyhow!("create data_dir {}: {e}", config.data_dir.display()))?;
-    let store = Store::open(&config.data_dir.join("db"))
-        .map_err(|e| anyhow::anyhow!("{e}\n\n{}", reseed_advice(&config.data_dir)))?;
+    let store = Store::open(&config.data_dir.join("db")).map_err(|e| match e {
+        // Not damaged: written by a newer release.
+        StoreError::NewerLayout { .. } => anyhow::anyhow!("{e}"),
+        e => anyhow::anyhow!("{e}\n\n{}", reseed_advice(&config.data_dir)),
+    })?;
     let peers = Peers::new(
         config.peers.iter().map(|p| PeerAddress {
             id: p.id,
