@@ -173,3 +173,61 @@ fn a_release_is_refused_until_the_machine_moves_to_version_2() {
     assert!(fx.is_empty());
     assert_eq!(s.ready_ids(), before.ready_ids());
 }
+
+/// A Get reports the acquired count of what it takes (an `Effect::Got`), read before an
+/// auto-ack forgets the message with its releases.
+#[test]
+fn an_auto_ack_get_reports_the_releases_it_forgets() {
+    let mut q = Q::new(false);
+    let (_, fx) = q.apply(Command::Checkout {
+        now_ms: 1,
+        consumer: 1,
+        node: 1,
+        prefetch: 1,
+    });
+    assert!(fx.is_empty());
+    let delivered = q.publish();
+    let [(_, id)] = delivered[..] else { panic!() };
+    let (_, fx) = q.apply(Command::Settle {
+        now_ms: 2,
+        consumer: 1,
+        ids: vec![id],
+        outcome: SettleOutcome::Release,
+    });
+    // Released, and at once delivered again to the same consumer: release it once more, then
+    // let the consumer go (a failed delivery).
+    assert_eq!(deliveries(&fx), [(1, id)]);
+    q.apply(Command::Settle {
+        now_ms: 3,
+        consumer: 1,
+        ids: vec![id],
+        outcome: SettleOutcome::Release,
+    });
+    q.apply(Command::ConsumerDown {
+        now_ms: 4,
+        consumer: 1,
+    });
+    let (reply, fx) = q.apply(Command::Get {
+        now_ms: 5,
+        lease_ms: 0,
+        auto_ack: true,
+    });
+    assert!(
+        matches!(
+            reply,
+            Reply::Got {
+                delivery: Some(_),
+                ..
+            }
+        ),
+        "{reply:?}"
+    );
+    assert!(
+        fx.contains(&Effect::Got {
+            id,
+            acquired_count: 3
+        }),
+        "two releases and one failed delivery: {fx:?}"
+    );
+    assert_eq!(q.s.acquired_count(id), None, "forgotten");
+}

@@ -744,6 +744,17 @@ fn check_step(
             Effect::DeleteBody { id } => model.leave(*id)?,
             // Checked above: the consumer is gone and its messages returned.
             Effect::ConsumerTimedOut { .. } => {}
+            // A Get's message was live, and its acquired count is at least its failures.
+            Effect::Got { id, acquired_count } => {
+                prop_assert!(model.live.contains(id), "got {id}, which is not live");
+                if let Reply::Got {
+                    delivery: Some(d), ..
+                } = reply
+                {
+                    prop_assert_eq!(d.id, *id);
+                    prop_assert!(*acquired_count >= d.delivery_count);
+                }
+            }
         }
     }
 

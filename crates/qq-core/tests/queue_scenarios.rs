@@ -1013,7 +1013,16 @@ fn get_auto_ack_removes_at_once() {
             message_count: 1
         }
     );
-    assert_eq!(fx, vec![Effect::DeleteBody { id: a }]);
+    assert_eq!(
+        fx,
+        vec![
+            Effect::Got {
+                id: a,
+                acquired_count: 0
+            },
+            Effect::DeleteBody { id: a }
+        ]
+    );
     assert_eq!(q.s.location(a), None);
 }
 

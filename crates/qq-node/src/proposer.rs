@@ -333,7 +333,7 @@ impl Proposer {
         let payload = encode(&QueueEntry::One(req))?;
         check_entry(&payload).map_err(NodeError::InvalidArgument)?;
         let bytes = self.propose(group, payload).await?;
-        decode(&bytes)
+        QueueReplyOut::decode(&bytes).map_err(|e| NodeError::Internal(format!("decode reply: {e}")))
     }
 
     /// Propose several commands as one entry, applied in order; one reply each.

@@ -129,7 +129,8 @@ async fn a_nack_is_not_a_failed_delivery_and_a_reject_is() -> anyhow::Result<()>
 /// The gRPC `RELEASE` outcome, on a Get receipt and on a consume stream: back to the queue
 /// without a failed delivery, so a queue with `x-delivery-limit` 1 keeps the message however
 /// often it is released (`x-acquired-count` grows, `x-delivery-count` stays absent); then two
-/// `REQUEUE`s take its delivery count above the limit and the message is gone.
+/// `REQUEUE`s take its delivery count above the limit and the message is gone. A Get's
+/// message carries `x-acquired-count` as a consumer's does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_release_is_not_a_failed_delivery() -> anyhow::Result<()> {
     use qq_client::{SettleOutcome, Value, ValueExt, delivery_headers, message, table};
@@ -150,6 +151,13 @@ async fn a_grpc_release_is_not_a_failed_delivery() -> anyhow::Result<()> {
         let got = c.get("released", false, 30_000).await?;
         let d = got.delivery.context("the message is there")?;
         ensure!(header(&d, "x-delivery-count").is_none(), "get {n}: {d:?}");
+        // Each release before was a hand-out too (absent the first time, as on a consumer).
+        let acquired = (n > 1).then_some(n - 1);
+        ensure!(
+            header(&d, "x-acquired-count") == acquired,
+            "get {n}: x-acquired-count {:?}",
+            header(&d, "x-acquired-count")
+        );
         c.settle(vec![d.receipt.clone()], SettleOutcome::Release)
             .await?;
     }

@@ -207,6 +207,8 @@ impl QueueState {
         } else {
             Some(now.saturating_add(lease_ms))
         };
+        let acquired_count = self.acquired_count(id).unwrap_or(0);
+        fx.push(Effect::Got { id, acquired_count });
         let m = self.msgs.get_mut(&id).expect("ready message exists");
         let delivery = Delivery {
             consumer: GET_CONSUMER,

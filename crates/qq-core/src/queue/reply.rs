@@ -86,6 +86,11 @@ pub enum Effect {
         id: MessageId,
         timeout_ms: u64,
     },
+    /// A Get handed message `id` out, which had been handed out and returned `acquired_count`
+    /// times before (`x-acquired-count`; module `counts`). Nothing to carry out: the node
+    /// puts the count in the Get's answer. Read here because an auto-ack Get forgets the
+    /// message, with its release count, in the same apply.
+    Got { id: MessageId, acquired_count: u32 },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -90,6 +90,12 @@ pub async fn get(
                     qq_core::Value::Long(d.delivery_count as i64),
                 );
             }
+            // As on a consumer's delivery (from a leader that says; 0.1.0's does not).
+            if let Some(n) = out.acquired_count.filter(|n| *n > 0) {
+                m.properties
+                    .headers
+                    .insert("x-acquired-count".into(), qq_core::Value::Long(n.into()));
+            }
             let receipt = if r.auto_ack {
                 String::new()
             } else {

@@ -45,6 +45,10 @@ impl QueueMachine {
             };
             (reply, effects, acquired)
         };
+        let got_acquired = effects.iter().find_map(|e| match e {
+            Effect::Got { acquired_count, .. } => Some(*acquired_count),
+            _ => None,
+        });
         // A Get's message is read before effects run (auto-ack deletes its body).
         let message = match &reply {
             Reply::Got {
@@ -59,7 +63,11 @@ impl QueueMachine {
             _ => {}
         }
         self.carry_out(effects, leader, acquired);
-        Ok(QueueReplyOut { reply, message })
+        Ok(QueueReplyOut {
+            reply,
+            message,
+            acquired_count: got_acquired,
+        })
     }
 
     /// Carries out the effects of one command; body writes are collected for the entry.
@@ -80,6 +88,8 @@ impl QueueMachine {
                 }
                 Effect::Deliver(_) => {}
                 Effect::DeleteBody { id } => self.delete_body(id),
+                // Read by apply_one for the Get's answer.
+                Effect::Got { .. } => {}
                 Effect::ConsumerTimedOut {
                     consumer,
                     id,
@@ -208,11 +218,15 @@ impl Machine for QueueMachine {
                 return io_encode(&QueueReplyOut {
                     reply: Reply::Error { detail: why },
                     message: None,
+                    acquired_count: None,
                 });
             }
         };
         let reply = match decoded {
-            QueueEntry::One(req) => io_encode(&self.apply_one(index << BATCH_SHIFT, req)?)?,
+            QueueEntry::One(req) => self
+                .apply_one(index << BATCH_SHIFT, req)?
+                .encode()
+                .map_err(|e| io::Error::other(format!("encode: {e}")))?,
             QueueEntry::Batch(reqs) => {
                 let mut replies = Vec::with_capacity(reqs.len());
                 for (k, req) in reqs.into_iter().enumerate() {

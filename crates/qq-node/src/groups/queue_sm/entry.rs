@@ -84,4 +84,28 @@ pub struct QueueReplyOut {
     pub reply: Reply,
     /// The message taken by a `Get`, read on the leader that applied it.
     pub message: Option<Message>,
+    /// A `Get`'s `x-acquired-count`: not in this encoding, which release 0.1.0 decodes, but
+    /// after it ([`QueueReplyOut::encode`]), where a node of that release does not look.
+    #[serde(skip)]
+    pub acquired_count: Option<u32>,
+}
+
+impl QueueReplyOut {
+    /// The reply as it crosses nodes: the record, then the acquired count if there is one.
+    pub fn encode(&self) -> Result<Vec<u8>, postcard::Error> {
+        let mut bytes = postcard::to_stdvec(self)?;
+        if let Some(n) = self.acquired_count {
+            bytes.extend(postcard::to_stdvec(&n)?);
+        }
+        Ok(bytes)
+    }
+
+    /// The reply [`QueueReplyOut::encode`] made (or a node of release 0.1.0, without the count).
+    pub fn decode(bytes: &[u8]) -> Result<QueueReplyOut, postcard::Error> {
+        let (mut out, rest) = postcard::take_from_bytes::<QueueReplyOut>(bytes)?;
+        if !rest.is_empty() {
+            out.acquired_count = Some(postcard::from_bytes(rest)?);
+        }
+        Ok(out)
+    }
 }
