@@ -509,6 +509,18 @@ impl TestCluster {
         }
         if options.not_started.is_empty() {
             cluster.wait_formed().await?;
+            // A cluster of today's binary moves its metadata machine to today's version by
+            // itself (node::meta_upgrade); tests start from there, as an operator's cluster
+            // runs once it has.
+            if options.binary_for.is_empty() && options.joiners.is_empty() {
+                cluster
+                    .wait_metric_line_everywhere(
+                        // qq_core::meta::META_MACHINE_VERSION
+                        "quorumq_metadata_machine_version 2",
+                        "the metadata machine at this release's version",
+                    )
+                    .await?;
+            }
             info!("--- cluster formed");
         }
         Ok(cluster)

@@ -2255,6 +2255,8 @@ fn an_alternate_exchange_cycle_ends() {
 #[test]
 fn a_policy_gives_an_alternate_exchange_and_the_argument_wins() {
     let mut state = MetaState::new();
+    // The policy key needs metadata machine version 2 (tests/meta_v2.rs).
+    ok(&mut state, MetaCommand::SetMachineVersion { version: 2 });
     let none = Table::new();
     declare_queue(&mut state, "from-policy", Table::new());
     declare_queue(&mut state, "from-argument", Table::new());

@@ -385,3 +385,24 @@ fn x_max_priority_is_accepted_from_version_2_and_compared_on_redeclare() {
         e.message
     );
 }
+
+#[test]
+fn an_alternate_exchange_policy_key_waits_for_version_2() {
+    let policy = MetaCommand::SetPolicy {
+        vhost: "/".into(),
+        name: "ae".into(),
+        pattern: ".*".into(),
+        apply_to: "exchanges".into(),
+        priority: 0,
+        definition: table(&[("alternate-exchange", Value::String("caught".into()))]),
+    };
+    let mut old = MetaState::new();
+    let e = err(&mut old, policy.clone());
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(
+        e.message.contains("metadata machine version 2"),
+        "{}",
+        e.message
+    );
+    ok(&mut v2(), policy);
+}

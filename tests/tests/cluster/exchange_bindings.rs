@@ -1,5 +1,5 @@
-//! Metadata machine version 2 on a real cluster: a fresh cluster moves its metadata machine to
-//! version 2 by itself (`quorumq_metadata_machine_version` on every node); then
+//! Metadata machine version 2 on a real cluster (a fresh cluster moves there by itself:
+//! `TestCluster::start` waits for `quorumq_metadata_machine_version 2` on every node):
 //! exchange-to-exchange bindings route over gRPC and over AMQP (lapin's `exchange_bind`),
 //! across a cycle, and show in `ListBindings`; and an operator policy caps a queue whose own
 //! argument asks for more, until it is cleared.
@@ -12,16 +12,6 @@ use qq_client::{Client, PublishOutcome, Value, ValueExt, message, table};
 use qq_tests::{TestCluster, eventually, info};
 
 use super::amqp::connect;
-
-/// Waits until every node's metadata replica runs machine version 2.
-async fn metadata_at_version_2(cluster: &TestCluster) -> anyhow::Result<()> {
-    cluster
-        .wait_metric_line_everywhere(
-            "quorumq_metadata_machine_version 2",
-            "the metadata machine at version 2",
-        )
-        .await
-}
 
 /// The queues a publish to `exchange` with `key` lands in, by their message counts (each
 /// queue is drained after the check).
@@ -49,7 +39,6 @@ async fn landed(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exchange_bindings_route_over_grpc_and_amqp() -> anyhow::Result<()> {
     let cluster = TestCluster::start(3).await?;
-    metadata_at_version_2(&cluster).await?;
     let c = cluster.client(1).await?;
     let none = Default::default;
 
@@ -143,7 +132,6 @@ async fn exchange_bindings_route_over_grpc_and_amqp() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_policy_caps_a_queue_over_its_own_argument() -> anyhow::Result<()> {
     let cluster = TestCluster::start(3).await?;
-    metadata_at_version_2(&cluster).await?;
     let c = cluster.client(2).await?;
     c.declare_queue("capped", table([("x-max-length", Value::long(100))]))
         .await?;

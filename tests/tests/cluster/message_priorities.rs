@@ -131,12 +131,6 @@ async fn high_priority_messages_go_two_to_one_before_normal_ones() -> anyhow::Re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strict_levels_deliver_the_highest_first_across_a_restart() -> anyhow::Result<()> {
     let mut cluster = TestCluster::start(3).await?;
-    cluster
-        .wait_metric_line_everywhere(
-            "quorumq_metadata_machine_version 2",
-            "the metadata machine at version 2",
-        )
-        .await?;
     let conn = connect(&cluster, 1).await?;
     let ch = conn.create_channel().await?;
     let with_max = |n: i64| {

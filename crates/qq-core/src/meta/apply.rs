@@ -548,6 +548,7 @@ impl MetaState {
         policy: Policy,
         effects: &mut Vec<MetaEffect>,
     ) -> Result<MetaReply, MetaError> {
+        let version = self.machine_version();
         let v = self.vhost_mut(vhost)?;
         check_name("policy", &policy.name)?;
         compile("pattern", &policy.pattern)?;
@@ -558,6 +559,14 @@ impl MetaState {
             )));
         }
         policy::validate_policy_definition(&policy.definition)?;
+        // Release 0.1.0 did not know this key and refused it: a log that runs its machine
+        // still does, so its replicas and today's agree.
+        if version < 2 && policy.definition.contains_key("alternate-exchange") {
+            return Err(MetaError::invalid(
+                "definition: 'alternate-exchange' needs metadata machine version 2 (every node \
+                 must run a release that has alternate exchanges)",
+            ));
+        }
         v.policies.insert(policy.name.clone(), policy);
         recompute_configs(vhost, v, effects);
         Ok(MetaReply::Ok)
