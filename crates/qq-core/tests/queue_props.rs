@@ -396,10 +396,11 @@ struct Model {
     live: BTreeSet<MessageId>,
     gone: BTreeSet<MessageId>,
     delivered: BTreeSet<MessageId>,
-    /// Largest id ever handed out on a first delivery, per priority level (normal, high).
-    last_first_delivery: [MessageId; 2],
-    /// The messages that arrived high-priority.
-    high: BTreeSet<MessageId>,
+    /// Largest id ever handed out on a first delivery, per priority level (0 normal, 1 high;
+    /// a queue with strict levels: its level).
+    last_first_delivery: BTreeMap<u8, MessageId>,
+    /// The level of each message that arrived above level 0.
+    levels: BTreeMap<MessageId, u8>,
     /// Requeued with a delay: not to be delivered before this time.
     not_before: BTreeMap<MessageId, u64>,
     /// Idempotency keys of stored messages ((publish or transfer, key) -> stored at ms).
@@ -436,13 +437,14 @@ impl Model {
         );
         if !redelivered {
             // FIFO within each priority level.
-            let level = usize::from(self.high.contains(&id));
+            let level = self.levels.get(&id).copied().unwrap_or(0);
+            let last = self.last_first_delivery.entry(level).or_insert(0);
             prop_assert!(
-                id > self.last_first_delivery[level],
+                id > *last,
                 "first deliveries out of FIFO order (level {})",
                 level
             );
-            self.last_first_delivery[level] = id;
+            *last = id;
         }
         self.delivered.insert(id);
         Ok(())
@@ -492,10 +494,14 @@ fn check_step(
     }
     match reply {
         Reply::Enqueued { id } | Reply::RejectedDeadLettered { id, .. } => {
-            if let Command::EnqueueWithPriority { priority, .. } = cmd
-                && *priority >= qq_core::queue::HIGH_PRIORITY_FROM
-            {
-                model.high.insert(*id);
+            if let Command::EnqueueWithPriority { priority, .. } = cmd {
+                let level = match before.max_priority() {
+                    Some(max) => (*priority).min(max),
+                    None => u8::from(*priority >= qq_core::queue::HIGH_PRIORITY_FROM),
+                };
+                if level > 0 {
+                    model.levels.insert(*id, level);
+                }
             }
             model.arrive(*id)?
         }
@@ -989,6 +995,9 @@ struct Snapshot {
     timeouts: (Option<u64>, Vec<(MessageId, u64)>),
     releases: Vec<(MessageId, u32)>,
     high: (Vec<MessageId>, u8),
+    /// The top strict level (from the queue's arguments, not the snapshot) and the levels.
+    max_priority: Option<u8>,
+    strict: Vec<(MessageId, u8)>,
 }
 
 impl Snapshot {
@@ -1002,6 +1011,8 @@ impl Snapshot {
             timeouts: s.consumer_timeouts(),
             releases: s.releases(),
             high: s.high_priority(),
+            max_priority: s.max_priority(),
+            strict: s.strict_levels(),
         }
     }
 
@@ -1015,6 +1026,8 @@ impl Snapshot {
         restored.restore_consumer_timeouts(self.timeouts.0, self.timeouts.1);
         restored.restore_releases(self.releases);
         restored.restore_high_priority(self.high.0, self.high.1);
+        restored.set_max_priority(self.max_priority);
+        restored.restore_strict_levels(self.strict);
         restored.check_invariants().map_err(TestCaseError::fail)?;
         Ok(restored)
     }
@@ -1027,7 +1040,18 @@ fn gated(before: &QueueState, cmd: &Command) -> bool {
 }
 
 fn run(initial: QueueConfig, ops: &[(u64, Op)], snapshot_at: usize) -> Result<(), TestCaseError> {
+    run_with_levels(initial, None, ops, snapshot_at)
+}
+
+/// [`run`] on a queue with strict priority levels 0..=`max_priority` (`x-max-priority`).
+fn run_with_levels(
+    initial: QueueConfig,
+    max_priority: Option<u8>,
+    ops: &[(u64, Op)],
+    snapshot_at: usize,
+) -> Result<(), TestCaseError> {
     let mut s = QueueState::new(initial);
+    s.set_max_priority(max_priority);
     let mut model = Model::default();
     let mut index = 0;
     let mut log = Vec::new();
@@ -1071,6 +1095,22 @@ proptest! {
         snapshot_at in 0usize..120,
     ) {
         run(initial, &ops, snapshot_at)?;
+    }
+}
+
+// The same on queues with strict priority levels (`x-max-priority`): every invariant, FIFO
+// within each level, and replay after a snapshot that carries the levels.
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 150, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_command_sequences_on_strict_levels(
+        initial in config(),
+        max_priority in 1u8..=31,
+        ops in prop::collection::vec((1u64..=2, op()), 1..120),
+        snapshot_at in 0usize..120,
+    ) {
+        run_with_levels(initial, Some(max_priority), &ops, snapshot_at)?;
     }
 }
 
