@@ -55,3 +55,22 @@ fn open_error_names_the_path() {
     assert!(msg.starts_with("open rocksdb at "), "{msg}");
     assert!(msg.contains("not-a-dir"), "{msg}");
 }
+
+#[test]
+fn a_new_database_records_its_layout_and_a_newer_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    drop(Store::open(&path).unwrap());
+    {
+        let db = DB::open_cf(&Options::default(), &path, ALL_CFS).unwrap();
+        let cf = db.cf_handle(CF_RAFT).unwrap();
+        let key = crate::layout::LAYOUT_KEY;
+        let v = db.get_cf(cf, key).unwrap().unwrap();
+        assert_eq!(v, crate::layout::LAYOUT_VERSION.to_be_bytes());
+        db.put_cf(cf, key, (crate::layout::LAYOUT_VERSION + 1).to_be_bytes())
+            .unwrap();
+    }
+    let e = Store::open(&path).unwrap_err();
+    assert!(matches!(e, StoreError::NewerLayout { found: 2, .. }), "{e}");
+    assert!(e.to_string().contains("newer release"), "{e}");
+}
