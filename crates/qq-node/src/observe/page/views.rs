@@ -575,20 +575,32 @@ pub fn bindings(vhost: &str, bs: &[pb::BindingInfo], exchange: Option<&str>) -> 
         );
     }
     out.push_str(
-        "<table id=\"bindings\"><tr><th>Exchange</th><th>Queue</th><th>Routing key</th>\
+        "<table id=\"bindings\"><tr><th>Exchange</th><th>Destination</th><th>Routing key</th>\
          <th>Arguments</th></tr>",
     );
     let mut bs: Vec<&pb::BindingInfo> = bs
         .iter()
         .filter(|b| exchange.is_none_or(|x| b.exchange == x))
         .collect();
-    bs.sort_by(|a, b| (&a.exchange, &a.queue).cmp(&(&b.exchange, &b.queue)));
+    bs.sort_by(|a, b| (&a.exchange, &a.destination).cmp(&(&b.exchange, &b.destination)));
     for b in bs {
+        // A queue links to its page; an exchange (an exchange-to-exchange binding) to the
+        // bindings it routes on by.
+        let destination = if b.destination_kind == "exchange" {
+            let shown = format!("exchange {}", b.destination);
+            link(
+                "/bindings",
+                &[("vhost", vhost), ("exchange", &b.destination)],
+                &shown,
+            )
+        } else {
+            link("/queue", &[("vhost", vhost), ("name", &b.queue)], &b.queue)
+        };
         let _ = write!(
             out,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             esc(&b.exchange),
-            link("/queue", &[("vhost", vhost), ("name", &b.queue)], &b.queue),
+            destination,
             esc(&b.routing_key),
             esc(&pb_table(&b.arguments))
         );

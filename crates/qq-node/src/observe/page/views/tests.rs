@@ -99,3 +99,26 @@ fn a_hostile_queue_name_is_escaped_in_the_queues_table() {
     assert!(html.contains("&lt;img src=x onerror=alert(1)&gt;"));
     assert!(html.contains("its leader did not answer"));
 }
+
+#[test]
+fn an_exchange_binding_names_its_destination_exchange() {
+    let b = |destination: &str, kind: &str| pb::BindingInfo {
+        vhost: "/".into(),
+        exchange: "orders".into(),
+        queue: if kind == "queue" {
+            destination.into()
+        } else {
+            String::new()
+        },
+        routing_key: "#".into(),
+        arguments: Default::default(),
+        destination_kind: kind.into(),
+        destination: destination.into(),
+    };
+    let html = bindings("/", &[b("audit", "exchange"), b("q1", "queue")], None);
+    assert!(
+        html.contains("href=\"/bindings?vhost=%2F&amp;exchange=audit\">exchange audit</a>"),
+        "{html}"
+    );
+    assert!(html.contains(">q1</a>"), "{html}");
+}
