@@ -9,22 +9,25 @@
 //! another node's queue, a move task against RabbitMQ's shovel; scenario 11, catch-up at scale:
 //! a follower stopped or wiped while a million-message backlog builds comes back under load,
 //! against both when named; scenario 12, many queues: declare rate, idle CPU and RSS, failover
-//! and restart with 1 000 and 10 000 queues, against both when named),
-//! alternating which system goes first. Scenarios 1-4 also run a third time, against the same
-//! quorumq cluster over its AMQP port (127.0.0.1:7801-7803) with lapin, the client RabbitMQ is
-//! driven with: the "quorumq/AMQP" column, so the protocol's cost shows beside the gRPC
-//! figure (`--no-amqp` leaves it out). It prints one table (each figure for both systems and
+//! and restart with 1 000 and 10 000 queues, against both when named; scenario 13, priority
+//! queues: a backlog of mixed priorities drained in priority order, against both when named),
+//! alternating which system goes first. Scenarios 1-4 and 13 also run a third time, against
+//! the same quorumq cluster over its AMQP port (127.0.0.1:7801-7803) with lapin, the client
+//! RabbitMQ is driven with: the "quorumq/AMQP" column, so the protocol's cost shows beside the
+//! gRPC figure (`--no-amqp` leaves it out). It prints one table (each figure for both systems and
 //! their ratio, with the targets), and writes a JSON record, a Markdown summary and a
 //! PNG of latency percentiles to `bench/results/`.
 //!
 //! Same durability on both sides: quorum queues with three replicas, publisher confirms that
 //! arrive only once a majority has fsynced (quorumq's group-commit fsync; RabbitMQ's Ra WAL),
-//! manual consumer acknowledgements, persistent messages.
+//! manual consumer acknowledgements, persistent messages (except scenario 13, where RabbitMQ
+//! 3.10 has no quorum queue with priorities and gets a classic queue: the notes say so).
 //!
 //! Layout: [`cluster`] starts, kills and measures the server processes; [`driver`] is one
 //! client interface over both brokers; [`load`] holds the publisher and consumer loops;
 //! [`scenarios`] the seven scenarios; [`memory`] scenario 8; [`delayed`] scenario 9; [`moves`] scenario 10; [`catchup`] scenario 11; [`scale`] scenario 12 ([`erl_loop`] reads RabbitMQ's
-//! state from inside a node); [`profile`] samples the quorumq leader with perf;
+//! state from inside a node); [`priority`] scenario 13 (RabbitMQ's side a classic queue: its
+//! quorum queues refuse priorities); [`profile`] samples the quorumq leader with perf;
 //! [`report`] the table, files and plot.
 //!
 //! Deliberately left out: anything that would favour one side. Both clients run in this one
@@ -39,6 +42,7 @@ mod erl_loop;
 mod load;
 mod memory;
 mod moves;
+mod priority;
 mod profile;
 mod quick;
 mod report;
@@ -88,13 +92,15 @@ struct Args {
     /// 10 move rate: a move task against a shovel, 11 catch-up at scale: a stopped and a
     /// wiped follower catch up with a 1 000 000-message backlog, not run unless named,
     /// 12 many queues: declare rate, idle CPU and RSS, failover and restart with
-    /// --scale-queues queues, not run unless named).
+    /// --scale-queues queues, not run unless named, 13 priority queues: a backlog of priorities
+    /// 0-10 drained by one consumer, publish and drain rates and out-of-order deliveries, not
+    /// run unless named).
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5,6,7,8,10")]
     scenarios: Vec<u8>,
     /// Run only one side: `quorumq` or `rabbitmq`.
     #[arg(long)]
     only: Option<String>,
-    /// Leave out the AMQP side of quorumq (scenarios 1-4 over its AMQP port with lapin).
+    /// Leave out the AMQP side of quorumq (scenarios 1-4 and 13 over its AMQP port with lapin).
     #[arg(long)]
     no_amqp: bool,
     /// qq-node binary (default: $CARGO_TARGET_DIR/release/qq-node).
@@ -125,6 +131,12 @@ struct Args {
     /// catches up (default 2000).
     #[arg(long)]
     catchup_rate: Option<f64>,
+    /// Scenario 13: messages in the priority backlog (default 50 000; --quick 10 000).
+    #[arg(long)]
+    priority_messages: Option<u64>,
+    /// Scenario 13: the consumer's prefetch (default 100).
+    #[arg(long)]
+    priority_prefetch: Option<u16>,
     /// Scenario 3: the number of queues, each with a publisher and a consumer (default 100).
     #[arg(long)]
     many_queues: Option<usize>,
@@ -220,11 +232,22 @@ async fn main() -> Result<()> {
         settings.throughput_s = s;
     }
     settings.latency_rate = args.latency_rate;
+    let mut priority_settings = if args.quick {
+        priority::PrioritySettings::quick()
+    } else {
+        priority::PrioritySettings::full()
+    };
+    if let Some(n) = args.priority_messages {
+        priority_settings.messages = n;
+    }
+    if let Some(n) = args.priority_prefetch {
+        priority_settings.prefetch = n;
+    }
     let mut wanted: Vec<u8> = args
         .scenarios
         .iter()
         .copied()
-        .filter(|n| (1..=12).contains(n))
+        .filter(|n| (1..=13).contains(n))
         .collect();
     wanted.sort_unstable();
     wanted.dedup();
@@ -278,7 +301,13 @@ async fn main() -> Result<()> {
         }
         return result;
     }
-    let run = run_all(&mut clusters, &settings, &wanted, !args.no_amqp);
+    let run = run_all(
+        &mut clusters,
+        &settings,
+        &priority_settings,
+        &wanted,
+        !args.no_amqp,
+    );
     let (outcomes, errors) = tokio::select! {
         r = run => r,
         _ = tokio::signal::ctrl_c() => {
@@ -387,7 +416,7 @@ type Outcomes = BTreeMap<String, BTreeMap<u8, Outcome>>;
 
 /// Scenarios also run over quorumq's AMQP port (with lapin, the client RabbitMQ gets), so the
 /// protocol's cost shows beside the gRPC figure.
-const AMQP_SCENARIOS: [u8; 4] = [1, 2, 3, 4];
+const AMQP_SCENARIOS: [u8; 5] = [1, 2, 3, 4, 13];
 
 /// Who runs scenario `n`, as (cluster index, system): every cluster, and the quorumq cluster a
 /// second time over AMQP for [`AMQP_SCENARIOS`] (unless `amqp` is off); the order alternates
@@ -432,6 +461,7 @@ fn latency_rate(settings: &Settings, outcomes: &Outcomes) -> f64 {
 async fn run_one(
     cl: &mut Cluster,
     settings: &Settings,
+    priority_settings: &priority::PrioritySettings,
     wanted: &[u8],
     n: u8,
     rate: f64,
@@ -447,6 +477,7 @@ async fn run_one(
         10 => moves::move_rate(cl, settings).await,
         11 => catchup::catch_up(cl, settings).await,
         12 => scale::many_idle_queues(cl, settings).await,
+        13 => priority::priority_order(cl, settings, priority_settings).await,
         _ => scenarios::backlog(cl, settings, wanted.contains(&6), wanted.contains(&7)).await,
     }
 }
@@ -455,6 +486,7 @@ async fn run_one(
 async fn run_all(
     clusters: &mut [Cluster],
     settings: &Settings,
+    priority_settings: &priority::PrioritySettings,
     wanted: &[u8],
     amqp: bool,
 ) -> (Outcomes, Vec<String>) {
@@ -479,7 +511,7 @@ async fn run_all(
                 continue;
             }
             let t = Instant::now();
-            let result = run_one(cl, settings, wanted, n, rate).await;
+            let result = run_one(cl, settings, priority_settings, wanted, n, rate).await;
             cl.drive_over(System::Quorumq);
             match result {
                 Ok(o) => {

@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::System;
 use crate::scenarios::{Better, Latency, Outcome, PLOT_PERCENTILES};
 
-pub const SCENARIO_NAMES: [&str; 12] = [
+pub const SCENARIO_NAMES: [&str; 13] = [
     "throughput, 1 queue",
     "latency at fixed rate",
     "many queues",
@@ -27,6 +27,7 @@ pub const SCENARIO_NAMES: [&str; 12] = [
     "move rate",
     "catch-up at scale",
     "many queues: scale",
+    "priority queues",
 ];
 
 pub fn scenario_name(n: u8) -> &'static str {
@@ -330,7 +331,7 @@ pub fn markdown(report: &Report) -> String {
     let _ = writeln!(
         md,
         "quorumq/AMQP is the same quorumq cluster driven over its AMQP port with lapin, the \
-         client RabbitMQ is driven with (scenarios 1-4).\n"
+         client RabbitMQ is driven with (scenarios 1-4 and 13).\n"
     );
     let _ = writeln!(
         md,
