@@ -163,8 +163,8 @@ fn joined(
     r.context("publisher task")?
 }
 
-/// `GET /metrics` of quorumq node `node`.
-async fn scrape(node: usize) -> Result<String> {
+/// `GET /metrics` of quorumq node `node` (also read by scenario 13, module `priority`).
+pub(crate) async fn scrape(node: usize) -> Result<String> {
     let fetch = async {
         let mut s = tokio::net::TcpStream::connect(qq_http_address(node)).await?;
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")

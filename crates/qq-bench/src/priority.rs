@@ -51,11 +51,10 @@ use futures::stream::FuturesUnordered;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use qq_client::{MessageBuilder, PublishOutcome, Value, ValueExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::System;
 use crate::cluster::{Cluster, NODES};
-use crate::driver::{Conn, qq_http_address};
+use crate::driver::Conn;
 use crate::load::{Counters, Progress, now_ns, parse_body};
 use crate::scenarios::{Better, Outcome, Settings, delete_queues};
 
@@ -196,35 +195,13 @@ pub fn check_order(delivered: &[(u64, u8)], published: &[u8]) -> OrderCheck {
     c
 }
 
-/// `GET /metrics` of quorumq node `node`.
-async fn scrape(node: usize) -> Result<String> {
-    let fetch = async {
-        let mut s = tokio::net::TcpStream::connect(qq_http_address(node)).await?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
-            .await?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await?;
-        anyhow::Ok(String::from_utf8_lossy(&buf).into_owned())
-    };
-    let text = tokio::time::timeout(Duration::from_secs(2), fetch)
-        .await
-        .context("metrics timed out")??;
-    let (head, body) = text.split_once("\r\n\r\n").context("no HTTP body")?;
-    ensure!(
-        head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"),
-        "GET /metrics: {}",
-        head.lines().next().unwrap_or_default()
-    );
-    Ok(body.to_string())
-}
-
 /// Waits until every quorumq node's `/metrics` has the line `line`; how long it took.
 async fn await_metric_everywhere(line: &str, deadline: Duration) -> Result<Duration> {
     let start = Instant::now();
     loop {
         let mut all = true;
         for node in 0..NODES {
-            let has = scrape(node)
+            let has = crate::catchup::scrape(node)
                 .await
                 .is_ok_and(|page| page.lines().any(|l| l.trim() == line));
             all &= has;
