@@ -163,6 +163,14 @@ async fn strict_levels_deliver_the_highest_first_across_a_restart() -> anyhow::R
 
     info!("--- every node restarts: the levels come back from the log");
     cluster.restart_all().await?;
+    for (level, n) in [(9, 2), (5, 1), (3, 2), (0, 2)] {
+        let line = format!(
+            "quorumq_queue_messages_ready_by_priority{{vhost=\"/\",queue=\"strict\",priority=\"{level}\"}} {n}"
+        );
+        cluster
+            .wait_metric_line_everywhere(&line, &format!("{n} ready at level {level}"))
+            .await?;
+    }
     let conn = connect(&cluster, 3).await?;
     let ch = conn.create_channel().await?;
     let got: Vec<String> = consume_one_by_one(&ch, "strict", published.len())

@@ -83,6 +83,9 @@ struct GroupRow {
     consumer_timeout_ms: u64,
     /// Ready high-priority messages in its state here (never delivered ones).
     high_priority_ready: u64,
+    /// A queue with strict levels (`x-max-priority`): the ready messages of each level that
+    /// holds some, in its state here.
+    strict_levels: Vec<(u8, u64)>,
 }
 
 impl GroupRow {
@@ -103,6 +106,7 @@ impl GroupRow {
             machine_version: 0,
             consumer_timeout_ms: 0,
             high_priority_ready: 0,
+            strict_levels: Vec::new(),
         }
     }
 }
@@ -155,11 +159,13 @@ impl NodeCollector {
                     row.machine_version,
                     row.consumer_timeout_ms,
                     row.high_priority_ready,
+                    row.strict_levels,
                 ) = r.machine().with_state(|s| {
                     (
                         s.machine_version(),
                         s.consumer_timeout_ms().unwrap_or(0),
                         s.high_priority_ready(),
+                        s.strict_level_counts(),
                     )
                 });
                 row
@@ -444,6 +450,26 @@ impl Collector for NodeCollector {
                     .map(|g| (queue_labels(g), int(value(g)))),
             )?;
         }
+        // Queues with strict levels: one series per level that holds a ready message.
+        let levels: Vec<(&GroupRow, String, u64)> = scrape
+            .groups
+            .iter()
+            .flat_map(|g| {
+                g.strict_levels
+                    .iter()
+                    .map(move |(level, n)| (g, level.to_string(), *n))
+            })
+            .collect();
+        gauges(
+            &mut encoder,
+            "queue_messages_ready_by_priority",
+            "Ready messages per priority level of a queue with x-max-priority, in its state on \
+             this node (levels holding none are left out; docs/semantics.md, Message priorities)",
+            levels.iter().map(|(g, level, n)| {
+                let [vhost, queue] = queue_labels(g);
+                ([vhost, queue, ("priority", Escaped(level))], int(*n))
+            }),
+        )?;
         Ok(())
     }
 }
