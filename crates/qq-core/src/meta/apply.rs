@@ -15,8 +15,42 @@ impl MetaState {
         }
         let mut effects = Vec::new();
         let result = match cmd {
+            cmd @ (MetaCommand::PutVhost { .. }
+            | MetaCommand::DeleteVhost { .. }
+            | MetaCommand::PutUser { .. }
+            | MetaCommand::DeleteUser { .. }
+            | MetaCommand::SetPermissions { .. }
+            | MetaCommand::SetVhostLimits { .. }
+            | MetaCommand::SetUserLimits { .. }) => self.apply_access(cmd, &mut effects),
+            cmd @ (MetaCommand::DeclareExchange { .. }
+            | MetaCommand::DeleteExchange { .. }
+            | MetaCommand::Bind { .. }
+            | MetaCommand::Unbind { .. }) => self.apply_exchanges(cmd),
+            cmd @ (MetaCommand::DeclareQueue { .. }
+            | MetaCommand::DeleteQueue { .. }
+            | MetaCommand::SetPolicy { .. }
+            | MetaCommand::ClearPolicy { .. }) => self.apply_queues(cmd, &mut effects),
+            cmd @ (MetaCommand::SetQueueMembers { .. }
+            | MetaCommand::JoinNode { .. }
+            | MetaCommand::ForgetNode { .. }) => self.apply_cluster(cmd, &mut effects),
+            cmd @ (MetaCommand::SetMachineVersion { .. }
+            | MetaCommand::BindExchange { .. }
+            | MetaCommand::UnbindExchange { .. }
+            | MetaCommand::SetOperatorPolicy { .. }
+            | MetaCommand::ClearOperatorPolicy { .. }) => self.apply_v2(cmd, &mut effects),
+        };
+        (result, effects)
+    }
+
+    /// Vhosts, users, permissions and limits.
+    fn apply_access(
+        &mut self,
+        cmd: MetaCommand,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        match cmd {
             MetaCommand::PutVhost { name } => self.put_vhost(name),
-            MetaCommand::DeleteVhost { name } => self.delete_vhost(&name, &mut effects),
+            MetaCommand::DeleteVhost { name } => self.delete_vhost(&name, effects),
             MetaCommand::PutUser {
                 name,
                 password_hash,
@@ -39,6 +73,15 @@ impl MetaState {
                     read,
                 },
             ),
+            MetaCommand::SetVhostLimits { vhost, limits } => self.set_vhost_limits(vhost, limits),
+            MetaCommand::SetUserLimits { user, limits } => self.set_user_limits(user, limits),
+            _ => Err(MetaError::invalid("not a command of this group")),
+        }
+    }
+
+    /// Exchanges and bindings of queues to them.
+    fn apply_exchanges(&mut self, cmd: MetaCommand) -> Result<MetaReply, MetaError> {
+        match cmd {
             MetaCommand::DeclareExchange {
                 vhost,
                 name,
@@ -65,6 +108,31 @@ impl MetaState {
                 name,
                 if_unused,
             } => self.delete_exchange(&vhost, &name, if_unused),
+            MetaCommand::Bind {
+                vhost,
+                queue,
+                exchange,
+                routing_key,
+                arguments,
+            } => self.bind(&vhost, queue, exchange, routing_key, arguments, true),
+            MetaCommand::Unbind {
+                vhost,
+                queue,
+                exchange,
+                routing_key,
+                arguments,
+            } => self.bind(&vhost, queue, exchange, routing_key, arguments, false),
+            _ => Err(MetaError::invalid("not a command of this group")),
+        }
+    }
+
+    /// Queues and policies.
+    fn apply_queues(
+        &mut self,
+        cmd: MetaCommand,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        match cmd {
             MetaCommand::DeclareQueue {
                 vhost,
                 name,
@@ -80,25 +148,9 @@ impl MetaState {
                 passive,
                 Placement { nodes, origin },
                 owner,
-                &mut effects,
+                effects,
             ),
-            MetaCommand::DeleteQueue { vhost, name } => {
-                self.delete_queue(&vhost, &name, &mut effects)
-            }
-            MetaCommand::Bind {
-                vhost,
-                queue,
-                exchange,
-                routing_key,
-                arguments,
-            } => self.bind(&vhost, queue, exchange, routing_key, arguments, true),
-            MetaCommand::Unbind {
-                vhost,
-                queue,
-                exchange,
-                routing_key,
-                arguments,
-            } => self.bind(&vhost, queue, exchange, routing_key, arguments, false),
+            MetaCommand::DeleteQueue { vhost, name } => self.delete_queue(&vhost, &name, effects),
             MetaCommand::SetPolicy {
                 vhost,
                 name,
@@ -115,13 +167,20 @@ impl MetaState {
                     priority,
                     definition,
                 },
-                &mut effects,
+                effects,
             ),
-            MetaCommand::ClearPolicy { vhost, name } => {
-                self.clear_policy(&vhost, &name, &mut effects)
-            }
-            MetaCommand::SetVhostLimits { vhost, limits } => self.set_vhost_limits(vhost, limits),
-            MetaCommand::SetUserLimits { user, limits } => self.set_user_limits(user, limits),
+            MetaCommand::ClearPolicy { vhost, name } => self.clear_policy(&vhost, &name, effects),
+            _ => Err(MetaError::invalid("not a command of this group")),
+        }
+    }
+
+    /// The queues' replicas and the cluster's nodes.
+    fn apply_cluster(
+        &mut self,
+        cmd: MetaCommand,
+        effects: &mut Vec<MetaEffect>,
+    ) -> Result<MetaReply, MetaError> {
+        match cmd {
             MetaCommand::SetQueueMembers {
                 vhost,
                 name,
@@ -129,28 +188,15 @@ impl MetaState {
                 expected,
                 members,
                 learners,
-            } => self.set_queue_members(
-                &vhost,
-                &name,
-                id,
-                &expected,
-                members,
-                learners,
-                &mut effects,
-            ),
+            } => self.set_queue_members(&vhost, &name, id, &expected, members, learners, effects),
             MetaCommand::JoinNode {
                 id,
                 address,
                 cluster_address,
-            } => self.join_node(id, address, cluster_address, &mut effects),
-            MetaCommand::ForgetNode { id } => self.forget_node(id, &mut effects),
-            cmd @ (MetaCommand::SetMachineVersion { .. }
-            | MetaCommand::BindExchange { .. }
-            | MetaCommand::UnbindExchange { .. }
-            | MetaCommand::SetOperatorPolicy { .. }
-            | MetaCommand::ClearOperatorPolicy { .. }) => self.apply_v2(cmd, &mut effects),
-        };
-        (result, effects)
+            } => self.join_node(id, address, cluster_address, effects),
+            MetaCommand::ForgetNode { id } => self.forget_node(id, effects),
+            _ => Err(MetaError::invalid("not a command of this group")),
+        }
     }
 
     /// The commands of metadata machine version 2 (module `machine`).
