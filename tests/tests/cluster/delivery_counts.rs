@@ -10,8 +10,8 @@ use futures::StreamExt;
 use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
-    BasicRejectOptions, ConfirmSelectOptions,
+    BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions,
+    BasicPublishOptions, BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use qq_tests::{TestCluster, eventually, info};
@@ -121,6 +121,41 @@ async fn a_nack_is_not_a_failed_delivery_and_a_reject_is() -> anyhow::Result<()>
         },
     )
     .await?;
+
+    info!("--- basic.get: a nack with requeue is a release there too");
+    ch.basic_cancel("counter".into(), BasicCancelOptions::default())
+        .await?;
+    drop(consumer);
+    let confirm = ch
+        .basic_publish(
+            "".into(),
+            "counted".into(),
+            BasicPublishOptions::default(),
+            b"g",
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await?
+        .await?;
+    ensure!(confirm.is_ack(), "{confirm:?}");
+    for n in 0..3 {
+        let got = ch
+            .basic_get("counted".into(), BasicGetOptions { no_ack: false })
+            .await?
+            .context("the message is there")?;
+        let d = &got.delivery;
+        // RabbitMQ's quorum queues put x-delivery-count 0 on every basic.get.
+        let acquired = (n > 0).then_some(n);
+        ensure!(
+            counts(d) == (n > 0, Some(0), acquired),
+            "get {n}: {:?}",
+            counts(d)
+        );
+        d.nack(BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        })
+        .await?;
+    }
     conn.close(200, "bye".into()).await?;
     cluster.stop();
     Ok(())

@@ -2,9 +2,10 @@
 //! reject and recover.
 //!
 //! A consumer's delivery is settled through its session (by the session's own tag); a
-//! basic.get message through gRPC's `Settle`, by its receipt. ack settles ACK; nack and reject
-//! with `requeue` settle REQUEUE (counted against `x-delivery-limit`), without it REJECT
-//! (dead-lettered with reason `rejected`). A tag of a session that ended (the leader moved, or
+//! basic.get message through gRPC's `Settle`, by its receipt. ack settles ACK; reject with
+//! `requeue` settles REQUEUE (counted against `x-delivery-limit`), nack with `requeue` RELEASE
+//! (not counted, as RabbitMQ 4.3), either without it REJECT (dead-lettered with reason
+//! `rejected`). A tag of a session that ended (the leader moved, or
 //! the channel's consumer was cancelled and its session is over) is dropped: that session's
 //! deliveries went back to the queue when it ended.
 
@@ -323,7 +324,23 @@ fn settle_code(outcome: &SettleOutcome) -> i32 {
     let code = match outcome {
         SettleOutcome::Ack => pb::SettleOutcome::Ack,
         SettleOutcome::Reject | SettleOutcome::RejectWithDetail { .. } => pb::SettleOutcome::Reject,
+        // basic.nack with requeue: not a failed delivery, for a basic.get message too.
+        SettleOutcome::Release => pb::SettleOutcome::Release,
         _ => pb::SettleOutcome::Requeue,
     };
     code as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nack_of_a_get_is_a_release_and_a_reject_with_requeue_a_requeue() {
+        let code = |o: SettleOutcome| pb::SettleOutcome::try_from(settle_code(&o)).unwrap();
+        assert_eq!(code(SettleOutcome::Release), pb::SettleOutcome::Release);
+        assert_eq!(code(outcome(true)), pb::SettleOutcome::Requeue);
+        assert_eq!(code(outcome(false)), pb::SettleOutcome::Reject);
+        assert_eq!(code(SettleOutcome::Ack), pb::SettleOutcome::Ack);
+    }
 }
