@@ -79,30 +79,15 @@ fn bind_queue(state: &mut MetaState, exchange: &str, queue: &str, key: &str) {
 }
 
 fn e2e(source: &str, destination: &str, key: &str, add: bool) -> MetaCommand {
-    let (vhost, destination, source, routing_key, arguments) = (
-        "/".to_string(),
-        destination.to_string(),
-        source.to_string(),
-        key.to_string(),
+    let (destination, source) = (destination.to_string(), source.to_string());
+    MetaCommand::exchange_binding(
+        add,
+        "/".into(),
+        destination,
+        source,
+        key.into(),
         Table::new(),
-    );
-    if add {
-        MetaCommand::BindExchange {
-            vhost,
-            destination,
-            source,
-            routing_key,
-            arguments,
-        }
-    } else {
-        MetaCommand::UnbindExchange {
-            vhost,
-            destination,
-            source,
-            routing_key,
-            arguments,
-        }
-    }
+    )
 }
 
 fn routed(state: &MetaState, exchange: &str, key: &str) -> Vec<String> {

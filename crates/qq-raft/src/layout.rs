@@ -11,6 +11,8 @@
 //! What each record holds inside (log entries, snapshots) is versioned on its own: machine
 //! versions in the logs, a format number in the snapshots' trailers.
 
+use rocksdb::{ColumnFamily, DB};
+
 /// The layout this binary reads and writes.
 pub const LAYOUT_VERSION: u32 = 1;
 
@@ -19,9 +21,30 @@ pub const LAYOUT_VERSION: u32 = 1;
 /// possible id, which no queue reaches).
 pub(crate) const LAYOUT_KEY: &[u8] = b"\xff\xff\xff\xff\xff\xff\xff\xffqq-layout";
 
+/// Why a database's layout was not accepted.
+pub(crate) enum LayoutError {
+    /// Written by a newer release: its layout.
+    Newer(u32),
+    Db(rocksdb::Error),
+}
+
+/// Reads the layout version from column family `cf` of `db` ([`decide`]) and records this
+/// binary's where there is none (synced at once).
+pub(crate) fn check_and_record(db: &DB, cf: &ColumnFamily) -> Result<(), LayoutError> {
+    let stored = db.get_cf(cf, LAYOUT_KEY).map_err(LayoutError::Db)?;
+    match decide(stored.as_deref()) {
+        Err(found) => Err(LayoutError::Newer(found)),
+        Ok(None) => Ok(()),
+        Ok(Some(record)) => {
+            db.put_cf(cf, LAYOUT_KEY, record).map_err(LayoutError::Db)?;
+            db.flush_wal(true).map_err(LayoutError::Db)
+        }
+    }
+}
+
 /// What to do with the stored version `stored` (None: the database has none): Ok(Some(bytes))
 /// to record this binary's, Ok(None) to go on, Err(found) for a newer layout.
-pub(crate) fn decide(stored: Option<&[u8]>) -> Result<Option<[u8; 4]>, u32> {
+fn decide(stored: Option<&[u8]>) -> Result<Option<[u8; 4]>, u32> {
     match stored {
         None => Ok(Some(LAYOUT_VERSION.to_be_bytes())),
         Some(bytes) => {

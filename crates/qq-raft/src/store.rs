@@ -166,33 +166,6 @@ pub enum StoreError {
     NewerLayout { path: PathBuf, found: u32 },
 }
 
-/// Checks the database's layout version and records this binary's where there is none
-/// (module [`crate::layout`]).
-fn check_layout(db: &DB, path: &Path) -> Result<(), StoreError> {
-    let open_error = |source| StoreError::Open {
-        path: path.to_path_buf(),
-        source,
-    };
-    let cf = db
-        .cf_handle(CF_RAFT)
-        .expect("the raft column family is opened with the database");
-    let stored = db
-        .get_cf(cf, crate::layout::LAYOUT_KEY)
-        .map_err(open_error)?;
-    match crate::layout::decide(stored.as_deref()) {
-        Err(found) => Err(StoreError::NewerLayout {
-            path: path.to_path_buf(),
-            found,
-        }),
-        Ok(None) => Ok(()),
-        Ok(Some(record)) => {
-            db.put_cf(cf, crate::layout::LAYOUT_KEY, record)
-                .map_err(open_error)?;
-            db.flush_wal(true).map_err(open_error)
-        }
-    }
-}
-
 /// `group ++ index`, the key of a log entry or a message body.
 pub(crate) fn key16(group: GroupId, id: u64) -> [u8; 16] {
     let mut k = [0u8; 16];
@@ -320,7 +293,19 @@ impl Store {
                 path: path.to_path_buf(),
                 source,
             })?;
-        check_layout(&db, path)?;
+        let raft_cf = db
+            .cf_handle(CF_RAFT)
+            .expect("the raft column family is opened with the database");
+        crate::layout::check_and_record(&db, raft_cf).map_err(|e| match e {
+            crate::layout::LayoutError::Newer(found) => StoreError::NewerLayout {
+                path: path.to_path_buf(),
+                found,
+            },
+            crate::layout::LayoutError::Db(source) => StoreError::Open {
+                path: path.to_path_buf(),
+                source,
+            },
+        })?;
         let db = Arc::new(db);
         let snapshots = SnapshotDir::open(&path.join(SNAPSHOT_DIR)).map_err(|source| {
             StoreError::Snapshots {

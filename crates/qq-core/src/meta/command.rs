@@ -164,6 +164,66 @@ pub enum MetaCommand {
     },
 }
 
+impl MetaCommand {
+    /// `BindExchange` (`bind`) or `UnbindExchange` of exchange `destination` to `source`.
+    pub fn exchange_binding(
+        bind: bool,
+        vhost: String,
+        destination: String,
+        source: String,
+        routing_key: String,
+        arguments: Table,
+    ) -> MetaCommand {
+        if bind {
+            MetaCommand::BindExchange {
+                vhost,
+                destination,
+                source,
+                routing_key,
+                arguments,
+            }
+        } else {
+            MetaCommand::UnbindExchange {
+                vhost,
+                destination,
+                source,
+                routing_key,
+                arguments,
+            }
+        }
+    }
+
+    /// `SetOperatorPolicy` (`operator`) or `SetPolicy`, from a policy's fields.
+    pub fn set_policy(operator: bool, vhost: String, policy: Policy) -> MetaCommand {
+        let Policy {
+            name,
+            pattern,
+            apply_to,
+            priority,
+            definition,
+        } = policy;
+        if operator {
+            MetaCommand::SetOperatorPolicy {
+                vhost,
+                name,
+                pattern,
+                apply_to,
+                priority,
+                definition,
+            }
+        } else {
+            MetaCommand::SetPolicy {
+                vhost,
+                name,
+                pattern,
+                apply_to,
+                priority,
+                definition,
+            }
+        }
+    }
+}
+
 /// Longest text field (pattern, routing key, permission regex, tag) a command may carry.
 pub const MAX_TEXT_BYTES: usize = 64 * 1024;
 /// Most entries in a command's table (arguments, definition) or list (tags, nodes), and the

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use qq_core::Table;
-use qq_core::meta::{Limits, MetaCommand, MetaReply, Perm};
+use qq_core::meta::{Limits, MetaCommand, MetaReply, Perm, Policy};
 use qq_core::queue::{Command, Reply};
 use qq_proto::v1 as pb;
 use tonic::{Request, Response, Status};
@@ -282,24 +282,14 @@ pub async fn exchange_binding(
         .check(&caller, &vhost, Perm::Write, &r.destination)?;
     api.auth.check(&caller, &vhost, Perm::Read, &r.source)?;
     let arguments = table_from_pb("arguments", &r.arguments)?;
-    let (destination, source, routing_key) = (r.destination, r.source, r.routing_key);
-    let cmd = if bind {
-        MetaCommand::BindExchange {
-            vhost,
-            destination,
-            source,
-            routing_key,
-            arguments,
-        }
-    } else {
-        MetaCommand::UnbindExchange {
-            vhost,
-            destination,
-            source,
-            routing_key,
-            arguments,
-        }
-    };
+    let cmd = MetaCommand::exchange_binding(
+        bind,
+        vhost,
+        r.destination,
+        r.source,
+        r.routing_key,
+        arguments,
+    );
     api.meta(cmd).await?;
     empty()
 }
@@ -319,27 +309,15 @@ pub async fn set_policy(
     } else {
         r.apply_to
     };
-    let (vhost, name, pattern, priority) = (vhost(&r.vhost), r.name, r.pattern, r.priority);
-    api.meta(if operator {
-        MetaCommand::SetOperatorPolicy {
-            vhost,
-            name,
-            pattern,
-            apply_to,
-            priority,
-            definition,
-        }
-    } else {
-        MetaCommand::SetPolicy {
-            vhost,
-            name,
-            pattern,
-            apply_to,
-            priority,
-            definition,
-        }
-    })
-    .await?;
+    let policy = Policy {
+        name: r.name,
+        pattern: r.pattern,
+        apply_to,
+        priority: r.priority,
+        definition,
+    };
+    api.meta(MetaCommand::set_policy(operator, vhost(&r.vhost), policy))
+        .await?;
     empty()
 }
 

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use qq_core::NodeId;
 use qq_core::Table;
-use qq_core::meta::{Binding, ErrorKind, Limits, MetaCommand, MetaError, MetaState, Permissions};
+use qq_core::meta::{
+    Binding, ErrorKind, Limits, MetaCommand, MetaError, MetaState, Permissions, Policy,
+};
 use tonic::{Code, Status};
 use tracing::info;
 
@@ -98,16 +100,10 @@ fn topology_outcome(state: &MetaState, cmd: &MetaCommand) -> Outcome {
             apply_to,
             priority,
             definition,
-        } => match state.policies(vhost).find(|p| &p.name == name) {
-            None => Outcome::Created,
-            Some(p) => exists(
-                true,
-                &p.pattern == pattern
-                    && &p.apply_to == apply_to
-                    && p.priority == *priority
-                    && &p.definition == definition,
-            ),
-        },
+        } => {
+            let found = state.policies(vhost).find(|p| &p.name == name);
+            policy_outcome(found, (pattern, apply_to, *priority, definition))
+        }
         // Equivalence of an existing exchange or queue is apply's to judge (an inequivalent
         // one is refused there); an equivalent one is left alone.
         MetaCommand::DeclareExchange { vhost, name, .. } => {
@@ -123,16 +119,10 @@ fn topology_outcome(state: &MetaState, cmd: &MetaCommand) -> Outcome {
             apply_to,
             priority,
             definition,
-        } => match state.operator_policies(vhost).find(|p| &p.name == name) {
-            None => Outcome::Created,
-            Some(p) => exists(
-                true,
-                &p.pattern == pattern
-                    && &p.apply_to == apply_to
-                    && p.priority == *priority
-                    && &p.definition == definition,
-            ),
-        },
+        } => {
+            let found = state.operator_policies(vhost).find(|p| &p.name == name);
+            policy_outcome(found, (pattern, apply_to, *priority, definition))
+        }
         MetaCommand::Bind {
             vhost,
             queue,
@@ -158,6 +148,23 @@ fn topology_outcome(state: &MetaState, cmd: &MetaCommand) -> Outcome {
             )
         }
         _ => Outcome::Created,
+    }
+}
+
+/// [`outcome`] of a policy (user's or operator's) with these fields, given the one of its name.
+fn policy_outcome(
+    found: Option<&Policy>,
+    (pattern, apply_to, priority, definition): (&String, &String, i64, &Table),
+) -> Outcome {
+    match found {
+        None => Outcome::Created,
+        Some(p) => exists(
+            true,
+            &p.pattern == pattern
+                && &p.apply_to == apply_to
+                && p.priority == priority
+                && &p.definition == definition,
+        ),
     }
 }
 
