@@ -573,6 +573,14 @@ impl TestCluster {
         http_get(self.http_address(id), path).await
     }
 
+    /// The value of the sample `name` (no labels, or the exact `name{labels}`) on node `id`'s
+    /// `/metrics`.
+    pub async fn metric(&self, id: u64, name: &str) -> anyhow::Result<f64> {
+        let (status, page) = self.http_get(id, "/metrics").await?;
+        anyhow::ensure!(status == 200, "GET /metrics on node {id}: {status}");
+        sample(&page, name).with_context(|| format!("node {id}: no sample {name}"))
+    }
+
     /// Waits (up to 30 s) until every node's `/metrics` has the line `line` exactly: `what`
     /// names it in the error.
     pub async fn wait_metric_line_everywhere(&self, line: &str, what: &str) -> anyhow::Result<()> {
@@ -933,6 +941,18 @@ impl Drop for TestCluster {
 
 /// A plain HTTP/1.0 `GET path` to `address` (the server closes the connection after the
 /// answer): (status code, body). Bounded by a 10 s timeout.
+/// The value of the sample `name` (no labels, or the exact `name{labels}`) in a metrics page.
+pub fn sample(page: &str, name: &str) -> Option<f64> {
+    page.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        l.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
 pub async fn http_get(address: &str, path: &str) -> anyhow::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let exchange = async {

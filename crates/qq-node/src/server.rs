@@ -22,6 +22,7 @@ use std::time::Duration;
 use qq_proto::internal::internal_server::InternalServer;
 use qq_proto::v1::broker_server::BrokerServer;
 use qq_raft::network::{HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_INTERNAL_MESSAGE_BYTES};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing::{error, info, warn};
@@ -127,9 +128,13 @@ pub async fn run(
     let broker = BrokerServer::new(broker_service)
         .max_decoding_message_size(max_client)
         .max_encoding_message_size(max_client);
-    let internal = InternalServer::new(InternalService::new(node.clone()))
-        .max_decoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_INTERNAL_MESSAGE_BYTES);
+    // Every peer request is checked for a protocol this node and the sender both read.
+    let internal = InterceptedService::new(
+        InternalServer::new(InternalService::new(node.clone()))
+            .max_decoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_INTERNAL_MESSAGE_BYTES),
+        qq_raft::protocol::check,
+    );
     let http_addr = config_http_addr(&http_listener);
     info!(node_id = node.id(), %listen, %cluster_addr, http_addr, client_tls = client_tls_on, "node serving");
     let stopping = node.stopping().clone();

@@ -4,7 +4,7 @@
 //!
 //! [`LogStore`] implements [`RaftLogStorage`] and [`RaftLogReader`] (openraft 0.10) for one
 //! group. Entries live in the `log` column family under `group ++ index` (both u64 big-endian,
-//! so a group's log is one sorted key range) as postcard-encoded `Entry`s; the vote, the
+//! so a group's log is one sorted key range) as records of [`crate::log_record`]; the vote, the
 //! committed log id and the last purged log id live in the `raft` column family under
 //! `group ++ tag`.
 //!
@@ -48,6 +48,7 @@ use rocksdb::{ReadOptions, WriteBatch};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::log_record;
 use crate::log_tail::Tail;
 use crate::store::{
     CF_LOG, CF_RAFT, Store, TAG_COMMITTED, TAG_LAST_PURGED, TAG_VOTE, group_end, key16, raft_key,
@@ -133,6 +134,16 @@ impl LogStore {
         })
     }
 
+    /// A log record's entry ([`log_record`]).
+    fn decode_entry(&self, what: &str, record: &[u8]) -> io::Result<Entry> {
+        log_record::decode(record).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("decode {}: {e}", self.ctx(what)),
+            )
+        })
+    }
+
     fn read_raft<T: DeserializeOwned>(&self, tag: u8, what: &str) -> io::Result<Option<T>> {
         let db = self.store.db();
         match db
@@ -183,7 +194,7 @@ impl LogStore {
             return Ok(None);
         }
         let value = it.value().expect("valid iterator has a value");
-        let entry: Entry = self.decode("last log entry", value)?;
+        let entry = self.decode_entry("last log entry", value)?;
         Ok(Some(entry.log_id()))
     }
 
@@ -217,7 +228,7 @@ impl LogStore {
                     ),
                 ));
             }
-            let entry: Entry = self.decode("log entry", it.value().expect("value"))?;
+            let entry = self.decode_entry("log entry", it.value().expect("value"))?;
             if entry.index() != index {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -352,7 +363,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut kept = Vec::new();
         let mut last = None;
         for entry in entries {
-            let bytes = self.encode("log entry", &entry)?;
+            let bytes = log_record::encode(&entry).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("encode {}: {e}", self.ctx("log entry")),
+                )
+            })?;
             let size = bytes.len();
             batch.put_cf(cf, key16(self.group, entry.index()), bytes);
             last = Some(entry.index());

@@ -26,12 +26,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::Stream;
-use qq_proto::internal::internal_client::InternalClient;
 use qq_proto::internal::{RaftAnswer, RaftAnswers, RaftCall, RaftCalls, RaftReply, RaftRequest};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tonic::Streaming;
 use tonic::transport::Channel;
+
+use crate::protocol::{self, PeerClient};
 
 /// Calls queued or waiting for an answer on one peer's stream, and calls run at once by the
 /// receiver of one stream.
@@ -89,9 +90,7 @@ impl Mux {
     /// Tokio runtime.
     pub fn new(channel: Channel, peer: u64, max_message_bytes: usize) -> Mux {
         let (queue, rx) = mpsc::channel(MAX_IN_FLIGHT);
-        let client = InternalClient::new(channel)
-            .max_decoding_message_size(max_message_bytes)
-            .max_encoding_message_size(max_message_bytes);
+        let client = protocol::client(channel, max_message_bytes);
         tokio::spawn(drive(client, peer, rx));
         Mux {
             queue,
@@ -129,7 +128,7 @@ impl Mux {
 }
 
 /// Opens a stream when calls come, sends them batched, and opens a new one when it breaks.
-async fn drive(mut client: InternalClient<Channel>, peer: u64, mut queue: mpsc::Receiver<Queued>) {
+async fn drive(mut client: PeerClient, peer: u64, mut queue: mpsc::Receiver<Queued>) {
     let mut pause = OPEN_BACKOFF.0;
     let mut next_id = 0u64;
     while let Some(first) = queue.recv().await {

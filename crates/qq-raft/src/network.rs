@@ -44,12 +44,13 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
 use openraft::{BasicNode, alias::SnapshotOf, alias::VoteOf};
-use qq_proto::internal::{RaftKind, RaftReply, RaftRequest, internal_client::InternalClient};
+use qq_proto::internal::{RaftKind, RaftReply, RaftRequest};
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::sync::watch;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::mux::{self, Mux};
+use crate::protocol::{self, PeerClient};
 use crate::snapshot::{ChunkReply, SNAPSHOT_CHUNK_BYTES, SnapshotChunk, SnapshotFile};
 use crate::types::{GroupId, META_GROUP, TypeConfig};
 
@@ -259,13 +260,13 @@ impl Peers {
     }
 
     /// A client of the internal service on `id`, for forwarded work.
-    pub fn client(&self, id: u64) -> Option<InternalClient<Channel>> {
+    pub fn client(&self, id: u64) -> Option<PeerClient> {
         self.get(id).map(|p| internal_client(&p.work))
     }
 
     /// A client of the internal service on `id`, on the Raft connection, for the liveness
     /// watch: it breaks when that connection does.
-    pub fn watch_client(&self, id: u64) -> Option<InternalClient<Channel>> {
+    pub fn watch_client(&self, id: u64) -> Option<PeerClient> {
         self.raft_client(id)
     }
 
@@ -300,7 +301,7 @@ impl Peers {
     }
 
     /// A client of the internal service on `id`, on the connection reserved for Raft.
-    fn raft_client(&self, id: u64) -> Option<InternalClient<Channel>> {
+    fn raft_client(&self, id: u64) -> Option<PeerClient> {
         self.get(id).map(|p| internal_client(&p.raft))
     }
 }
@@ -347,10 +348,8 @@ impl PeerChannels {
     }
 }
 
-fn internal_client(channel: &Channel) -> InternalClient<Channel> {
-    InternalClient::new(channel.clone())
-        .max_decoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
+fn internal_client(channel: &Channel) -> PeerClient {
+    protocol::client(channel.clone(), MAX_INTERNAL_MESSAGE_BYTES)
 }
 
 /// Network factory of one group.

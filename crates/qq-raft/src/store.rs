@@ -7,12 +7,12 @@
 //! and its state-machine data in this one database, separated by a big-endian group-id key
 //! prefix. Column families:
 //!
-//! | CF     | key                              | value                                   |
-//! |--------|----------------------------------|-----------------------------------------|
-//! | `log`  | group (u64 BE) ++ index (u64 BE) | postcard `Entry` ([`crate::log_store`]) |
-//! | `raft` | group (u64 BE) ++ tag (1 byte)   | postcard vote / committed / last purged |
-//! | `sm`   | group (u64 BE)                   | the group's snapshot record: file name, meta |
-//! | `msg`  | group (u64 BE) ++ msg id (u64 BE)| message bodies                          |
+//! | CF     | key                              | value                                          |
+//! |--------|----------------------------------|------------------------------------------------|
+//! | `log`  | group (u64 BE) ++ index (u64 BE) | postcard `Entry` ++ format ([`crate::log_record`]) |
+//! | `raft` | group (u64 BE) ++ tag (1 byte)   | postcard vote / committed / last purged        |
+//! | `sm`   | group (u64 BE)                   | the group's snapshot record: file name, meta   |
+//! | `msg`  | group (u64 BE) ++ msg id (u64 BE)| message bodies                                 |
 //!
 //! Snapshots themselves are files in `<db>/snapshots` ([`crate::snapshot`]); the `sm` record
 //! names the group's current one, and [`Store::open`] removes files no record names.
@@ -296,7 +296,10 @@ impl Store {
         let raft_cf = db
             .cf_handle(CF_RAFT)
             .expect("the raft column family is opened with the database");
-        crate::layout::check_and_record(&db, raft_cf).map_err(|e| match e {
+        let log_cf = db
+            .cf_handle(CF_LOG)
+            .expect("the log column family is opened with the database");
+        crate::layout::check_and_record(&db, raft_cf, log_cf).map_err(|e| match e {
             crate::layout::LayoutError::Newer(found) => StoreError::NewerLayout {
                 path: path.to_path_buf(),
                 found,

@@ -31,6 +31,7 @@ mod names;
 mod observe;
 mod page;
 mod policies;
+mod protocol_versions;
 mod quiesce;
 mod refusals;
 mod reseed;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use qq_client::{SettleOutcome, Value, ValueExt, message, table};
-use qq_tests::{ClusterOptions, RaftSettings, TestCluster, eventually, info};
+use qq_tests::{ClusterOptions, RaftSettings, TestCluster, eventually, info, sample};
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -77,14 +77,6 @@ async fn reflect(address: &str, request: MessageRequest) -> anyhow::Result<Messa
     answer
         .message_response
         .context("reflection answer without a message")
-}
-
-/// The value of the sample `series` (name with labels exactly as exported) in `text`.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| {
-        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
-        value.split_whitespace().next()?.parse().ok()
-    })
 }
 
 async fn metrics(cluster: &TestCluster, node: u64) -> anyhow::Result<String> {

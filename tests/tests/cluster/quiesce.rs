@@ -34,19 +34,6 @@ fn queue(i: usize) -> String {
     format!("idle.q{i:02}")
 }
 
-/// The value of the sample `name` (no labels, or the exact `name{labels}`) in a metrics page.
-fn sample(page: &str, name: &str) -> Option<f64> {
-    page.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-}
-
-async fn metric(cluster: &TestCluster, id: u64, name: &str) -> anyhow::Result<f64> {
-    let (status, page) = cluster.http_get(id, "/metrics").await?;
-    ensure!(status == 200, "GET /metrics on node {id}: {status}");
-    sample(&page, name).with_context(|| format!("node {id}: no sample {name}"))
-}
-
 /// Waits until every running node reports all [`QUEUES`] groups asleep.
 async fn all_asleep(cluster: &TestCluster, when: &str) -> anyhow::Result<()> {
     all_counted(cluster, "quorumq_raft_groups_asleep", "asleep", when).await
@@ -68,7 +55,7 @@ async fn all_counted(
         SLEEP_WAIT,
         || async move {
             for id in cluster.live_ids() {
-                let n = metric(cluster, id, gauge).await?;
+                let n = cluster.metric(id, gauge).await?;
                 if n as usize != QUEUES {
                     bail!("node {id}: {n} of {QUEUES} {what}");
                 }
@@ -83,12 +70,9 @@ async fn all_counted(
 async fn queue_leaderships(cluster: &TestCluster) -> anyhow::Result<f64> {
     let mut sum = 0.0;
     for id in cluster.live_ids() {
-        sum += metric(
-            cluster,
-            id,
-            "quorumq_raft_leader_changes_total{kind=\"queue\"}",
-        )
-        .await?;
+        sum += cluster
+            .metric(id, "quorumq_raft_leader_changes_total{kind=\"queue\"}")
+            .await?;
     }
     Ok(sum)
 }

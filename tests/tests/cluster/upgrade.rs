@@ -46,6 +46,15 @@ async fn todays_binary_finds_everything_an_earlier_release_wrote() -> anyhow::Re
         };
         let cluster = TestCluster::start_with_options(3, RaftSettings::default(), options).await?;
         let admin = cluster.client(1).await?;
+        // The fixture's logs hold entries (it stops without a snapshot of every group): each
+        // node converted its log to layout 2, and everything below was read through it.
+        for id in cluster.ids() {
+            let log = std::fs::read_to_string(cluster.log_path(id))?;
+            ensure!(
+                log.contains("converted the log's records to this layout"),
+                "node {id} did not convert its log from layout 1"
+            );
+        }
         let then: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("record.json"))?)?;
         let now = fixture::record(&admin).await?;

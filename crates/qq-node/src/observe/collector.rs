@@ -300,6 +300,12 @@ impl Collector for NodeCollector {
             "Messages those batched requests travelled in (calls / batches: requests per message)",
             messages,
         )?;
+        counter(
+            &mut encoder,
+            "peer_protocol_refusals",
+            "Node-to-node requests this node refused because the sender's protocol version and its own cannot read each other",
+            qq_raft::protocol::refused(),
+        )?;
         gauge(
             &mut encoder,
             "raft_apply_lag_entries",

@@ -71,6 +71,92 @@ fn a_new_database_records_its_layout_and_a_newer_one_is_refused() {
             .unwrap();
     }
     let e = Store::open(&path).unwrap_err();
-    assert!(matches!(e, StoreError::NewerLayout { found: 2, .. }), "{e}");
+    assert!(matches!(e, StoreError::NewerLayout { found: 3, .. }), "{e}");
     assert!(e.to_string().contains("newer release"), "{e}");
+}
+
+type Entry = openraft::alias::EntryOf<TypeConfig>;
+
+/// `n` entries of group `group`, each with a payload of `size` bytes.
+fn entries(group: GroupId, n: u64, size: usize) -> Vec<Entry> {
+    use openraft::entry::RaftEntry;
+    use openraft::vote::RaftLeaderId;
+    let leader = <openraft::alias::LeaderIdOf<TypeConfig>>::new(2, 1).to_committed();
+    (1..=n)
+        .map(|index| {
+            let payload = vec![(group as u8) ^ (index as u8); size];
+            Entry::new_normal(
+                openraft::LogId::new(leader.clone(), index),
+                crate::types::Request { payload },
+            )
+        })
+        .collect()
+}
+
+/// A database as release 0.1.0 left it: no layout version, log records without their format;
+/// the first `converted` records of the first group already converted (a conversion stopped
+/// there by a crash), with the progress key naming the last of them.
+fn layout_1_database(path: &Path, groups: &[(GroupId, Vec<Entry>)], converted: usize) {
+    let mut opts = Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    let db = DB::open_cf(&opts, path, ALL_CFS).unwrap();
+    let (log, raft) = (
+        db.cf_handle(CF_LOG).unwrap(),
+        db.cf_handle(CF_RAFT).unwrap(),
+    );
+    for (group, entries) in groups {
+        for (i, e) in entries.iter().enumerate() {
+            let old = crate::encoding::to_vec_exact(e).unwrap();
+            let key = key16(*group, openraft::entry::RaftEntry::index(e));
+            if *group == groups[0].0 && i < converted {
+                db.put_cf(log, key, crate::log_record::from_layout_1(&old))
+                    .unwrap();
+                db.put_cf(raft, crate::layout::PROGRESS_KEY, key).unwrap();
+            } else {
+                db.put_cf(log, key, old).unwrap();
+            }
+        }
+    }
+}
+
+/// Every log record of the database, decoded as this binary reads them.
+fn stored_entries(store: &Store) -> Vec<Entry> {
+    let db = store.db();
+    db.iterator_cf(store.cf(CF_LOG), IteratorMode::Start)
+        .map(|kv| crate::log_record::decode(&kv.unwrap().1).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_layout_1_log_is_converted_in_batches_and_a_stopped_conversion_resumes() {
+    // Two groups, about 2.5 conversion batches of records in all.
+    let groups: Vec<(GroupId, Vec<Entry>)> = vec![
+        (1, entries(1, 120, 100 * 1024)),
+        (7, entries(7, 90, 100 * 1024)),
+    ];
+    let expected: Vec<Entry> = groups.iter().flat_map(|(_, e)| e.clone()).collect();
+    for converted in [0, 33] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        layout_1_database(&path, &groups, converted);
+        let store = Store::open(&path).unwrap();
+        assert_eq!(
+            stored_entries(&store),
+            expected,
+            "converted before: {converted}"
+        );
+        let raft = store.cf(CF_RAFT);
+        let layout = store.db().get_cf(raft, crate::layout::LAYOUT_KEY).unwrap();
+        assert_eq!(layout.unwrap(), 2u32.to_be_bytes());
+        let progress = store
+            .db()
+            .get_cf(raft, crate::layout::PROGRESS_KEY)
+            .unwrap();
+        assert_eq!(progress, None, "the progress key goes with the last batch");
+        drop(store);
+        // Opening layout 2 again converts nothing more.
+        let store = Store::open(&path).unwrap();
+        assert_eq!(stored_entries(&store), expected);
+    }
 }
