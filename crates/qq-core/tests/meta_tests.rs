@@ -38,8 +38,11 @@ fn policy(name: &str, pattern: &str, priority: i64, definition: Table) -> Policy
 
 const NODES: [NodeId; 3] = [1, 2, 3];
 
+/// Applies `cmd`, which must succeed; the state keeps its invariants (as the snapshots it is
+/// written to check).
 fn ok(state: &mut MetaState, cmd: MetaCommand) -> (MetaReply, Vec<MetaEffect>) {
     let (r, e) = state.apply(cmd.clone());
+    state.check_invariants().unwrap();
     match r {
         Ok(reply) => (reply, e),
         Err(err) => panic!("{cmd:?} failed: {err:?}"),

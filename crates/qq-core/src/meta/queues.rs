@@ -249,3 +249,42 @@ pub(super) fn inequivalent_arg(
         show_arg(current)
     ))
 }
+
+impl MetaState {
+    /// The metadata's invariants, checked when a snapshot of it is written and installed:
+    /// every queue is where its record says, has an id below the next one (ids are never
+    /// reused), and is found by that id in the index `queue_by_id` reads, which holds nothing
+    /// else.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut queues = 0usize;
+        for (vhost, v) in &self.vhosts {
+            for (name, q) in &v.queues {
+                queues += 1;
+                let at = format!("queue '{}' in vhost '{}'", shown(name), shown(vhost));
+                if q.vhost != *vhost || q.name != *name {
+                    return Err(format!(
+                        "{at} is recorded as '{}' in '{}'",
+                        shown(&q.name),
+                        shown(&q.vhost)
+                    ));
+                }
+                if q.id == 0 || q.id >= self.next_queue_id {
+                    return Err(format!(
+                        "{at} has id {}, outside 1..{}",
+                        q.id, self.next_queue_id
+                    ));
+                }
+                if self.queue_ids.get(&q.id) != Some(&(vhost.clone(), name.clone())) {
+                    return Err(format!("{at}: its id {} is not indexed to it", q.id));
+                }
+            }
+        }
+        if self.queue_ids.len() != queues {
+            return Err(format!(
+                "the queue index holds {} ids for {queues} queues",
+                self.queue_ids.len()
+            ));
+        }
+        Ok(())
+    }
+}

@@ -8,6 +8,10 @@
 //! channel; when it is full, or after a snapshot install (which has no effects), the supervisor
 //! is told to resynchronise with the whole state instead.
 //!
+//! A snapshot is written and installed only if its state keeps the invariants
+//! ([`MetaState::check_invariants`]); one whose state breaks them is refused, and the current
+//! state kept.
+//!
 //! Must not: start or stop groups itself, read a clock, or block on the supervisor.
 
 use std::io;
@@ -19,8 +23,9 @@ use qq_raft::store::Store;
 use qq_raft::{GroupId, META_GROUP};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
+use tracing::error;
 
-use super::shell::{LogId, Machine, Refusals};
+use super::shell::{LogId, Machine, Refusals, refused};
 
 /// Metadata effects queued for the supervisor, at most. When full, the effect is not queued
 /// and the supervisor resynchronises from the state (nothing is lost: the state is the truth).
@@ -175,6 +180,16 @@ impl Machine for MetaMachine {
     }
 
     fn write_cut(&self, cut: Arc<MetaState>, out: &mut SnapshotWriter) -> io::Result<()> {
+        if let Err(e) = cut.check_invariants() {
+            error!(
+                group = META_GROUP,
+                invariant = %e,
+                "snapshot refused: the metadata breaks an invariant (a bug); the log is kept"
+            );
+            return Err(refused(format!(
+                "metadata group {META_GROUP}: snapshot refused: its state breaks an invariant: {e}"
+            )));
+        }
         let encode = |e: postcard::Error| io::Error::other(format!("encode: {e}"));
         let mut header = postcard::to_stdvec(&MetaSnapshotRef { state: &cut }).map_err(encode)?;
         header.extend(postcard::to_stdvec(&META_TRAILER_FORMAT).map_err(encode)?);
@@ -186,6 +201,11 @@ impl Machine for MetaMachine {
         let header = snapshot.header()?;
         let state = decode_snapshot(&header)
             .map_err(|e| io::Error::other(format!("metadata: decode snapshot: {e}")))?;
+        state.check_invariants().map_err(|e| {
+            io::Error::other(format!(
+                "metadata group {META_GROUP}: snapshot refused: its state breaks an invariant: {e}"
+            ))
+        })?;
         *self.state.write().unwrap() = Arc::new(state);
         self.resync.send_modify(|n| *n += 1);
         Ok(())
@@ -230,5 +250,57 @@ mod tests {
         newer.extend(&extras);
         let e = decode_snapshot(&newer).unwrap_err();
         assert!(e.contains("trailer format 2"), "{e}");
+    }
+
+    /// A state with queue `q` whose id the index has lost (its serde form edited: no command
+    /// makes one).
+    fn broken_state() -> MetaState {
+        let mut state = MetaState::new();
+        state
+            .apply(MetaCommand::DeclareQueue {
+                vhost: "/".into(),
+                name: "q".into(),
+                arguments: Table::new(),
+                passive: false,
+                nodes: vec![1, 2, 3],
+                owner: None,
+                origin: None,
+            })
+            .0
+            .unwrap();
+        state.check_invariants().unwrap();
+        let mut v = serde_json::to_value(&state).unwrap();
+        v["queue_ids"] = serde_json::json!({});
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// Neither written nor installed: a metadata snapshot whose state breaks an invariant.
+    /// The install leaves the state as it was; the write is [`refused`] (no storage fault).
+    #[test]
+    fn a_metadata_snapshot_that_breaks_an_invariant_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (m, _effects) = MetaMachine::new(Store::open(dir.path()).unwrap());
+        let broken = broken_state();
+        let mut header = postcard::to_stdvec(&MetaSnapshotRef { state: &broken }).unwrap();
+        header.extend(postcard::to_stdvec(&META_TRAILER_FORMAT).unwrap());
+        header.extend(postcard::to_stdvec(&broken.extras()).unwrap());
+        let mut out = m.store.snapshots().writer(META_GROUP, None).unwrap();
+        out.header(&header).unwrap();
+        let file = out.finish().unwrap();
+        let before = m.state();
+        let err = m
+            .install(&mut file.reader().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("metadata group 0")
+                && err.contains("queue 'q' in vhost '/': its id 1 is not indexed to it"),
+            "{err}"
+        );
+        assert_eq!(*m.state(), *before);
+
+        let mut out = m.store.snapshots().writer(META_GROUP, None).unwrap();
+        let err = m.write_cut(Arc::new(broken), &mut out).unwrap_err();
+        assert!(super::super::shell::is_refused(&err), "{err}");
     }
 }

@@ -11,7 +11,10 @@
 //!
 //! A snapshot that cannot be written, read back or recorded is a storage fault: the store's
 //! fault handler stops the node (fail-stop, as for a failed RocksDB write), rather than
-//! leave one group failed on a running node.
+//! leave one group failed on a running node. One exception: a snapshot a machine [`refused`]
+//! to write because its state breaks an invariant is a bug that every replica applying the
+//! same log would hit, so it stops only this group on this node (openraft's build fails), not
+//! the node, and the log stays for a fixed release to replay.
 //!
 //! Must not: read a clock, talk to peers or clients. What a machine does inside `apply` is
 //! deterministic IO at most (message bodies in RocksDB).
@@ -50,7 +53,8 @@ pub trait Machine: Send + Sync + 'static {
     fn set_last_applied(&self, log_id: Option<LogId>);
     fn cut(&self) -> Self::Cut;
     /// Write the cut into a snapshot file (header, then bodies). Blocking IO: runs on a
-    /// blocking thread.
+    /// blocking thread. A cut whose state breaks an invariant is not written: the error is
+    /// [`refused`].
     fn write_cut(&self, cut: Self::Cut, out: &mut SnapshotWriter) -> io::Result<()>;
     /// Replace the state with a snapshot's (and its bodies, for queues), streaming it. Blocking
     /// IO: runs on a blocking thread.
@@ -277,11 +281,33 @@ impl<M: Machine> RaftSnapshotBuilder<TypeConfig> for Builder<M> {
             out.finish()
         })
         .await
-        .map_err(|e| store.fault(e))?;
+        .map_err(|e| if is_refused(&e) { e } else { store.fault(e) })?;
         save(store, self.machine.group(), meta, file)
             .await
             .map_err(|e| store.fault(e))
     }
+}
+
+/// Why a machine refused to write a snapshot: its state breaks an invariant.
+#[derive(Debug)]
+struct Refused(String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// The error of a snapshot [`Machine::write_cut`] refuses to write (its state breaks an
+/// invariant): the build fails without the store's fault handler (module doc).
+pub fn refused(why: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, Refused(why))
+}
+
+pub fn is_refused(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<Refused>())
 }
 
 /// Committed entries a machine refused at apply because they do not decode or hold an invalid
