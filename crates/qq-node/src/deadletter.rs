@@ -182,7 +182,7 @@ impl DeadLetters {
             .map(|t| Routed {
                 target: t.id,
                 name: t.name.clone(),
-                request: enqueue::request(&stored, key.clone()),
+                request: self.enqueuer.request(&stored, key.clone()),
             })
             .collect();
         // Every target a cycle: no route. At-most-once drops it; at-least-once keeps it held

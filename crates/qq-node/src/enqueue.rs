@@ -20,7 +20,6 @@ use qq_core::NodeId;
 use qq_core::queue::{Command, MsgHeader, Reply};
 use qq_raft::GroupId;
 
-use crate::clock::now_ms;
 use crate::error::NodeError;
 use crate::groups::queue_sm::{QueueReplyOut, QueueRequest};
 use crate::proposer::Proposer;
@@ -47,28 +46,18 @@ pub struct Stored<'a> {
     pub encoded: &'a [u8],
 }
 
-/// The enqueue command for a dead-letter copy or a moved message under its transfer key
-/// `dedup_key`.
-pub fn request(message: &Stored<'_>, dedup_key: String) -> QueueRequest {
-    enqueue(message, None, Some(dedup_key))
-}
-
-/// The enqueue command for a published message under its publish key.
-pub fn publish_request(message: &Stored<'_>, publish_key: String) -> QueueRequest {
-    enqueue(message, Some(publish_key), None)
-}
-
 /// A message with a priority goes with `EnqueueWithPriority` (machine version 2; see
 /// [`Enqueuer::commit`] for a queue not there yet), one without (or 0) with a plain `Enqueue`:
 /// the queue decides what the priority means (two levels, or its strict levels under
-/// `x-max-priority`).
+/// `x-max-priority`). Stamped with `now_ms`.
 fn enqueue(
     message: &Stored<'_>,
     publish_key: Option<String>,
     dedup_key: Option<String>,
+    now_ms: u64,
 ) -> QueueRequest {
     let priority = u8::try_from(message.priority).unwrap_or(u8::MAX);
-    let (now_ms, header) = (now_ms(), message.header.clone());
+    let header = message.header.clone();
     let cmd = if priority > 0 {
         Command::EnqueueWithPriority {
             now_ms,
@@ -133,6 +122,28 @@ impl Enqueuer {
             incarnation: rand::random(),
             key_seq: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// The enqueue command for a dead-letter copy or a moved message under its transfer key
+    /// `dedup_key`, stamped with the node's clock.
+    pub fn request(&self, message: &Stored<'_>, dedup_key: String) -> QueueRequest {
+        enqueue(
+            message,
+            None,
+            Some(dedup_key),
+            self.proposer.clock().now_ms(),
+        )
+    }
+
+    /// The enqueue command for a published message under its publish key, stamped with the
+    /// node's clock.
+    pub fn publish_request(&self, message: &Stored<'_>, publish_key: String) -> QueueRequest {
+        enqueue(
+            message,
+            Some(publish_key),
+            None,
+            self.proposer.clock().now_ms(),
+        )
     }
 
     /// An idempotency key for one publish to one queue when the client gave no publisher id:

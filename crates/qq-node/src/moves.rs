@@ -132,7 +132,7 @@ impl Mover {
             copies.push(vec![Routed {
                 target: dest.id,
                 name: name.clone(),
-                request: enqueue::request(
+                request: self.enqueuer.request(
                     &enqueue::Stored {
                         header: &header,
                         priority: message.properties.priority,

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::clock::now_ms;
+use crate::clock::Clock;
 use crate::codec::{decode, encode};
 use crate::error::NodeError;
 use crate::groups::queue_sm::{
@@ -98,6 +98,8 @@ pub struct Proposer {
     view: MetaView,
     /// Cancelled when the node shuts down: proposals in flight stop retrying.
     stopping: CancellationToken,
+    /// The node's clock: retry deadlines, and the time stamped into what is proposed here.
+    clock: Clock,
 }
 
 impl Proposer {
@@ -107,6 +109,7 @@ impl Proposer {
         registry: Arc<Registry>,
         view: MetaView,
         stopping: CancellationToken,
+        clock: Clock,
     ) -> Proposer {
         Proposer {
             id,
@@ -114,12 +117,18 @@ impl Proposer {
             registry,
             view,
             stopping,
+            clock,
         }
+    }
+
+    /// The node's clock, which stamps the commands proposed through here.
+    pub fn clock(&self) -> Clock {
+        self.clock
     }
 
     /// Propose to a group whose leader may be anywhere; returns the encoded reply.
     pub async fn propose(&self, group: GroupId, payload: Vec<u8>) -> Result<Vec<u8>, NodeError> {
-        let deadline = tokio::time::Instant::now() + PROPOSE_DEADLINE;
+        let deadline = self.clock.now() + PROPOSE_DEADLINE;
         let mut hint: Option<NodeId> = None;
         let mut attempt = 0usize;
         loop {
@@ -155,7 +164,7 @@ impl Proposer {
                     "queue group {group} was deleted meanwhile: {error} (safe to retry)"
                 )));
             }
-            if tokio::time::Instant::now() >= deadline {
+            if self.clock.now() >= deadline {
                 let what = if group == META_GROUP {
                     "the metadata".to_string()
                 } else {
@@ -371,7 +380,7 @@ impl Proposer {
     /// logged: the queue's next leader removes every consumer it does not serve itself.
     pub async fn consumer_down(&self, group: GroupId, consumer: u64) {
         let cmd = Command::ConsumerDown {
-            now_ms: now_ms(),
+            now_ms: self.clock.now_ms(),
             consumer,
         };
         if let Err(e) = self.propose_queue(group, QueueRequest::command(cmd)).await {
@@ -386,7 +395,7 @@ impl Proposer {
     /// `index`: all peers at once, each asked to answer as soon as it has applied it (a peer
     /// that does not wait, an older version, is asked again after 10 ms).
     async fn wait_meta_applied_everywhere(&self, index: u64) {
-        let deadline = tokio::time::Instant::now() + META_PROPAGATION_WAIT;
+        let deadline = self.clock.now() + META_PROPAGATION_WAIT;
         let waits = self
             .peers
             .ids()
@@ -403,7 +412,7 @@ impl Proposer {
             let Some(mut client) = self.peers.client(id) else {
                 return;
             };
-            let asked = tokio::time::Instant::now();
+            let asked = self.clock.now();
             let mut req = tonic::Request::new(QueueInfoRequest {
                 group: META_GROUP,
                 with_digest: false,
@@ -417,8 +426,8 @@ impl Proposer {
             match applied {
                 Some(a) if a >= index => return,
                 None => return,
-                Some(_) if tokio::time::Instant::now() >= deadline => return,
-                Some(_) if asked.elapsed() < Duration::from_millis(10) => {
+                Some(_) if self.clock.now() >= deadline => return,
+                Some(_) if self.clock.elapsed(asked) < Duration::from_millis(10) => {
                     tokio::time::sleep(Duration::from_millis(10)).await
                 }
                 Some(_) => {}
@@ -472,7 +481,7 @@ impl Proposer {
         read: LeaderRead,
         local: impl Fn() -> Option<T>,
     ) -> Result<T, NodeError> {
-        let deadline = tokio::time::Instant::now() + INFO_DEADLINE;
+        let deadline = self.clock.now() + INFO_DEADLINE;
         let members = self.group_members(group);
         let mut hint = self.registry.known_leader(group);
         let mut attempt = 0usize;
@@ -526,7 +535,7 @@ impl Proposer {
                 }
             }
             attempt += 1;
-            if tokio::time::Instant::now() >= deadline || self.stopping.is_cancelled() {
+            if self.clock.now() >= deadline || self.stopping.is_cancelled() {
                 return Err(NodeError::Unavailable(format!(
                     "queue group {group} has no leader right now (safe to retry)"
                 )));
@@ -592,7 +601,7 @@ impl Proposer {
         if group == META_GROUP {
             reply.version = crate::VERSION.to_string();
             if wait_applied > 0 {
-                let deadline = tokio::time::Instant::now() + META_APPLIED_WAIT;
+                let deadline = self.clock.now() + META_APPLIED_WAIT;
                 self.wait_meta_applied_here(wait_applied, deadline).await;
             }
             if let Ok(b) = encode(&self.view.applied_index()) {

@@ -17,6 +17,7 @@ use qq_raft::GroupId;
 use qq_raft::network::Peers;
 use tracing::debug;
 
+use crate::clock::Clock;
 use crate::groups::quiet::{Quiet, SleepRequest};
 use crate::groups::registry::{QueueRaft, holds_whole_log};
 
@@ -33,6 +34,7 @@ pub async fn try_sleep(
     quiet: &Quiet,
     peers: &Peers,
     me: NodeId,
+    clock: Clock,
 ) -> bool {
     let (begun, in_flight) = quiet.writes();
     if in_flight > 0 || quiet.is_asleep() {
@@ -95,7 +97,7 @@ pub async fn try_sleep(
     if slept * 2 <= voters {
         return false;
     }
-    let slept = quiet.sleep_as_leader(raft, begun, &req);
+    let slept = quiet.sleep_as_leader(raft, begun, &req, clock.now());
     if slept {
         debug!(group, "group sleeps");
     }

@@ -86,7 +86,7 @@ where
         }
         Err(HandshakeEnd::Silent(why)) => {
             debug!(%peer, "amqp connection refused without a close: {why}");
-            silent_close_delay(tokio::time::Instant::now(), &stopping).await;
+            silent_close_delay(ctx.api.node().clock().now(), &stopping).await;
         }
         Err(HandshakeEnd::Drop(why)) => debug!(%peer, "amqp connection dropped: {why}"),
     }

@@ -22,7 +22,6 @@ use super::conn::{ConsumerGuard, StreamGuard};
 use super::convert::{delivery_pb, settle_outcome_with, vhost};
 use super::guard::{self, bounded, shown};
 use super::{Api, BoxStream};
-use crate::clock::now_ms;
 use crate::consume::relay::start_session;
 use crate::consume::session::{SessionIn, SessionOut, SubscribeArgs};
 use crate::groups::queue_sm::QueueRequest;
@@ -54,13 +53,13 @@ pub async fn get(
     let token: [u8; 16] = rand::random();
     let cmd = if r.auto_ack {
         Command::Get {
-            now_ms: now_ms(),
+            now_ms: api.node.clock().now_ms(),
             lease_ms,
             auto_ack: true,
         }
     } else {
         Command::GetWithReceipt {
-            now_ms: now_ms(),
+            now_ms: api.node.clock().now_ms(),
             lease_ms,
             receipt: Receipt {
                 token,
@@ -164,7 +163,7 @@ pub async fn settle(
         let proposer = api.node.proposer();
         let settle = |outcome: SettleOutcome, receipts: Vec<(u64, Receipt)>| {
             let cmd = Command::SettleReceipts {
-                now_ms: now_ms(),
+                now_ms: api.node.clock().now_ms(),
                 receipts,
                 outcome,
             };

@@ -124,6 +124,7 @@ impl BrokerService {
             node.meta_synced(),
             settings,
             conns.clone(),
+            node.clock(),
         ));
         BrokerService {
             api: Api { node, auth, conns },

@@ -51,7 +51,7 @@ pub async fn start(
         api.queue_meta(&vhost, &r.destination)?;
     }
     let cmd = Command::StartMove {
-        now_ms: crate::clock::now_ms(),
+        now_ms: api.node.clock().now_ms(),
         destination: r.destination,
         max_messages: r.max_messages,
         max_per_second: r.max_per_second,

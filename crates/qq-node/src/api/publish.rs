@@ -376,7 +376,7 @@ pub(crate) async fn commit(
                             name,
                             // The client's key, or a fresh one of the node's: a retry (the
                             // client's, or the node's own) stores the message once.
-                            request: enqueue::publish_request(
+                            request: enqueuer.publish_request(
                                 &stored,
                                 publish_key
                                     .clone()

@@ -25,10 +25,12 @@ use crate::groups::registry::QueueInfoData;
 /// How long `ClusterStatus` waits for each peer's answer.
 const REACH_TIMEOUT: Duration = Duration::from_millis(800);
 
+/// A queue's information as the API shows it; the age of its oldest message at `now_ms`.
 pub(crate) fn queue_info_pb(
     meta: &MetaState,
     qm: &QueueMeta,
     data: Option<QueueInfoData>,
+    now_ms: u64,
 ) -> pb::QueueInfo {
     let c = &qm.config;
     let effective = pb::EffectiveConfig {
@@ -66,7 +68,7 @@ pub(crate) fn queue_info_pb(
         // Display only: the answering node's clock against the leader-stamped enqueue time.
         info.oldest_message_age_ms = d
             .oldest_ready_enqueued_ms
-            .map(|t| crate::clock::now_ms().saturating_sub(t))
+            .map(|t| now_ms.saturating_sub(t))
             .unwrap_or(0);
         info.messages_ready = d.counts.ready;
         info.messages_unacked = d.counts.unacked;
@@ -126,9 +128,10 @@ pub async fn list_queues(
     let caller = api.auth.caller(&request).await?;
     let queues = queues_of(api, &caller, &vhost(&request.get_ref().vhost)).await?;
     let meta = api.node.view().current();
+    let now_ms = api.node.clock().now_ms();
     let queues = queues
         .into_iter()
-        .map(|(q, d)| queue_info_pb(&meta, &q, d))
+        .map(|(q, d)| queue_info_pb(&meta, &q, d, now_ms))
         .collect();
     Ok(Response::new(pb::ListQueuesResponse { queues }))
 }
@@ -166,7 +169,8 @@ pub async fn get_queue(
     let r = request.into_inner();
     let (qm, data) = queue_of(api, &caller, &vhost(&r.vhost), &r.name).await?;
     let meta = api.node.view().current();
-    Ok(Response::new(queue_info_pb(&meta, &qm, Some(data))))
+    let now_ms = api.node.clock().now_ms();
+    Ok(Response::new(queue_info_pb(&meta, &qm, Some(data), now_ms)))
 }
 
 /// Queue `name` of vhost `v`, if `caller` may see the vhost, with its leader's information.

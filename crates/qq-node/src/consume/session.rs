@@ -23,7 +23,6 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tracing::{debug, warn};
 
-use crate::clock::now_ms;
 use crate::groups::queue_sm::{ConsumerEvent, QueueMachine, QueueRequest};
 use crate::node::Node;
 use crate::proposer::Proposer;
@@ -194,15 +193,16 @@ async fn checkout(
     prefetch: u32,
     priority: i32,
 ) -> Result<(), crate::error::NodeError> {
+    let now_ms = node.clock().now_ms();
     let cmd = match priority {
         0 => Command::Checkout {
-            now_ms: now_ms(),
+            now_ms,
             consumer,
             node: node.id(),
             prefetch,
         },
         priority => Command::CheckoutWithPriority {
-            now_ms: now_ms(),
+            now_ms,
             consumer,
             node: node.id(),
             prefetch,
@@ -297,7 +297,7 @@ impl Session {
             return Next::Continue;
         }
         let cmd = Command::CancelConsumer {
-            now_ms: now_ms(),
+            now_ms: self.proposer.clock().now_ms(),
             consumer: self.consumer,
         };
         let committed = self
@@ -474,7 +474,7 @@ async fn propose_settle(
     outcome: SettleOutcome,
 ) {
     let cmd = Command::Settle {
-        now_ms: now_ms(),
+        now_ms: proposer.clock().now_ms(),
         consumer,
         ids,
         outcome,

@@ -55,7 +55,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use openraft::ServerState;
 use openraft::alias::{LogIdOf, VoteOf};
@@ -65,6 +65,7 @@ use qq_core::NodeId;
 use qq_raft::TypeConfig;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::queue_sm::QueueMachine;
 use super::shell::Shell;
@@ -132,13 +133,14 @@ impl Quiet {
     /// describes: its persisted vote is that leader's committed one and its whole log is
     /// committed, as a follower put to sleep by that leader would hold ([`Quiet::sleep_as_follower`]).
     /// Everything that wakes a sleeping follower wakes it: an append with anything new (a
-    /// newer leader's vote among them), a vote request, its leader's node lost.
-    pub fn asleep_following(req: SleepRequest) -> Quiet {
+    /// newer leader's vote among them), a vote request, its leader's node lost. Its sleep
+    /// counts from `now`.
+    pub fn asleep_following(req: SleepRequest, now: Instant) -> Quiet {
         crate::metrics::group_slept();
         let quiet = Quiet::default();
         *quiet.state.lock().unwrap() = State {
             asleep: true,
-            since: Some(Instant::now()),
+            since: Some(now),
             slept_with: Some(req),
             raft: None,
         };
@@ -149,10 +151,13 @@ impl Quiet {
         self.state.lock().unwrap().asleep
     }
 
-    /// How long this replica has slept, if it sleeps.
-    pub fn asleep_for(&self) -> Option<Duration> {
+    /// How long this replica has slept at `now`, if it sleeps.
+    pub fn asleep_for(&self, now: Instant) -> Option<Duration> {
         let state = self.state.lock().unwrap();
-        state.since.filter(|_| state.asleep).map(|t| t.elapsed())
+        state
+            .since
+            .filter(|_| state.asleep)
+            .map(|t| now.saturating_duration_since(t))
     }
 
     /// Subscribe to wakes (the leader actor re-arms its idle timer on each).
@@ -184,8 +189,8 @@ impl Quiet {
 
     /// The replica's Raft instance runs (again): its timers follow whether the replica sleeps
     /// (an instance loaded for a sleeping replica is created with them off), and a sleeping
-    /// one counts its sleep from now for the unload.
-    pub fn attach(&self, raft: &QueueRaft) {
+    /// one counts its sleep from `now` for the unload.
+    pub fn attach(&self, raft: &QueueRaft, now: Instant) {
         let mut state = self.state.lock().unwrap();
         let rc = raft.runtime_config();
         rc.heartbeat(!state.asleep);
@@ -194,7 +199,7 @@ impl Quiet {
         // The unload clock starts again: a replica loaded to be woken must not be unloaded
         // before its turn comes (a reopened link wakes the groups it loaded 128 at a time).
         if state.asleep {
-            state.since = Some(Instant::now());
+            state.since = Some(now);
         }
     }
 
@@ -221,8 +226,15 @@ impl Quiet {
     }
 
     /// As a follower: sleep if `req` describes exactly this replica's state (it follows that
-    /// vote, holds that log and committed it). Returns whether it sleeps now.
-    pub fn sleep_as_follower(&self, raft: &QueueRaft, me: NodeId, req: SleepRequest) -> bool {
+    /// vote, holds that log and committed it). Returns whether it sleeps now (its sleep counts
+    /// from `now`).
+    pub fn sleep_as_follower(
+        &self,
+        raft: &QueueRaft,
+        me: NodeId,
+        req: SleepRequest,
+        now: Instant,
+    ) -> bool {
         let mut state = self.state.lock().unwrap();
         let ok = {
             let m = raft.metrics();
@@ -236,7 +248,7 @@ impl Quiet {
         if ok {
             if !state.asleep {
                 crate::metrics::group_slept();
-                state.since = Some(Instant::now());
+                state.since = Some(now);
             }
             state.asleep = true;
             state.slept_with = Some(req);
@@ -257,8 +269,14 @@ impl Quiet {
 
     /// As the leader, once enough followers sleep: sleep too, unless a write began since
     /// `begun` was read or the leader's vote or commit moved from `req`'s. Returns whether it
-    /// sleeps now.
-    pub fn sleep_as_leader(&self, raft: &QueueRaft, begun: u64, req: &SleepRequest) -> bool {
+    /// sleeps now (its sleep counts from `now`).
+    pub fn sleep_as_leader(
+        &self,
+        raft: &QueueRaft,
+        begun: u64,
+        req: &SleepRequest,
+        now: Instant,
+    ) -> bool {
         let mut state = self.state.lock().unwrap();
         if self.writes() != (begun, 0) {
             return false; // a write started meanwhile: its append wakes the followers
@@ -274,7 +292,7 @@ impl Quiet {
             return false;
         }
         state.asleep = true;
-        state.since = Some(Instant::now());
+        state.since = Some(now);
         state.slept_with = None;
         if let Some(raft) = &state.raft {
             let rc = raft.runtime_config();

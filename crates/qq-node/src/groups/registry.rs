@@ -37,6 +37,7 @@ use super::meta_sm::MetaMachine;
 use super::queue_sm::QueueMachine;
 use super::quiet::{self, Quiet};
 use super::shell::{AppliedMembership, Shell};
+use crate::clock::Clock;
 
 pub type MetaRaft = Raft<TypeConfig, Shell<MetaMachine>>;
 pub type QueueRaft = Raft<TypeConfig, Shell<QueueMachine>>;
@@ -197,6 +198,7 @@ pub struct Registry {
     /// Bumped whenever a queue group starts here ([`Registry::queue_when_started`] waits on it).
     started: tokio::sync::watch::Sender<u64>,
     loader: OnceLock<Weak<dyn GroupLoader>>,
+    clock: Clock,
 }
 
 impl Registry {
@@ -205,6 +207,7 @@ impl Registry {
         read_lease: Duration,
         meta_raft: MetaRaft,
         meta: Arc<MetaMachine>,
+        clock: Clock,
     ) -> Registry {
         Registry {
             id,
@@ -214,6 +217,7 @@ impl Registry {
             queues: RwLock::new(HashMap::new()),
             started: tokio::sync::watch::Sender::new(0),
             loader: OnceLock::new(),
+            clock,
         }
     }
 
@@ -430,7 +434,7 @@ impl Registry {
     /// and cost an election timeout on every declare.
     pub async fn queue_when_started(&self, group: GroupId, wait: Duration) -> Option<QueueGroup> {
         let mut started = self.started.subscribe();
-        let deadline = tokio::time::Instant::now() + wait;
+        let deadline = self.clock.now() + wait;
         loop {
             if self.hosts(group) {
                 return self.load(group).await;

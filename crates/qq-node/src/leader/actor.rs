@@ -4,7 +4,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
 
 use futures::StreamExt;
 use qq_core::MessageId;
@@ -14,7 +13,6 @@ use super::drops::DropLog;
 use super::move_rounds::MoveRound;
 use super::relay::Relay;
 use super::{CONSUMER_RECONCILE, QueueLeader, Timers};
-use crate::clock::now_ms;
 use crate::deadletter::{PreparedRound, Round};
 use crate::groups::queue_sm::{DeadLetterJob, LeaderEvent};
 use crate::quiesce;
@@ -46,7 +44,7 @@ impl QueueLeader {
         let mut topology = self.ctx.view.subscribe();
         let mut woken = self.quiet.subscribe_woken();
         let mut w = Work {
-            cleanup_at: Some(Instant::now() + CONSUMER_RECONCILE),
+            cleanup_at: Some(self.ctx.clock.now() + CONSUMER_RECONCILE),
             sleep_at: self.sleep_deadline(),
             timers: Timers::default(),
             relay: Relay::default(),
@@ -87,9 +85,9 @@ impl QueueLeader {
                 },
                 r = applied.changed() => {
                     if r.is_err() { return }
-                    w.cleanup_at.get_or_insert_with(|| Instant::now() + CONSUMER_RECONCILE);
+                    w.cleanup_at.get_or_insert_with(|| self.ctx.clock.now() + CONSUMER_RECONCILE);
                     w.sleep_at = self.sleep_deadline();
-                    if w.upgrade_at.is_some_and(|t| t <= Instant::now()) {
+                    if w.upgrade_at.is_some_and(|t| t <= self.ctx.clock.now()) {
                         self.look_at_machine(&mut w).await;
                     }
                 }
@@ -106,7 +104,7 @@ impl QueueLeader {
                 }
                 _ = sleep_until(w.cleanup_at) => self.on_cleanup_due(&mut w).await,
                 _ = sleep_until(wake) => {
-                    if w.timers.config_retry.is_some_and(|t| t <= Instant::now()) {
+                    if w.timers.config_retry.is_some_and(|t| t <= self.ctx.clock.now()) {
                         self.sync_config(&mut w.timers).await;
                     }
                 }
@@ -136,7 +134,7 @@ impl QueueLeader {
     fn on_prepared(&self, w: &mut Work, epoch: u64, round: Result<PreparedRound, Vec<MessageId>>) {
         w.relay.preparing = None;
         if !w.relay.preparation_ended(epoch, round) {
-            w.timers.transfer_retry = Some(Instant::now() + self.ctx.dead_letter_retry);
+            w.timers.transfer_retry = Some(self.ctx.clock.now() + self.ctx.dead_letter_retry);
         }
     }
 
@@ -157,7 +155,7 @@ impl QueueLeader {
         w.publish = None;
         if let Err(e) = published {
             w.drops.dropped(1, e);
-            w.drops.log_if_due(self.group);
+            w.drops.log_if_due(self.group, self.ctx.clock.now());
         }
     }
 
@@ -179,6 +177,7 @@ impl QueueLeader {
                 &self.quiet,
                 &self.ctx.peers,
                 self.ctx.me,
+                self.ctx.clock,
             )
             .await;
         if !slept {
@@ -190,9 +189,9 @@ impl QueueLeader {
     async fn on_cleanup_due(&self, w: &mut Work) {
         w.drops
             .count_inbox_drops(self.machine.dropped_dead_letters());
-        w.drops.log_if_due(self.group);
+        w.drops.log_if_due(self.group, self.ctx.clock.now());
         let more = self.clean_up_old_consumers().await || w.drops.pending > 0;
-        w.cleanup_at = more.then(|| Instant::now() + CONSUMER_RECONCILE);
+        w.cleanup_at = more.then(|| self.ctx.clock.now() + CONSUMER_RECONCILE);
     }
 
     /// Move the queue's machine on if every member runs a newer one; while it lags, an applied
@@ -204,7 +203,7 @@ impl QueueLeader {
         w.upgrade_at = self
             .upgrade_machine()
             .await
-            .map(|pause| Instant::now() + pause);
+            .map(|pause| self.ctx.clock.now() + pause);
         if self.machine.with_state(|s| s.machine_version()) > before {
             self.sync_config(&mut w.timers).await;
         }
@@ -212,22 +211,14 @@ impl QueueLeader {
 
     /// `quiesce_after` from now; None: the group never sleeps.
     fn sleep_deadline(&self) -> Option<Instant> {
-        self.ctx.quiesce_after.map(|d| Instant::now() + d)
+        self.ctx.quiesce_after.map(|d| self.ctx.clock.now() + d)
     }
 
     /// The earliest of the actor's deadlines.
     fn next_wake(&self, timers: &Timers) -> Option<Instant> {
-        let now = now_ms();
-        let (deadline, queue_due) = self.machine.with_state(|s| {
-            (
-                s.next_deadline(),
-                s.queue_expiry_due_ms(self.leader_since_ms),
-            )
-        });
-        let at_ms = |ms: u64| Instant::now() + Duration::from_millis(ms.saturating_sub(now));
         let expiry = match timers.expire_retry {
             Some(t) => Some(t),
-            None => [deadline, queue_due].into_iter().flatten().min().map(at_ms),
+            None => self.expiry_deadlines().wake(self.ctx.clock),
         };
         [
             expiry,

@@ -5,11 +5,9 @@
 use qq_core::meta::QueueMeta;
 use qq_core::policy;
 use qq_core::queue::Command;
-use tokio::time::Instant;
 use tracing::debug;
 
 use super::{PROPOSAL_RETRY, QueueLeader, Timers};
-use crate::clock::now_ms;
 
 impl QueueLeader {
     /// Bring the queue's own configuration in line with the metadata's; a failed proposal is
@@ -17,7 +15,7 @@ impl QueueLeader {
     pub(super) async fn sync_config(&self, timers: &mut Timers) {
         timers.config_retry = None;
         if !self.try_sync_config().await {
-            timers.config_retry = Some(Instant::now() + PROPOSAL_RETRY);
+            timers.config_retry = Some(self.ctx.clock.now() + PROPOSAL_RETRY);
         }
     }
 
@@ -29,7 +27,7 @@ impl QueueLeader {
         let current = self.machine.with_state(|s| s.config().clone());
         if current != wanted.config {
             let cmd = Command::UpdateConfig {
-                now_ms: now_ms(),
+                now_ms: self.ctx.clock.now_ms(),
                 config: wanted.config.clone(),
             };
             if let Err(e) = self.propose(cmd).await {

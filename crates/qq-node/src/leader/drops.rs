@@ -49,8 +49,9 @@ impl DropLog {
         }
     }
 
-    pub(super) fn log_if_due(&mut self, group: GroupId) {
-        if let Some((dropped, latest)) = self.take_due(Instant::now()) {
+    /// Log the drops if a line is due at `now`.
+    pub(super) fn log_if_due(&mut self, group: GroupId, now: Instant) {
+        if let Some((dropped, latest)) = self.take_due(now) {
             warn!(
                 group,
                 dropped,

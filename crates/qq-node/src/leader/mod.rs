@@ -65,6 +65,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use self::watch::watch_leadership;
+use crate::clock::Clock;
 use crate::deadletter::DeadLetters;
 use crate::groups::queue_sm::{LeaderEvent, QueueMachine, QueueRequest};
 use crate::groups::quiet::Quiet;
@@ -102,6 +103,8 @@ pub struct LeaderContext {
     pub machines: PeerMachines,
     /// The node's `consumer_timeout_ms` (0: none), for queues that set none.
     pub default_consumer_timeout_ms: u64,
+    /// The node's clock: the actor's timers and the time it stamps into its commands.
+    pub clock: Clock,
 }
 
 /// Settles of transferred dead letters in flight at once; at the bound no new round starts.

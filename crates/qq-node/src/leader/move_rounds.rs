@@ -17,14 +17,15 @@ pub(super) type MoveRound = Pin<Box<dyn Future<Output = (Instant, MoveOutcome)> 
 impl QueueLeader {
     /// A round of the running move task, if there is one and its pause is over.
     pub(super) fn next_move(&self, timers: &mut Timers) -> Option<MoveRound> {
-        if timers.move_next.is_some_and(|t| t > Instant::now()) {
+        if timers.move_next.is_some_and(|t| t > self.ctx.clock.now()) {
             return None;
         }
         timers.move_next = None;
         self.machine.with_state(|s| s.running_move().map(|_| ()))?;
         let (mover, machine, group) = (self.ctx.mover.clone(), self.machine.clone(), self.group);
+        let clock = self.ctx.clock;
         Some(Box::pin(async move {
-            let started = Instant::now();
+            let started = clock.now();
             (started, mover.round(group, &machine).await)
         }))
     }
@@ -38,7 +39,7 @@ impl QueueLeader {
         match outcome {
             MoveOutcome::Moved(0) => {
                 // Nothing taken though a task runs (its end not applied yet): look again later.
-                timers.move_next = Some(Instant::now() + PROPOSAL_RETRY);
+                timers.move_next = Some(self.ctx.clock.now() + PROPOSAL_RETRY);
             }
             MoveOutcome::Moved(n) => {
                 let rate = self
@@ -52,7 +53,7 @@ impl QueueLeader {
             }
             MoveOutcome::Retry(why) => {
                 debug!("move round will be retried: {why}");
-                timers.move_next = Some(Instant::now() + PROPOSAL_RETRY);
+                timers.move_next = Some(self.ctx.clock.now() + PROPOSAL_RETRY);
             }
             MoveOutcome::Fail { task, detail } => {
                 warn!(task, "move task failed: {detail}");
@@ -63,7 +64,7 @@ impl QueueLeader {
                 };
                 if let Err(e) = self.propose(cmd).await {
                     debug!("end move not applied: {e}");
-                    timers.move_next = Some(Instant::now() + PROPOSAL_RETRY);
+                    timers.move_next = Some(self.ctx.clock.now() + PROPOSAL_RETRY);
                 }
             }
         }

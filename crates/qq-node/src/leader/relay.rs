@@ -7,7 +7,6 @@ use std::pin::Pin;
 
 use futures::stream::FuturesUnordered;
 use qq_core::MessageId;
-use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::{QueueLeader, SETTLES_IN_FLIGHT, Timers};
@@ -116,7 +115,9 @@ impl QueueLeader {
         }
         // Every held one taken: nothing to take (or a round or settle just ended, and that
         // wakes the loop again). Saves walking the taken ids on every applied entry.
-        if timers.transfer_retry.is_some_and(|t| t > Instant::now())
+        if timers
+            .transfer_retry
+            .is_some_and(|t| t > self.ctx.clock.now())
             || relay.settling.running.len() >= SETTLES_IN_FLIGHT
             || relay.untaken(held) == 0
         {
@@ -186,7 +187,7 @@ impl QueueLeader {
             }
             e => debug!("dead-letter transfer will be retried: {e:?}"),
         }
-        timers.transfer_retry = Some(Instant::now() + self.ctx.dead_letter_retry);
+        timers.transfer_retry = Some(self.ctx.clock.now() + self.ctx.dead_letter_retry);
     }
 }
 

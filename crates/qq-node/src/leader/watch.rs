@@ -9,7 +9,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, info};
 
 use super::{LeaderContext, QueueLeader};
-use crate::clock::now_ms;
 use crate::groups::queue_sm::QueueMachine;
 use crate::groups::quiet::Quiet;
 use crate::groups::registry::QueueRaft;
@@ -110,7 +109,7 @@ fn start_actor(
         machine: machine.clone(),
         raft: raft.clone(),
         quiet: quiet.clone(),
-        leader_since_ms: now_ms(),
+        leader_since_ms: ctx.clock.now_ms(),
         cancel: token.clone(),
     };
     ctx.tasks.spawn(leader.run().instrument(span.clone()));

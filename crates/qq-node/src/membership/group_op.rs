@@ -71,7 +71,7 @@ async fn group_op_on(
     label: &str,
     op: GroupOp,
 ) -> Result<String, NodeError> {
-    let deadline = tokio::time::Instant::now()
+    let deadline = node.clock().now()
         + OP_DEADLINE
         + match op {
             GroupOp::AddVoter { .. } => CATCH_UP_TIMEOUT + CHANGE_TIMEOUT,
@@ -102,7 +102,7 @@ async fn group_op_on(
             OpOutcome::NotHere => last = format!("node {target} does not run the group"),
         }
         attempt += 1;
-        if tokio::time::Instant::now() >= deadline {
+        if node.clock().now() >= deadline {
             return Err(NodeError::Unavailable(format!(
                 "{label}: membership operation not carried out: {last} (safe to retry)"
             )));

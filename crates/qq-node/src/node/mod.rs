@@ -48,7 +48,7 @@ use tracing::info;
 
 use self::raft::{initialise_if_first, raft_config, reload_config};
 use crate::alarms::{Alarms, Bounds};
-use crate::clock::now_ms;
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::deadletter::DeadLetters;
 use crate::enqueue::Enqueuer;
@@ -74,6 +74,8 @@ pub struct Node {
     proposer: Proposer,
     enqueuer: Enqueuer,
     leader_ctx: LeaderContext,
+    /// The node's one clock ([`crate::clock`]), created here at start.
+    clock: Clock,
     consumer_seq: AtomicU64,
     alarms: Arc<Alarms>,
     /// Latched true once this node's metadata has caught up with the cluster's (see
@@ -84,8 +86,10 @@ pub struct Node {
 }
 
 impl Node {
-    /// Open storage, start the metadata group and the supervisor.
+    /// Open storage, start the metadata group and the supervisor. The node's clock is the
+    /// system's ([`Clock::system`]).
     pub async fn start(config: Config) -> anyhow::Result<Arc<Node>> {
+        let clock = Clock::system();
         let (store, peers) = open_store_and_peers(&config)?;
         let raft_config = raft_config(&config)?;
         let reload_config = reload_config(&raft_config);
@@ -106,7 +110,13 @@ impl Node {
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
         let read_lease = Duration::from_millis(config.election_timeout_min_ms);
-        let registry = Arc::new(Registry::new(id, read_lease, meta_raft, meta.clone()));
+        let registry = Arc::new(Registry::new(
+            id,
+            read_lease,
+            meta_raft,
+            meta.clone(),
+            clock,
+        ));
         let view = MetaView::new(meta);
         let proposer = Proposer::new(
             id,
@@ -114,6 +124,7 @@ impl Node {
             registry.clone(),
             view.clone(),
             shutdown.clone(),
+            clock,
         );
         let enqueuer = Enqueuer::new(proposer.clone(), id);
         let leader_ctx = leader_context(&config, &proposer, &view, &enqueuer, &tasks, &peers);
@@ -133,7 +144,8 @@ impl Node {
             proposer,
             enqueuer,
             leader_ctx,
-            consumer_seq: AtomicU64::new(now_ms() * 1000),
+            clock,
+            consumer_seq: AtomicU64::new(clock.now_ms() * 1000),
             alarms: alarms.clone(),
             meta_synced: watch::Sender::new(false),
             shutdown,
@@ -204,6 +216,11 @@ impl Node {
             || view
                 .queue_by_id(group)
                 .is_some_and(|q| q.replicas().any(|n| n == self.id))
+    }
+
+    /// The node's clock: every read of the time in the node goes through it.
+    pub fn clock(&self) -> Clock {
+        self.clock
     }
 
     pub fn proposer(&self) -> &Proposer {
@@ -354,5 +371,6 @@ fn leader_context(
             .then(|| Duration::from_millis(config.quiesce_after_ms)),
         machines: PeerMachines::default(),
         default_consumer_timeout_ms: config.consumer_timeout_ms,
+        clock: proposer.clock(),
     }
 }

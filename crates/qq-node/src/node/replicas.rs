@@ -71,7 +71,7 @@ impl Node {
         if reload {
             wait_loaded(&raft, &machine).await?;
         }
-        quiet.attach(&raft);
+        quiet.attach(&raft, self.clock.now());
         let stop = self.shutdown.child_token();
         let group = QueueGroup {
             raft: raft.clone(),
@@ -110,7 +110,7 @@ impl Node {
         // One log store for the check and the instance: the vote it read stays cached.
         let log = LogStore::new(self.store.clone(), qm.id);
         let quiet = Arc::new(match follower_at_rest(log.clone(), self.id).await {
-            Some(req) => Quiet::asleep_following(req),
+            Some(req) => Quiet::asleep_following(req, self.clock.now()),
             None => Quiet::default(),
         });
         let group = self

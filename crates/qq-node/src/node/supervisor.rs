@@ -27,7 +27,7 @@ impl Node {
         let mut resync = self.registry.meta_machine().subscribe_resync();
         let mut retry: Option<tokio::time::Instant> = None;
         if !self.reconcile().await {
-            retry = Some(tokio::time::Instant::now() + START_RETRY);
+            retry = Some(self.clock.now() + START_RETRY);
         }
         loop {
             let retry_at = retry;
@@ -47,7 +47,7 @@ impl Node {
                 }
             };
             if !ok && retry.is_none() {
-                retry = Some(tokio::time::Instant::now() + START_RETRY);
+                retry = Some(self.clock.now() + START_RETRY);
             }
         }
     }

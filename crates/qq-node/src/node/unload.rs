@@ -24,7 +24,7 @@ impl Node {
         let mut sweep = tokio::time::interval(UNLOAD_SWEEP);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut untrimmed = 0usize;
-        let mut trimmed_at = tokio::time::Instant::now();
+        let mut trimmed_at = self.clock.now();
         loop {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
@@ -35,7 +35,9 @@ impl Node {
                 if self.shutdown.is_cancelled() {
                     return;
                 }
-                if g.quiet.asleep_for().is_some_and(|d| d >= after)
+                if g.quiet
+                    .asleep_for(self.clock.now())
+                    .is_some_and(|d| d >= after)
                     && self.registry.unload(g.meta.id, may_unload).await
                 {
                     unloaded += 1;
@@ -46,10 +48,10 @@ impl Node {
             // 656 MB across three nodes either way, 337 MB after a trim). A trim walks every
             // arena under its lock, so at most one per UNLOAD_TRIM_EVERY.
             untrimmed += unloaded;
-            if untrimmed > 0 && trimmed_at.elapsed() >= UNLOAD_TRIM_EVERY {
+            if untrimmed > 0 && self.clock.elapsed(trimmed_at) >= UNLOAD_TRIM_EVERY {
                 let _ = tokio::task::spawn_blocking(crate::alarms::release_free_heap).await;
                 untrimmed = 0;
-                trimmed_at = tokio::time::Instant::now();
+                trimmed_at = self.clock.now();
             }
         }
     }

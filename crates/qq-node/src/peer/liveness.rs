@@ -54,6 +54,7 @@ use qq_proto::internal::WatchRequest;
 use qq_raft::{GroupId, META_GROUP, TypeConfig};
 use tracing::{debug, info, warn};
 
+use crate::clock::Clock;
 use crate::groups::registry::{Replica, holds_whole_log};
 use crate::node::Node;
 use crate::quiesce;
@@ -397,6 +398,7 @@ async fn hand_over_from(node: &Arc<Node>, dead: NodeId) {
         .map(|(g, vote)| (g.meta.id, vote))
         .collect();
     paced(
+        node.clock(),
         mine,
         |(id, vote)| {
             let (node, id, vote, reachable) = (node.clone(), *id, *vote, reachable.clone());
@@ -421,8 +423,9 @@ async fn hand_over_from(node: &Arc<Node>, dead: NodeId) {
 /// Runs `start` on each of `items`, with at most [`HANDOVER_WINDOW`] of them unfinished at
 /// once: one is finished when `done` says so, or [`HANDOVER_WAIT`] after its start. `start`
 /// answers false when there was nothing to start for an item (it does not count). Returns how
-/// many were started.
+/// many were started. Times are `clock`'s.
 async fn paced<T>(
+    clock: Clock,
     items: Vec<T>,
     mut start: impl FnMut(&T) -> BoxFuture<'static, bool>,
     done: impl Fn(&T) -> bool,
@@ -431,14 +434,14 @@ async fn paced<T>(
     let mut running: Vec<(T, tokio::time::Instant)> = Vec::new();
     let mut started = 0;
     loop {
-        running.retain(|(item, since)| !done(item) && since.elapsed() < HANDOVER_WAIT);
+        running.retain(|(item, since)| !done(item) && clock.elapsed(*since) < HANDOVER_WAIT);
         while running.len() < HANDOVER_WINDOW {
             let Some(item) = waiting.next() else {
                 break;
             };
             if start(&item).await {
                 started += 1;
-                running.push((item, tokio::time::Instant::now()));
+                running.push((item, clock.now()));
             }
         }
         if running.is_empty() {
@@ -477,6 +480,7 @@ pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
             .map(|r| r.meta().id)
             .collect();
         let woke = paced(
+            node2.clock(),
             led,
             |id| {
                 // Loaded ones only (above); one unloaded since needs nothing (below).

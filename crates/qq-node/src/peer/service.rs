@@ -228,6 +228,7 @@ async fn serve_raft(node: &Arc<Node>, r: RaftRequest) -> Result<RaftReply, Statu
                     &g.raft,
                     node.id(),
                     decode(&r.payload)?,
+                    node.clock().now(),
                 ))),
                 RaftKind::Append => {
                     let req: AppendEntriesRequest<TypeConfig> = decode(&r.payload)?;

@@ -46,6 +46,7 @@ use self::passwords::Verified;
 pub use self::passwords::{MAX_CONCURRENT_VERIFIES, VERIFIED_TTL, hash_new_password};
 use self::permissions::Grant;
 use super::conn::Connections;
+use crate::clock::Clock;
 use crate::meta_view::MetaView;
 
 /// The authentication settings of the client port.
@@ -78,6 +79,8 @@ pub struct Auth {
     /// Connections per user and per vhost are counted here, as requests authenticate and name
     /// vhosts.
     conns: Arc<Connections>,
+    /// The node's clock: how old a verified password is.
+    clock: Clock,
 }
 
 /// A caller this process authenticated already, carried in a request's extensions by an
@@ -111,6 +114,7 @@ impl Auth {
         synced: watch::Receiver<bool>,
         settings: AuthSettings,
         conns: Arc<Connections>,
+        clock: Clock,
     ) -> Auth {
         Auth {
             view,
@@ -122,6 +126,7 @@ impl Auth {
             verifying: Mutex::new(HashMap::new()),
             argon2_runs: AtomicU64::new(0),
             conns,
+            clock,
         }
     }
 

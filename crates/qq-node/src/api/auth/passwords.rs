@@ -3,12 +3,13 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use argon2::{Argon2, PasswordHasher, PasswordVerifier};
 use qq_core::meta::{MetaCommand, User};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tokio::time::Instant;
 use tonic::Status;
 
 use super::Auth;
@@ -154,7 +155,7 @@ impl Auth {
     fn cached(&self, user: &str, password_digest: &[u8; 32], record_digest: &[u8; 32]) -> bool {
         let cache = self.verified.lock().unwrap();
         cache.get(user).is_some_and(|v| {
-            v.at.elapsed() < VERIFIED_TTL
+            self.clock.elapsed(v.at) < VERIFIED_TTL
                 && bool::from(v.password_digest.ct_eq(password_digest))
                 && bool::from(v.record_digest.ct_eq(record_digest))
         })
@@ -173,7 +174,7 @@ impl Auth {
         if ok {
             let mut cache = self.verified.lock().unwrap();
             if cache.len() >= VERIFIED_CACHE_BOUND {
-                cache.retain(|_, v| v.at.elapsed() < VERIFIED_TTL);
+                cache.retain(|_, v| self.clock.elapsed(v.at) < VERIFIED_TTL);
                 if cache.len() >= VERIFIED_CACHE_BOUND {
                     cache.clear();
                 }
@@ -183,7 +184,7 @@ impl Auth {
                 Verified {
                     password_digest,
                     record_digest,
-                    at: Instant::now(),
+                    at: self.clock.now(),
                 },
             );
         }
@@ -240,6 +241,30 @@ mod tests {
         );
         assert!(!auth.verify("guest", "wrong".into()).await.unwrap());
         assert_eq!(auth.argon2_runs.load(Ordering::Relaxed), 2);
+    }
+
+    /// A verified password is trusted for VERIFIED_TTL by the node's clock, then verified
+    /// again: under tokio's paused clock the entry expires only when the clock is advanced
+    /// (with the cache's age read from `std::time::Instant`, as before `Clock`, it never did).
+    #[tokio::test(start_paused = true)]
+    async fn a_verified_password_is_trusted_until_the_clock_passes_its_ttl() {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = fresh_auth(dir.path());
+        assert!(auth.verify("guest", "guest".into()).await.unwrap());
+        tokio::time::advance(VERIFIED_TTL - Duration::from_millis(1)).await;
+        assert!(auth.verify("guest", "guest".into()).await.unwrap());
+        assert_eq!(
+            auth.argon2_runs.load(Ordering::Relaxed),
+            1,
+            "from the cache"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(auth.verify("guest", "guest".into()).await.unwrap());
+        assert_eq!(
+            auth.argon2_runs.load(Ordering::Relaxed),
+            2,
+            "expired: verified"
+        );
     }
 
     /// An unknown user is refused after an Argon2id verify, as a wrong password is, so the

@@ -25,6 +25,7 @@ pub(super) fn fresh_auth(dir: &std::path::Path) -> Auth {
             client_tls: false,
         },
         Connections::new(16, 16),
+        crate::clock::Clock::system(),
     )
 }
 

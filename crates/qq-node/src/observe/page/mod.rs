@@ -71,10 +71,11 @@ pub struct Page {
 
 /// The page's routes, ready to merge into the `http_addr` router.
 pub fn router(api: Api, serving: watch::Receiver<bool>) -> Router {
+    let clock = api.node().clock();
     let page = Arc::new(Page {
         api,
         serving,
-        sessions: Sessions::new(),
+        sessions: Sessions::new(clock),
         rates: Rates::default(),
     });
     Router::new()
@@ -354,12 +355,14 @@ async fn queues(
     let body = match queues_of(&page.api, &s.caller, &s.vhost).await {
         Ok(list) => {
             let state = page.api.node().view().current();
+            let now = page.api.node().clock().now();
             let rates: Vec<_> = list
                 .iter()
                 .map(|(q, d)| {
                     d.as_ref().and_then(|d| {
-                        page.rates
-                            .observe(q.id, d.stats.enqueued_total, d.stats.delivered_total)
+                        let (enqueued, delivered) =
+                            (d.stats.enqueued_total, d.stats.delivered_total);
+                        page.rates.observe(q.id, enqueued, delivered, now)
                     })
                 })
                 .collect();

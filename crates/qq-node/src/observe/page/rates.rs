@@ -11,7 +11,9 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// Queues whose samples are kept, at most.
 pub const MAX_TRACKED: usize = 10_000;
@@ -44,12 +46,9 @@ pub struct Rates {
 }
 
 impl Rates {
-    /// Records the counters of queue `id` now and returns its rate, if two samples exist.
-    pub fn observe(&self, id: u64, enqueued: u64, delivered: u64) -> Option<Rate> {
-        self.observe_at(id, enqueued, delivered, Instant::now())
-    }
-
-    fn observe_at(&self, id: u64, enqueued: u64, delivered: u64, at: Instant) -> Option<Rate> {
+    /// Records the counters of queue `id` at `at` (the node's clock) and returns its rate, if
+    /// two samples exist.
+    pub fn observe(&self, id: u64, enqueued: u64, delivered: u64, at: Instant) -> Option<Rate> {
         let mut queues = self.queues.lock().unwrap();
         if queues.len() >= MAX_TRACKED && !queues.contains_key(&id) {
             queues.clear();
@@ -87,14 +86,14 @@ mod tests {
     fn a_rate_needs_two_samples_apart() {
         let rates = Rates::default();
         let t0 = Instant::now();
-        assert_eq!(rates.observe_at(1, 100, 10, t0), None);
+        assert_eq!(rates.observe(1, 100, 10, t0), None);
         // Too soon: no rate, and the sample is not kept.
         assert_eq!(
-            rates.observe_at(1, 150, 10, t0 + Duration::from_millis(10)),
+            rates.observe(1, 150, 10, t0 + Duration::from_millis(10)),
             None
         );
         let r = rates
-            .observe_at(1, 300, 60, t0 + Duration::from_secs(2))
+            .observe(1, 300, 60, t0 + Duration::from_secs(2))
             .unwrap();
         assert_eq!(
             r,
@@ -105,10 +104,10 @@ mod tests {
         );
         // A view soon after shows the same rate.
         let again = rates
-            .observe_at(1, 310, 60, t0 + Duration::from_millis(2100))
+            .observe(1, 310, 60, t0 + Duration::from_millis(2100))
             .unwrap();
         assert_eq!(again, r);
         // Another queue starts with nothing.
-        assert_eq!(rates.observe_at(2, 5, 5, t0 + Duration::from_secs(2)), None);
+        assert_eq!(rates.observe(2, 5, 5, t0 + Duration::from_secs(2)), None);
     }
 }

@@ -13,9 +13,12 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::warn;
+
+use crate::clock::Clock;
 
 /// Sessions per node, at most (see the module doc for what happens at the bound).
 pub const MAX_SESSIONS: usize = 1024;
@@ -37,6 +40,8 @@ pub struct Sessions {
     inner: Mutex<Inner>,
     idle: Duration,
     bound: usize,
+    /// The node's clock: how long a session was idle.
+    clock: Clock,
 }
 
 #[derive(Default)]
@@ -51,15 +56,16 @@ fn new_token() -> String {
 }
 
 impl Sessions {
-    pub fn new() -> Sessions {
-        Sessions::with_bounds(MAX_SESSIONS, SESSION_IDLE)
+    pub fn new(clock: Clock) -> Sessions {
+        Sessions::with_bounds(MAX_SESSIONS, SESSION_IDLE, clock)
     }
 
-    fn with_bounds(bound: usize, idle: Duration) -> Sessions {
+    fn with_bounds(bound: usize, idle: Duration, clock: Clock) -> Sessions {
         Sessions {
             inner: Mutex::new(Inner::default()),
             idle,
             bound,
+            clock,
         }
     }
 
@@ -70,7 +76,7 @@ impl Sessions {
         let last_use = inner.uses;
         let sessions = &mut inner.sessions;
         if sessions.len() >= self.bound {
-            sessions.retain(|_, s| s.last_used.elapsed() < self.idle);
+            sessions.retain(|_, s| self.clock.elapsed(s.last_used) < self.idle);
         }
         if sessions.len() >= self.bound
             && let Some(oldest) = sessions
@@ -95,7 +101,7 @@ impl Sessions {
             Session {
                 user: user.to_string(),
                 stamp,
-                last_used: Instant::now(),
+                last_used: self.clock.now(),
                 last_use,
             },
         );
@@ -114,11 +120,11 @@ impl Sessions {
         inner.uses += 1;
         let last_use = inner.uses;
         let s = inner.sessions.get_mut(token)?;
-        if s.last_used.elapsed() >= self.idle || current_stamp(&s.user) != Some(s.stamp) {
+        if self.clock.elapsed(s.last_used) >= self.idle || current_stamp(&s.user) != Some(s.stamp) {
             inner.sessions.remove(token);
             return None;
         }
-        s.last_used = Instant::now();
+        s.last_used = self.clock.now();
         s.last_use = last_use;
         Some(s.user.clone())
     }
@@ -162,7 +168,7 @@ mod tests {
 
     #[test]
     fn a_session_finds_its_user_until_logout_or_a_credential_change() {
-        let sessions = Sessions::new();
+        let sessions = Sessions::new(Clock::system());
         let token = sessions.create("alice", STAMP);
         assert_eq!(token.len(), 32);
         assert_ne!(token, sessions.create("alice", STAMP), "tokens are random");
@@ -186,14 +192,14 @@ mod tests {
 
     #[test]
     fn idle_sessions_expire() {
-        let sessions = Sessions::with_bounds(4, Duration::ZERO);
+        let sessions = Sessions::with_bounds(4, Duration::ZERO, Clock::system());
         let token = sessions.create("alice", STAMP);
         assert_eq!(sessions.user(&token, |_| Some(STAMP)), None);
     }
 
     #[test]
     fn at_the_bound_the_least_recently_used_session_ends() {
-        let sessions = Sessions::with_bounds(3, Duration::from_secs(3600));
+        let sessions = Sessions::with_bounds(3, Duration::from_secs(3600), Clock::system());
         let first = sessions.create("u1", STAMP);
         let second = sessions.create("u2", STAMP);
         let third = sessions.create("u3", STAMP);
