@@ -88,9 +88,17 @@ test: deps build previous-release check-core-purity deploy-check
 # while a workload runs; the checker fails the run if a confirmed message is lost, a dead
 # letter is wrong or missing, or the replicas disagree. Needs root (namespaces, iptables).
 # Reports, histories, timelines and node logs go to .qq-chaos/.
+# qq-chaos exits 0 on PASS, 1 on FAIL, 2 when it could not run, and 3 on SKIPPED or PARTIAL: no
+# check failed but a nemesis asked for injected no fault (docs/chaos.md "Results"). The runs of
+# `make test` fail on any of them: their nemeses always strike here (a unit test checks their
+# schedules). The matrices accept 3: netem is missing on kernels without sch_netem, and the
+# combined run has room for fewer faults than kinds; the table's result column says which.
 QQ_CHAOS_BIN ?= $(CARGO_TARGET_DIR)/debug/qq-chaos
 CHAOS_SEED ?= 42
 CHAOS_DURATION ?= 150
+
+# Appended to a matrix's command: exit 3 (SKIPPED or PARTIAL) is reported, not failed.
+CHAOS_PARTIAL_OK = || { status=$$?; [ $$status -eq 3 ] && echo "chaos: not every nemesis injected a fault (result column of the matrix)"; [ $$status -eq 3 ]; }
 
 # About a minute of partitions plus leader kills with a fixed seed: part of `make test`.
 chaos-short: deps build
@@ -125,13 +133,14 @@ amqp-diff:
 # prints one table (also .qq-chaos/matrix-seed-$(CHAOS_SEED)/matrix.md). About 40 minutes.
 chaos: deps build
 	$(SUDO) $(QQ_CHAOS_BIN) --matrix --nemesis all --seed $(CHAOS_SEED) \
-		--duration $(CHAOS_DURATION) --node-bin $(QQ_NODE_BIN)
+		--duration $(CHAOS_DURATION) --node-bin $(QQ_NODE_BIN) $(CHAOS_PARTIAL_OK)
 
 # Partitions and kills over AMQP 0-9-1: each nemesis alone for CHAOS_DURATION seconds, then
 # together (.qq-chaos/matrix-seed-$(CHAOS_SEED)-amqp/matrix.md). About 17 minutes.
 chaos-amqp: deps build
 	$(SUDO) $(QQ_CHAOS_BIN) --matrix --nemesis partition-halves,isolate-leader,kill-leader \
-		--seed $(CHAOS_SEED) --duration $(CHAOS_DURATION) --protocol amqp --node-bin $(QQ_NODE_BIN)
+		--seed $(CHAOS_SEED) --duration $(CHAOS_DURATION) --protocol amqp --node-bin $(QQ_NODE_BIN) \
+		$(CHAOS_PARTIAL_OK)
 
 # The queue state machine must stay pure: no async runtime, RPC, Raft or storage in qq-core's
 # dependency tree (STYLE.md "A strict one-way crate graph").

@@ -7,7 +7,9 @@
 //! everything, drains every queue and checks the history: nothing confirmed lost, nothing
 //! unexpected, dead letters where and as the spec says, nothing held, every replica in the same
 //! state. Writes `report.json`, `history.json` and
-//! `timeline.png` into the output directory and exits non-zero when a check fails.
+//! `timeline.png` into the output directory. Exits 0 on PASS, 1 when a check fails (FAIL), 2
+//! when the run could not be carried out, 3 when nothing failed but a nemesis asked for
+//! injected no fault (SKIPPED or PARTIAL: module `outcome`).
 //!
 //! ```text
 //! sudo qq-chaos --seed 7 --duration 180 --nemesis partition-halves,kill-leader
@@ -21,6 +23,7 @@ mod hosts;
 mod idle;
 mod membership;
 mod nemesis;
+mod outcome;
 mod probes;
 mod replicas;
 mod report;
@@ -42,6 +45,7 @@ use args::{Args, SCENARIOS};
 use checker::Check;
 use hosts::Hosts;
 use nemesis::Kind;
+use outcome::Outcome;
 use probes::{
     current_leader, drain, replica_agreement, retry, term_inflation, wait_drained, wait_formed,
     wait_healthy,
@@ -84,8 +88,8 @@ async fn main() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lapin=off"));
     tracing_subscriber::fmt().with_env_filter(filter).init();
     match run(Args::parse()).await {
-        Ok(true) => {}
-        Ok(false) => std::process::exit(1),
+        Ok(Outcome::Pass) => {}
+        Ok(outcome) => std::process::exit(outcome.exit_code()),
         Err(e) => {
             eprintln!("qq-chaos: {e:#}");
             std::process::exit(2);
@@ -93,13 +97,13 @@ async fn main() {
     }
 }
 
-async fn run(mut args: Args) -> anyhow::Result<bool> {
+async fn run(mut args: Args) -> anyhow::Result<Outcome> {
     if args.list_scenarios {
         for (name, seed, secs, nemesis, protocol, what) in SCENARIOS {
             let protocol = protocol.name();
             println!("{name:<15} seed {seed:<3} {secs:>4} s  {protocol:<4} {nemesis:<30} {what}");
         }
-        return Ok(true);
+        return Ok(Outcome::Pass);
     }
     let mut label = None;
     if let Some(name) = &args.scenario {
@@ -180,7 +184,7 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
     };
     if !args.matrix {
         let report = run_one(&setup, &kinds, &base).await?;
-        return Ok(report.verdict.ok());
+        return Ok(report.result());
     }
     // The matrix: every selected nemesis alone, then all of them together.
     let mut runs: Vec<(String, Vec<Kind>)> = kinds
@@ -200,12 +204,14 @@ async fn run(mut args: Args) -> anyhow::Result<bool> {
     std::fs::write(base.join("matrix.md"), &table)?;
     let json: Vec<serde_json::Value> = rows
         .iter()
-        .map(|(name, r)| serde_json::json!({ "run": name, "report": r }))
-        .collect();
+        .map(|(name, r)| Ok(serde_json::json!({ "run": name, "report": r.to_json()? })))
+        .collect::<serde_json::Result<_>>()?;
     std::fs::write(base.join("matrix.json"), serde_json::to_vec_pretty(&json)?)?;
     println!("\n{table}");
     println!("matrix: {}", base.join("matrix.md").display());
-    Ok(rows.iter().all(|(_, r)| r.verdict.ok()))
+    let outcome = Outcome::of_all(rows.iter().map(|(_, r)| r.result()));
+    println!("MATRIX RESULT: {}", outcome.name());
+    Ok(outcome)
 }
 
 /// What every run of one invocation shares.
@@ -663,7 +669,10 @@ async fn chaos(
         reconnects: history.reconnects.clone(),
         verdict,
     };
-    std::fs::write(out.join("report.json"), serde_json::to_vec_pretty(&report)?)?;
+    std::fs::write(
+        out.join("report.json"),
+        serde_json::to_vec_pretty(&report.to_json()?)?,
+    )?;
     std::fs::write(out.join("history.json"), serde_json::to_vec(&history)?)?;
     let png = out.join("timeline.png");
     if let Err(e) = report::plot(

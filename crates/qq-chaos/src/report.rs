@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::checker::Verdict;
 use crate::membership::Step;
 use crate::nemesis::Kind;
+use crate::outcome::Outcome;
 use crate::workload::{Action, History, Protocol, SOURCES};
 
 /// How long after a fault ends its effect on confirms is still counted as its own.
@@ -60,8 +61,9 @@ pub struct Latency {
 pub struct Report {
     pub seed: u64,
     pub protocol: Protocol,
+    /// The nemeses this machine can inject (`requested` less e.g. netem without netem).
     pub nemeses: Vec<Kind>,
-    /// The nemeses asked for (`nemeses` less those this machine cannot inject).
+    /// The nemeses asked for.
     pub requested: Vec<Kind>,
     pub workload_s: f64,
     pub notes: Vec<String>,
@@ -73,20 +75,6 @@ pub struct Report {
     pub consumer_interruptions: BTreeMap<String, u64>,
     pub reconnects: BTreeMap<String, u64>,
     pub verdict: Verdict,
-}
-
-impl Report {
-    /// FAIL when the checker failed; SKIPPED when nemeses were asked for and none injected a
-    /// fault (e.g. netem on a kernel without it): nothing was tested; PASS otherwise.
-    pub fn result(&self) -> &'static str {
-        if !self.verdict.ok() {
-            "FAIL"
-        } else if !self.requested.is_empty() && self.faults.is_empty() {
-            "SKIPPED"
-        } else {
-            "PASS"
-        }
-    }
 }
 
 /// Confirm times (ms) per source queue, sorted.
@@ -320,7 +308,21 @@ pub fn summary(r: &Report) -> String {
             check.detail
         );
     }
-    let _ = writeln!(s, "RESULT: {}", r.result());
+    for n in r.per_nemesis() {
+        let _ = writeln!(
+            s,
+            "nemesis {:<17} {:>3} faults  {}{}",
+            n.kind.name(),
+            n.faults,
+            n.result.name(),
+            if n.result == Outcome::Skipped {
+                " (injected nothing)"
+            } else {
+                ""
+            }
+        );
+    }
+    let _ = writeln!(s, "RESULT: {}", r.result().name());
     s
 }
 
@@ -355,7 +357,7 @@ pub fn matrix_table(rows: &[(String, Report)]) -> String {
             c.dead_letter_duplicates,
             c.dead_lettered,
             gap as f64 / 1000.0,
-            r.result()
+            r.result().name()
         );
     }
     s

@@ -229,8 +229,8 @@ fn spawn_boot_import(
                     info!(file = %path.display(), "definitions_file imported");
                     return;
                 }
-                Err(e) if e.code() == tonic::Code::Unavailable => {
-                    warn!(file = %path.display(), "definitions_file: {} (retrying)", e.message());
+                Err(e) if e.is_retryable() => {
+                    warn!(file = %path.display(), "definitions_file: {e} (retrying)");
                     if stop
                         .run_until_cancelled(tokio::time::sleep(Duration::from_secs(1)))
                         .await
@@ -240,7 +240,7 @@ fn spawn_boot_import(
                     }
                 }
                 Err(e) => {
-                    error!(file = %path.display(), "definitions_file not imported: {}", e.message());
+                    error!(file = %path.display(), "definitions_file not imported: {e}");
                     return;
                 }
             }

@@ -353,7 +353,10 @@ pub async fn put_user(api: &Api, request: Request<pb::PutUserRequest>) -> Empty 
         }
         // A hash as ExportDefinitions gives it, checked before it is proposed.
         let cmd = crate::definitions::put_user_with_hash(
-            "password_hash",
+            crate::definitions::HashFields {
+                hash: "password_hash",
+                algorithm: "password_hash",
+            },
             r.name,
             &r.password_hash,
             crate::definitions::HASHING_ALGORITHM,

@@ -5,7 +5,42 @@ use qq_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use super::Api;
-use crate::definitions::{Document, MAX_DEFINITIONS_BYTES, export as export_state, import as run};
+use super::convert::meta_error_to_status;
+use crate::definitions::{
+    Cause, DefinitionsError, Document, MAX_DEFINITIONS_BYTES, export as export_state, import as run,
+};
+use qq_core::meta::{ErrorKind, MetaError};
+
+/// The one mapping of an import's failure to a gRPC status: the document's faults are
+/// INVALID_ARGUMENT (RESOURCE_EXHAUSTED past the size bound), the metadata's refusals keep
+/// their kind, a proposal that did not get through keeps the node's status (UNAVAILABLE: retry).
+impl From<DefinitionsError> for Status {
+    fn from(e: DefinitionsError) -> Status {
+        let code = match &e {
+            DefinitionsError::Invalid { .. } => tonic::Code::InvalidArgument,
+            DefinitionsError::TooLarge { .. } => tonic::Code::ResourceExhausted,
+            DefinitionsError::Refused { kind, .. } => kind_code(*kind),
+            DefinitionsError::Stopped { cause, .. } => match cause {
+                Cause::Refused(refusal) => kind_code(refusal.kind),
+                Cause::Node(node) => Status::from(node.clone()).code(),
+            },
+        };
+        Status::new(code, e.to_string())
+    }
+}
+
+/// The status code of a metadata refusal's kind (what is missing, for a document, is its
+/// own fault: INVALID_ARGUMENT).
+fn kind_code(kind: ErrorKind) -> tonic::Code {
+    match kind {
+        ErrorKind::NotFound => tonic::Code::InvalidArgument,
+        kind => meta_error_to_status(&MetaError {
+            kind,
+            message: String::new(),
+        })
+        .code(),
+    }
+}
 
 pub async fn export(
     api: &Api,
@@ -28,10 +63,7 @@ pub async fn import(
     let caller = api.admin(&request).await?;
     let text = request.into_inner().definitions_json;
     if text.len() > MAX_DEFINITIONS_BYTES {
-        return Err(Status::resource_exhausted(format!(
-            "definitions_json: {} bytes, more than the bound of {MAX_DEFINITIONS_BYTES}",
-            text.len()
-        )));
+        return Err(DefinitionsError::TooLarge { bytes: text.len() }.into());
     }
     let doc = Document::parse(text.as_bytes())?;
     let state = api.node.view().current();

@@ -6,8 +6,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use qq_core::meta::MetaCommand;
 use qq_core::names::shown;
-use tonic::Status;
 
+use super::error::DefinitionsError;
 use super::{
     HASHING_ALGORITHM, LEGACY_HASHING_ALGORITHM, MAX_ARGON2_M_COST, MAX_ARGON2_P_COST,
     MAX_ARGON2_T_COST, invalid,
@@ -15,7 +15,7 @@ use super::{
 
 /// Checks an Argon2id PHC string before it is proposed: it must parse, name `argon2id`,
 /// carry a salt and an output, and have parameters argon2 accepts, within the bounds above.
-pub fn validate_phc(field: &str, phc: &str) -> Result<(), Status> {
+pub fn validate_phc(field: &str, phc: &str) -> Result<(), DefinitionsError> {
     let hash =
         PasswordHash::new(phc).map_err(|e| invalid(field, format!("not a PHC string: {e}")))?;
     if hash.algorithm != ARGON2ID_IDENT {
@@ -50,15 +50,23 @@ pub fn validate_phc(field: &str, phc: &str) -> Result<(), Status> {
     Ok(())
 }
 
+/// Where a hash and its algorithm are in the request or document: what errors name.
+#[derive(Debug, Clone, Copy)]
+pub struct HashFields<'a> {
+    pub hash: &'a str,
+    pub algorithm: &'a str,
+}
+
 /// The `PutUser` command of a user with a given hash (`hashing_algorithm` as in the module
 /// doc), validated.
 pub fn put_user_with_hash(
-    field: &str,
+    fields: HashFields<'_>,
     name: String,
     hash: &str,
     algorithm: &str,
     tags: Vec<String>,
-) -> Result<MetaCommand, Status> {
+) -> Result<MetaCommand, DefinitionsError> {
+    let field = fields.hash;
     let (password_hash, salt) = match algorithm {
         HASHING_ALGORITHM => {
             validate_phc(field, hash)?;
@@ -81,9 +89,9 @@ pub fn put_user_with_hash(
         }
         other => {
             return Err(invalid(
-                field,
+                fields.algorithm,
                 format!(
-                    "hashing_algorithm '{}' cannot be verified by quorumq (only \
+                    "'{}' cannot be verified by quorumq (only \
                      {HASHING_ALGORITHM} and {LEGACY_HASHING_ALGORITHM}); set the password \
                      with qqctl put-user instead",
                     shown(other)
@@ -111,14 +119,14 @@ mod tests {
         assert!(
             validate_phc("h", &argon2i)
                 .unwrap_err()
-                .message()
+                .to_string()
                 .contains("not argon2id")
         );
         let huge = GUEST_PASSWORD_HASH.replace("m=19456", "m=4000000");
         assert!(
             validate_phc("h", &huge)
                 .unwrap_err()
-                .message()
+                .to_string()
                 .contains("exceed")
         );
     }

@@ -9,9 +9,9 @@ use qq_core::Table;
 use qq_core::meta::{
     Binding, ErrorKind, Limits, MetaCommand, MetaError, MetaState, Permissions, Policy,
 };
-use tonic::{Code, Status};
 use tracing::info;
 
+use super::error::{Cause, DefinitionsError, Located};
 use super::{Document, Item, KINDS, MAX_REPORTED_ERRORS, Summary};
 use crate::proposer::Proposer;
 
@@ -177,24 +177,15 @@ fn binding(source: &str, destination: &str, routing_key: &str, arguments: &Table
     }
 }
 
-/// A refusal of `path` by the metadata's own rules, naming the path. What is missing (a
-/// vhost, user, exchange or queue the document neither has nor finds) is the document's
-/// fault: INVALID_ARGUMENT. Argument errors name the argument under `arguments`.
-fn refusal(path: &str, e: &MetaError) -> (Code, String) {
-    let code = match e.kind {
-        ErrorKind::InvalidArgument | ErrorKind::NotFound => Code::InvalidArgument,
-        ErrorKind::FailedPrecondition => Code::FailedPrecondition,
-        ErrorKind::PermissionDenied => Code::PermissionDenied,
-        ErrorKind::Unauthenticated => Code::Unauthenticated,
-        ErrorKind::AlreadyExists => Code::AlreadyExists,
-        ErrorKind::ResourceExhausted => Code::ResourceExhausted,
+/// A refusal of `path` by the metadata's own rules: its kind, and its message naming the path
+/// ([`Located`]). What is missing (a vhost, user, exchange or queue the document neither has
+/// nor finds) is the document's fault: an invalid argument.
+fn refusal(path: &str, e: &MetaError) -> (ErrorKind, String) {
+    let kind = match e.kind {
+        ErrorKind::NotFound => ErrorKind::InvalidArgument,
+        kind => kind,
     };
-    let message = if e.message.starts_with("x-") {
-        format!("{path}.arguments.{}", e.message)
-    } else {
-        format!("{path}: {}", e.message)
-    };
-    (code, message)
+    (kind, Located(path, &Cause::Refused(e.clone())).to_string())
 }
 
 /// The commands of `doc` for this cluster (`nodes`, `owner`), checked against a copy of
@@ -204,10 +195,10 @@ fn plan(
     doc: &Document,
     nodes: &[NodeId],
     owner: Option<&str>,
-) -> Result<Vec<(Item, Outcome)>, Status> {
+) -> Result<Vec<(Item, Outcome)>, DefinitionsError> {
     let mut sim = state.clone();
     let mut steps = Vec::new();
-    let mut errors: Vec<(Code, String)> = Vec::new();
+    let mut errors: Vec<(ErrorKind, String)> = Vec::new();
     for item in &doc.items {
         let mut item = item.clone();
         match &mut item.cmd {
@@ -228,7 +219,7 @@ fn plan(
         }
         steps.push((item, outcome));
     }
-    if let Some((code, _)) = errors.first() {
+    if let Some((kind, _)) = errors.first() {
         let shown: Vec<&str> = errors
             .iter()
             .take(MAX_REPORTED_ERRORS)
@@ -241,10 +232,10 @@ fn plan(
                 errors.len() - MAX_REPORTED_ERRORS
             ));
         }
-        return Err(Status::new(
-            *code,
-            format!("definitions refused, nothing imported: {message}"),
-        ));
+        return Err(DefinitionsError::Refused {
+            kind: *kind,
+            refusals: message,
+        });
     }
     Ok(steps)
 }
@@ -257,7 +248,7 @@ pub async fn import(
     doc: &Document,
     nodes: &[NodeId],
     owner: Option<&str>,
-) -> Result<Summary, Status> {
+) -> Result<Summary, DefinitionsError> {
     let steps = plan(state, doc, nodes, owner)?;
     let mut counts: BTreeMap<usize, (u64, u64, u64)> = BTreeMap::new();
     let mut applied = 0usize;
@@ -271,20 +262,17 @@ pub async fn import(
             Outcome::Created => c.0 += 1,
             Outcome::Updated => c.1 += 1,
         }
-        let result = proposer.propose_meta(item.cmd).await;
-        let failed = match result {
+        let cause = match proposer.propose_meta(item.cmd).await {
             Ok(Ok(_)) => None,
-            Ok(Err(e)) => Some(refusal(&item.path, &e)),
-            Err(e) => {
-                let s = Status::from(e);
-                Some((s.code(), format!("{}: {}", item.path, s.message())))
-            }
+            Ok(Err(e)) => Some(Cause::Refused(e)),
+            Err(e) => Some(Cause::Node(e)),
         };
-        if let Some((code, message)) = failed {
-            return Err(Status::new(
-                code,
-                format!("{message} (after {applied} changes of this import were applied)"),
-            ));
+        if let Some(cause) = cause {
+            return Err(DefinitionsError::Stopped {
+                path: item.path,
+                cause,
+                applied,
+            });
         }
         applied += 1;
     }
@@ -302,11 +290,12 @@ pub async fn import(
 mod tests {
     use qq_core::{Table, Value};
     use serde_json::{Value as J, json};
+    use tonic::{Code, Status};
 
     use super::*;
     use crate::definitions::export;
 
-    fn doc(j: J) -> Result<Document, Status> {
+    fn doc(j: J) -> Result<Document, DefinitionsError> {
         Document::parse(j.to_string().as_bytes())
     }
 
@@ -351,6 +340,7 @@ mod tests {
         let e = doc(json!({"queues": [{"name": "a"}, {"name": "b", "vhost": "/",
             "arguments": {"x-max-length": "lots"}}]}))
         .and_then(|d| plan(&MetaState::new(), &d, &[1], None))
+        .map_err(Status::from)
         .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument);
         assert!(
@@ -376,7 +366,7 @@ mod tests {
             .0
             .unwrap();
         let d = doc(json!({"queues": [{"name": "q", "arguments": {"x-max-length": 3}}]})).unwrap();
-        let e = plan(&state, &d, &[1], None).unwrap_err();
+        let e = Status::from(plan(&state, &d, &[1], None).unwrap_err());
         assert_eq!(e.code(), Code::FailedPrecondition);
         assert!(e.message().contains("queues[0]"), "{}", e.message());
         assert!(e.message().contains("'q'"), "{}", e.message());
@@ -414,7 +404,7 @@ mod tests {
         let classic = doc(json!({"queues": [{"name": "c", "vhost": "/",
             "arguments": {"x-queue-type": "classic"}}]}))
         .unwrap();
-        let e = plan(&MetaState::new(), &classic, &[1], None).unwrap_err();
+        let e = Status::from(plan(&MetaState::new(), &classic, &[1], None).unwrap_err());
         assert!(e.message().contains("queues[0]"), "{}", e.message());
     }
 }

@@ -33,22 +33,24 @@
 //! core's bounds on names, tables and nesting per command; at most [`MAX_REPORTED_ERRORS`]
 //! errors in one refusal.
 //!
-//! The rooms: `parse` reads the document into commands (JSON paths in errors), `hashes`
+//! The rooms: `error` says why an import failed, as a type (the gRPC adapter maps it to a
+//! status); `parse` reads the document into commands (JSON paths in errors), `hashes`
 //! checks the password hashes it carries, `import` checks the commands against a copy of the
 //! metadata and then proposes them, `export` writes the metadata as a document.
 //!
 //! Must not: propose anything before the whole document has been checked.
 
+mod error;
 mod export;
 mod hashes;
 mod import;
 mod parse;
 
 use qq_core::meta::MetaCommand;
-use tonic::Status;
 
+pub use self::error::{Cause, DefinitionsError};
 pub use self::export::{export, value_to_json};
-pub use self::hashes::{put_user_with_hash, validate_phc};
+pub use self::hashes::{HashFields, put_user_with_hash, validate_phc};
 pub use self::import::import;
 pub use self::parse::value_from_json;
 
@@ -124,6 +126,6 @@ impl std::fmt::Display for Summary {
     }
 }
 
-fn invalid(path: &str, reason: impl std::fmt::Display) -> Status {
-    Status::invalid_argument(format!("{path}: {reason}"))
+fn invalid(path: &str, reason: impl std::fmt::Display) -> DefinitionsError {
+    DefinitionsError::invalid(path, reason)
 }

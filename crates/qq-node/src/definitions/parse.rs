@@ -9,16 +9,16 @@ use qq_core::meta::{Limits, MetaCommand};
 use qq_core::names::shown;
 use qq_core::{Table, Value};
 use serde_json::{Map, Value as J};
-use tonic::Status;
 
-use super::hashes::put_user_with_hash;
+use super::error::DefinitionsError;
+use super::hashes::{HashFields, put_user_with_hash};
 use super::{
     Document, HASHING_ALGORITHM, IGNORED_KEYS, Item, KINDS, MAX_DEFINITIONS_BYTES,
     UNSUPPORTED_KEYS, invalid,
 };
 
 /// A JSON value as an argument value, `path` naming it in errors.
-pub fn value_from_json(path: &str, v: &J) -> Result<Value, Status> {
+pub fn value_from_json(path: &str, v: &J) -> Result<Value, DefinitionsError> {
     Ok(match v {
         J::Null => return Err(invalid(path, "null is not a value")),
         J::Bool(b) => Value::Bool(*b),
@@ -78,7 +78,7 @@ pub fn value_from_json(path: &str, v: &J) -> Result<Value, Status> {
     })
 }
 
-fn table_from_map(path: &str, o: &Map<String, J>) -> Result<Table, Status> {
+fn table_from_map(path: &str, o: &Map<String, J>) -> Result<Table, DefinitionsError> {
     o.iter()
         .map(|(k, v)| Ok((k.clone(), value_from_json(&format!("{path}.{k}"), v)?)))
         .collect()
@@ -91,7 +91,7 @@ struct At<'a> {
 }
 
 impl<'a> At<'a> {
-    fn new(path: String, v: &'a J) -> Result<At<'a>, Status> {
+    fn new(path: String, v: &'a J) -> Result<At<'a>, DefinitionsError> {
         match v {
             J::Object(obj) => Ok(At { path, obj }),
             _ => Err(invalid(&path, "must be an object")),
@@ -100,27 +100,27 @@ impl<'a> At<'a> {
     fn field(&self, key: &str) -> String {
         format!("{}.{key}", self.path)
     }
-    fn str(&self, key: &str) -> Result<String, Status> {
+    fn str(&self, key: &str) -> Result<String, DefinitionsError> {
         match self.obj.get(key) {
             Some(J::String(s)) => Ok(s.clone()),
             Some(_) => Err(invalid(&self.field(key), "must be a string")),
             None => Err(invalid(&self.field(key), "is required")),
         }
     }
-    fn str_or(&self, key: &str, default: &str) -> Result<String, Status> {
+    fn str_or(&self, key: &str, default: &str) -> Result<String, DefinitionsError> {
         match self.obj.get(key) {
             None | Some(J::Null) => Ok(default.to_string()),
             Some(_) => self.str(key),
         }
     }
-    fn bool_or(&self, key: &str, default: bool) -> Result<bool, Status> {
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool, DefinitionsError> {
         match self.obj.get(key) {
             None | Some(J::Null) => Ok(default),
             Some(J::Bool(b)) => Ok(*b),
             Some(_) => Err(invalid(&self.field(key), "must be true or false")),
         }
     }
-    fn i64_or(&self, key: &str, default: i64) -> Result<i64, Status> {
+    fn i64_or(&self, key: &str, default: i64) -> Result<i64, DefinitionsError> {
         match self.obj.get(key) {
             None | Some(J::Null) => Ok(default),
             Some(v) => v
@@ -128,7 +128,7 @@ impl<'a> At<'a> {
                 .ok_or_else(|| invalid(&self.field(key), "must be an integer")),
         }
     }
-    fn table(&self, key: &str) -> Result<Table, Status> {
+    fn table(&self, key: &str) -> Result<Table, DefinitionsError> {
         match self.obj.get(key) {
             None | Some(J::Null) => Ok(Table::new()),
             Some(J::Object(o)) => table_from_map(&self.field(key), o),
@@ -136,13 +136,13 @@ impl<'a> At<'a> {
         }
     }
     /// `vhost`, `/` when absent.
-    fn vhost(&self) -> Result<String, Status> {
+    fn vhost(&self) -> Result<String, DefinitionsError> {
         let v = self.str_or("vhost", "/")?;
         Ok(if v.is_empty() { "/".into() } else { v })
     }
 }
 
-fn limits_from_json(path: &str, v: Option<&J>) -> Result<Limits, Status> {
+fn limits_from_json(path: &str, v: Option<&J>) -> Result<Limits, DefinitionsError> {
     let mut limits = Limits::default();
     let Some(v) = v else {
         return Err(invalid(path, "is required"));
@@ -172,7 +172,7 @@ fn limits_from_json(path: &str, v: Option<&J>) -> Result<Limits, Status> {
     Ok(limits)
 }
 
-fn tags_from_json(path: &str, v: Option<&J>) -> Result<Vec<String>, Status> {
+fn tags_from_json(path: &str, v: Option<&J>) -> Result<Vec<String>, DefinitionsError> {
     match v {
         None | Some(J::Null) => Ok(Vec::new()),
         // RabbitMQ before 3.10 writes tags as one comma-separated string.
@@ -198,19 +198,14 @@ fn tags_from_json(path: &str, v: Option<&J>) -> Result<Vec<String>, Status> {
 impl Document {
     /// Parses a document (bounded by [`MAX_DEFINITIONS_BYTES`]). Every error names the JSON
     /// path of what is wrong.
-    pub fn parse(text: &[u8]) -> Result<Document, Status> {
+    pub fn parse(text: &[u8]) -> Result<Document, DefinitionsError> {
         if text.len() > MAX_DEFINITIONS_BYTES {
-            return Err(Status::resource_exhausted(format!(
-                "definitions_json: {} bytes, more than the bound of {MAX_DEFINITIONS_BYTES}",
-                text.len()
-            )));
+            return Err(DefinitionsError::TooLarge { bytes: text.len() });
         }
         let root: J = serde_json::from_slice(text)
-            .map_err(|e| Status::invalid_argument(format!("definitions_json: not JSON: {e}")))?;
+            .map_err(|e| invalid("definitions_json", format!("not JSON: {e}")))?;
         let J::Object(top) = &root else {
-            return Err(Status::invalid_argument(
-                "definitions_json: must be a JSON object",
-            ));
+            return Err(invalid("definitions_json", "must be a JSON object"));
         };
         for (key, value) in top {
             if KINDS.contains(&key.as_str()) || IGNORED_KEYS.contains(&key.as_str()) {
@@ -260,11 +255,11 @@ impl Document {
         let text = std::fs::read(path)
             .map_err(|e| anyhow::anyhow!("definitions_file {}: {e}", path.display()))?;
         Document::parse(&text)
-            .map_err(|s| anyhow::anyhow!("definitions_file {}: {}", path.display(), s.message()))
+            .map_err(|s| anyhow::anyhow!("definitions_file {}: {}", path.display(), s))
     }
 }
 
-fn parse_item(kind: usize, at: &At<'_>) -> Result<MetaCommand, Status> {
+fn parse_item(kind: usize, at: &At<'_>) -> Result<MetaCommand, DefinitionsError> {
     Ok(match KINDS[kind] {
         "vhosts" => MetaCommand::PutVhost {
             name: at.str("name")?,
@@ -319,30 +314,22 @@ fn parse_item(kind: usize, at: &At<'_>) -> Result<MetaCommand, Status> {
 }
 
 /// A `users` item: `PutUser` with its hash checked.
-fn parse_user(at: &At<'_>) -> Result<MetaCommand, Status> {
+fn parse_user(at: &At<'_>) -> Result<MetaCommand, DefinitionsError> {
     let algorithm = at.str_or("hashing_algorithm", HASHING_ALGORITHM)?;
     put_user_with_hash(
-        &at.field("password_hash"),
+        HashFields {
+            hash: &at.field("password_hash"),
+            algorithm: &at.field("hashing_algorithm"),
+        },
         at.str("name")?,
         &at.str("password_hash")?,
         &algorithm,
         tags_from_json(&at.field("tags"), at.obj.get("tags"))?,
     )
-    .map_err(|s| {
-        // An unknown algorithm is the fault of hashing_algorithm, not of the hash.
-        if s.message().contains("hashing_algorithm '") {
-            Status::invalid_argument(
-                s.message()
-                    .replace(&at.field("password_hash"), &at.field("hashing_algorithm")),
-            )
-        } else {
-            s
-        }
-    })
 }
 
 /// A `queues` item: `DeclareQueue`, refusing what a quorum queue cannot be.
-fn parse_queue(at: &At<'_>) -> Result<MetaCommand, Status> {
+fn parse_queue(at: &At<'_>) -> Result<MetaCommand, DefinitionsError> {
     if !at.bool_or("durable", true)? {
         return Err(invalid(
             &at.field("durable"),
@@ -369,7 +356,7 @@ fn parse_queue(at: &At<'_>) -> Result<MetaCommand, Status> {
 
 /// A `bindings` item: `Bind` of a queue to an exchange, or `BindExchange` of an exchange to
 /// an exchange (`destination_type` `exchange`).
-fn parse_binding(at: &At<'_>) -> Result<MetaCommand, Status> {
+fn parse_binding(at: &At<'_>) -> Result<MetaCommand, DefinitionsError> {
     let destination_type = at.str_or("destination_type", "queue")?;
     let (vhost, destination, source) = (at.vhost()?, at.str("destination")?, at.str("source")?);
     let (routing_key, arguments) = (at.str_or("routing_key", "")?, at.table("arguments")?);
@@ -398,12 +385,11 @@ fn parse_binding(at: &At<'_>) -> Result<MetaCommand, Status> {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
-    use tonic::Code;
 
     use super::*;
     use crate::definitions::value_to_json;
 
-    fn doc(j: J) -> Result<Document, Status> {
+    fn doc(j: J) -> Result<Document, DefinitionsError> {
         Document::parse(j.to_string().as_bytes())
     }
 
@@ -411,41 +397,41 @@ mod tests {
     fn structural_errors_name_the_path() {
         let e = doc(json!({"users": [{"name": "u", "password_hash": "x"}]})).unwrap_err();
         assert!(
-            e.message()
+            e.to_string()
                 .starts_with("users[0].password_hash: not a PHC string"),
             "{}",
-            e.message()
+            e.to_string()
         );
         let e = doc(json!({"users": [{"name": "u", "password_hash": "x",
             "hashing_algorithm": "rabbit_password_hashing_sha256"}]}))
         .unwrap_err();
         assert!(
-            e.message().starts_with("users[0].hashing_algorithm: "),
+            e.to_string().starts_with("users[0].hashing_algorithm: "),
             "{}",
-            e.message()
+            e.to_string()
         );
         let e = doc(json!({"bindings": [{"source": "x", "destination": "y",
             "destination_type": "stream"}]}))
         .unwrap_err();
         assert!(
-            e.message().starts_with("bindings[0].destination_type: "),
+            e.to_string().starts_with("bindings[0].destination_type: "),
             "{}",
-            e.message()
+            e.to_string()
         );
         let e = doc(json!({"qeues": []})).unwrap_err();
         assert!(
-            e.message().starts_with("qeues: unknown key"),
+            e.to_string().starts_with("qeues: unknown key"),
             "{}",
-            e.message()
+            e.to_string()
         );
         let e = doc(json!({"parameters": [{"component": "shovel"}]})).unwrap_err();
         assert!(
-            e.message().starts_with("parameters: not supported"),
+            e.to_string().starts_with("parameters: not supported"),
             "{}",
-            e.message()
+            e.to_string()
         );
         let e = Document::parse(&vec![b' '; MAX_DEFINITIONS_BYTES + 1]).unwrap_err();
-        assert_eq!(e.code(), Code::ResourceExhausted);
+        assert!(matches!(e, DefinitionsError::TooLarge { .. }), "{e}");
     }
 
     #[test]
