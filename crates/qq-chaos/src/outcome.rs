@@ -6,7 +6,6 @@
 use serde::Serialize;
 
 use crate::nemesis::Kind;
-use crate::report::Report;
 
 /// What a run, or one nemesis of it, amounts to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -68,110 +67,52 @@ pub struct NemesisOutcome {
     pub result: Outcome,
 }
 
-impl Report {
-    /// Per nemesis asked for: SKIPPED when it injected no fault, else the run's checks'
-    /// PASS or FAIL (they judge the run as a whole: with several nemeses, a failure is
-    /// every injecting one's).
-    pub fn per_nemesis(&self) -> Vec<NemesisOutcome> {
-        self.requested
-            .iter()
-            .map(|kind| {
-                let faults = self.faults.iter().filter(|f| f.kind == *kind).count();
-                let result = if faults == 0 {
-                    Outcome::Skipped
-                } else if self.verdict.ok() {
-                    Outcome::Pass
-                } else {
-                    Outcome::Fail
-                };
-                NemesisOutcome {
-                    kind: *kind,
-                    faults,
-                    result,
-                }
-            })
-            .collect()
-    }
+/// Per nemesis asked for (`requested`), given the kinds of the faults injected (`struck`):
+/// SKIPPED when it injected none, else the run's checks' PASS or FAIL (they judge the run as
+/// a whole: with several nemeses, a failure is every injecting one's).
+pub fn per_nemesis(requested: &[Kind], struck: &[Kind], checks_ok: bool) -> Vec<NemesisOutcome> {
+    requested
+        .iter()
+        .map(|kind| {
+            let faults = struck.iter().filter(|k| *k == kind).count();
+            let result = if faults == 0 {
+                Outcome::Skipped
+            } else if checks_ok {
+                Outcome::Pass
+            } else {
+                Outcome::Fail
+            };
+            NemesisOutcome {
+                kind: *kind,
+                faults,
+                result,
+            }
+        })
+        .collect()
+}
 
-    /// FAIL when a check failed; else PASS only when every nemesis asked for injected faults:
-    /// SKIPPED when none did, PARTIAL when some did not.
-    pub fn result(&self) -> Outcome {
-        if !self.verdict.ok() {
-            return Outcome::Fail;
-        }
-        let per = self.per_nemesis();
-        let skipped = per.iter().filter(|n| n.result == Outcome::Skipped).count();
-        if skipped == 0 {
-            Outcome::Pass
-        } else if skipped == per.len() {
-            Outcome::Skipped
-        } else {
-            Outcome::Partial
-        }
+/// The run's outcome: FAIL when a check failed; else PASS only when every nemesis asked for
+/// injected faults, SKIPPED when none did, PARTIAL when some did not.
+pub fn of_run(per: &[NemesisOutcome], checks_ok: bool) -> Outcome {
+    if !checks_ok {
+        return Outcome::Fail;
     }
-
-    /// `report.json`: the report with its result and each nemesis' outcome.
-    pub fn to_json(&self) -> serde_json::Result<serde_json::Value> {
-        let mut json = serde_json::to_value(self)?;
-        if let Some(fields) = json.as_object_mut() {
-            fields.insert("result".into(), serde_json::to_value(self.result())?);
-            fields.insert(
-                "per_nemesis".into(),
-                serde_json::to_value(self.per_nemesis())?,
-            );
-        }
-        Ok(json)
+    let skipped = per.iter().filter(|n| n.result == Outcome::Skipped).count();
+    if skipped == 0 {
+        Outcome::Pass
+    } else if skipped == per.len() {
+        Outcome::Skipped
+    } else {
+        Outcome::Partial
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
-    use crate::checker::{Check, Verdict};
-    use crate::report::{FaultReport, Latency, Throughput, summary};
-    use crate::workload::Protocol;
 
-    /// A report of a run asked for `requested` whose faults were of the kinds `struck`.
-    fn report(requested: &[Kind], struck: &[Kind], checks_ok: bool) -> Report {
-        let fault = |kind: Kind| FaultReport {
-            kind,
-            target: "node 1".into(),
-            start_s: 10.0,
-            end_s: 20.0,
-            longest_confirm_gap_ms: 0,
-            gap_queue: String::new(),
-            steps: Vec::new(),
-            procedure: Vec::new(),
-        };
-        let mut verdict = Verdict::default();
-        verdict
-            .checks
-            .push(Check::new("nothing lost", checks_ok, "-"));
-        Report {
-            seed: 1,
-            protocol: Protocol::Grpc,
-            nemeses: requested.to_vec(),
-            requested: requested.to_vec(),
-            workload_s: 60.0,
-            notes: Vec::new(),
-            leaders_at_start: BTreeMap::new(),
-            faults: struck.iter().map(|k| fault(*k)).collect(),
-            throughput: Throughput::default(),
-            latency: Latency::default(),
-            publish_errors: BTreeMap::new(),
-            consumer_interruptions: BTreeMap::new(),
-            reconnects: BTreeMap::new(),
-            verdict,
-        }
-    }
-
-    fn outcomes(r: &Report) -> Vec<(Kind, usize, Outcome)> {
-        r.per_nemesis()
-            .into_iter()
-            .map(|n| (n.kind, n.faults, n.result))
-            .collect()
+    fn outcomes(per: &[NemesisOutcome]) -> Vec<(Kind, usize, Outcome)> {
+        per.iter().map(|n| (n.kind, n.faults, n.result)).collect()
     }
 
     /// Each nemesis asked for is judged alone: one that injected nothing is SKIPPED, and then
@@ -180,7 +121,7 @@ mod tests {
     fn a_nemesis_that_injects_nothing_is_skipped_and_the_run_is_not_a_pass() {
         use Kind::{KillLeader, Netem, PartitionHalves};
         let asked = [PartitionHalves, Netem];
-        let partial = report(&asked, &[PartitionHalves, PartitionHalves], true);
+        let partial = per_nemesis(&asked, &[PartitionHalves, PartitionHalves], true);
         assert_eq!(
             outcomes(&partial),
             [
@@ -188,33 +129,23 @@ mod tests {
                 (Netem, 0, Outcome::Skipped)
             ]
         );
-        assert_eq!(partial.result(), Outcome::Partial);
-        assert_eq!(partial.result().exit_code(), 3);
-        let text = summary(&partial);
-        assert!(
-            text.contains("nemesis netem               0 faults  SKIPPED (injected nothing)"),
-            "{text}"
-        );
-        assert!(text.contains("RESULT: PARTIAL"), "{text}");
-        assert_eq!(partial.to_json().unwrap()["result"], "PARTIAL");
-        assert_eq!(
-            partial.to_json().unwrap()["per_nemesis"][1]["result"],
-            "SKIPPED"
-        );
+        assert_eq!(of_run(&partial, true), Outcome::Partial);
+        assert_eq!(of_run(&partial, true).exit_code(), 3);
 
-        let nothing = report(&[Netem], &[], true);
+        let nothing = per_nemesis(&[Netem], &[], true);
         assert_eq!(outcomes(&nothing), [(Netem, 0, Outcome::Skipped)]);
-        assert_eq!(nothing.result(), Outcome::Skipped);
+        assert_eq!(of_run(&nothing, true), Outcome::Skipped);
+        assert_eq!(of_run(&nothing, true).exit_code(), 3);
 
-        let all = report(
+        let all = per_nemesis(
             &[PartitionHalves, KillLeader],
             &[KillLeader, PartitionHalves],
             true,
         );
-        assert_eq!(all.result(), Outcome::Pass);
-        assert_eq!(all.result().exit_code(), 0);
+        assert_eq!(of_run(&all, true), Outcome::Pass);
+        assert_eq!(of_run(&all, true).exit_code(), 0);
 
-        let failed = report(&asked, &[PartitionHalves], false);
+        let failed = per_nemesis(&asked, &[PartitionHalves], false);
         assert_eq!(
             outcomes(&failed),
             [
@@ -222,8 +153,8 @@ mod tests {
                 (Netem, 0, Outcome::Skipped)
             ]
         );
-        assert_eq!(failed.result(), Outcome::Fail);
-        assert_eq!(failed.result().exit_code(), 1);
+        assert_eq!(of_run(&failed, false), Outcome::Fail);
+        assert_eq!(of_run(&failed, false).exit_code(), 1);
     }
 
     #[test]

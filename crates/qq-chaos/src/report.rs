@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::checker::Verdict;
 use crate::membership::Step;
 use crate::nemesis::Kind;
-use crate::outcome::Outcome;
+use crate::outcome::{self, NemesisOutcome, Outcome};
 use crate::workload::{Action, History, Protocol, SOURCES};
 
 /// How long after a fault ends its effect on confirms is still counted as its own.
@@ -75,6 +75,32 @@ pub struct Report {
     pub consumer_interruptions: BTreeMap<String, u64>,
     pub reconnects: BTreeMap<String, u64>,
     pub verdict: Verdict,
+}
+
+impl Report {
+    /// Each nemesis asked for, judged ([`outcome::per_nemesis`]).
+    pub fn per_nemesis(&self) -> Vec<NemesisOutcome> {
+        let struck: Vec<Kind> = self.faults.iter().map(|f| f.kind).collect();
+        outcome::per_nemesis(&self.requested, &struck, self.verdict.ok())
+    }
+
+    /// The run's outcome ([`outcome::of_run`]).
+    pub fn result(&self) -> Outcome {
+        outcome::of_run(&self.per_nemesis(), self.verdict.ok())
+    }
+
+    /// `report.json`: the report with its result and each nemesis' outcome.
+    pub fn to_json(&self) -> serde_json::Result<serde_json::Value> {
+        let mut json = serde_json::to_value(self)?;
+        if let Some(fields) = json.as_object_mut() {
+            fields.insert("result".into(), serde_json::to_value(self.result())?);
+            fields.insert(
+                "per_nemesis".into(),
+                serde_json::to_value(self.per_nemesis())?,
+            );
+        }
+        Ok(json)
+    }
 }
 
 /// Confirm times (ms) per source queue, sorted.
@@ -536,6 +562,57 @@ mod tests {
             2000,
             "stalled to the end"
         );
+    }
+
+    /// The summary and `report.json` say what each nemesis did and what the run amounts to:
+    /// netem asked for and never injected makes the run PARTIAL, not PASS.
+    #[test]
+    fn a_report_names_each_nemesis_outcome() {
+        let fault = FaultReport {
+            kind: Kind::PartitionHalves,
+            target: "node 1 alone".into(),
+            start_s: 10.0,
+            end_s: 20.0,
+            longest_confirm_gap_ms: 0,
+            gap_queue: String::new(),
+            steps: Vec::new(),
+            procedure: Vec::new(),
+        };
+        let mut verdict = Verdict::default();
+        verdict
+            .checks
+            .push(crate::checker::Check::new("nothing lost", true, "-"));
+        let report = Report {
+            seed: 1,
+            protocol: Protocol::Grpc,
+            nemeses: vec![Kind::PartitionHalves],
+            requested: vec![Kind::PartitionHalves, Kind::Netem],
+            workload_s: 60.0,
+            notes: Vec::new(),
+            leaders_at_start: BTreeMap::new(),
+            faults: vec![fault],
+            throughput: Throughput::default(),
+            latency: Latency::default(),
+            publish_errors: BTreeMap::new(),
+            consumer_interruptions: BTreeMap::new(),
+            reconnects: BTreeMap::new(),
+            verdict,
+        };
+        assert_eq!(report.result(), Outcome::Partial);
+        let text = summary(&report);
+        assert!(
+            text.contains("nemesis partition-halves    1 faults  PASS\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nemesis netem               0 faults  SKIPPED (injected nothing)"),
+            "{text}"
+        );
+        assert!(text.ends_with("RESULT: PARTIAL\n"), "{text}");
+        let json = report.to_json().unwrap();
+        assert_eq!(json["result"], "PARTIAL");
+        assert_eq!(json["per_nemesis"][1]["kind"], "netem");
+        assert_eq!(json["per_nemesis"][1]["result"], "SKIPPED");
     }
 
     #[test]
