@@ -88,6 +88,7 @@ use rocksdb::{
 use crate::log_tail::TailBudget;
 use crate::snapshot::SnapshotDir;
 use crate::types::{GroupId, TypeConfig};
+use fsync::{SyncRequest, fsync_loop};
 
 /// Column family of Raft log entries.
 pub(crate) const CF_LOG: &str = "log";
@@ -111,8 +112,6 @@ pub(crate) const TAG_LAST_PURGED: u8 = 3;
 const BLOCK_CACHE_BYTES: usize = 64 << 20;
 /// Bound on the total WAL size: a CF that is written rarely must not pin old WAL files forever.
 const MAX_TOTAL_WAL_BYTES: u64 = 256 << 20;
-/// Most requests completed by one fsync (the drain loop stops there and syncs).
-const MAX_BATCH: usize = 65_536;
 
 /// Exit code of a node stopped by a storage fault (EX_IOERR of sysexits.h).
 pub const STORAGE_FAULT_EXIT_CODE: i32 = 74;
@@ -188,25 +187,6 @@ pub(crate) fn group_end(group: GroupId) -> [u8; 17] {
     let mut k = [0xffu8; 17];
     k[..8].copy_from_slice(&group.to_be_bytes());
     k
-}
-
-/// A unit of work for the fsync thread.
-enum SyncRequest {
-    /// An openraft append callback.
-    Flushed(IOFlushed<TypeConfig>),
-    /// An async waiter (vote, snapshot, [`Store::sync`]).
-    Waiter(tokio::sync::oneshot::Sender<io::Result<()>>),
-}
-
-impl SyncRequest {
-    fn complete(self, result: io::Result<()>) {
-        match self {
-            SyncRequest::Flushed(cb) => cb.io_completed(result),
-            SyncRequest::Waiter(tx) => {
-                let _ = tx.send(result);
-            }
-        }
-    }
 }
 
 #[derive(Default)]
@@ -659,49 +639,6 @@ impl Pinned {
     }
 }
 
-/// The fsync thread: one `flush_wal(true)` per drained batch of requests.
-fn fsync_loop(
-    db: Arc<DB>,
-    rx: mpsc::Receiver<SyncRequest>,
-    stats: Arc<Stats>,
-    path: PathBuf,
-    on_fault: FaultHandler,
-) {
-    let mut batch: Vec<SyncRequest> = Vec::new();
-    while let Ok(first) = rx.recv() {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(req) => batch.push(req),
-                Err(_) => break,
-            }
-        }
-
-        let result = db.flush_wal(true);
-        stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = &result {
-            // Before any waiter hears of it: nothing of this batch may be confirmed.
-            on_fault(&format!(
-                "fsync of the rocksdb WAL at {} failed: {e}",
-                path.display()
-            ));
-        }
-
-        let n = batch.len() as u64;
-        // Count before completing, so that a waiter that wakes up sees its own completion.
-        stats.callbacks.fetch_add(n, Ordering::Relaxed);
-        for req in batch.drain(..) {
-            let r = match &result {
-                Ok(()) => Ok(()),
-                Err(e) => Err(io::Error::other(format!(
-                    "fsync rocksdb WAL at {}: {e}",
-                    path.display()
-                ))),
-            };
-            req.complete(r);
-        }
-    }
-}
-
+mod fsync;
 #[cfg(test)]
 mod tests;

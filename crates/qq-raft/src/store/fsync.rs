@@ -1,0 +1,81 @@
+//! The fsync thread of a [`Store`](super::Store): it drains what is waiting, makes the WAL
+//! durable with one `flush_wal(true)`, and only then completes every request of the batch
+//! (see "Why: a shared WAL and one fsync per batch" in [`super`]).
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+
+use openraft::storage::IOFlushed;
+use rocksdb::DB;
+
+use super::{FaultHandler, Stats};
+use crate::types::TypeConfig;
+
+/// Most requests completed by one fsync (the drain loop stops there and syncs).
+const MAX_BATCH: usize = 65_536;
+
+/// A unit of work for the fsync thread.
+pub(super) enum SyncRequest {
+    /// An openraft append callback.
+    Flushed(IOFlushed<TypeConfig>),
+    /// An async waiter (vote, snapshot, [`Store::sync`]).
+    Waiter(tokio::sync::oneshot::Sender<io::Result<()>>),
+}
+
+impl SyncRequest {
+    pub(super) fn complete(self, result: io::Result<()>) {
+        match self {
+            SyncRequest::Flushed(cb) => cb.io_completed(result),
+            SyncRequest::Waiter(tx) => {
+                let _ = tx.send(result);
+            }
+        }
+    }
+}
+
+/// The fsync thread: one `flush_wal(true)` per drained batch of requests.
+pub(super) fn fsync_loop(
+    db: Arc<DB>,
+    rx: mpsc::Receiver<SyncRequest>,
+    stats: Arc<Stats>,
+    path: PathBuf,
+    on_fault: FaultHandler,
+) {
+    let mut batch: Vec<SyncRequest> = Vec::new();
+    while let Ok(first) = rx.recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(req) => batch.push(req),
+                Err(_) => break,
+            }
+        }
+
+        let result = db.flush_wal(true);
+        stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = &result {
+            // Before any waiter hears of it: nothing of this batch may be confirmed.
+            on_fault(&format!(
+                "fsync of the rocksdb WAL at {} failed: {e}",
+                path.display()
+            ));
+        }
+
+        let n = batch.len() as u64;
+        // Count before completing, so that a waiter that wakes up sees its own completion.
+        stats.callbacks.fetch_add(n, Ordering::Relaxed);
+        for req in batch.drain(..) {
+            let r = match &result {
+                Ok(()) => Ok(()),
+                Err(e) => Err(io::Error::other(format!(
+                    "fsync rocksdb WAL at {}: {e}",
+                    path.display()
+                ))),
+            };
+            req.complete(r);
+        }
+    }
+}
