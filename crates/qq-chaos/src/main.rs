@@ -200,15 +200,7 @@ async fn run(mut args: Args) -> anyhow::Result<Outcome> {
         let report = run_one(&setup, &set, &base.join(&name)).await?;
         rows.push((name, report));
     }
-    let table = report::matrix_table(&rows);
-    std::fs::write(base.join("matrix.md"), &table)?;
-    let json: Vec<serde_json::Value> = rows
-        .iter()
-        .map(|(name, r)| Ok(serde_json::json!({ "run": name, "report": r.to_json()? })))
-        .collect::<serde_json::Result<_>>()?;
-    std::fs::write(base.join("matrix.json"), serde_json::to_vec_pretty(&json)?)?;
-    println!("\n{table}");
-    println!("matrix: {}", base.join("matrix.md").display());
+    report::write_matrix(&base, &rows)?;
     let outcome = Outcome::of_all(rows.iter().map(|(_, r)| r.result()));
     println!("MATRIX RESULT: {}", outcome.name());
     Ok(outcome)

@@ -352,9 +352,24 @@ pub fn summary(r: &Report) -> String {
     s
 }
 
+/// Writes a matrix's `matrix.md` (its table, also printed) and `matrix.json` (every run's
+/// report) into `base`.
+pub fn write_matrix(base: &Path, rows: &[(String, Report)]) -> anyhow::Result<()> {
+    let table = matrix_table(rows);
+    std::fs::write(base.join("matrix.md"), &table)?;
+    let json: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|(name, r)| Ok(serde_json::json!({ "run": name, "report": r.to_json()? })))
+        .collect::<serde_json::Result<_>>()?;
+    std::fs::write(base.join("matrix.json"), serde_json::to_vec_pretty(&json)?)?;
+    println!("\n{table}");
+    println!("matrix: {}", base.join("matrix.md").display());
+    Ok(())
+}
+
 /// One Markdown table for a matrix of runs: per nemesis, what the checker counted and the
 /// worst unavailability a fault caused.
-pub fn matrix_table(rows: &[(String, Report)]) -> String {
+fn matrix_table(rows: &[(String, Report)]) -> String {
     let mut s = String::from(
         "| nemesis | protocol | faults | confirmed | retried | reconnects | lost | unexpected | redeliveries after settle | stored twice | republished copies | dup. dead letters | dead-lettered | longest confirm gap | result |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",

@@ -147,7 +147,12 @@ pub fn message_to_pb(m: &Message) -> pb::Message {
 }
 
 pub fn meta_error_to_status(e: &MetaError) -> Status {
-    let code = match e.kind {
+    Status::new(kind_code(e.kind), e.message.clone())
+}
+
+/// The gRPC code of a metadata refusal's kind.
+pub fn kind_code(kind: ErrorKind) -> Code {
+    match kind {
         ErrorKind::InvalidArgument => Code::InvalidArgument,
         ErrorKind::FailedPrecondition => Code::FailedPrecondition,
         ErrorKind::NotFound => Code::NotFound,
@@ -155,8 +160,7 @@ pub fn meta_error_to_status(e: &MetaError) -> Status {
         ErrorKind::Unauthenticated => Code::Unauthenticated,
         ErrorKind::AlreadyExists => Code::AlreadyExists,
         ErrorKind::ResourceExhausted => Code::ResourceExhausted,
-    };
-    Status::new(code, e.message.clone())
+    }
 }
 
 /// `""` means the default vhost `/`.

@@ -5,11 +5,11 @@ use qq_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use super::Api;
-use super::convert::meta_error_to_status;
+use super::convert::kind_code;
 use crate::definitions::{
     Cause, DefinitionsError, Document, MAX_DEFINITIONS_BYTES, export as export_state, import as run,
 };
-use qq_core::meta::{ErrorKind, MetaError};
+use qq_core::meta::ErrorKind;
 
 /// The one mapping of an import's failure to a gRPC status: the document's faults are
 /// INVALID_ARGUMENT (RESOURCE_EXHAUSTED past the size bound), the metadata's refusals keep
@@ -19,9 +19,9 @@ impl From<DefinitionsError> for Status {
         let code = match &e {
             DefinitionsError::Invalid { .. } => tonic::Code::InvalidArgument,
             DefinitionsError::TooLarge { .. } => tonic::Code::ResourceExhausted,
-            DefinitionsError::Refused { kind, .. } => kind_code(*kind),
+            DefinitionsError::Refused { kind, .. } => item_code(*kind),
             DefinitionsError::Stopped { cause, .. } => match cause {
-                Cause::Refused(refusal) => kind_code(refusal.kind),
+                Cause::Refused(refusal) => item_code(refusal.kind),
                 Cause::Node(node) => Status::from(node.clone()).code(),
             },
         };
@@ -29,16 +29,12 @@ impl From<DefinitionsError> for Status {
     }
 }
 
-/// The status code of a metadata refusal's kind (what is missing, for a document, is its
-/// own fault: INVALID_ARGUMENT).
-fn kind_code(kind: ErrorKind) -> tonic::Code {
+/// The status code of a metadata refusal of a document's item: what is missing is the
+/// document's own fault (INVALID_ARGUMENT), any other kind as for a single request.
+fn item_code(kind: ErrorKind) -> tonic::Code {
     match kind {
         ErrorKind::NotFound => tonic::Code::InvalidArgument,
-        kind => meta_error_to_status(&MetaError {
-            kind,
-            message: String::new(),
-        })
-        .code(),
+        kind => kind_code(kind),
     }
 }
 

@@ -178,14 +178,13 @@ fn binding(source: &str, destination: &str, routing_key: &str, arguments: &Table
 }
 
 /// A refusal of `path` by the metadata's own rules: its kind, and its message naming the path
-/// ([`Located`]). What is missing (a vhost, user, exchange or queue the document neither has
-/// nor finds) is the document's fault: an invalid argument.
+/// ([`Located`]). (The API answers a missing vhost, user, exchange or queue, which the document
+/// neither has nor finds, as the document's fault: INVALID_ARGUMENT.)
 fn refusal(path: &str, e: &MetaError) -> (ErrorKind, String) {
-    let kind = match e.kind {
-        ErrorKind::NotFound => ErrorKind::InvalidArgument,
-        kind => kind,
-    };
-    (kind, Located(path, &Cause::Refused(e.clone())).to_string())
+    (
+        e.kind,
+        Located(path, &Cause::Refused(e.clone())).to_string(),
+    )
 }
 
 /// The commands of `doc` for this cluster (`nodes`, `owner`), checked against a copy of
@@ -333,6 +332,18 @@ mod tests {
             fresh.apply(item.cmd).0.unwrap();
         }
         assert_eq!(export(&fresh), exported);
+    }
+
+    #[test]
+    fn what_the_document_lacks_is_its_own_fault() {
+        // A vhost neither in the document nor in the cluster: the core says NOT_FOUND, the
+        // import answers INVALID_ARGUMENT naming the item.
+        let e = doc(json!({"queues": [{"name": "a", "vhost": "nowhere"}]}))
+            .and_then(|d| plan(&MetaState::new(), &d, &[1], None))
+            .map_err(Status::from)
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("queues[0]"), "{}", e.message());
     }
 
     #[test]
