@@ -4,6 +4,15 @@
 use qq_node::config::{Args, Command, Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
+/// jemalloc rather than glibc's malloc: a message's bodies, entries and frames are allocated
+/// and freed on different threads by the thousand per second, and glibc spent 17 % of an AMQP
+/// leader's CPU on it (docs/benchmarks.md, "The allocator"). RocksDB's own C++ allocations
+/// stay with glibc. [`qq_node::alarms::release_free_heap`] hands both allocators' free pages
+/// back.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> anyhow::Result<()> {
     fix_mmap_threshold();
     // First: rustls panics at the first TLS config when it cannot tell which crypto provider
