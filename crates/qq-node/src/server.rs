@@ -294,3 +294,6 @@ fn client_tls(config: &Config) -> anyhow::Result<Option<ServerTlsConfig>> {
     }
     Ok(Some(tls))
 }
+
+#[cfg(test)]
+mod tests;
