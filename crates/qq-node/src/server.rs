@@ -6,10 +6,10 @@
 //! `qq.internal.v1.Internal` over mutual TLS: a peer must present a certificate from the
 //! cluster CA, or the handshake fails before any request is read (plain text only with
 //! `insecure_cluster`). The cluster server's connections are the ones the node's transport
-//! accepts ([`qq_raft::transport`], TCP in production), like those it dials to its peers. Nothing of the internal service is reachable on the client port.
-//! Beside the broker, the client port serves gRPC health and reflection, and `http_addr` (when
-//! set) the operator's `GET /metrics` and `GET /healthz` and the management page
-//! ([`crate::observe`]).
+//! accepts ([`qq_raft::transport`], TCP in production), like those it dials to its peers.
+//! Nothing of the internal service is reachable on the client port. Beside the broker, the
+//! client port serves gRPC health and reflection, and `http_addr` (when set) the operator's
+//! `GET /metrics` and `GET /healthz` and the management page ([`crate::observe`]).
 //!
 //! Shutdown (SIGTERM or Ctrl-C, see `main.rs`): both listeners stop accepting; the node's token
 //! is cancelled, so consumer sessions and publish streams end with UNAVAILABLE, proposals stop
