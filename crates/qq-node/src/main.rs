@@ -69,7 +69,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     };
     // A node that cannot start (or stops on an error) exits at once with status 1, without
     // waiting for background work the failed start may have left behind.
-    if let Err(e) = qq_node::server::run(config, shutdown).await {
+    // Time and the network are inputs (issue 32): the real ones here, a simulator's in one.
+    let clock = qq_node::clock::Clock::system();
+    let transport = std::sync::Arc::new(qq_raft::transport::TcpTransport);
+    if let Err(e) = qq_node::server::run(config, clock, transport, shutdown).await {
         tracing::error!("{e:#}");
         eprintln!("qq-node: {e:#}");
         std::process::exit(1);

@@ -5,10 +5,11 @@
 //! certificates required when `tls_client_ca` is), `cluster_addr` serves only
 //! `qq.internal.v1.Internal` over mutual TLS: a peer must present a certificate from the
 //! cluster CA, or the handshake fails before any request is read (plain text only with
-//! `insecure_cluster`). Nothing of the internal service is reachable on the client port.
-//! Beside the broker, the client port serves gRPC health and reflection, and `http_addr` (when
-//! set) the operator's `GET /metrics` and `GET /healthz` and the management page
-//! ([`crate::observe`]).
+//! `insecure_cluster`). The cluster server's connections are the ones the node's transport
+//! accepts ([`qq_raft::transport`], TCP in production), like those it dials to its peers.
+//! Nothing of the internal service is reachable on the client port. Beside the broker, the
+//! client port serves gRPC health and reflection, and `http_addr` (when set) the operator's
+//! `GET /metrics` and `GET /healthz` and the management page ([`crate::observe`]).
 //!
 //! Shutdown (SIGTERM or Ctrl-C, see `main.rs`): both listeners stop accepting; the node's token
 //! is cancelled, so consumer sessions and publish streams end with UNAVAILABLE, proposals stop
@@ -17,11 +18,13 @@
 //! longer reach this node to commit it); the drain is bounded by [`DRAIN_GRACE`]; then the
 //! node waits for its tasks, stops its Raft groups and flushes RocksDB ([`Node::shutdown`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use qq_proto::internal::internal_server::InternalServer;
 use qq_proto::v1::broker_server::BrokerServer;
 use qq_raft::network::{HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_INTERNAL_MESSAGE_BYTES};
+use qq_raft::transport::Transport;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
@@ -33,6 +36,7 @@ use futures::StreamExt;
 
 use crate::api::BrokerService;
 use crate::api::conn::Connections;
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::definitions::{self, Document};
 use crate::node::Node;
@@ -50,13 +54,19 @@ const DRAIN_GRACE: Duration = Duration::from_secs(10);
 /// nothing does not hold it longer).
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Run a node until `shutdown` resolves.
+/// Run a node until `shutdown` resolves, on `clock`, its peers' connections made and accepted
+/// by `transport` (`main`: [`Clock::system`] and [`qq_raft::transport::TcpTransport`]).
 pub async fn run(
     config: Config,
+    clock: Clock,
+    transport: Arc<dyn Transport>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let incoming = bind(config.listen, "listen").await?;
-    let cluster_incoming = bind(config.cluster_addr, "cluster_addr").await?;
+    let cluster_incoming = transport
+        .listen(config.cluster_addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cluster_addr: listen on {}: {e}", config.cluster_addr))?;
     let http_listener = match config.http_addr {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -97,7 +107,7 @@ pub async fn run(
     let cluster_addr = config.cluster_addr;
     let client_tls_on = client_tls.is_some();
     // Starting the groups does not wait for peers: Raft RPCs to nodes not yet up are retried.
-    let node = Node::start(config).await?;
+    let node = Node::start(config, clock, transport).await?;
     let peer_links = spawn_peer_watches(node.clone());
     let observe = Observability::start(&node, peer_links).await;
     if let Some((path, doc)) = boot_definitions {
@@ -256,7 +266,8 @@ fn config_http_addr(listener: &Option<tokio::net::TcpListener>) -> String {
         .map_or_else(|| "none".to_string(), |a| a.to_string())
 }
 
-/// A listener for `field`'s address, with TCP_NODELAY on accepted connections.
+/// A listener for `field`'s address, with TCP_NODELAY on accepted connections (the client
+/// port; the cluster port's listener is the transport's, [`Transport::listen`]).
 async fn bind(addr: std::net::SocketAddr, field: &str) -> anyhow::Result<TcpIncoming> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -283,3 +294,6 @@ fn client_tls(config: &Config) -> anyhow::Result<Option<ServerTlsConfig>> {
     }
     Ok(Some(tls))
 }
+
+#[cfg(test)]
+mod tests;

@@ -11,7 +11,11 @@
 //! - [`protocol`]: the node-to-node protocol's version, stamped on and checked for every
 //!   request between nodes.
 //! - [`snapshot`]: snapshot files, streamed to disk, read back and sent in chunks.
+//! - [`transport`]: the seam every node-to-node connection goes through (TCP in production,
+//!   in-memory pipes in tests), handed in at start.
+//! - [`clock`]: the node's clock, handed in at start; qq-node re-exports it.
 
+pub mod clock;
 pub mod encoding;
 pub mod layout;
 pub mod log_record;
@@ -22,6 +26,7 @@ pub mod network;
 pub mod protocol;
 pub mod snapshot;
 pub mod store;
+pub mod transport;
 pub mod types;
 
 pub use types::{GroupId, META_GROUP, Request, Response, TypeConfig};

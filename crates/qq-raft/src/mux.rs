@@ -28,10 +28,10 @@ use std::time::Duration;
 use futures::Stream;
 use qq_proto::internal::{RaftAnswer, RaftAnswers, RaftCall, RaftCalls, RaftReply, RaftRequest};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
-use tokio::time::Instant;
 use tonic::Streaming;
 use tonic::transport::Channel;
 
+use crate::clock::Clock;
 use crate::protocol::{self, PeerClient};
 
 /// Calls queued or waiting for an answer on one peer's stream, and calls run at once by the
@@ -87,11 +87,11 @@ pub struct Mux {
 
 impl Mux {
     /// A mux over `channel` to node `peer`; the stream opens with the first call. Needs a
-    /// Tokio runtime.
-    pub fn new(channel: Channel, peer: u64, max_message_bytes: usize) -> Mux {
+    /// Tokio runtime. `clock` times the pause after a stream failed to open.
+    pub fn new(channel: Channel, peer: u64, max_message_bytes: usize, clock: Clock) -> Mux {
         let (queue, rx) = mpsc::channel(MAX_IN_FLIGHT);
         let client = protocol::client(channel, max_message_bytes);
-        tokio::spawn(drive(client, peer, rx));
+        tokio::spawn(drive(client, peer, rx, clock));
         Mux {
             queue,
             room: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
@@ -128,26 +128,17 @@ impl Mux {
 }
 
 /// Opens a stream when calls come, sends them batched, and opens a new one when it breaks.
-async fn drive(mut client: PeerClient, peer: u64, mut queue: mpsc::Receiver<Queued>) {
+async fn drive(mut client: PeerClient, peer: u64, mut queue: mpsc::Receiver<Queued>, clock: Clock) {
     let mut pause = OPEN_BACKOFF.0;
     let mut next_id = 0u64;
     while let Some(first) = queue.recv().await {
         let (outbound, outbound_rx) = mpsc::channel::<RaftCalls>(OUTBOUND_MESSAGES);
-        let opened = tokio::time::timeout(
-            OPEN_TIMEOUT,
-            client.raft_batch(tokio_stream::wrappers::ReceiverStream::new(outbound_rx)),
-        )
-        .await;
-        let inbound = match opened {
-            Ok(Ok(response)) => response.into_inner(),
-            failed => {
-                let why = match failed {
-                    Ok(Err(status)) => format!("node {peer}: {}", status.message()),
-                    _ => format!("node {peer}: no stream within {OPEN_TIMEOUT:?}"),
-                };
+        let inbound = match open(&mut client, peer, outbound_rx).await {
+            Ok(inbound) => inbound,
+            Err(why) => {
                 tracing::debug!(peer, %why, "batched Raft stream did not open");
                 let _ = first.answer.send(Err(why.clone()));
-                let until = Instant::now() + pause;
+                let until = clock.now() + pause;
                 while let Ok(Some(q)) = tokio::time::timeout_at(until, queue.recv()).await {
                     let _ = q.answer.send(Err(why.clone()));
                 }
@@ -175,24 +166,7 @@ async fn drive(mut client: PeerClient, peer: u64, mut queue: mpsc::Receiver<Queu
                     }
                 },
             };
-            let mut calls = Vec::new();
-            let mut bytes = 0;
-            let mut item = Some(q);
-            while let Some(q) = item.take() {
-                if !q.answer.is_closed() {
-                    next_id += 1;
-                    bytes += q.request.payload.len();
-                    calls.push(RaftCall {
-                        id: next_id,
-                        request: Some(q.request),
-                        timeout_ms: u32::try_from(q.timeout.as_millis()).unwrap_or(u32::MAX),
-                    });
-                    lock(&waiting).insert(next_id, (q.answer, q.room));
-                }
-                if calls.len() < MAX_CALLS_PER_MESSAGE && bytes < MAX_MESSAGE_BYTES {
-                    item = queue.try_recv().ok();
-                }
-            }
+            let calls = batch(q, &mut queue, &waiting, &mut next_id);
             if calls.is_empty() {
                 continue;
             }
@@ -214,6 +188,54 @@ async fn drive(mut client: PeerClient, peer: u64, mut queue: mpsc::Receiver<Queu
             let _ = answer.send(Err(why.clone()));
         }
     }
+}
+
+/// Opens the batched stream whose requests are `outbound`: its answers, or why it did not open.
+async fn open(
+    client: &mut PeerClient,
+    peer: u64,
+    outbound: mpsc::Receiver<RaftCalls>,
+) -> Result<Streaming<RaftAnswers>, String> {
+    let opened = tokio::time::timeout(
+        OPEN_TIMEOUT,
+        client.raft_batch(tokio_stream::wrappers::ReceiverStream::new(outbound)),
+    )
+    .await;
+    match opened {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(format!("node {peer}: {}", status.message())),
+        Err(_) => Err(format!("node {peer}: no stream within {OPEN_TIMEOUT:?}")),
+    }
+}
+
+/// One message's calls: `first` and those queued behind it, within [`MAX_CALLS_PER_MESSAGE`]
+/// and about [`MAX_MESSAGE_BYTES`]; calls whose callers stopped waiting are dropped. Each call
+/// gets the next id and its caller a place in `waiting`.
+fn batch(
+    first: Queued,
+    queue: &mut mpsc::Receiver<Queued>,
+    waiting: &Waiting,
+    next_id: &mut u64,
+) -> Vec<RaftCall> {
+    let mut calls = Vec::new();
+    let mut bytes = 0;
+    let mut item = Some(first);
+    while let Some(q) = item.take() {
+        if !q.answer.is_closed() {
+            *next_id += 1;
+            bytes += q.request.payload.len();
+            calls.push(RaftCall {
+                id: *next_id,
+                request: Some(q.request),
+                timeout_ms: u32::try_from(q.timeout.as_millis()).unwrap_or(u32::MAX),
+            });
+            lock(waiting).insert(*next_id, (q.answer, q.room));
+        }
+        if calls.len() < MAX_CALLS_PER_MESSAGE && bytes < MAX_MESSAGE_BYTES {
+            item = queue.try_recv().ok();
+        }
+    }
+    calls
 }
 
 /// Hands answers to their callers until the stream ends; returns why it ended.

@@ -7,6 +7,8 @@
 //! fill theirs never hold up the metadata's heartbeats and votes; large appends and snapshot
 //! chunks go as unary `Internal.Raft` calls.
 //! Channels are created lazily and shared (tonic channels multiplex streams), never one per RPC.
+//! Every channel is made by the node's [`Transport`] ([`crate::transport`]), handed in at start
+//! with the clock: TCP in production, in-memory pipes in tests and a simulator.
 //!
 //! Node-to-node traffic goes to each peer's cluster address (its own port, apart from the
 //! client port) over mutual TLS: the node presents its certificate and accepts only a server
@@ -49,9 +51,11 @@ use serde::{Serialize, de::DeserializeOwned};
 use tokio::sync::watch;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+use crate::clock::Clock;
 use crate::mux::{self, Mux};
 use crate::protocol::{self, PeerClient};
 use crate::snapshot::{ChunkReply, SNAPSHOT_CHUNK_BYTES, SnapshotChunk, SnapshotFile};
+use crate::transport::Transport;
 use crate::types::{GroupId, META_GROUP, TypeConfig};
 
 /// HTTP/2 flow-control windows used on every channel and server of the cluster.
@@ -152,6 +156,10 @@ pub struct Peers {
 struct PeersInner {
     map: RwLock<BTreeMap<u64, Arc<PeerChannels>>>,
     tls: Option<PeerTls>,
+    /// What makes every channel.
+    transport: Arc<dyn Transport>,
+    /// Times the batched streams' pauses ([`Mux`]).
+    clock: Clock,
     /// Bumped on every change of the peer set (a node joined or was forgotten).
     changed: watch::Sender<u64>,
 }
@@ -173,21 +181,27 @@ struct PeerChannels {
 
 impl Peers {
     /// Channels to every peer's cluster address: `https://` with `tls`, plain `http://`
-    /// without (only when the node runs with `insecure_cluster = true`).
+    /// without (only when the node runs with `insecure_cluster = true`), made by `transport`.
     pub fn new(
         peers: impl IntoIterator<Item = PeerAddress>,
         tls: Option<&PeerTls>,
+        transport: Arc<dyn Transport>,
+        clock: Clock,
     ) -> Result<Peers, NetError> {
+        let mut inner = PeersInner {
+            map: RwLock::new(BTreeMap::new()),
+            tls: tls.cloned(),
+            transport,
+            clock,
+            changed: watch::Sender::new(0),
+        };
         let mut map = BTreeMap::new();
         for peer in peers {
-            map.insert(peer.id, Arc::new(PeerChannels::connect(&peer, tls)?));
+            map.insert(peer.id, Arc::new(PeerChannels::connect(&peer, &inner)?));
         }
+        *inner.map.get_mut().expect("peers lock poisoned") = map;
         Ok(Peers {
-            inner: Arc::new(PeersInner {
-                map: RwLock::new(map),
-                tls: tls.cloned(),
-                changed: watch::Sender::new(0),
-            }),
+            inner: Arc::new(inner),
         })
     }
 
@@ -207,10 +221,7 @@ impl Peers {
                 c.address == peer.address && c.cluster_address == peer.cluster_address
             });
             if !same {
-                map.insert(
-                    id,
-                    Arc::new(PeerChannels::connect(&peer, self.inner.tls.as_ref())?),
-                );
+                map.insert(id, Arc::new(PeerChannels::connect(&peer, &self.inner)?));
                 changed = true;
             }
         }
@@ -307,12 +318,14 @@ impl Peers {
 }
 
 impl PeerChannels {
-    fn connect(peer: &PeerAddress, tls: Option<&PeerTls>) -> Result<PeerChannels, NetError> {
+    /// The channels to `peer`, made by `peers`' transport (lazily: nothing connects yet).
+    fn connect(peer: &PeerAddress, peers: &PeersInner) -> Result<PeerChannels, NetError> {
         let PeerAddress {
             id,
             address,
             cluster_address,
         } = peer;
+        let tls = peers.tls.as_ref();
         let scheme = if tls.is_some() { "https" } else { "http" };
         let mut endpoint =
             Endpoint::from_shared(format!("{scheme}://{cluster_address}")).map_err(|e| {
@@ -336,12 +349,13 @@ impl PeerChannels {
             .initial_stream_window_size(HTTP2_STREAM_WINDOW)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(10));
-        let raft = endpoint.connect_lazy();
+        let raft = peers.transport.channel(&endpoint);
+        let mux = || Mux::new(raft.clone(), *id, MAX_INTERNAL_MESSAGE_BYTES, peers.clock);
         Ok(PeerChannels {
-            mux: Mux::new(raft.clone(), *id, MAX_INTERNAL_MESSAGE_BYTES),
-            meta_mux: Mux::new(raft.clone(), *id, MAX_INTERNAL_MESSAGE_BYTES),
+            mux: mux(),
+            meta_mux: mux(),
+            work: peers.transport.channel(&endpoint),
             raft,
-            work: endpoint.connect_lazy(),
             address: address.clone(),
             cluster_address: cluster_address.clone(),
         })
@@ -563,3 +577,6 @@ mod mux_tests;
 
 #[cfg(test)]
 mod tls_tests;
+
+#[cfg(test)]
+mod transport_tests;

@@ -40,6 +40,7 @@ use qq_core::meta::MetaEffect;
 use qq_raft::log_store::LogStore;
 use qq_raft::network::{GroupNetwork, PeerAddress, Peers};
 use qq_raft::store::{Store, StoreError};
+use qq_raft::transport::Transport;
 use qq_raft::{GroupId, META_GROUP};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -74,7 +75,7 @@ pub struct Node {
     proposer: Proposer,
     enqueuer: Enqueuer,
     leader_ctx: LeaderContext,
-    /// The node's one clock ([`crate::clock`]), created here at start.
+    /// The node's one clock ([`crate::clock`]), handed in at start.
     clock: Clock,
     consumer_seq: AtomicU64,
     alarms: Arc<Alarms>,
@@ -86,11 +87,16 @@ pub struct Node {
 }
 
 impl Node {
-    /// Open storage, start the metadata group and the supervisor. The node's clock is the
-    /// system's ([`Clock::system`]).
-    pub async fn start(config: Config) -> anyhow::Result<Arc<Node>> {
-        let clock = Clock::system();
-        let (store, peers) = open_store_and_peers(&config)?;
+    /// Open storage, start the metadata group and the supervisor. Time and the network are
+    /// the caller's: every clock read goes through `clock` ([`crate::clock`]), every
+    /// connection to a peer through `transport` ([`qq_raft::transport`]); `main` hands in
+    /// [`Clock::system`] and [`qq_raft::transport::TcpTransport`].
+    pub async fn start(
+        config: Config,
+        clock: Clock,
+        transport: Arc<dyn Transport>,
+    ) -> anyhow::Result<Arc<Node>> {
+        let (store, peers) = open_store_and_peers(&config, clock, transport)?;
         let raft_config = raft_config(&config)?;
         let reload_config = reload_config(&raft_config);
         let (meta, effects) = MetaMachine::new(store.clone());
@@ -329,8 +335,12 @@ fn reseed_advice(data_dir: &std::path::Path) -> String {
 }
 
 /// The node's data directory and store (with advice on re-seeding when it cannot be opened),
-/// and its peers as the configuration names them.
-fn open_store_and_peers(config: &Config) -> anyhow::Result<(Store, Peers)> {
+/// and its peers as the configuration names them, reached through `transport`.
+fn open_store_and_peers(
+    config: &Config,
+    clock: Clock,
+    transport: Arc<dyn Transport>,
+) -> anyhow::Result<(Store, Peers)> {
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| anyhow::anyhow!("create data_dir {}: {e}", config.data_dir.display()))?;
     let store = Store::open(&config.data_dir.join("db")).map_err(|e| match e {
@@ -345,6 +355,8 @@ fn open_store_and_peers(config: &Config) -> anyhow::Result<(Store, Peers)> {
             cluster_address: p.cluster_address.clone(),
         }),
         config.cluster_tls()?.as_ref(),
+        transport,
+        clock,
     )?;
     Ok((store, peers))
 }

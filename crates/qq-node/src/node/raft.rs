@@ -201,6 +201,12 @@ mod tests {
 
     const GROUP: GroupId = 7;
 
+    /// A peer set without peers: these tests' groups have one voter.
+    fn no_peers() -> Peers {
+        let transport = Arc::new(qq_raft::transport::TcpTransport);
+        Peers::new(Vec::new(), None, transport, crate::clock::Clock::system()).unwrap()
+    }
+
     async fn queue_raft(store: &Store) -> Raft<TypeConfig, Shell<QueueMachine>> {
         let config = Config::for_tests("insecure_cluster = true").unwrap();
         Raft::new(
@@ -208,7 +214,7 @@ mod tests {
             raft_config(&config).unwrap(),
             GroupNetwork {
                 group: GROUP,
-                peers: Peers::new(Vec::new(), None).unwrap(),
+                peers: no_peers(),
             },
             LogStore::new(store.clone(), GROUP),
             Shell::new(QueueMachine::new(
@@ -352,7 +358,7 @@ mod tests {
                     raft_config,
                     GroupNetwork {
                         group: GROUP,
-                        peers: Peers::new(Vec::new(), None).unwrap(),
+                        peers: no_peers(),
                     },
                     LogStore::new(store, GROUP),
                     shell,

@@ -48,6 +48,8 @@ pub(super) fn peers_at(id: u64, address: String, tls: Option<&PeerTls>) -> Peers
             cluster_address: address,
         }],
         tls,
+        Arc::new(crate::transport::TcpTransport),
+        Clock::system(),
     )
     .unwrap()
 }

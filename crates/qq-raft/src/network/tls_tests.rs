@@ -7,7 +7,7 @@ use tonic::transport::{Identity, ServerTlsConfig};
 use super::*;
 
 /// A CA and a node certificate from it (PEM): (ca, cert, key).
-fn ca_and_node() -> (String, String, String) {
+pub(super) fn ca_and_node() -> (String, String, String) {
     let ca_key = KeyPair::generate().unwrap();
     let mut ca = CertificateParams::new(Vec::new()).unwrap();
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
@@ -23,23 +23,26 @@ fn ca_and_node() -> (String, String, String) {
     (ca_cert.pem(), cert.pem(), key.serialize_pem())
 }
 
-/// Serves a peer that grants every vote, over mutual TLS with `server`'s CA and identity.
-async fn tls_peer(server: &(String, String, String)) -> String {
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(&server.1, &server.2))
-        .client_ca_root(Certificate::from_pem(&server.0));
-    super::tests::serve_peer(Some(tls)).await
+/// The cluster server's side of mutual TLS with `server`'s CA and identity.
+pub(super) fn server_tls((ca, cert, key): &(String, String, String)) -> ServerTlsConfig {
+    ServerTlsConfig::new()
+        .identity(Identity::from_pem(cert, key))
+        .client_ca_root(Certificate::from_pem(ca))
 }
 
-async fn vote(address: String, me: &(String, String, String)) -> bool {
-    let tls = PeerTls {
-        ca_pem: me.0.clone().into_bytes(),
-        cert_pem: me.1.clone().into_bytes(),
-        key_pem: me.2.clone().into_bytes(),
-    };
-    let peers = tests::peers_at(1, address, Some(&tls));
+/// This node's TLS towards its peers, with `me`'s CA and identity.
+pub(super) fn peer_tls((ca, cert, key): &(String, String, String)) -> PeerTls {
+    PeerTls {
+        ca_pem: ca.clone().into_bytes(),
+        cert_pem: cert.clone().into_bytes(),
+        key_pem: key.clone().into_bytes(),
+    }
+}
+
+/// Whether node `target` of `peers` grants a vote (false if no answer came).
+pub(super) async fn vote(peers: Peers, target: u64) -> bool {
     let mut raft = GroupNetwork { group: 7, peers }
-        .new_client(1, &BasicNode::default())
+        .new_client(target, &BasicNode::default())
         .await;
     raft.vote(
         VoteRequest::new(VoteOf::<TypeConfig>::new(3, 2), None),
@@ -55,16 +58,17 @@ async fn vote(address: String, me: &(String, String, String)) -> bool {
 async fn peers_speak_mutual_tls_and_refuse_a_foreign_server() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cluster = ca_and_node();
-    let address = tls_peer(&cluster).await;
+    let me = peer_tls(&cluster);
+    let address = tests::serve_peer(Some(server_tls(&cluster))).await;
     assert!(
-        vote(address, &cluster).await,
+        vote(tests::peers_at(1, address, Some(&me)), 1).await,
         "same CA: the vote is answered"
     );
 
     let foreign = ca_and_node();
-    let address = tls_peer(&foreign).await;
+    let address = tests::serve_peer(Some(server_tls(&foreign))).await;
     assert!(
-        !vote(address, &cluster).await,
+        !vote(tests::peers_at(1, address, Some(&me)), 1).await,
         "a foreign server must be refused"
     );
 }
