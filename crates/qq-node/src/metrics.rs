@@ -120,7 +120,7 @@ pub fn became_leader(kind: GroupKind) {
     INSTRUMENTS.leader_changes.get_or_create(&kind).inc();
 }
 
-/// A queue group's replica here went to sleep ([`crate::groups::quiet`]).
+/// A queue group's replica here went to sleep ([`crate::groups::residency`]).
 pub fn group_slept() {
     INSTRUMENTS.group_sleeps.inc();
 }

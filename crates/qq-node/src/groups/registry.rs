@@ -7,7 +7,7 @@
 //! **Unloaded replicas.** A queue replica that has slept for `unload_after_ms` lets its Raft
 //! instance go ([`Registry::unload`]): openraft reserves per instance, as constants, queues
 //! and buffers whose pages a working group touches and keeps (about 330 KiB of a 500 KiB
-//! idle queue across three nodes). What stays is a [`Dormant`]: the state machine (in memory,
+//! idle queue across three nodes). What stays is a [`UnloadedReplica`]: the state machine (in memory,
 //! as before), the metadata, the sleep state and the Raft metrics at the unload (vote, leader,
 //! log and membership do not move while nothing runs). Whatever needs the Raft instance loads
 //! it again first ([`Registry::load`]: a proposal, a leader-only read, a peer's Raft message,
@@ -35,7 +35,7 @@ use tracing::{info, warn};
 
 use super::meta_sm::MetaMachine;
 use super::queue_sm::QueueMachine;
-use super::quiet::{self, Quiet};
+use super::residency::{self, ResidencyCell};
 use super::shell::{AppliedMembership, Shell};
 use crate::clock::Clock;
 
@@ -50,8 +50,8 @@ pub struct QueueGroup {
     pub meta: QueueMeta,
     /// Stops the group's tasks (leadership watch, leader actor) when the group stops.
     pub stop: CancellationToken,
-    /// Whether this replica sleeps ([`super::quiet`]).
-    pub quiet: Arc<Quiet>,
+    /// Whether this replica sleeps ([`super::residency`]).
+    pub residency: Arc<ResidencyCell>,
     /// Which Raft instance of the replica this is (a fresh one per load, [`next_instance`]).
     pub instance: u64,
     /// The membership the machine has applied (kept across an unload, [`Shell::resume`]).
@@ -79,10 +79,10 @@ pub fn next_instance() -> u64 {
 
 /// A queue replica whose Raft instance is unloaded (module docs). It sleeps.
 #[derive(Clone)]
-pub struct Dormant {
+pub struct UnloadedReplica {
     pub machine: Arc<QueueMachine>,
     pub meta: QueueMeta,
-    pub quiet: Arc<Quiet>,
+    pub residency: Arc<ResidencyCell>,
     pub membership: AppliedMembership,
     /// The replica's Raft metrics at the unload.
     pub metrics: Arc<RaftMetrics<TypeConfig>>,
@@ -92,28 +92,28 @@ pub struct Dormant {
 #[derive(Clone)]
 pub enum Replica {
     Loaded(QueueGroup),
-    Dormant(Dormant),
+    Unloaded(UnloadedReplica),
 }
 
 impl Replica {
     pub fn machine(&self) -> &Arc<QueueMachine> {
         match self {
             Replica::Loaded(g) => &g.machine,
-            Replica::Dormant(d) => &d.machine,
+            Replica::Unloaded(d) => &d.machine,
         }
     }
 
     pub fn meta(&self) -> &QueueMeta {
         match self {
             Replica::Loaded(g) => &g.meta,
-            Replica::Dormant(d) => &d.meta,
+            Replica::Unloaded(d) => &d.meta,
         }
     }
 
-    pub fn quiet(&self) -> &Arc<Quiet> {
+    pub fn residency(&self) -> &Arc<ResidencyCell> {
         match self {
-            Replica::Loaded(g) => &g.quiet,
-            Replica::Dormant(d) => &d.quiet,
+            Replica::Loaded(g) => &g.residency,
+            Replica::Unloaded(d) => &d.residency,
         }
     }
 
@@ -121,21 +121,21 @@ impl Replica {
     pub fn metrics(&self) -> Arc<RaftMetrics<TypeConfig>> {
         match self {
             Replica::Loaded(g) => Arc::new(g.raft.metrics().borrow_watched().clone()),
-            Replica::Dormant(d) => d.metrics.clone(),
+            Replica::Unloaded(d) => d.metrics.clone(),
         }
     }
 
     pub fn state(&self) -> ServerState {
         match self {
             Replica::Loaded(g) => g.raft.metrics().borrow_watched().state,
-            Replica::Dormant(d) => d.metrics.state,
+            Replica::Unloaded(d) => d.metrics.state,
         }
     }
 
     pub fn current_leader(&self) -> Option<NodeId> {
         match self {
             Replica::Loaded(g) => g.raft.metrics().borrow_watched().current_leader,
-            Replica::Dormant(d) => d.metrics.current_leader,
+            Replica::Unloaded(d) => d.metrics.current_leader,
         }
     }
 }
@@ -143,7 +143,10 @@ impl Replica {
 /// Creates the Raft instance of an unloaded replica (the supervisor, [`crate::node`]): the
 /// group's tasks start again as at a start, with the replica's timers off.
 pub trait GroupLoader: Send + Sync {
-    fn load<'a>(&'a self, dormant: &'a Dormant) -> BoxFuture<'a, anyhow::Result<QueueGroup>>;
+    fn load<'a>(
+        &'a self,
+        unloaded: &'a UnloadedReplica,
+    ) -> BoxFuture<'a, anyhow::Result<QueueGroup>>;
 }
 
 struct Hosted {
@@ -257,7 +260,7 @@ impl Registry {
             .values()
             .filter_map(|h| match &h.replica {
                 Replica::Loaded(g) => Some(g.clone()),
-                Replica::Dormant(_) => None,
+                Replica::Unloaded(_) => None,
             })
             .collect()
     }
@@ -318,12 +321,12 @@ impl Registry {
         }
         let transition = self.transition(group)?;
         let _transition = transition.lock().await;
-        let dormant = match self.replica(group)? {
+        let unloaded = match self.replica(group)? {
             Replica::Loaded(g) => return Some(g),
-            Replica::Dormant(d) => d,
+            Replica::Unloaded(d) => d,
         };
         let loader = self.loader.get()?.upgrade()?;
-        match loader.load(&dormant).await {
+        match loader.load(&unloaded).await {
             Ok(g) => {
                 if let Some(h) = self.queues.write().unwrap().get_mut(&group) {
                     h.replica = Replica::Loaded(g.clone());
@@ -343,12 +346,12 @@ impl Registry {
 
     /// Load every unloaded replica that `wanted` picks, [`LOADS_AT_ONCE`] at a time; returns
     /// how many.
-    pub async fn load_where(&self, wanted: impl Fn(&Dormant) -> bool) -> usize {
+    pub async fn load_where(&self, wanted: impl Fn(&UnloadedReplica) -> bool) -> usize {
         let picked: Vec<GroupId> = self
             .replicas()
             .into_iter()
             .filter_map(|r| match r {
-                Replica::Dormant(d) if wanted(&d) => Some(d.meta.id),
+                Replica::Unloaded(d) if wanted(&d) => Some(d.meta.id),
                 _ => None,
             })
             .collect();
@@ -369,29 +372,22 @@ impl Registry {
         n
     }
 
-    /// The group for a write, loaded, with the write counted ([`Quiet::begin_write`]): the
-    /// count is taken before the registry is read again, so an unload either sees the write
-    /// and stays its hand, or happened first and the group is loaded anew.
-    pub async fn for_write(&self, group: GroupId) -> Option<(QueueGroup, quiet::WriteGuard)> {
+    /// The group for a write, loaded, with the write counted on its running instance
+    /// ([`ResidencyCell::begin_write`]): the residency machine decides the race with an unload
+    /// (the write counted first stops the unload; one that comes after it loads the replica
+    /// anew).
+    pub async fn for_write(&self, group: GroupId) -> Option<(QueueGroup, residency::WriteGuard)> {
         loop {
             let g = self.load(group).await?;
-            let guard = g.quiet.begin_write();
-            // Only the instance number is compared: no clone of the group on every write.
-            let current = match self.queues.read().unwrap().get(&group) {
-                Some(Hosted {
-                    replica: Replica::Loaded(now),
-                    ..
-                }) => Some(now.instance),
-                _ => None,
-            };
-            if current == Some(g.instance) {
+            if let Some(guard) = g.residency.begin_write(g.instance) {
                 return Some((g, guard));
             }
         }
     }
 
-    /// Unload the replica's Raft instance if it still sleeps and nothing began since `ready`
-    /// judged it (module docs). Returns whether it did.
+    /// Unload the replica's Raft instance if the residency machine agrees: it still sleeps,
+    /// `ready` judged it unloadable and nothing began since (module docs). Returns whether it
+    /// did.
     pub async fn unload(&self, group: GroupId, ready: impl Fn(&QueueGroup) -> bool) -> bool {
         let Some(transition) = self.transition(group) else {
             return false;
@@ -400,23 +396,25 @@ impl Registry {
         let Some(g) = self.queue(group) else {
             return false;
         };
-        let (begun, in_flight) = g.quiet.writes();
-        if in_flight > 0 || !g.quiet.is_asleep() || !ready(&g) {
+        let (begun, in_flight) = g.residency.writes();
+        if in_flight > 0 || !g.residency.is_asleep() {
             return false;
         }
-        let dormant = Dormant {
+        let ready = ready(&g);
+        let unloaded = UnloadedReplica {
             machine: g.machine.clone(),
             meta: g.meta.clone(),
-            quiet: g.quiet.clone(),
+            residency: g.residency.clone(),
             membership: g.membership.clone(),
             metrics: Arc::new(g.raft.metrics().borrow_watched().clone()),
         };
         if let Some(h) = self.queues.write().unwrap().get_mut(&group) {
-            h.replica = Replica::Dormant(dormant);
+            h.replica = Replica::Unloaded(unloaded);
         }
-        // After the swap: a write counted from here on finds the registry changed and loads
-        // again ([`Registry::for_write`]); one counted before stops the unload here.
-        if !g.quiet.detach_if_asleep(begun) {
+        // After the swap: a write that reads the registry from here on loads a new instance
+        // ([`Registry::for_write`] waits for this transition); one counted on this instance
+        // before the machine's step stops the unload here.
+        if !g.residency.detach(begun, ready) {
             if let Some(h) = self.queues.write().unwrap().get_mut(&group) {
                 h.replica = Replica::Loaded(g);
             }
@@ -462,7 +460,7 @@ impl Registry {
         if let Some(h) = self.queues.write().unwrap().get_mut(&meta.id) {
             match &mut h.replica {
                 Replica::Loaded(g) => g.meta = meta,
-                Replica::Dormant(d) => d.meta = meta,
+                Replica::Unloaded(d) => d.meta = meta,
             }
         }
     }
@@ -487,10 +485,11 @@ impl Registry {
             return;
         }
         if let Some(g) = self.load(group).await
-            && g.quiet.is_asleep()
+            && g.residency.is_asleep()
             && g.raft.metrics().borrow_watched().state == ServerState::Leader
         {
-            quiet::wake_leader(&g.raft, &g.quiet, self.read_lease, 2 * self.read_lease).await;
+            residency::wake_leader(&g.raft, &g.residency, self.read_lease, 2 * self.read_lease)
+                .await;
         }
     }
 
@@ -498,7 +497,7 @@ impl Registry {
     pub fn asleep_led_by(&self, peer: NodeId) -> Vec<GroupId> {
         self.replicas()
             .into_iter()
-            .filter(|r| r.quiet().is_asleep() && r.current_leader() == Some(peer))
+            .filter(|r| r.residency().is_asleep() && r.current_leader() == Some(peer))
             .map(|r| r.meta().id)
             .collect()
     }
@@ -509,7 +508,7 @@ impl Registry {
         let mut n = 0;
         for id in groups {
             if let Some(g) = self.load(*id).await {
-                n += usize::from(g.quiet.wake());
+                n += usize::from(g.residency.wake());
             }
         }
         n
@@ -529,9 +528,7 @@ impl Registry {
             if g.raft.metrics().borrow_watched().state != ServerState::Leader {
                 continue;
             }
-            if g.quiet.wake() {
-                quiet::heartbeat_soon(&g.raft);
-            }
+            g.residency.wake_to_lead();
             led.push(g.meta.id);
         }
         led

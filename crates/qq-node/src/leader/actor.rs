@@ -29,7 +29,7 @@ struct Work {
     logged_no_route: bool,
     drops: DropLog,
     /// The clean-up runs CONSUMER_RECONCILE after something was applied, and again while it
-    /// finds work; an idle queue runs no timer (it may sleep, see `groups::quiet`).
+    /// finds work; an idle queue runs no timer (it may sleep, see `groups::residency`).
     cleanup_at: Option<Instant>,
     /// When the group may sleep: `quiesce_after` after the last applied entry or wake.
     sleep_at: Option<Instant>,
@@ -42,7 +42,7 @@ impl QueueLeader {
     pub(super) async fn run(mut self) {
         let mut applied = self.machine.subscribe_applied();
         let mut topology = self.ctx.view.subscribe();
-        let mut woken = self.quiet.subscribe_woken();
+        let mut woken = self.residency.subscribe_woken();
         let mut w = Work {
             cleanup_at: Some(self.ctx.clock.now() + CONSUMER_RECONCILE),
             sleep_at: self.sleep_deadline(),
@@ -174,7 +174,7 @@ impl QueueLeader {
             && quiesce::try_sleep(
                 self.group,
                 &self.raft,
-                &self.quiet,
+                &self.residency,
                 &self.ctx.peers,
                 self.ctx.me,
                 self.ctx.clock,

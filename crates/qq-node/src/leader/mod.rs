@@ -68,8 +68,8 @@ pub use self::watch::watch_leadership;
 use crate::clock::Clock;
 use crate::deadletter::DeadLetters;
 use crate::groups::queue_sm::{LeaderEvent, QueueMachine, QueueRequest};
-use crate::groups::quiet::Quiet;
 use crate::groups::registry::QueueRaft;
+use crate::groups::residency::ResidencyCell;
 use crate::meta_view::MetaView;
 use crate::moves::Mover;
 use crate::peer::machines::PeerMachines;
@@ -94,7 +94,7 @@ pub struct LeaderContext {
     pub dead_letter_retry: Duration,
     pub mover: Mover,
     pub tasks: TaskTracker,
-    /// For the sleep of idle groups ([`crate::groups::quiet`]).
+    /// For the sleep of idle groups ([`crate::groups::residency`]).
     pub peers: Peers,
     pub me: NodeId,
     /// A group with nothing applied for this long sleeps; None: never.
@@ -116,7 +116,7 @@ pub struct QueueLeader {
     group: GroupId,
     machine: Arc<QueueMachine>,
     raft: QueueRaft,
-    quiet: Arc<Quiet>,
+    residency: Arc<ResidencyCell>,
     inbox: mpsc::Receiver<LeaderEvent>,
     /// A queue never used since this node became leader counts as used from then (x-expires).
     leader_since_ms: u64,

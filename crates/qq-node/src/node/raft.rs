@@ -14,8 +14,8 @@ use tokio::sync::watch;
 use tracing::{debug, info, info_span};
 
 use crate::config::Config;
-use crate::groups::quiet::SleepRequest;
 use crate::groups::registry::MetaRaft;
+use crate::groups::residency::SleepRequest;
 
 /// The Raft settings of every group on this node.
 pub(super) fn raft_config(config: &Config) -> anyhow::Result<Arc<openraft::Config>> {
@@ -121,7 +121,7 @@ where
 /// A replica starting here (the node starts) that may start asleep: what its leader would
 /// have asked it to sleep with. That is when its persisted vote is committed and names another
 /// node, and its whole log is committed: it followed that leader with nothing pending, as a
-/// sleeping follower does ([`crate::groups::quiet`]). Started awake instead, the replicas of a
+/// sleeping follower does ([`crate::groups::residency`]). Started awake instead, the replicas of a
 /// restarted node hosting thousands of queues all ran their election timers before their
 /// leaders (themselves asleep and unloaded) could reach them, and their pre-votes made every
 /// peer load the replicas they asked.

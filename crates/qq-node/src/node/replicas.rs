@@ -17,8 +17,8 @@ use tracing::{Instrument, info, info_span, warn};
 use super::Node;
 use super::raft::{follower_at_rest, initialize_unless_joined};
 use crate::groups::queue_sm::QueueMachine;
-use crate::groups::quiet::Quiet;
-use crate::groups::registry::{Dormant, GroupLoader, QueueGroup, Replica, next_instance};
+use crate::groups::registry::{GroupLoader, QueueGroup, Replica, UnloadedReplica, next_instance};
+use crate::groups::residency::ResidencyCell;
 use crate::groups::shell::{AppliedMembership, Machine, Shell};
 use crate::leader::watch_leadership;
 
@@ -44,14 +44,14 @@ impl Node {
         qm: QueueMeta,
         log: LogStore,
         machine: Arc<QueueMachine>,
-        quiet: Arc<Quiet>,
+        residency: Arc<ResidencyCell>,
         membership: AppliedMembership,
         reload: bool,
     ) -> anyhow::Result<QueueGroup> {
         let span = info_span!("queue", node_id = self.id, queue = %qm.name, group = qm.id);
         // A replica started asleep ([`follower_at_rest`]) starts with its timers off too; the
         // reload settings' leader restore does not apply to it (it follows another node).
-        let config = if reload || quiet.is_asleep() {
+        let config = if reload || residency.is_asleep() {
             self.reload_config.clone()
         } else {
             self.raft_config.clone()
@@ -71,15 +71,16 @@ impl Node {
         if reload {
             wait_loaded(&raft, &machine).await?;
         }
-        quiet.attach(&raft, self.clock.now());
+        let instance = next_instance();
+        residency.attach(&raft, instance, self.clock.now());
         let stop = self.shutdown.child_token();
         let group = QueueGroup {
             raft: raft.clone(),
             machine: machine.clone(),
             meta: qm.clone(),
             stop: stop.clone(),
-            quiet: quiet.clone(),
-            instance: next_instance(),
+            residency: residency.clone(),
+            instance,
             membership,
         };
         // The leadership watch starts with the group, before anything can fail: the group is
@@ -91,7 +92,7 @@ impl Node {
                 qm.id,
                 raft,
                 machine,
-                quiet,
+                residency,
                 stop,
                 reload,
                 span.clone(),
@@ -109,12 +110,19 @@ impl Node {
         let machine = QueueMachine::for_queue(self.store.clone(), &qm);
         // One log store for the check and the instance: the vote it read stays cached.
         let log = LogStore::new(self.store.clone(), qm.id);
-        let quiet = Arc::new(match follower_at_rest(log.clone(), self.id).await {
-            Some(req) => Quiet::asleep_following(req, self.clock.now()),
-            None => Quiet::default(),
+        let residency = Arc::new(match follower_at_rest(log.clone(), self.id).await {
+            Some(req) => ResidencyCell::asleep_following(req, self.clock.now()),
+            None => ResidencyCell::default(),
         });
         let group = self
-            .open_queue_group(qm.clone(), log, machine, quiet, Default::default(), false)
+            .open_queue_group(
+                qm.clone(),
+                log,
+                machine,
+                residency,
+                Default::default(),
+                false,
+            )
             .await?;
         let raft = group.raft.clone();
         self.registry.insert(group);
@@ -179,13 +187,16 @@ async fn wait_loaded(
 }
 
 impl GroupLoader for Node {
-    fn load<'a>(&'a self, dormant: &'a Dormant) -> BoxFuture<'a, anyhow::Result<QueueGroup>> {
+    fn load<'a>(
+        &'a self,
+        unloaded: &'a UnloadedReplica,
+    ) -> BoxFuture<'a, anyhow::Result<QueueGroup>> {
         Box::pin(self.open_queue_group(
-            dormant.meta.clone(),
-            LogStore::new(self.store.clone(), dormant.meta.id),
-            dormant.machine.clone(),
-            dormant.quiet.clone(),
-            dormant.membership.clone(),
+            unloaded.meta.clone(),
+            LogStore::new(self.store.clone(), unloaded.meta.id),
+            unloaded.machine.clone(),
+            unloaded.residency.clone(),
+            unloaded.membership.clone(),
             true,
         ))
     }

@@ -65,7 +65,7 @@ impl Node {
         for g in self.registry.queues() {
             // A sleeping leader's heartbeats and timers back on first: the successor's term
             // must reach the followers as it does from an awake group.
-            g.quiet.wake();
+            g.residency.wake();
             if let Some(rx) = transfer_away(&g.raft, me).await {
                 handed.push(rx);
             }

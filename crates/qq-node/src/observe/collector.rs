@@ -151,8 +151,8 @@ impl NodeCollector {
             .map(|r| {
                 let meta = r.meta();
                 let mut row = GroupRow::of(&r.metrics(), meta.vhost.clone(), meta.name.clone());
-                row.asleep = r.quiet().is_asleep();
-                row.unloaded = matches!(r, Replica::Dormant(_));
+                row.asleep = r.residency().is_asleep();
+                row.unloaded = matches!(r, Replica::Unloaded(_));
                 row.counts = (row.state == ServerState::Leader)
                     .then(|| r.machine().with_state(|s| s.counts()));
                 (
