@@ -5,23 +5,24 @@
 //! ([`crate::node`]); proposing is the proposer's ([`crate::proposer`]).
 //!
 //! **Unloaded replicas.** A queue replica that has slept for `unload_after_ms` lets its Raft
-//! instance go ([`Registry::unload`]): openraft reserves per instance, as constants, queues
-//! and buffers whose pages a working group touches and keeps (about 330 KiB of a 500 KiB
-//! idle queue across three nodes). What stays is a [`UnloadedReplica`]: the state machine (in memory,
-//! as before), the metadata, the sleep state and the Raft metrics at the unload (vote, leader,
-//! log and membership do not move while nothing runs). Whatever needs the Raft instance loads
-//! it again first ([`Registry::load`]: a proposal, a leader-only read, a peer's Raft message,
-//! a lost or reopened node link, a membership change); it is created from the same storage
-//! as at a restart, with its timers off (the replica still sleeps until something wakes it)
-//! and, where this replica led, as the leader of the same term (openraft's
-//! `enable_leader_restore`: its vote is committed, so no other node can lead that term).
+//! instance go ([`Registry::unload`]; the residency machine, [`super::residency`], decides
+//! whether it may): openraft reserves per instance, as constants, queues and buffers whose
+//! pages a working group touches and keeps (about 330 KiB of a 500 KiB idle queue across three
+//! nodes). What stays is an [`UnloadedReplica`]: the state machine (in memory, as before), the
+//! metadata, the residency and the Raft metrics at the unload (vote, leader, log and
+//! membership do not move while nothing runs). Whatever needs the Raft instance loads it again
+//! first ([`Registry::load`]: a proposal, a leader-only read, a peer's Raft message, a lost or
+//! reopened node link, a membership change). The registry does not create it: it sends a
+//! [`LoadRequest`] to the node's loader task, which creates it from the same storage as at a
+//! restart, with its timers off (the replica still sleeps until something wakes it) and, where
+//! this replica led, as the leader of the same term (openraft's `enable_leader_restore`: its
+//! vote is committed, so no other node can lead that term).
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock, RwLock, Weak};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
-use futures::future::BoxFuture;
 use openraft::async_runtime::WatchReceiver;
 use openraft::{Raft, RaftMetrics, ServerState};
 use qq_core::NodeId;
@@ -140,14 +141,20 @@ impl Replica {
     }
 }
 
-/// Creates the Raft instance of an unloaded replica (the supervisor, [`crate::node`]): the
-/// group's tasks start again as at a start, with the replica's timers off.
-pub trait GroupLoader: Send + Sync {
-    fn load<'a>(
-        &'a self,
-        unloaded: &'a UnloadedReplica,
-    ) -> BoxFuture<'a, anyhow::Result<QueueGroup>>;
+/// A request to load an unloaded replica's Raft instance. The registry sends it to whoever
+/// holds what creating an instance needs (the node's loader task, `node::opener`), and never
+/// calls into the node itself; the group's tasks start again as at a start, with the
+/// replica's timers off. The replica's transition lock travels with the request and comes
+/// back with the answer: no other load, unload or removal of the replica starts before the
+/// registry has recorded the instance (or the loader has shut down one nobody waits for).
+pub struct LoadRequest {
+    pub unloaded: UnloadedReplica,
+    pub transition: tokio::sync::OwnedMutexGuard<()>,
+    pub reply: tokio::sync::oneshot::Sender<Loaded>,
 }
+
+/// The answer to a [`LoadRequest`]: the instance, and the transition lock given back.
+pub type Loaded = (anyhow::Result<QueueGroup>, tokio::sync::OwnedMutexGuard<()>);
 
 struct Hosted {
     replica: Replica,
@@ -200,7 +207,8 @@ pub struct Registry {
     queues: RwLock<HashMap<GroupId, Hosted>>,
     /// Bumped whenever a queue group starts here ([`Registry::queue_when_started`] waits on it).
     started: tokio::sync::watch::Sender<u64>,
-    loader: OnceLock<Weak<dyn GroupLoader>>,
+    /// Where loads are sent ([`LoadRequest`]).
+    loads: tokio::sync::mpsc::UnboundedSender<LoadRequest>,
     clock: Clock,
 }
 
@@ -210,6 +218,7 @@ impl Registry {
         read_lease: Duration,
         meta_raft: MetaRaft,
         meta: Arc<MetaMachine>,
+        loads: tokio::sync::mpsc::UnboundedSender<LoadRequest>,
         clock: Clock,
     ) -> Registry {
         Registry {
@@ -219,14 +228,9 @@ impl Registry {
             meta,
             queues: RwLock::new(HashMap::new()),
             started: tokio::sync::watch::Sender::new(0),
-            loader: OnceLock::new(),
+            loads,
             clock,
         }
-    }
-
-    /// Who loads unloaded replicas (set once, by the supervisor at start).
-    pub fn set_loader(&self, loader: Weak<dyn GroupLoader>) {
-        let _ = self.loader.set(loader);
     }
 
     pub fn node_id(&self) -> NodeId {
@@ -319,14 +323,21 @@ impl Registry {
         if let Some(g) = self.queue(group) {
             return Some(g);
         }
-        let transition = self.transition(group)?;
-        let _transition = transition.lock().await;
+        let transition = self.transition(group)?.lock_owned().await;
         let unloaded = match self.replica(group)? {
             Replica::Loaded(g) => return Some(g),
             Replica::Unloaded(d) => d,
         };
-        let loader = self.loader.get()?.upgrade()?;
-        match loader.load(&unloaded).await {
+        let (reply, loaded) = tokio::sync::oneshot::channel();
+        let request = LoadRequest {
+            unloaded,
+            transition,
+            reply,
+        };
+        // Refused or unanswered: the node is stopping.
+        self.loads.send(request).ok()?;
+        let (loaded, _transition) = loaded.await.ok()?;
+        match loaded {
             Ok(g) => {
                 if let Some(h) = self.queues.write().unwrap().get_mut(&group) {
                     h.replica = Replica::Loaded(g.clone());

@@ -40,6 +40,7 @@ impl Node {
             let _ = g.raft.shutdown().await;
         }
         let _ = self.registry.meta_raft().shutdown().await;
+        self.loads_stop.cancel();
         if let Err(e) = self.store.sync().await {
             warn!("final fsync: {e}");
         }
