@@ -408,10 +408,12 @@ impl Registry {
             return false;
         };
         let (begun, in_flight) = g.residency.writes();
-        if in_flight > 0 || !g.residency.is_asleep() {
+        // What the machine would refuse anyway, without swapping the registry's entry to and
+        // fro (readers would miss the group meanwhile).
+        let ready = in_flight == 0 && g.residency.is_asleep() && ready(&g);
+        if !ready {
             return false;
         }
-        let ready = ready(&g);
         let unloaded = UnloadedReplica {
             machine: g.machine.clone(),
             meta: g.meta.clone(),

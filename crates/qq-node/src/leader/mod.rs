@@ -37,7 +37,7 @@
 //! at-most-once ones), `expiry` (TTLs, leases, x-expires), `move_rounds` (a running move
 //! task), `config_sync` (the queue's configuration follows the metadata), `machine_upgrade`
 //! (its machine version follows its members' releases) and `consumers`
-//! (consumers no session here serves). The sleep of an idle group is `crate::quiesce`'s.
+//! (consumers no session here serves). The sleep of an idle group is `crate::sleep_wake`'s.
 //!
 //! Must not: carry out deliveries (the state machine does, to registered sessions) or touch
 //! another queue's state.
@@ -98,7 +98,7 @@ pub struct LeaderContext {
     pub peers: Peers,
     pub me: NodeId,
     /// A group with nothing applied for this long sleeps; None: never.
-    pub quiesce_after: Option<Duration>,
+    pub sleep_after: Option<Duration>,
     /// Which queue machine version each peer runs (written by the peer watches).
     pub machines: PeerMachines,
     /// The node's `consumer_timeout_ms` (0: none), for queues that set none.

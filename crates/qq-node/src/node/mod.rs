@@ -396,7 +396,7 @@ fn leader_context(
         tasks: tasks.clone(),
         peers: peers.clone(),
         me: config.node_id,
-        quiesce_after: (config.quiesce_after_ms > 0)
+        sleep_after: (config.quiesce_after_ms > 0)
             .then(|| Duration::from_millis(config.quiesce_after_ms)),
         machines: PeerMachines::default(),
         default_consumer_timeout_ms: config.consumer_timeout_ms,

@@ -59,7 +59,7 @@ impl Opener {
         reload: bool,
     ) -> anyhow::Result<QueueGroup> {
         let span = info_span!("queue", node_id = self.id, queue = %qm.name, group = qm.id);
-        // A replica started asleep (`follower_at_rest`) starts with its timers off too; the
+        // A replica started asleep (`follower_asleep_at_start`) starts with its timers off too; the
         // reload settings' leader restore does not apply to it (it follows another node).
         let config = if reload || residency.is_asleep() {
             self.reload_config.clone()

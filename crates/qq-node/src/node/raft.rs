@@ -129,7 +129,10 @@ where
 /// A vote that is stale (another leader was elected while this node was down) is safe: that
 /// leader's first append carries its newer vote and wakes the replica, and a leader with a
 /// member behind is woken when that member's link opens ([`crate::peer::liveness`]).
-pub(super) async fn follower_at_rest(mut log: LogStore, me: NodeId) -> Option<SleepRequest> {
+pub(super) async fn follower_asleep_at_start(
+    mut log: LogStore,
+    me: NodeId,
+) -> Option<SleepRequest> {
     use openraft::storage::{RaftLogReader, RaftLogStorage};
     let vote = log.read_vote().await.ok()??;
     let committed = log.read_committed().await.ok()?;
@@ -257,7 +260,7 @@ mod tests {
     /// asleep (its node restarted); one with an uncommitted tail, or whose vote names itself,
     /// starts awake.
     #[tokio::test]
-    async fn a_follower_at_rest_is_known_from_its_stored_state() {
+    async fn a_follower_asleep_at_start_is_known_from_its_stored_state() {
         use openraft::entry::RaftEntry;
         use openraft::raft::AppendEntriesRequest;
         let dir = tempfile::tempdir().unwrap();
@@ -299,16 +302,16 @@ mod tests {
             .unwrap();
 
         let log = || LogStore::new(store.clone(), GROUP);
-        let at_rest = follower_at_rest(log(), 1).await;
-        let req = at_rest.expect("a follower of node 2 with its whole log committed");
+        let asleep = follower_asleep_at_start(log(), 1).await;
+        let req = asleep.expect("a follower of node 2 with its whole log committed");
         assert_eq!(req.vote, vote);
         assert_eq!(req.committed, Some(log_id(1)));
         assert!(
-            follower_at_rest(log(), 2).await.is_none(),
+            follower_asleep_at_start(log(), 2).await.is_none(),
             "the vote names the node itself: it led, so it starts awake"
         );
 
-        // An entry beyond the commit: not at rest.
+        // An entry beyond the commit: not asleep at start.
         let reply = raft
             .append_entries(append(
                 Some(log_id(1)),
@@ -318,7 +321,7 @@ mod tests {
             .await
             .unwrap();
         assert!(reply.is_success(), "{reply:?}");
-        assert!(follower_at_rest(log(), 1).await.is_none());
+        assert!(follower_asleep_at_start(log(), 1).await.is_none());
         raft.shutdown().await.unwrap();
     }
 

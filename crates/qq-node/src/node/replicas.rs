@@ -12,7 +12,7 @@ use qq_raft::log_store::LogStore;
 use tracing::{info, info_span, warn};
 
 use super::Node;
-use super::raft::{follower_at_rest, initialize_unless_joined};
+use super::raft::{follower_asleep_at_start, initialize_unless_joined};
 use crate::groups::queue_sm::QueueMachine;
 use crate::groups::registry::Replica;
 use crate::groups::residency::ResidencyCell;
@@ -37,7 +37,7 @@ impl Node {
         let machine = QueueMachine::for_queue(self.store.clone(), &qm);
         // One log store for the check and the instance: the vote it read stays cached.
         let log = LogStore::new(self.store.clone(), qm.id);
-        let residency = Arc::new(match follower_at_rest(log.clone(), self.id).await {
+        let residency = Arc::new(match follower_asleep_at_start(log.clone(), self.id).await {
             Some(req) => ResidencyCell::asleep_following(req, self.clock.now()),
             None => ResidencyCell::default(),
         });

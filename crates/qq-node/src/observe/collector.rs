@@ -278,13 +278,13 @@ impl Collector for NodeCollector {
         gauge(
             &mut encoder,
             "raft_groups_asleep",
-            "Queue groups whose replica on this node sleeps (idle: no election timer, no heartbeats)",
+            "Queue groups whose replica on this node sleeps, Asleep or Unloaded (no election timer, no heartbeats)",
             int(scrape.groups.iter().filter(|g| g.asleep).count() as u64),
         )?;
         gauge(
             &mut encoder,
             "raft_groups_unloaded",
-            "Queue groups whose replica on this node sleeps with its Raft instance unloaded",
+            "Queue groups whose replica on this node is Unloaded (no Raft instance)",
             int(scrape.groups.iter().filter(|g| g.unloaded).count() as u64),
         )?;
         let (calls, messages) = qq_raft::mux::sent();

@@ -57,7 +57,7 @@ use tracing::{debug, info, warn};
 use crate::clock::Clock;
 use crate::groups::registry::{Replica, holds_whole_log};
 use crate::node::Node;
-use crate::quiesce;
+use crate::sleep_wake;
 
 /// Pause between two attempts to open the watch of a peer that is down or unreachable.
 const RETRY: Duration = Duration::from_millis(100);
@@ -252,7 +252,7 @@ async fn wake_followers_of(node: &Arc<Node>, peer: NodeId, linked: &BTreeSet<Nod
         return woke;
     }
     let confirmed =
-        quiesce::confirm_leader(node.peers(), peer, followed.clone(), CONFIRM_WAIT).await;
+        sleep_wake::confirm_leader(node.peers(), peer, followed.clone(), CONFIRM_WAIT).await;
     let (mine, others): (Vec<_>, Vec<_>) = followed
         .into_iter()
         .filter(|g| !confirmed.contains(g))

@@ -28,7 +28,7 @@ use crate::consume::session::{SessionIn, SessionOut, run_session};
 use crate::groups::registry::QueueGroup;
 use crate::groups::residency::{Event, Outcome};
 use crate::node::Node;
-use crate::quiesce;
+use crate::sleep_wake;
 
 pub struct InternalService {
     node: Arc<Node>,
@@ -155,10 +155,14 @@ async fn vote_or_refusal(
             Outcome::AskLeader(leader) => leader,
             _ => return Ok(g),
         };
-        let leads =
-            quiesce::confirm_leader(node.peers(), asked, vec![g.meta.id], quiesce::ASK_TIMEOUT)
-                .await
-                .contains(&g.meta.id);
+        let leads = sleep_wake::confirm_leader(
+            node.peers(),
+            asked,
+            vec![g.meta.id],
+            sleep_wake::ASK_TIMEOUT,
+        )
+        .await
+        .contains(&g.meta.id);
         return match g.residency.step(Event::LeaderAnswered { leads }) {
             Outcome::Refuse => Err(refuse(g.meta.id, format!("node {asked}"))),
             _ => Ok(g),

@@ -12,7 +12,7 @@
 //! is a step under the cell's lock, whose actions (timers on or off, a heartbeat round, the
 //! counters) the cell carries out. Loading and unloading the Raft instance is the registry's
 //! ([`super::registry`]), asking the machine first. The messages between replicas (asking
-//! followers to sleep, asking a leader to wake) are [`crate::quiesce`]'s;
+//! followers to sleep, asking a leader to wake) are [`crate::sleep_wake`]'s;
 //! docs/architecture.md ("Idle groups sleep") tells the whole story.
 //!
 //! **Sleeping.** The leader actor of a group ([`crate::leader`]) asks it to sleep when nothing

@@ -1,10 +1,12 @@
-//! The messages of the sleep of idle queue groups ([`crate::groups::residency`] holds a replica's
-//! side): a leader asking its followers to sleep ([`try_sleep`]), and a sleeping follower asked
-//! for a vote, or whose leader's node went silent, asking that node to wake ([`confirm_leader`]). Both travel as Raft messages
-//! of kinds `SLEEP` and `WAKE` on the internal service, with a short timeout: an answer that
-//! does not come counts as "no".
+//! The messages between the replicas of an idle queue group about its sleep (a replica's
+//! residency, Awake / Asleep / Unloaded, is [`crate::groups::residency`]'s): a leader asking
+//! its followers to sleep ([`try_sleep`]), and a sleeping follower asked for a vote, or whose
+//! leader's node went silent, asking that node to wake ([`confirm_leader`]). Both travel as
+//! Raft messages of kinds `SLEEP` and `WAKE` on the internal service, with a short timeout:
+//! an answer that does not come counts as "no".
 //!
-//! Must not: decide when a group sleeps (the leader actor does) or wake a replica by itself.
+//! Must not: decide when a group sleeps (the leader actor does) or wake a replica by itself
+//! (the residency machine decides what an answer means).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
