@@ -1,7 +1,7 @@
 //! Idle queues beside the workload (`--idle-queues N`, issue 14: "a few busy, most idle").
 //!
 //! They are declared before the faults start and nobody touches them while the faults run, so
-//! their Raft groups sleep (qq-node's `groups::quiet`) and must still follow every leader
+//! their Raft groups sleep (qq-node's `groups::residency`) and must still follow every leader
 //! change the faults cause. After healing, each must take a publish (confirmed) and give the
 //! same message back through a Get: a sleeping group that missed a leader change, or cannot
 //! wake, fails this check.

@@ -23,7 +23,7 @@
 //! the enqueue path, consume sessions, dead letters and moves), the leader actors' context
 //! ([`crate::leader::LeaderContext`]), the client API, its authentication and the management
 //! page (through [`crate::node::Node::clock`]). Where a decision needs only the time (a
-//! replica's sleep in [`crate::groups::quiet`], the page's rates, the leader's rate-limited
+//! replica's sleep in [`crate::groups::residency`], the page's rates, the leader's rate-limited
 //! drop lines) it takes the time as an argument instead.
 //!
 //! The real clock ([`Clock::system`]) reads the system's wall clock and tokio's instant. The
@@ -37,7 +37,7 @@
 //! `interval` and `timeout` read tokio's clock themselves, the same source as [`Clock::now`],
 //! so they follow a paused clock too (qq-raft's call deadlines and its answer sweep among
 //! them). openraft keeps its own timers, and the leader-lease checks on its
-//! `last_quorum_acked` ([`crate::groups::quiet::wake_leader`], the registry's leader-only
+//! `last_quorum_acked` ([`crate::groups::residency::wake_leader`], the registry's leader-only
 //! reads) compare with openraft's own instants, on its runtime's clock (tokio's as well).
 //!
 //! Node-to-node traffic is the other input handed in at start: [`qq_raft::transport`].

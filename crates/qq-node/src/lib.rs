@@ -19,7 +19,8 @@
 //!   messages to every target queue (shared by publish and dead lettering).
 //! - [`definitions`]: the topology as one JSON document (export, checked import).
 //! - [`proposer`]: the one path to a group's leader, local or forwarded.
-//! - [`quiesce`]: the messages that put an idle queue group to sleep and wake its leader.
+//! - [`sleep_wake`]: the SLEEP and WAKE messages that put an idle queue group to sleep and
+//!   wake its leader.
 //! - [`meta_view`]: the read-only, versioned view of the metadata.
 //! - [`groups`]: the Raft groups hosted here: state-machine shell, metadata and queue machines,
 //!   registry, and whether each replica sleeps.
@@ -53,5 +54,5 @@ pub mod node;
 pub mod observe;
 pub mod peer;
 pub mod proposer;
-pub mod quiesce;
 pub mod server;
+pub mod sleep_wake;

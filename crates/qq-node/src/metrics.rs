@@ -62,11 +62,12 @@ pub struct Instruments {
     pub snapshot_bytes_received: Counter,
     /// Snapshots received from a leader and installed here, by group kind.
     pub snapshots_installed: Family<GroupKind, Counter>,
-    /// Times a queue group's replica here went to sleep (idle: timers off).
+    /// Times a queue replica here went from Awake to Asleep (idle: timers off).
     pub group_sleeps: Counter,
-    /// Times a sleeping queue group's replica here woke.
+    /// Times a sleeping queue replica here (Asleep or Unloaded) was woken.
     pub group_wakes: Counter,
-    /// Times a sleeping replica here let its Raft instance go, and had it loaded again.
+    /// Times a queue replica here went from Asleep to Unloaded, and had its Raft instance
+    /// loaded again.
     pub group_unloads: Counter,
     pub group_loads: Counter,
 }
@@ -120,7 +121,7 @@ pub fn became_leader(kind: GroupKind) {
     INSTRUMENTS.leader_changes.get_or_create(&kind).inc();
 }
 
-/// A queue group's replica here went to sleep ([`crate::groups::quiet`]).
+/// A queue group's replica here went to sleep ([`crate::groups::residency`]).
 pub fn group_slept() {
     INSTRUMENTS.group_sleeps.inc();
 }

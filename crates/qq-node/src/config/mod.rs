@@ -137,7 +137,7 @@ pub struct Config {
     #[serde(default = "default_election_max_ms")]
     pub election_timeout_max_ms: u64,
     /// A queue group with nothing applied for this long goes to sleep (no election timer, no
-    /// heartbeats) until something wakes it ([`crate::groups::quiet`]); 0: never.
+    /// heartbeats) until something wakes it ([`crate::groups::residency`]); 0: never.
     #[serde(default = "default_quiesce_after_ms")]
     pub quiesce_after_ms: u64,
     /// A queue replica that has slept this long lets its Raft instance go (about two thirds

@@ -4,15 +4,16 @@
 //! - [`meta_sm`]: the metadata machine (group 0, on every node).
 //! - [`queue_sm`]: a queue's machine and its message bodies.
 //! - [`registry`]: which groups run here, their leaders and local state.
-//! - [`quiet`]: idle queue groups sleep (no timers, no heartbeats) and wake.
+//! - [`residency`]: a queue replica is Awake, Asleep (no timers, no heartbeats) or Unloaded
+//!   (no Raft instance); one pure transition function decides.
 //!
 //! Nothing here proposes or talks to peers: that is [`crate::proposer`]. Groups are started and
 //! stopped by the supervisor in [`crate::node`]; leader-only work is [`crate::leader`].
 
 pub mod meta_sm;
 pub mod queue_sm;
-pub mod quiet;
 pub mod registry;
+pub mod residency;
 pub mod shell;
 
 #[cfg(test)]

@@ -5,23 +5,24 @@
 //! ([`crate::node`]); proposing is the proposer's ([`crate::proposer`]).
 //!
 //! **Unloaded replicas.** A queue replica that has slept for `unload_after_ms` lets its Raft
-//! instance go ([`Registry::unload`]): openraft reserves per instance, as constants, queues
-//! and buffers whose pages a working group touches and keeps (about 330 KiB of a 500 KiB
-//! idle queue across three nodes). What stays is a [`Dormant`]: the state machine (in memory,
-//! as before), the metadata, the sleep state and the Raft metrics at the unload (vote, leader,
-//! log and membership do not move while nothing runs). Whatever needs the Raft instance loads
-//! it again first ([`Registry::load`]: a proposal, a leader-only read, a peer's Raft message,
-//! a lost or reopened node link, a membership change); it is created from the same storage
-//! as at a restart, with its timers off (the replica still sleeps until something wakes it)
-//! and, where this replica led, as the leader of the same term (openraft's
-//! `enable_leader_restore`: its vote is committed, so no other node can lead that term).
+//! instance go ([`Registry::unload`]; the residency machine, [`super::residency`], decides
+//! whether it may): openraft reserves per instance, as constants, queues and buffers whose
+//! pages a working group touches and keeps (about 330 KiB of a 500 KiB idle queue across three
+//! nodes). What stays is an [`UnloadedReplica`]: the state machine (in memory, as before), the
+//! metadata, the residency and the Raft metrics at the unload (vote, leader, log and
+//! membership do not move while nothing runs). Whatever needs the Raft instance loads it again
+//! first ([`Registry::load`]: a proposal, a leader-only read, a peer's Raft message, a lost or
+//! reopened node link, a membership change). The registry does not create it: it sends a
+//! [`LoadRequest`] to the node's loader task, which creates it from the same storage as at a
+//! restart, with its timers off (the replica still sleeps until something wakes it) and, where
+//! this replica led, as the leader of the same term (openraft's `enable_leader_restore`: its
+//! vote is committed, so no other node can lead that term).
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock, RwLock, Weak};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
-use futures::future::BoxFuture;
 use openraft::async_runtime::WatchReceiver;
 use openraft::{Raft, RaftMetrics, ServerState};
 use qq_core::NodeId;
@@ -35,7 +36,7 @@ use tracing::{info, warn};
 
 use super::meta_sm::MetaMachine;
 use super::queue_sm::QueueMachine;
-use super::quiet::{self, Quiet};
+use super::residency::{self, ResidencyCell};
 use super::shell::{AppliedMembership, Shell};
 use crate::clock::Clock;
 
@@ -50,8 +51,8 @@ pub struct QueueGroup {
     pub meta: QueueMeta,
     /// Stops the group's tasks (leadership watch, leader actor) when the group stops.
     pub stop: CancellationToken,
-    /// Whether this replica sleeps ([`super::quiet`]).
-    pub quiet: Arc<Quiet>,
+    /// Whether this replica sleeps ([`super::residency`]).
+    pub residency: Arc<ResidencyCell>,
     /// Which Raft instance of the replica this is (a fresh one per load, [`next_instance`]).
     pub instance: u64,
     /// The membership the machine has applied (kept across an unload, [`Shell::resume`]).
@@ -79,10 +80,10 @@ pub fn next_instance() -> u64 {
 
 /// A queue replica whose Raft instance is unloaded (module docs). It sleeps.
 #[derive(Clone)]
-pub struct Dormant {
+pub struct UnloadedReplica {
     pub machine: Arc<QueueMachine>,
     pub meta: QueueMeta,
-    pub quiet: Arc<Quiet>,
+    pub residency: Arc<ResidencyCell>,
     pub membership: AppliedMembership,
     /// The replica's Raft metrics at the unload.
     pub metrics: Arc<RaftMetrics<TypeConfig>>,
@@ -92,28 +93,28 @@ pub struct Dormant {
 #[derive(Clone)]
 pub enum Replica {
     Loaded(QueueGroup),
-    Dormant(Dormant),
+    Unloaded(UnloadedReplica),
 }
 
 impl Replica {
     pub fn machine(&self) -> &Arc<QueueMachine> {
         match self {
             Replica::Loaded(g) => &g.machine,
-            Replica::Dormant(d) => &d.machine,
+            Replica::Unloaded(d) => &d.machine,
         }
     }
 
     pub fn meta(&self) -> &QueueMeta {
         match self {
             Replica::Loaded(g) => &g.meta,
-            Replica::Dormant(d) => &d.meta,
+            Replica::Unloaded(d) => &d.meta,
         }
     }
 
-    pub fn quiet(&self) -> &Arc<Quiet> {
+    pub fn residency(&self) -> &Arc<ResidencyCell> {
         match self {
-            Replica::Loaded(g) => &g.quiet,
-            Replica::Dormant(d) => &d.quiet,
+            Replica::Loaded(g) => &g.residency,
+            Replica::Unloaded(d) => &d.residency,
         }
     }
 
@@ -121,30 +122,39 @@ impl Replica {
     pub fn metrics(&self) -> Arc<RaftMetrics<TypeConfig>> {
         match self {
             Replica::Loaded(g) => Arc::new(g.raft.metrics().borrow_watched().clone()),
-            Replica::Dormant(d) => d.metrics.clone(),
+            Replica::Unloaded(d) => d.metrics.clone(),
         }
     }
 
     pub fn state(&self) -> ServerState {
         match self {
             Replica::Loaded(g) => g.raft.metrics().borrow_watched().state,
-            Replica::Dormant(d) => d.metrics.state,
+            Replica::Unloaded(d) => d.metrics.state,
         }
     }
 
     pub fn current_leader(&self) -> Option<NodeId> {
         match self {
             Replica::Loaded(g) => g.raft.metrics().borrow_watched().current_leader,
-            Replica::Dormant(d) => d.metrics.current_leader,
+            Replica::Unloaded(d) => d.metrics.current_leader,
         }
     }
 }
 
-/// Creates the Raft instance of an unloaded replica (the supervisor, [`crate::node`]): the
-/// group's tasks start again as at a start, with the replica's timers off.
-pub trait GroupLoader: Send + Sync {
-    fn load<'a>(&'a self, dormant: &'a Dormant) -> BoxFuture<'a, anyhow::Result<QueueGroup>>;
+/// A request to load an unloaded replica's Raft instance. The registry sends it to whoever
+/// holds what creating an instance needs (the node's loader task, `node::opener`), and never
+/// calls into the node itself; the group's tasks start again as at a start, with the
+/// replica's timers off. The replica's transition lock travels with the request and comes
+/// back with the answer: no other load, unload or removal of the replica starts before the
+/// registry has recorded the instance (or the loader has shut down one nobody waits for).
+pub struct LoadRequest {
+    pub unloaded: UnloadedReplica,
+    pub transition: tokio::sync::OwnedMutexGuard<()>,
+    pub reply: tokio::sync::oneshot::Sender<Loaded>,
 }
+
+/// The answer to a [`LoadRequest`]: the instance, and the transition lock given back.
+pub type Loaded = (anyhow::Result<QueueGroup>, tokio::sync::OwnedMutexGuard<()>);
 
 struct Hosted {
     replica: Replica,
@@ -197,7 +207,8 @@ pub struct Registry {
     queues: RwLock<HashMap<GroupId, Hosted>>,
     /// Bumped whenever a queue group starts here ([`Registry::queue_when_started`] waits on it).
     started: tokio::sync::watch::Sender<u64>,
-    loader: OnceLock<Weak<dyn GroupLoader>>,
+    /// Where loads are sent ([`LoadRequest`]).
+    loads: tokio::sync::mpsc::UnboundedSender<LoadRequest>,
     clock: Clock,
 }
 
@@ -207,6 +218,7 @@ impl Registry {
         read_lease: Duration,
         meta_raft: MetaRaft,
         meta: Arc<MetaMachine>,
+        loads: tokio::sync::mpsc::UnboundedSender<LoadRequest>,
         clock: Clock,
     ) -> Registry {
         Registry {
@@ -216,14 +228,9 @@ impl Registry {
             meta,
             queues: RwLock::new(HashMap::new()),
             started: tokio::sync::watch::Sender::new(0),
-            loader: OnceLock::new(),
+            loads,
             clock,
         }
-    }
-
-    /// Who loads unloaded replicas (set once, by the supervisor at start).
-    pub fn set_loader(&self, loader: Weak<dyn GroupLoader>) {
-        let _ = self.loader.set(loader);
     }
 
     pub fn node_id(&self) -> NodeId {
@@ -257,7 +264,7 @@ impl Registry {
             .values()
             .filter_map(|h| match &h.replica {
                 Replica::Loaded(g) => Some(g.clone()),
-                Replica::Dormant(_) => None,
+                Replica::Unloaded(_) => None,
             })
             .collect()
     }
@@ -316,14 +323,21 @@ impl Registry {
         if let Some(g) = self.queue(group) {
             return Some(g);
         }
-        let transition = self.transition(group)?;
-        let _transition = transition.lock().await;
-        let dormant = match self.replica(group)? {
+        let transition = self.transition(group)?.lock_owned().await;
+        let unloaded = match self.replica(group)? {
             Replica::Loaded(g) => return Some(g),
-            Replica::Dormant(d) => d,
+            Replica::Unloaded(d) => d,
         };
-        let loader = self.loader.get()?.upgrade()?;
-        match loader.load(&dormant).await {
+        let (reply, loaded) = tokio::sync::oneshot::channel();
+        let request = LoadRequest {
+            unloaded,
+            transition,
+            reply,
+        };
+        // Refused or unanswered: the node is stopping.
+        self.loads.send(request).ok()?;
+        let (loaded, _transition) = loaded.await.ok()?;
+        match loaded {
             Ok(g) => {
                 if let Some(h) = self.queues.write().unwrap().get_mut(&group) {
                     h.replica = Replica::Loaded(g.clone());
@@ -343,12 +357,12 @@ impl Registry {
 
     /// Load every unloaded replica that `wanted` picks, [`LOADS_AT_ONCE`] at a time; returns
     /// how many.
-    pub async fn load_where(&self, wanted: impl Fn(&Dormant) -> bool) -> usize {
+    pub async fn load_where(&self, wanted: impl Fn(&UnloadedReplica) -> bool) -> usize {
         let picked: Vec<GroupId> = self
             .replicas()
             .into_iter()
             .filter_map(|r| match r {
-                Replica::Dormant(d) if wanted(&d) => Some(d.meta.id),
+                Replica::Unloaded(d) if wanted(&d) => Some(d.meta.id),
                 _ => None,
             })
             .collect();
@@ -369,29 +383,22 @@ impl Registry {
         n
     }
 
-    /// The group for a write, loaded, with the write counted ([`Quiet::begin_write`]): the
-    /// count is taken before the registry is read again, so an unload either sees the write
-    /// and stays its hand, or happened first and the group is loaded anew.
-    pub async fn for_write(&self, group: GroupId) -> Option<(QueueGroup, quiet::WriteGuard)> {
+    /// The group for a write, loaded, with the write counted on its running instance
+    /// ([`ResidencyCell::begin_write`]): the residency machine decides the race with an unload
+    /// (the write counted first stops the unload; one that comes after it loads the replica
+    /// anew).
+    pub async fn for_write(&self, group: GroupId) -> Option<(QueueGroup, residency::WriteGuard)> {
         loop {
             let g = self.load(group).await?;
-            let guard = g.quiet.begin_write();
-            // Only the instance number is compared: no clone of the group on every write.
-            let current = match self.queues.read().unwrap().get(&group) {
-                Some(Hosted {
-                    replica: Replica::Loaded(now),
-                    ..
-                }) => Some(now.instance),
-                _ => None,
-            };
-            if current == Some(g.instance) {
+            if let Some(guard) = g.residency.begin_write(g.instance) {
                 return Some((g, guard));
             }
         }
     }
 
-    /// Unload the replica's Raft instance if it still sleeps and nothing began since `ready`
-    /// judged it (module docs). Returns whether it did.
+    /// Unload the replica's Raft instance if the residency machine agrees: it still sleeps,
+    /// `ready` judged it unloadable and nothing began since (module docs). Returns whether it
+    /// did.
     pub async fn unload(&self, group: GroupId, ready: impl Fn(&QueueGroup) -> bool) -> bool {
         let Some(transition) = self.transition(group) else {
             return false;
@@ -400,23 +407,27 @@ impl Registry {
         let Some(g) = self.queue(group) else {
             return false;
         };
-        let (begun, in_flight) = g.quiet.writes();
-        if in_flight > 0 || !g.quiet.is_asleep() || !ready(&g) {
+        let (begun, in_flight) = g.residency.writes();
+        // What the machine would refuse anyway, without swapping the registry's entry to and
+        // fro (readers would miss the group meanwhile).
+        let ready = in_flight == 0 && g.residency.is_asleep() && ready(&g);
+        if !ready {
             return false;
         }
-        let dormant = Dormant {
+        let unloaded = UnloadedReplica {
             machine: g.machine.clone(),
             meta: g.meta.clone(),
-            quiet: g.quiet.clone(),
+            residency: g.residency.clone(),
             membership: g.membership.clone(),
             metrics: Arc::new(g.raft.metrics().borrow_watched().clone()),
         };
         if let Some(h) = self.queues.write().unwrap().get_mut(&group) {
-            h.replica = Replica::Dormant(dormant);
+            h.replica = Replica::Unloaded(unloaded);
         }
-        // After the swap: a write counted from here on finds the registry changed and loads
-        // again ([`Registry::for_write`]); one counted before stops the unload here.
-        if !g.quiet.detach_if_asleep(begun) {
+        // After the swap: a write that reads the registry from here on loads a new instance
+        // ([`Registry::for_write`] waits for this transition); one counted on this instance
+        // before the machine's step stops the unload here.
+        if !g.residency.detach(begun, ready) {
             if let Some(h) = self.queues.write().unwrap().get_mut(&group) {
                 h.replica = Replica::Loaded(g);
             }
@@ -462,7 +473,7 @@ impl Registry {
         if let Some(h) = self.queues.write().unwrap().get_mut(&meta.id) {
             match &mut h.replica {
                 Replica::Loaded(g) => g.meta = meta,
-                Replica::Dormant(d) => d.meta = meta,
+                Replica::Unloaded(d) => d.meta = meta,
             }
         }
     }
@@ -487,10 +498,11 @@ impl Registry {
             return;
         }
         if let Some(g) = self.load(group).await
-            && g.quiet.is_asleep()
+            && g.residency.is_asleep()
             && g.raft.metrics().borrow_watched().state == ServerState::Leader
         {
-            quiet::wake_leader(&g.raft, &g.quiet, self.read_lease, 2 * self.read_lease).await;
+            residency::wake_leader(&g.raft, &g.residency, self.read_lease, 2 * self.read_lease)
+                .await;
         }
     }
 
@@ -498,7 +510,7 @@ impl Registry {
     pub fn asleep_led_by(&self, peer: NodeId) -> Vec<GroupId> {
         self.replicas()
             .into_iter()
-            .filter(|r| r.quiet().is_asleep() && r.current_leader() == Some(peer))
+            .filter(|r| r.residency().is_asleep() && r.current_leader() == Some(peer))
             .map(|r| r.meta().id)
             .collect()
     }
@@ -509,7 +521,7 @@ impl Registry {
         let mut n = 0;
         for id in groups {
             if let Some(g) = self.load(*id).await {
-                n += usize::from(g.quiet.wake());
+                n += usize::from(g.residency.wake());
             }
         }
         n
@@ -529,9 +541,7 @@ impl Registry {
             if g.raft.metrics().borrow_watched().state != ServerState::Leader {
                 continue;
             }
-            if g.quiet.wake() {
-                quiet::heartbeat_soon(&g.raft);
-            }
+            g.residency.wake_to_lead();
             led.push(g.meta.id);
         }
         led

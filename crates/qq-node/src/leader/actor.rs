@@ -15,7 +15,7 @@ use super::relay::Relay;
 use super::{CONSUMER_RECONCILE, QueueLeader, Timers};
 use crate::deadletter::{PreparedRound, Round};
 use crate::groups::queue_sm::{DeadLetterJob, LeaderEvent};
-use crate::quiesce;
+use crate::sleep_wake;
 
 type Publish = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
@@ -29,9 +29,9 @@ struct Work {
     logged_no_route: bool,
     drops: DropLog,
     /// The clean-up runs CONSUMER_RECONCILE after something was applied, and again while it
-    /// finds work; an idle queue runs no timer (it may sleep, see `groups::quiet`).
+    /// finds work; an idle queue runs no timer (it may sleep, see `groups::residency`).
     cleanup_at: Option<Instant>,
-    /// When the group may sleep: `quiesce_after` after the last applied entry or wake.
+    /// When the group may sleep: `sleep_after` after the last applied entry or wake.
     sleep_at: Option<Instant>,
     /// Not before this does an applied entry make the leader look at its members' machine
     /// versions again (None: the queue runs this release's version).
@@ -42,7 +42,7 @@ impl QueueLeader {
     pub(super) async fn run(mut self) {
         let mut applied = self.machine.subscribe_applied();
         let mut topology = self.ctx.view.subscribe();
-        let mut woken = self.quiet.subscribe_woken();
+        let mut woken = self.residency.subscribe_woken();
         let mut w = Work {
             cleanup_at: Some(self.ctx.clock.now() + CONSUMER_RECONCILE),
             sleep_at: self.sleep_deadline(),
@@ -165,16 +165,16 @@ impl QueueLeader {
         w.publish = Some(Box::pin(async move { dl.publish_at_most_once(job).await }));
     }
 
-    /// Nothing applied for `quiesce_after`: the group sleeps unless work is in flight (then
+    /// Nothing applied for `sleep_after`: the group sleeps unless work is in flight (then
     /// it is asked again later).
     async fn on_sleep_due(&self, w: &mut Work) {
         w.sleep_at = None;
         let busy = w.relay.busy() || w.moving.is_some() || w.publish.is_some();
         let slept = !busy
-            && quiesce::try_sleep(
+            && sleep_wake::try_sleep(
                 self.group,
                 &self.raft,
-                &self.quiet,
+                &self.residency,
                 &self.ctx.peers,
                 self.ctx.me,
                 self.ctx.clock,
@@ -209,9 +209,9 @@ impl QueueLeader {
         }
     }
 
-    /// `quiesce_after` from now; None: the group never sleeps.
+    /// `sleep_after` from now; None: the group never sleeps.
     fn sleep_deadline(&self) -> Option<Instant> {
-        self.ctx.quiesce_after.map(|d| self.ctx.clock.now() + d)
+        self.ctx.sleep_after.map(|d| self.ctx.clock.now() + d)
     }
 
     /// The earliest of the actor's deadlines.

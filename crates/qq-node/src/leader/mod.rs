@@ -37,7 +37,7 @@
 //! at-most-once ones), `expiry` (TTLs, leases, x-expires), `move_rounds` (a running move
 //! task), `config_sync` (the queue's configuration follows the metadata), `machine_upgrade`
 //! (its machine version follows its members' releases) and `consumers`
-//! (consumers no session here serves). The sleep of an idle group is `crate::quiesce`'s.
+//! (consumers no session here serves). The sleep of an idle group is `crate::sleep_wake`'s.
 //!
 //! Must not: carry out deliveries (the state machine does, to registered sessions) or touch
 //! another queue's state.
@@ -68,8 +68,8 @@ pub use self::watch::watch_leadership;
 use crate::clock::Clock;
 use crate::deadletter::DeadLetters;
 use crate::groups::queue_sm::{LeaderEvent, QueueMachine, QueueRequest};
-use crate::groups::quiet::Quiet;
 use crate::groups::registry::QueueRaft;
+use crate::groups::residency::ResidencyCell;
 use crate::meta_view::MetaView;
 use crate::moves::Mover;
 use crate::peer::machines::PeerMachines;
@@ -94,11 +94,11 @@ pub struct LeaderContext {
     pub dead_letter_retry: Duration,
     pub mover: Mover,
     pub tasks: TaskTracker,
-    /// For the sleep of idle groups ([`crate::groups::quiet`]).
+    /// For the sleep of idle groups ([`crate::groups::residency`]).
     pub peers: Peers,
     pub me: NodeId,
     /// A group with nothing applied for this long sleeps; None: never.
-    pub quiesce_after: Option<Duration>,
+    pub sleep_after: Option<Duration>,
     /// Which queue machine version each peer runs (written by the peer watches).
     pub machines: PeerMachines,
     /// The node's `consumer_timeout_ms` (0: none), for queues that set none.
@@ -116,7 +116,7 @@ pub struct QueueLeader {
     group: GroupId,
     machine: Arc<QueueMachine>,
     raft: QueueRaft,
-    quiet: Arc<Quiet>,
+    residency: Arc<ResidencyCell>,
     inbox: mpsc::Receiver<LeaderEvent>,
     /// A queue never used since this node became leader counts as used from then (x-expires).
     leader_since_ms: u64,

@@ -10,8 +10,8 @@ use tracing::{Instrument, Span, info};
 
 use super::{LeaderContext, QueueLeader};
 use crate::groups::queue_sm::QueueMachine;
-use crate::groups::quiet::Quiet;
 use crate::groups::registry::QueueRaft;
+use crate::groups::residency::ResidencyCell;
 
 /// Follow the group's leadership until `stop` is cancelled; run a [`QueueLeader`] while this
 /// node leads. `reloaded`: the replica's Raft instance was loaded again after an unload, so a
@@ -22,7 +22,7 @@ pub async fn watch_leadership(
     group: GroupId,
     raft: QueueRaft,
     machine: Arc<QueueMachine>,
-    quiet: Arc<Quiet>,
+    residency: Arc<ResidencyCell>,
     stop: CancellationToken,
     reloaded: bool,
     span: Span,
@@ -54,7 +54,8 @@ pub async fn watch_leadership(
                     log_new_leader(&ctx, group, me, term);
                 }
                 let token = stop.child_token();
-                let attachment = start_actor(&ctx, group, &raft, &machine, &quiet, &token, &span);
+                let attachment =
+                    start_actor(&ctx, group, &raft, &machine, &residency, &token, &span);
                 actor = Some((token, attachment));
             }
             (Some((token, attachment)), false) => {
@@ -97,7 +98,7 @@ fn start_actor(
     group: GroupId,
     raft: &QueueRaft,
     machine: &Arc<QueueMachine>,
-    quiet: &Arc<Quiet>,
+    residency: &Arc<ResidencyCell>,
     token: &CancellationToken,
     span: &Span,
 ) -> u64 {
@@ -108,7 +109,7 @@ fn start_actor(
         inbox,
         machine: machine.clone(),
         raft: raft.clone(),
-        quiet: quiet.clone(),
+        residency: residency.clone(),
         leader_since_ms: ctx.clock.now_ms(),
         cancel: token.clone(),
     };

@@ -14,14 +14,16 @@
 //! [`CancellationToken`] ([`Node::shutdown`] waits for them, then stops the Raft groups).
 //!
 //! The rooms: this file holds [`Node`], its start and its accessors; `supervisor` keeps the
-//! groups and peers in line with the metadata; `replicas` opens, loads and stops a queue's
-//! replica; `unload` unloads the Raft instances of long sleepers; `shutdown` stops the node;
+//! groups and peers in line with the metadata; `opener` creates a queue replica's Raft
+//! instance (at its start, and for the registry's loads, in the node's loader task);
+//! `replicas` starts and stops a queue's replica; `unload` unloads the Raft instances of long sleepers; `shutdown` stops the node;
 //! `raft` holds the openraft settings and helpers that need no node state.
 //!
 //! Must not: serve clients or peers (that is [`crate::api`] and [`crate::peer`]), or decide
 //! anything a queue's leader decides ([`crate::leader`]).
 
 mod meta_upgrade;
+mod opener;
 mod raft;
 mod replicas;
 mod shutdown;
@@ -29,8 +31,8 @@ mod supervisor;
 mod unload;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use openraft::Raft;
@@ -47,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::info;
 
+use self::opener::{Opener, spawn_loader};
 use self::raft::{initialise_if_first, raft_config, reload_config};
 use crate::alarms::{Alarms, Bounds};
 use crate::clock::Clock;
@@ -54,7 +57,7 @@ use crate::config::Config;
 use crate::deadletter::DeadLetters;
 use crate::enqueue::Enqueuer;
 use crate::groups::meta_sm::MetaMachine;
-use crate::groups::registry::{GroupLoader, Registry};
+use crate::groups::registry::{MetaRaft, Registry};
 use crate::groups::shell::Shell;
 use crate::leader::LeaderContext;
 use crate::meta_view::MetaView;
@@ -66,15 +69,13 @@ pub struct Node {
     config: Config,
     store: Store,
     peers: Peers,
-    raft_config: Arc<openraft::Config>,
-    /// The Raft settings of a queue replica loaded again after an unload: timers off (it
-    /// sleeps until something wakes it), and a leader comes back as the leader of its term.
-    reload_config: Arc<openraft::Config>,
+    /// Creates queue replicas' Raft instances (at their start; loads go through the registry
+    /// to the node's loader task, which holds a clone).
+    opener: Opener,
     registry: Arc<Registry>,
     view: MetaView,
     proposer: Proposer,
     enqueuer: Enqueuer,
-    leader_ctx: LeaderContext,
     /// The node's one clock ([`crate::clock`]), handed in at start.
     clock: Clock,
     consumer_seq: AtomicU64,
@@ -83,6 +84,9 @@ pub struct Node {
     /// [`Node::meta_synced`]).
     meta_synced: watch::Sender<bool>,
     shutdown: CancellationToken,
+    /// Stops the loader task ((`opener::serve_loads`)) at the very end of the shutdown, after
+    /// the leaderships were handed over (which loads the unloaded leaders).
+    loads_stop: CancellationToken,
     tasks: TaskTracker,
 }
 
@@ -100,27 +104,18 @@ impl Node {
         let raft_config = raft_config(&config)?;
         let reload_config = reload_config(&raft_config);
         let (meta, effects) = MetaMachine::new(store.clone());
-        let meta_raft = Raft::new(
-            config.node_id,
-            raft_config.clone(),
-            GroupNetwork {
-                group: META_GROUP,
-                peers: peers.clone(),
-            },
-            LogStore::new(store.clone(), META_GROUP),
-            Shell::new(meta.clone()),
-        )
-        .await?;
-        initialise_if_first(&meta_raft, &config).await?;
+        let meta_raft = start_meta_raft(&config, &raft_config, &store, &peers, &meta).await?;
         let id = config.node_id;
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
         let read_lease = Duration::from_millis(config.election_timeout_min_ms);
+        let (loads, load_requests) = mpsc::unbounded_channel();
         let registry = Arc::new(Registry::new(
             id,
             read_lease,
             meta_raft,
             meta.clone(),
+            loads,
             clock,
         ));
         let view = MetaView::new(meta);
@@ -138,39 +133,48 @@ impl Node {
         let bounds = Bounds::from_config(&config)?;
         let alarms = Arc::new(Alarms::default());
         alarms.check(&bounds);
+        let opener = Opener {
+            id,
+            store: store.clone(),
+            peers: peers.clone(),
+            raft_config,
+            reload_config,
+            leader_ctx,
+            clock,
+            shutdown: shutdown.clone(),
+            tasks: tasks.clone(),
+        };
+        let loads_stop = spawn_loader(&opener, load_requests);
         let node = Arc::new(Node {
             id,
             config,
             store,
             peers,
-            raft_config,
-            reload_config,
+            opener,
             registry,
             view,
             proposer,
             enqueuer,
-            leader_ctx,
             clock,
             consumer_seq: AtomicU64::new(clock.now_ms() * 1000),
             alarms: alarms.clone(),
             meta_synced: watch::Sender::new(false),
             shutdown,
+            loads_stop,
             tasks,
         });
         node.spawn_tasks(effects, alarms, bounds);
         Ok(node)
     }
 
-    /// Hand the registry its loader and spawn the node's own tasks: the supervisor, the
-    /// metadata sync latch, the unload sweep (when sleepers unload) and the alarms' watch.
+    /// Spawn the node's own tasks: the supervisor, the metadata sync latch, the unload sweep
+    /// (when sleepers unload) and the alarms' watch.
     fn spawn_tasks(
         self: &Arc<Self>,
         effects: mpsc::Receiver<MetaEffect>,
         alarms: Arc<Alarms>,
         bounds: Bounds,
     ) {
-        let loader: Weak<dyn GroupLoader> = Arc::downgrade(self) as Weak<Node>;
-        self.registry.set_loader(loader);
         self.tasks.spawn(self.clone().supervise(effects));
         self.tasks.spawn(self.clone().follow_meta_sync());
         self.tasks.spawn(self.clone().upgrade_meta_machine());
@@ -197,7 +201,7 @@ impl Node {
 
     /// Which queue machine version each peer runs, as its watch says.
     pub fn peer_machines(&self) -> &PeerMachines {
-        &self.leader_ctx.machines
+        &self.opener.leader_ctx.machines
     }
 
     pub fn registry(&self) -> &Arc<Registry> {
@@ -361,6 +365,31 @@ fn open_store_and_peers(
     Ok((store, peers))
 }
 
+/// The metadata group's Raft instance, the cluster initialised if this node is the first.
+async fn start_meta_raft(
+    config: &Config,
+    raft_config: &Arc<openraft::Config>,
+    store: &Store,
+    peers: &Peers,
+    meta: &Arc<MetaMachine>,
+) -> anyhow::Result<MetaRaft> {
+    let network = GroupNetwork {
+        group: META_GROUP,
+        peers: peers.clone(),
+    };
+    let log = LogStore::new(store.clone(), META_GROUP);
+    let raft = Raft::new(
+        config.node_id,
+        raft_config.clone(),
+        network,
+        log,
+        Shell::new(meta.clone()),
+    )
+    .await?;
+    initialise_if_first(&raft, config).await?;
+    Ok(raft)
+}
+
 /// What every leader actor of this node shares.
 fn leader_context(
     config: &Config,
@@ -379,7 +408,7 @@ fn leader_context(
         tasks: tasks.clone(),
         peers: peers.clone(),
         me: config.node_id,
-        quiesce_after: (config.quiesce_after_ms > 0)
+        sleep_after: (config.quiesce_after_ms > 0)
             .then(|| Duration::from_millis(config.quiesce_after_ms)),
         machines: PeerMachines::default(),
         default_consumer_timeout_ms: config.consumer_timeout_ms,

@@ -14,8 +14,8 @@ use tokio::sync::watch;
 use tracing::{debug, info, info_span};
 
 use crate::config::Config;
-use crate::groups::quiet::SleepRequest;
 use crate::groups::registry::MetaRaft;
+use crate::groups::residency::SleepRequest;
 
 /// The Raft settings of every group on this node.
 pub(super) fn raft_config(config: &Config) -> anyhow::Result<Arc<openraft::Config>> {
@@ -121,7 +121,7 @@ where
 /// A replica starting here (the node starts) that may start asleep: what its leader would
 /// have asked it to sleep with. That is when its persisted vote is committed and names another
 /// node, and its whole log is committed: it followed that leader with nothing pending, as a
-/// sleeping follower does ([`crate::groups::quiet`]). Started awake instead, the replicas of a
+/// sleeping follower does ([`crate::groups::residency`]). Started awake instead, the replicas of a
 /// restarted node hosting thousands of queues all ran their election timers before their
 /// leaders (themselves asleep and unloaded) could reach them, and their pre-votes made every
 /// peer load the replicas they asked.
@@ -129,7 +129,10 @@ where
 /// A vote that is stale (another leader was elected while this node was down) is safe: that
 /// leader's first append carries its newer vote and wakes the replica, and a leader with a
 /// member behind is woken when that member's link opens ([`crate::peer::liveness`]).
-pub(super) async fn follower_at_rest(mut log: LogStore, me: NodeId) -> Option<SleepRequest> {
+pub(super) async fn follower_asleep_at_start(
+    mut log: LogStore,
+    me: NodeId,
+) -> Option<SleepRequest> {
     use openraft::storage::{RaftLogReader, RaftLogStorage};
     let vote = log.read_vote().await.ok()??;
     let committed = log.read_committed().await.ok()?;
@@ -263,7 +266,7 @@ mod tests {
     /// asleep (its node restarted); one with an uncommitted tail, or whose vote names itself,
     /// starts awake.
     #[tokio::test]
-    async fn a_follower_at_rest_is_known_from_its_stored_state() {
+    async fn a_follower_asleep_at_start_is_known_from_its_stored_state() {
         use openraft::entry::RaftEntry;
         use openraft::raft::AppendEntriesRequest;
         let dir = tempfile::tempdir().unwrap();
@@ -305,16 +308,16 @@ mod tests {
             .unwrap();
 
         let log = || LogStore::new(store.clone(), GROUP);
-        let at_rest = follower_at_rest(log(), 1).await;
-        let req = at_rest.expect("a follower of node 2 with its whole log committed");
+        let asleep = follower_asleep_at_start(log(), 1).await;
+        let req = asleep.expect("a follower of node 2 with its whole log committed");
         assert_eq!(req.vote, vote);
         assert_eq!(req.committed, Some(log_id(1)));
         assert!(
-            follower_at_rest(log(), 2).await.is_none(),
+            follower_asleep_at_start(log(), 2).await.is_none(),
             "the vote names the node itself: it led, so it starts awake"
         );
 
-        // An entry beyond the commit: not at rest.
+        // An entry beyond the commit: not asleep at start.
         let reply = raft
             .append_entries(append(
                 Some(log_id(1)),
@@ -324,7 +327,7 @@ mod tests {
             .await
             .unwrap();
         assert!(reply.is_success(), "{reply:?}");
-        assert!(follower_at_rest(log(), 1).await.is_none());
+        assert!(follower_asleep_at_start(log(), 1).await.is_none());
         raft.shutdown().await.unwrap();
     }
 

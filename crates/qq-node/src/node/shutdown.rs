@@ -40,6 +40,7 @@ impl Node {
             let _ = g.raft.shutdown().await;
         }
         let _ = self.registry.meta_raft().shutdown().await;
+        self.loads_stop.cancel();
         if let Err(e) = self.store.sync().await {
             warn!("final fsync: {e}");
         }
@@ -65,7 +66,7 @@ impl Node {
         for g in self.registry.queues() {
             // A sleeping leader's heartbeats and timers back on first: the successor's term
             // must reach the followers as it does from an awake group.
-            g.quiet.wake();
+            g.residency.wake();
             if let Some(rx) = transfer_away(&g.raft, me).await {
                 handed.push(rx);
             }

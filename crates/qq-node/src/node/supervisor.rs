@@ -162,7 +162,7 @@ impl Node {
     async fn config_changed(&self, group: GroupId) {
         match self.registry.replica(group) {
             Some(Replica::Loaded(g)) => g.machine.notify_config_changed(),
-            Some(Replica::Dormant(_)) if self.registry.is_queue_leader(group) => {
+            Some(Replica::Unloaded(_)) if self.registry.is_queue_leader(group) => {
                 self.registry.load(group).await;
             }
             _ => {}

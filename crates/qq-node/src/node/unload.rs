@@ -35,7 +35,7 @@ impl Node {
                 if self.shutdown.is_cancelled() {
                     return;
                 }
-                if g.quiet
+                if g.residency
                     .asleep_for(self.clock.now())
                     .is_some_and(|d| d >= after)
                     && self.registry.unload(g.meta.id, may_unload).await

@@ -151,8 +151,8 @@ impl NodeCollector {
             .map(|r| {
                 let meta = r.meta();
                 let mut row = GroupRow::of(&r.metrics(), meta.vhost.clone(), meta.name.clone());
-                row.asleep = r.quiet().is_asleep();
-                row.unloaded = matches!(r, Replica::Dormant(_));
+                row.asleep = r.residency().is_asleep();
+                row.unloaded = matches!(r, Replica::Unloaded(_));
                 row.counts = (row.state == ServerState::Leader)
                     .then(|| r.machine().with_state(|s| s.counts()));
                 (
@@ -278,13 +278,13 @@ impl Collector for NodeCollector {
         gauge(
             &mut encoder,
             "raft_groups_asleep",
-            "Queue groups whose replica on this node sleeps (idle: no election timer, no heartbeats)",
+            "Queue groups whose replica on this node sleeps, Asleep or Unloaded (no election timer, no heartbeats)",
             int(scrape.groups.iter().filter(|g| g.asleep).count() as u64),
         )?;
         gauge(
             &mut encoder,
             "raft_groups_unloaded",
-            "Queue groups whose replica on this node sleeps with its Raft instance unloaded",
+            "Queue groups whose replica on this node is Unloaded (no Raft instance)",
             int(scrape.groups.iter().filter(|g| g.unloaded).count() as u64),
         )?;
         let (calls, messages) = qq_raft::mux::sent();

@@ -153,22 +153,22 @@ impl Observability {
         );
         registry.register(
             "raft_group_sleeps",
-            "Times a queue group's replica on this node went to sleep (idle: no timers, no heartbeats)",
+            "Times a queue replica on this node went from Awake to Asleep (idle: no timers, no heartbeats)",
             instruments.group_sleeps.clone(),
         );
         registry.register(
             "raft_group_wakes",
-            "Times a sleeping queue group's replica on this node woke",
+            "Times a sleeping queue replica on this node (Asleep or Unloaded) was woken",
             instruments.group_wakes.clone(),
         );
         registry.register(
             "raft_group_unloads",
-            "Times a sleeping queue replica on this node let its Raft instance go (unload_after_ms)",
+            "Times a queue replica on this node went from Asleep to Unloaded: its Raft instance let go (unload_after_ms)",
             instruments.group_unloads.clone(),
         );
         registry.register(
             "raft_group_loads",
-            "Times an unloaded queue replica on this node had its Raft instance created again",
+            "Times an Unloaded queue replica on this node had its Raft instance created again",
             instruments.group_loads.clone(),
         );
         registry.register_collector(Box::new(NodeCollector::new(

@@ -25,7 +25,7 @@
 //! this: a wrong call costs at most an unnecessary election.
 //!
 //! The watch is also the node-level heartbeat that sleeping queue groups rely on
-//! ([`crate::groups::quiet`]): the peer sends an event every `heartbeat_ms`. A link with no
+//! ([`crate::groups::residency`]): the peer sends an event every `heartbeat_ms`. A link with no
 //! event for `election_timeout_max_ms` (the peer frozen, cut off, or only slow), or a broken
 //! one, wakes the sleeping groups the peer leads (they elect if it is gone) and those this node
 //! leads with it (they notice a lost quorum); only a broken stream counts as a lost link;
@@ -57,7 +57,7 @@ use tracing::{debug, info, warn};
 use crate::clock::Clock;
 use crate::groups::registry::{Replica, holds_whole_log};
 use crate::node::Node;
-use crate::quiesce;
+use crate::sleep_wake;
 
 /// Pause between two attempts to open the watch of a peer that is down or unreachable.
 const RETRY: Duration = Duration::from_millis(100);
@@ -221,13 +221,12 @@ async fn wake_leaders_without_quorum(
         })
         .await;
     for g in node.registry().queues() {
-        if g.quiet.is_asleep()
+        if g.residency.is_asleep()
             && g.meta.members.contains(&peer)
             && !reaches_majority(&g.meta.members, me, &reach)
             && g.raft.metrics().borrow_watched().state == ServerState::Leader
-            && g.quiet.wake()
+            && g.residency.wake_to_lead()
         {
-            crate::groups::quiet::heartbeat_soon(&g.raft);
             woke += 1;
         }
     }
@@ -253,7 +252,7 @@ async fn wake_followers_of(node: &Arc<Node>, peer: NodeId, linked: &BTreeSet<Nod
         return woke;
     }
     let confirmed =
-        quiesce::confirm_leader(node.peers(), peer, followed.clone(), CONFIRM_WAIT).await;
+        sleep_wake::confirm_leader(node.peers(), peer, followed.clone(), CONFIRM_WAIT).await;
     let (mine, others): (Vec<_>, Vec<_>) = followed
         .into_iter()
         .filter(|g| !confirmed.contains(g))
@@ -406,7 +405,7 @@ async fn hand_over_from(node: &Arc<Node>, dead: NodeId) {
                 let Some(g) = node.registry().load(id).await else {
                     return false;
                 };
-                g.quiet.wake();
+                g.residency.wake();
                 hand_over(&g.raft, id, vote, &g.meta.members, me, &reachable).await;
                 true
             })
@@ -473,7 +472,7 @@ pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
             .into_iter()
             .filter(|r| {
                 matches!(r, Replica::Loaded(_))
-                    && r.quiet().is_asleep()
+                    && r.residency().is_asleep()
                     && r.meta().members.contains(&peer)
                     && r.state() == ServerState::Leader
             })
@@ -484,10 +483,8 @@ pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
             led,
             |id| {
                 // Loaded ones only (above); one unloaded since needs nothing (below).
-                if let Some(g) = node2.registry().queue(*id)
-                    && g.quiet.wake()
-                {
-                    crate::groups::quiet::heartbeat_soon(&g.raft);
+                if let Some(g) = node2.registry().queue(*id) {
+                    g.residency.wake_to_lead();
                 }
                 Box::pin(std::future::ready(true))
             },

@@ -25,10 +25,10 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::consume::relay::RELAY_BOUND;
 use crate::consume::session::{SessionIn, SessionOut, run_session};
-use crate::groups::quiet;
 use crate::groups::registry::QueueGroup;
+use crate::groups::residency::{Event, Outcome};
 use crate::node::Node;
-use crate::quiesce;
+use crate::sleep_wake;
 
 pub struct InternalService {
     node: Arc<Node>,
@@ -43,6 +43,9 @@ impl InternalService {
 /// How long a Raft message for a queue group that is about to start here waits for it
 /// ([`Node::may_start_group`]).
 const NEW_GROUP_WAIT: Duration = Duration::from_secs(1);
+/// How often a vote request loads a replica unloaded under it before it is refused (a
+/// refused vote is safe: the candidate asks again).
+const VOTE_RELOADS: usize = 3;
 
 fn reply<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> RaftReply {
     match r {
@@ -114,47 +117,61 @@ where
     }
 }
 
-/// A sleeping replica asked for a vote (not a leadership transfer's). As the leader: wake, send
-/// heartbeats, and refuse (if it has lost its quorum it steps down when its lease runs out,
-/// and the next round goes to Raft). As a follower: ask the leader it follows to wake; if that
-/// node answers that it leads the group, refuse (its heartbeats follow, and Raft's lease rule
-/// takes over); otherwise wake here and let Raft judge the vote.
-async fn refuse_vote_while_asleep(
+/// A replica asked for a vote: the residency machine decides whether Raft judges it or it is
+/// refused ([`residency::machine`]: a sleeping leader wakes, heartbeats and refuses; a
+/// sleeping follower asks the leader it follows to wake, and refuses if that node answers that
+/// it leads; a leadership transfer's vote is never refused). An instance unloaded meanwhile is
+/// loaded again first. Returns the refusal, or the instance to hand the vote to.
+async fn vote_or_refusal(
     node: &Node,
-    g: &QueueGroup,
+    mut g: QueueGroup,
     req: &VoteRequest<TypeConfig>,
-) -> Option<RaftReply> {
-    let (leading, leader) = {
-        let m = g.raft.metrics();
-        let m = m.borrow_watched();
-        (m.state == openraft::ServerState::Leader, m.current_leader)
-    };
-    let refuse = |who: String| RaftReply {
+) -> Result<QueueGroup, RaftReply> {
+    let refuse = |group: u64, who: String| RaftReply {
         payload: Default::default(),
-        error: format!(
-            "group {} sleeps here and {who} leads it: vote refused",
-            g.meta.id
-        ),
+        error: format!("group {group} sleeps here and {who} leads it: vote refused"),
     };
-    if req.leadership_transfer {
-        g.quiet.wake();
-        return None;
+    for _ in 0..VOTE_RELOADS {
+        let (leading, leader) = {
+            let m = g.raft.metrics();
+            let m = m.borrow_watched();
+            (m.state == openraft::ServerState::Leader, m.current_leader)
+        };
+        let event = Event::Vote {
+            instance: g.instance,
+            transfer: req.leadership_transfer,
+            leading,
+            leader: leader.filter(|l| *l != node.id()),
+        };
+        let asked = match g.residency.step(event) {
+            Outcome::Reload => match node.registry().load(g.meta.id).await {
+                Some(again) => {
+                    g = again;
+                    continue;
+                }
+                None => break,
+            },
+            Outcome::Refuse => return Err(refuse(g.meta.id, "this node".into())),
+            Outcome::AskLeader(leader) => leader,
+            _ => return Ok(g),
+        };
+        let leads = sleep_wake::confirm_leader(
+            node.peers(),
+            asked,
+            vec![g.meta.id],
+            sleep_wake::ASK_TIMEOUT,
+        )
+        .await
+        .contains(&g.meta.id);
+        return match g.residency.step(Event::LeaderAnswered { leads }) {
+            Outcome::Refuse => Err(refuse(g.meta.id, format!("node {asked}"))),
+            _ => Ok(g),
+        };
     }
-    if leading {
-        if g.quiet.wake() {
-            quiet::heartbeat_soon(&g.raft);
-        }
-        return Some(refuse("this node".into()));
-    }
-    if let Some(leader) = leader.filter(|l| *l != node.id())
-        && quiesce::confirm_leader(node.peers(), leader, vec![g.meta.id], quiesce::ASK_TIMEOUT)
-            .await
-            .contains(&g.meta.id)
-    {
-        return Some(refuse(format!("node {leader}")));
-    }
-    g.quiet.wake();
-    None
+    Err(RaftReply {
+        payload: Default::default(),
+        error: format!("group {} is being loaded on node {}", g.meta.id, node.id()),
+    })
 }
 
 /// One Raft request for any group here, from a unary `Raft` call or a `RaftBatch` stream.
@@ -224,7 +241,7 @@ async fn serve_raft(node: &Arc<Node>, r: RaftRequest) -> Result<RaftReply, Statu
         };
         match group {
             Some(g) => match kind {
-                RaftKind::Sleep => reply::<bool, String>(Ok(g.quiet.sleep_as_follower(
+                RaftKind::Sleep => reply::<bool, String>(Ok(g.residency.sleep_as_follower(
                     &g.raft,
                     node.id(),
                     decode(&r.payload)?,
@@ -232,21 +249,19 @@ async fn serve_raft(node: &Arc<Node>, r: RaftRequest) -> Result<RaftReply, Statu
                 ))),
                 RaftKind::Append => {
                     let req: AppendEntriesRequest<TypeConfig> = decode(&r.payload)?;
-                    let wakes = g.quiet.append_wakes(&req);
+                    let wakes = g.residency.append_wakes(&req);
                     let out = reply(g.raft.append_entries(req).await);
                     if wakes {
-                        g.quiet.wake();
+                        g.residency.wake();
                     }
                     out
                 }
-                RaftKind::Vote | RaftKind::PreVote if g.quiet.is_asleep() => {
+                RaftKind::Vote | RaftKind::PreVote => {
                     let req: VoteRequest<TypeConfig> = decode(&r.payload)?;
-                    if let Some(refusal) = refuse_vote_while_asleep(node, &g, &req).await {
-                        refusal
-                    } else if kind == RaftKind::Vote {
-                        reply(g.raft.vote(req).await)
-                    } else {
-                        reply(g.raft.pre_vote(req).await)
+                    match vote_or_refusal(node, g, &req).await {
+                        Err(refusal) => refusal,
+                        Ok(g) if kind == RaftKind::Vote => reply(g.raft.vote(req).await),
+                        Ok(g) => reply(g.raft.pre_vote(req).await),
                     }
                 }
                 _ => dispatch!(g.raft),

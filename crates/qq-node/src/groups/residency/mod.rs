@@ -1,12 +1,19 @@
-//! Quiescent queue groups: an idle group sleeps, and costs nothing per group until it wakes.
+//! A queue replica's residency: **Awake** (its Raft instance runs, timers on), **Asleep** (the
+//! instance runs with its timers off: an idle group costs nothing per group until it wakes) or
+//! **Unloaded** (no Raft instance at all, see [`super::registry`]).
 //!
 //! Every queue is its own Raft group, and an awake group pays for itself even when nothing
 //! happens: every replica's Raft ticks its timers, and the leader sends a heartbeat to every
 //! follower every `heartbeat_ms`. With a thousand idle queues that was most of a 2-core machine.
 //!
-//! This module holds a replica's side: whether it sleeps, and the transitions. The messages
-//! between replicas (asking followers to sleep, asking a leader to wake) are
-//! [`crate::quiesce`]'s; docs/architecture.md ("Idle groups sleep") tells the whole story.
+//! This module holds a replica's side. Its transitions are one pure function, [`machine`]'s
+//! [`Residency::step`] (`(state, event) -> (state, actions)`, no IO, no clock: time arrives in
+//! events); the replica's [`ResidencyCell`] is the single owner of its state: every change
+//! is a step under the cell's lock, whose actions (timers on or off, a heartbeat round, the
+//! counters) the cell carries out. Loading and unloading the Raft instance is the registry's
+//! ([`super::registry`]), asking the machine first. The messages between replicas (asking
+//! followers to sleep, asking a leader to wake) are [`crate::sleep_wake`]'s;
+//! docs/architecture.md ("Idle groups sleep") tells the whole story.
 //!
 //! **Sleeping.** The leader actor of a group ([`crate::leader`]) asks it to sleep when nothing
 //! was applied for `quiesce_after_ms`, no write is in flight, and a majority holds the
@@ -18,7 +25,7 @@
 //! leader stayed awake is harmless: the leader is alive and its appends wake it.
 //!
 //! **Waking.** A group wakes
-//! - on the leader, before any write ([`Quiet::begin_write`]: proposals, membership changes,
+//! - on the leader, before any write ([`ResidencyCell::begin_write`]: proposals, membership changes,
 //!   leadership transfers) and before a read that needs the leader: heartbeats on, one
 //!   heartbeat round at once, and the write waits until a quorum answered it (a sleeping
 //!   leader's lease has expired, and openraft refuses writes without it);
@@ -41,7 +48,7 @@
 //!
 //! **Starting asleep.** A replica whose node starts, and whose stored vote is committed for
 //! another node with its whole log committed, starts asleep as that leader's follower
-//! ([`Quiet::asleep_following`]): it is in the state a `SLEEP` would have left it in. If a
+//! ([`ResidencyCell::asleep_following`]): it is in the state a `SLEEP` would have left it in. If a
 //! newer leader was elected meanwhile, that leader holds this member behind, so it is loaded
 //! and awake, and its first append (a newer vote) wakes the replica.
 //!
@@ -53,7 +60,10 @@
 //! follower as an append that wakes it. Safety never depends on this module: it only turns
 //! timers off and on and refuses votes, and refusing a vote never breaks Raft's safety.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+pub mod machine;
+#[cfg(test)]
+mod tests;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -67,6 +77,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+pub use self::machine::{Action, Event, Outcome, Residency, State, Timers};
 use super::queue_sm::QueueMachine;
 use super::shell::Shell;
 
@@ -83,80 +94,103 @@ pub struct SleepRequest {
     pub committed: Option<LogIdOf<TypeConfig>>,
 }
 
-/// Whether one replica of a group sleeps, and the writes that keep it awake.
-pub struct Quiet {
-    state: Mutex<State>,
-    /// Writes begun on this replica (as leader) since it started.
-    writes_begun: AtomicU64,
-    /// Writes begun and not yet ended.
-    writes_in_flight: AtomicU64,
+/// The owner of one replica's [`Residency`]: steps it under its lock and carries out the
+/// actions on the running Raft instance. Shared by every instance of the replica (it outlives
+/// an unload).
+pub struct ResidencyCell {
+    inner: Mutex<Inner>,
     /// Bumped on every wake, for the leader actor to arm its idle timer again.
     woken: watch::Sender<u64>,
 }
 
-#[derive(Default)]
-struct State {
-    asleep: bool,
-    /// Since when it sleeps (for the unload of long-sleeping replicas, [`super::registry`]).
-    since: Option<Instant>,
-    /// As a sleeping follower: what the leader said when it asked to sleep.
-    slept_with: Option<SleepRequest>,
-    /// The replica's Raft instance while it is loaded (None while it is unloaded, see
-    /// [`super::registry::Dormant`]): sleeping and waking turn its timers off and on.
+struct Inner {
+    residency: Residency,
+    /// The running Raft instance (None while unloaded): the actions' target.
     raft: Option<QueueRaft>,
 }
 
-/// Ends a write on drop ([`Quiet::begin_write`]).
+/// Ends a write on drop ([`ResidencyCell::begin_write`]).
 pub struct WriteGuard {
-    quiet: Arc<Quiet>,
+    cell: Arc<ResidencyCell>,
 }
 
 impl Drop for WriteGuard {
     fn drop(&mut self) {
-        self.quiet.writes_in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.cell.step(Event::EndWrite);
     }
 }
 
-impl Default for Quiet {
+impl Default for ResidencyCell {
     fn default() -> Self {
-        Quiet {
-            state: Mutex::default(),
-            writes_begun: AtomicU64::new(0),
-            writes_in_flight: AtomicU64::new(0),
+        ResidencyCell::new(Residency::awake())
+    }
+}
+
+impl ResidencyCell {
+    fn new(residency: Residency) -> ResidencyCell {
+        ResidencyCell {
+            inner: Mutex::new(Inner {
+                residency,
+                raft: None,
+            }),
             woken: watch::Sender::new(0),
         }
     }
-}
 
-impl Quiet {
     /// A replica that starts (the node starts) asleep as a follower of the leader that `req`
     /// describes: its persisted vote is that leader's committed one and its whole log is
-    /// committed, as a follower put to sleep by that leader would hold ([`Quiet::sleep_as_follower`]).
-    /// Everything that wakes a sleeping follower wakes it: an append with anything new (a
-    /// newer leader's vote among them), a vote request, its leader's node lost. Its sleep
-    /// counts from `now`.
-    pub fn asleep_following(req: SleepRequest, now: Instant) -> Quiet {
+    /// committed, as a follower put to sleep by that leader would hold. Everything that wakes
+    /// a sleeping follower wakes it: an append with anything new (a newer leader's vote among
+    /// them), a vote request, its leader's node lost. Its sleep counts from `now`.
+    pub fn asleep_following(req: SleepRequest, now: Instant) -> ResidencyCell {
         crate::metrics::group_slept();
-        let quiet = Quiet::default();
-        *quiet.state.lock().unwrap() = State {
-            asleep: true,
-            since: Some(now),
-            slept_with: Some(req),
-            raft: None,
-        };
-        quiet
+        ResidencyCell::new(Residency::asleep_following(req, now))
+    }
+
+    /// One transition, its actions carried out (under the lock: a timer change never
+    /// overtakes the next transition's).
+    pub fn step(&self, event: Event) -> Outcome {
+        let mut inner = self.inner.lock().unwrap();
+        let (outcome, actions) = inner.residency.step(event);
+        let mut woke = false;
+        for action in actions {
+            match action {
+                Action::SetTimers(timers) => {
+                    if let Some(raft) = &inner.raft {
+                        set_timers(raft, timers);
+                    }
+                }
+                Action::Slept => crate::metrics::group_slept(),
+                Action::Woke => woke = true,
+                Action::HeartbeatSoon => {
+                    if let Some(raft) = &inner.raft {
+                        heartbeat_soon(raft);
+                    }
+                }
+            }
+        }
+        drop(inner);
+        if woke {
+            crate::metrics::group_woke();
+            self.woken.send_modify(|n| *n += 1);
+        }
+        outcome
+    }
+
+    pub fn state(&self) -> State {
+        self.inner.lock().unwrap().residency.state()
     }
 
     pub fn is_asleep(&self) -> bool {
-        self.state.lock().unwrap().asleep
+        self.inner.lock().unwrap().residency.is_asleep()
     }
 
     /// How long this replica has slept at `now`, if it sleeps.
     pub fn asleep_for(&self, now: Instant) -> Option<Duration> {
-        let state = self.state.lock().unwrap();
-        state
-            .since
-            .filter(|_| state.asleep)
+        let inner = self.inner.lock().unwrap();
+        inner
+            .residency
+            .asleep_since()
             .map(|t| now.saturating_duration_since(t))
     }
 
@@ -166,62 +200,45 @@ impl Quiet {
     }
 
     /// Turn this replica's timers back on, if it sleeps. Returns whether it slept. A leader
-    /// should then start a heartbeat round ([`wake_leader`] does). On an unloaded replica the
-    /// timers go on when its Raft instance is loaded again ([`Quiet::attach`]).
+    /// should then start a heartbeat round ([`ResidencyCell::wake_to_lead`], [`wake_leader`]).
+    /// On an unloaded replica the timers go on when its Raft instance is loaded again.
     pub fn wake(&self) -> bool {
-        let mut state = self.state.lock().unwrap();
-        if !state.asleep {
-            return false;
-        }
-        state.asleep = false;
-        state.since = None;
-        state.slept_with = None;
-        if let Some(raft) = &state.raft {
-            let rc = raft.runtime_config();
-            rc.heartbeat(true);
-            rc.tick(true);
-        }
-        drop(state);
-        crate::metrics::group_woke();
-        self.woken.send_modify(|n| *n += 1);
-        true
+        self.step(Event::Wake) == Outcome::Changed(true)
     }
 
-    /// The replica's Raft instance runs (again): its timers follow whether the replica sleeps
-    /// (an instance loaded for a sleeping replica is created with them off), and a sleeping
-    /// one counts its sleep from `now` for the unload.
-    pub fn attach(&self, raft: &QueueRaft, now: Instant) {
-        let mut state = self.state.lock().unwrap();
-        let rc = raft.runtime_config();
-        rc.heartbeat(!state.asleep);
-        rc.tick(!state.asleep);
-        state.raft = Some(raft.clone());
-        // The unload clock starts again: a replica loaded to be woken must not be unloaded
-        // before its turn comes (a reopened link wakes the groups it loaded 128 at a time).
-        if state.asleep {
-            state.since = Some(now);
-        }
+    /// As a leader woken without a write to make: wake, with a heartbeat round at once.
+    /// Returns whether it slept.
+    pub fn wake_to_lead(&self) -> bool {
+        self.step(Event::WakeToLead) == Outcome::Changed(true)
     }
 
-    /// Let the replica's Raft instance go (it is being unloaded), if the replica still sleeps
-    /// and no write began since `begun` was read. From here a wake only marks the replica
-    /// awake; [`Quiet::attach`] turns the timers of the next instance on.
-    pub fn detach_if_asleep(&self, begun: u64) -> bool {
-        let mut state = self.state.lock().unwrap();
-        if !state.asleep || self.writes() != (begun, 0) {
-            return false;
-        }
-        state.raft = None;
-        true
+    /// Raft instance `instance` of the replica runs: its timers follow whether the replica
+    /// sleeps (an instance loaded for a sleeping replica is created with them off).
+    pub fn attach(&self, raft: &QueueRaft, instance: u64, now: Instant) {
+        self.inner.lock().unwrap().raft = Some(raft.clone());
+        self.step(Event::Loaded { instance, now });
     }
 
-    /// Count a write (and wake the group first if it sleeps). Returns the guard that ends the
-    /// write, and whether the group slept: then wait for [`wake_leader`] before writing.
-    pub fn begin_write(self: &Arc<Self>) -> WriteGuard {
-        self.writes_begun.fetch_add(1, Ordering::SeqCst);
-        self.writes_in_flight.fetch_add(1, Ordering::SeqCst);
-        WriteGuard {
-            quiet: self.clone(),
+    /// Let the replica's Raft instance go (it is being unloaded), if the machine agrees: the
+    /// replica still sleeps, `ready`, and no write began since `begun` was read. From here a
+    /// wake only marks the replica awake; the next instance starts with its timers on.
+    pub fn detach(&self, begun: u64, ready: bool) -> bool {
+        let mut inner = self.inner.lock().unwrap();
+        let (outcome, _) = inner.residency.step(Event::Unload { begun, ready });
+        let detached = outcome == Outcome::Changed(true);
+        if detached {
+            inner.raft = None;
+        }
+        detached
+    }
+
+    /// Count a write on Raft instance `instance` (the group's as the caller read it from the
+    /// registry). None when that is not the running instance (unloaded meanwhile): load the
+    /// group again and retry. The guard ends the write.
+    pub fn begin_write(self: &Arc<Self>, instance: u64) -> Option<WriteGuard> {
+        match self.step(Event::BeginWrite { instance }) {
+            Outcome::Admitted => Some(WriteGuard { cell: self.clone() }),
+            _ => None,
         }
     }
 
@@ -235,8 +252,7 @@ impl Quiet {
         req: SleepRequest,
         now: Instant,
     ) -> bool {
-        let mut state = self.state.lock().unwrap();
-        let ok = {
+        let in_step = {
             let m = raft.metrics();
             let m = m.borrow_watched();
             m.state == ServerState::Follower
@@ -245,26 +261,13 @@ impl Quiet {
                 && m.last_log_index == req.committed.as_ref().map(|l| l.index)
                 && m.local_committed == req.committed
         };
-        if ok {
-            if !state.asleep {
-                crate::metrics::group_slept();
-                state.since = Some(now);
-            }
-            state.asleep = true;
-            state.slept_with = Some(req);
-            if let Some(raft) = &state.raft {
-                raft.runtime_config().tick(false);
-            }
-        }
-        ok
+        let event = Event::SleepAsFollower { req, in_step, now };
+        self.step(event) == Outcome::Changed(true)
     }
 
-    /// Writes begun so far and writes in flight ([`Quiet::begin_write`]).
+    /// Writes begun so far and writes in flight ([`ResidencyCell::begin_write`]).
     pub fn writes(&self) -> (u64, u64) {
-        (
-            self.writes_begun.load(Ordering::SeqCst),
-            self.writes_in_flight.load(Ordering::SeqCst),
-        )
+        self.inner.lock().unwrap().residency.writes()
     }
 
     /// As the leader, once enough followers sleep: sleep too, unless a write began since
@@ -277,53 +280,50 @@ impl Quiet {
         req: &SleepRequest,
         now: Instant,
     ) -> bool {
-        let mut state = self.state.lock().unwrap();
-        if self.writes() != (begun, 0) {
-            return false; // a write started meanwhile: its append wakes the followers
-        }
-        let still = {
+        let still_leading = {
             let m = raft.metrics();
             let m = m.borrow_watched();
             m.state == ServerState::Leader
                 && m.vote == req.vote
                 && m.local_committed == req.committed
         };
-        if !still || state.asleep {
-            return false;
-        }
-        state.asleep = true;
-        state.since = Some(now);
-        state.slept_with = None;
-        if let Some(raft) = &state.raft {
-            let rc = raft.runtime_config();
-            rc.heartbeat(false);
-            rc.tick(false);
-        }
-        crate::metrics::group_slept();
-        true
+        let event = Event::SleepAsLeader {
+            begun,
+            still_leading,
+            now,
+        };
+        self.step(event) == Outcome::Changed(true)
     }
 
     /// As a follower: whether this append brings anything a sleeping replica must wake for
-    /// (entries, a commit it has not seen, another leader's vote). A bare heartbeat of the
-    /// leader it slept with does not.
+    /// ([`Residency::append_wakes`]).
     pub fn append_wakes(&self, req: &AppendEntriesRequest<TypeConfig>) -> bool {
-        let state = self.state.lock().unwrap();
-        match (&state.asleep, &state.slept_with) {
-            (false, _) => false,
-            (true, None) => true,
-            (true, Some(slept)) => {
-                !req.entries.is_empty()
-                    || req.vote != slept.vote
-                    || req.leader_commit != slept.committed
-            }
+        let inner = self.inner.lock().unwrap();
+        inner
+            .residency
+            .append_wakes(!req.entries.is_empty(), &req.vote, &req.leader_commit)
+    }
+}
+
+fn set_timers(raft: &QueueRaft, timers: Timers) {
+    let rc = raft.runtime_config();
+    match timers {
+        Timers::On => {
+            rc.heartbeat(true);
+            rc.tick(true);
         }
+        Timers::Off => {
+            rc.heartbeat(false);
+            rc.tick(false);
+        }
+        Timers::ElectionOff => rc.tick(false),
     }
 }
 
 /// As the leader: wake the group if it sleeps, and wait (up to `wait`) until a quorum answered
 /// a heartbeat, so that a write or a leader-only read that follows is accepted.
-pub async fn wake_leader(raft: &QueueRaft, quiet: &Quiet, lease: Duration, wait: Duration) {
-    if !quiet.wake() {
+pub async fn wake_leader(raft: &QueueRaft, cell: &ResidencyCell, lease: Duration, wait: Duration) {
+    if !cell.wake() {
         return;
     }
     if raft.trigger().heartbeat().await.is_err() {

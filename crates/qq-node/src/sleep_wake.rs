@@ -1,10 +1,12 @@
-//! The messages of the sleep of idle queue groups ([`crate::groups::quiet`] holds a replica's
-//! side): a leader asking its followers to sleep ([`try_sleep`]), and a sleeping follower asked
-//! for a vote, or whose leader's node went silent, asking that node to wake ([`confirm_leader`]). Both travel as Raft messages
-//! of kinds `SLEEP` and `WAKE` on the internal service, with a short timeout: an answer that
-//! does not come counts as "no".
+//! The messages between the replicas of an idle queue group about its sleep (a replica's
+//! residency, Awake / Asleep / Unloaded, is [`crate::groups::residency`]'s): a leader asking
+//! its followers to sleep ([`try_sleep`]), and a sleeping follower asked for a vote, or whose
+//! leader's node went silent, asking that node to wake ([`confirm_leader`]). Both travel as
+//! Raft messages of kinds `SLEEP` and `WAKE` on the internal service, with a short timeout:
+//! an answer that does not come counts as "no".
 //!
-//! Must not: decide when a group sleeps (the leader actor does) or wake a replica by itself.
+//! Must not: decide when a group sleeps (the leader actor does) or wake a replica by itself
+//! (the residency machine decides what an answer means).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -18,8 +20,8 @@ use qq_raft::network::Peers;
 use tracing::debug;
 
 use crate::clock::Clock;
-use crate::groups::quiet::{Quiet, SleepRequest};
 use crate::groups::registry::{QueueRaft, holds_whole_log};
+use crate::groups::residency::{ResidencyCell, SleepRequest};
 
 /// How long the leader waits for its followers' answers to a [`SleepRequest`], and a sleeping
 /// follower asked for a vote for its leader's answer to a wake (shorter than a candidate's
@@ -31,13 +33,13 @@ pub const ASK_TIMEOUT: Duration = Duration::from_millis(500);
 pub async fn try_sleep(
     group: GroupId,
     raft: &QueueRaft,
-    quiet: &Quiet,
+    residency: &ResidencyCell,
     peers: &Peers,
     me: NodeId,
     clock: Clock,
 ) -> bool {
-    let (begun, in_flight) = quiet.writes();
-    if in_flight > 0 || quiet.is_asleep() {
+    let (begun, in_flight) = residency.writes();
+    if in_flight > 0 || residency.is_asleep() {
         return false;
     }
     let (req, followers, voters) = {
@@ -97,7 +99,7 @@ pub async fn try_sleep(
     if slept * 2 <= voters {
         return false;
     }
-    let slept = quiet.sleep_as_leader(raft, begun, &req, clock.now());
+    let slept = residency.sleep_as_leader(raft, begun, &req, clock.now());
     if slept {
         debug!(group, "group sleeps");
     }
