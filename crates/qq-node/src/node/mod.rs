@@ -109,6 +109,8 @@ impl Node {
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
         let read_lease = Duration::from_millis(config.election_timeout_min_ms);
+        // Unbounded by type, bounded by the replicas: a request carries its replica's
+        // transition lock, so at most one per hosted group waits here.
         let (loads, load_requests) = mpsc::unbounded_channel();
         let registry = Arc::new(Registry::new(
             id,
