@@ -102,8 +102,8 @@ impl Alarms {
         self.disk_limit
             .store(bounds.disk_free_limit_bytes, Ordering::Relaxed);
         // Above the watermark, first hand freed heap back to the OS: memory freed by deleted
-        // queues and drained messages stays resident with glibc's allocator otherwise, and
-        // the alarm would never clear.
+        // queues and drained messages stays resident otherwise (glibc's until trimmed,
+        // jemalloc's until its dirty pages decay), and the alarm would clear late or never.
         let rss = rss_bytes().map(|rss| {
             if rss > bounds.memory_high_watermark_bytes {
                 release_free_heap();

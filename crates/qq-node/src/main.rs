@@ -91,6 +91,10 @@ const MMAP_THRESHOLD: libc::c_int = 16 << 20;
 /// the trim threshold, so they stay resident. A node that had served 1 000 declares from 16
 /// logging-in clients kept 150-290 MiB of them in two runs out of four. A fixed threshold turns
 /// that adjustment off (the trim threshold stays at its default, 128 KiB).
+///
+/// Since the node allocates with jemalloc ([`ALLOCATOR`]), the Argon2id blocks no longer come
+/// from glibc; what still does is RocksDB's C++ code, whose large blocks (memtable arenas) the
+/// same adjustment would keep resident. The setting stays for them.
 fn fix_mmap_threshold() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets a tuning parameter of glibc's allocator (this one is within

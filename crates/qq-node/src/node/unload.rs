@@ -14,7 +14,8 @@ use crate::groups::registry::{QueueGroup, holds_whole_log};
 
 /// How often the node looks for replicas that have slept for `unload_after_ms`.
 const UNLOAD_SWEEP: Duration = Duration::from_secs(1);
-/// At most one `malloc_trim` per this long after unloads ([`Node::unload_sleepers`]).
+/// At most one release of freed heap ([`crate::alarms::release_free_heap`]) per this long
+/// after unloads ([`Node::unload_sleepers`]).
 const UNLOAD_TRIM_EVERY: Duration = Duration::from_secs(10);
 
 impl Node {
@@ -43,10 +44,11 @@ impl Node {
                     unloaded += 1;
                 }
             }
-            // glibc keeps what the instances freed resident (in the middle of its arenas)
-            // until asked; without this an unload saved nothing (measured: 1 000 queues,
-            // 656 MB across three nodes either way, 337 MB after a trim). A trim walks every
-            // arena under its lock, so at most one per UNLOAD_TRIM_EVERY.
+            // The allocator keeps what the instances freed resident until asked or until its
+            // dirty pages decay; with glibc an unload saved nothing without this (measured:
+            // 1 000 queues, 656 MB across three nodes either way, 337 MB after a trim; not
+            // measured again with jemalloc). A release walks every arena under its lock, so
+            // at most one per UNLOAD_TRIM_EVERY.
             untrimmed += unloaded;
             if untrimmed > 0 && self.clock.elapsed(trimmed_at) >= UNLOAD_TRIM_EVERY {
                 let _ = tokio::task::spawn_blocking(crate::alarms::release_free_heap).await;
