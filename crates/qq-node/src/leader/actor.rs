@@ -297,3 +297,57 @@ async fn sleep_until(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::leader::{CONSUMER_RECONCILE, PROPOSAL_RETRY};
+
+    const SLEEP_AFTER: Duration = Duration::from_secs(60);
+
+    fn work(now: Instant) -> Work {
+        Work {
+            expiry: Expiry::default(),
+            relay: Relay::new(Duration::from_secs(2)),
+            moves: Moves::default(),
+            config: ConfigSync::default(),
+            upgrade: Upgrade::default(),
+            reconcile: Reconcile::new(now),
+            sleep: Sleep::new(Some(SLEEP_AFTER), now),
+            drops: DropLog::new(0),
+            flight: InFlight::default(),
+        }
+    }
+
+    #[test]
+    fn the_loop_waits_for_the_earliest_deadline_of_its_machines() {
+        let t0 = Instant::now();
+        let mut w = work(t0);
+        assert_eq!(w.next_deadline(), Some(t0 + CONSUMER_RECONCILE));
+        w.config.on_event(t0, ConfigEvent::Failed);
+        assert_eq!(w.next_deadline(), Some(t0 + PROPOSAL_RETRY));
+        w.config.on_event(t0, ConfigEvent::Changed);
+        let cleanup = t0 + CONSUMER_RECONCILE;
+        w.reconcile.on_event(cleanup, ReconcileEvent::Tick);
+        w.reconcile
+            .on_event(cleanup, ReconcileEvent::Done { more: false });
+        assert_eq!(
+            w.next_deadline(),
+            Some(t0 + SLEEP_AFTER),
+            "only the sleep is left"
+        );
+    }
+
+    #[test]
+    fn a_round_in_flight_keeps_the_group_awake() {
+        let t0 = Instant::now();
+        let mut w = work(t0);
+        assert!(!w.busy());
+        w.moves.on_event(t0, MoveEvent::Turn { task_running: true });
+        assert!(w.busy());
+        let tick = SleepEvent::Tick { busy: w.busy() };
+        assert_eq!(w.sleep.on_event(t0 + SLEEP_AFTER, tick), vec![]);
+    }
+}
