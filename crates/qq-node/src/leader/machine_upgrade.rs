@@ -79,6 +79,27 @@ impl Upgrade {
     }
 }
 
+/// What a look at the members' versions decides.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// A member's version is not known yet (its watch is opening): look again soon.
+    Unknown,
+    /// Some member runs no newer version than the queue's: look again later.
+    Wait,
+    /// Every member runs this version, newer than the queue's: propose it.
+    Upgrade(u32),
+}
+
+/// The verdict for a queue at version `current` whose members all run at least `common`
+/// (None: a member's version is unknown).
+fn verdict(current: u32, common: Option<u32>) -> Verdict {
+    match common {
+        None => Verdict::Unknown,
+        Some(v) if v <= current => Verdict::Wait,
+        Some(v) => Verdict::Upgrade(v),
+    }
+}
+
 impl QueueLeader {
     /// Move the queue's machine to the newest version every member runs, if that is newer
     /// than the queue's. Returns when to look again while the queue still lags behind this
@@ -97,16 +118,20 @@ impl QueueLeader {
                 .chain(membership.learner_ids())
                 .collect()
         };
-        let Some(common) = self.ctx.machines.common_version(self.ctx.me, members) else {
-            debug!(
-                group = self.group,
-                "machine upgrade waits: a member's version is unknown"
-            );
-            return Some(UNKNOWN_CHECK);
+        let common = match verdict(
+            current,
+            self.ctx.machines.common_version(self.ctx.me, members),
+        ) {
+            Verdict::Unknown => {
+                debug!(
+                    group = self.group,
+                    "machine upgrade waits: a member's version is unknown"
+                );
+                return Some(UNKNOWN_CHECK);
+            }
+            Verdict::Wait => return Some(UPGRADE_CHECK),
+            Verdict::Upgrade(common) => common,
         };
-        if common <= current {
-            return Some(UPGRADE_CHECK);
-        }
         match self
             .propose(Command::SetMachineVersion { version: common })
             .await
@@ -165,5 +190,17 @@ mod tests {
         // A wake looks again all the same (a member may have been upgraded meanwhile).
         let woke = upgrade.on_event(much_later, UpgradeEvent::Started);
         assert_eq!(woke, vec![UpgradeAction::Look]);
+    }
+
+    #[test]
+    fn the_machine_moves_only_to_a_version_every_member_runs() {
+        assert_eq!(verdict(1, None), Verdict::Unknown);
+        assert_eq!(
+            verdict(1, Some(1)),
+            Verdict::Wait,
+            "a member still runs version 1"
+        );
+        assert_eq!(verdict(2, Some(1)), Verdict::Wait, "never backwards");
+        assert_eq!(verdict(1, Some(2)), Verdict::Upgrade(2));
     }
 }
