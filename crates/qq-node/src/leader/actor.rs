@@ -28,16 +28,16 @@ use crate::sleep_wake;
 
 /// What the actor's loop carries from one turn to the next: the sub-machines, and the work
 /// in flight they asked for.
-pub(super) struct Work {
-    pub(super) expiry: Expiry,
-    pub(super) relay: Relay,
-    pub(super) moves: Moves,
-    pub(super) config: ConfigSync,
-    pub(super) upgrade: Upgrade,
-    pub(super) reconcile: Reconcile,
-    pub(super) sleep: Sleep,
-    pub(super) drops: DropLog,
-    pub(super) flight: InFlight,
+struct Work {
+    expiry: Expiry,
+    relay: Relay,
+    moves: Moves,
+    config: ConfigSync,
+    upgrade: Upgrade,
+    reconcile: Reconcile,
+    sleep: Sleep,
+    drops: DropLog,
+    flight: InFlight,
 }
 
 impl Work {
