@@ -39,7 +39,9 @@
 //!   replicated task up from the state, so a move survives a leader change.
 //! - `config_sync::ConfigSync`, the queue's configuration and consumer timeout follow the
 //!   metadata (`UpdateConfig`, `SetConsumerTimeout`). Events: changed (start, metadata,
-//!   machine upgrade), timer, failed. Action: sync. Deadline: the retry after a failure.
+//!   machine upgrade), timer, failed. Action: sync, whose proposals are `config_sync::plan`,
+//!   a pure function of the metadata and the state read when it runs. Deadline: the retry
+//!   after a failure.
 //! - `machine_upgrade::Upgrade`, the queue's machine version follows the releases its members
 //!   run (`SetMachineVersion`). Events: started or woken, applied, a look ended. Actions:
 //!   look (and upgrade), sync the config after an upgrade. No deadline: a lagging queue
@@ -58,7 +60,8 @@
 //! waits meanwhile); their drops are counted and logged rate-limited (`drops`).
 //!
 //! The rooms: `watch` follows the group's leadership and starts or stops the actor; `actor`
-//! is the loop; one room per sub-machine, each with the actor methods that carry out its
+//! is the loop; `flight` holds the futures it polls for the machines (rounds, settles, a
+//! republish); one room per sub-machine, each with the actor methods that carry out its
 //! actions.
 //!
 //! Must not: carry out deliveries (the state machine does, to registered sessions) or touch
