@@ -1,158 +1,275 @@
-//! The actor's loop: one `tokio::select!` over what can happen to a led queue, each arm a
-//! method. The sub-jobs it drives live beside it (`relay`, `expiry`, `move_rounds`,
-//! `config_sync`, `consumers`); the loop only decides when each runs.
+//! The actor's loop. Each job is a sub-machine beside it (module docs of `leader`): the loop
+//! waits for the earliest of their deadlines or for the next thing to happen (a message, an
+//! applied entry, a wake, a topology change, an in-flight round or publish ending), turns
+//! what happened into the machines' events and carries out the actions they answer.
 
 use std::future::Future;
 use std::pin::Pin;
 
 use futures::StreamExt;
 use qq_core::MessageId;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::QueueLeader;
+use super::config_sync::{ConfigEvent, ConfigSync};
+use super::consumers::{Reconcile, ReconcileAction, ReconcileEvent};
 use super::drops::DropLog;
-use super::move_rounds::MoveRound;
-use super::relay::Relay;
-use super::{CONSUMER_RECONCILE, QueueLeader, Timers};
+use super::expiry::Expiry;
+use super::flight::InFlight;
+use super::machine_upgrade::{Upgrade, UpgradeAction, UpgradeEvent};
+use super::move_rounds::{MoveAction, MoveEvent, Moves};
+use super::relay::{Relay, RelayEvent};
+use super::sleep::{Sleep, SleepAction, SleepEvent};
 use crate::deadletter::{PreparedRound, Round};
 use crate::groups::queue_sm::{DeadLetterJob, LeaderEvent};
+use crate::moves::MoveOutcome;
 use crate::sleep_wake;
 
-type Publish = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
-
-/// What the actor's loop carries from one turn to the next.
+/// What the actor's loop carries from one turn to the next: the sub-machines, and the work
+/// in flight they asked for.
 struct Work {
-    timers: Timers,
+    expiry: Expiry,
     relay: Relay,
-    /// The at-most-once dead letter being republished (one at a time).
-    publish: Option<Publish>,
-    moving: Option<MoveRound>,
-    logged_no_route: bool,
+    moves: Moves,
+    config: ConfigSync,
+    upgrade: Upgrade,
+    reconcile: Reconcile,
+    sleep: Sleep,
     drops: DropLog,
-    /// The clean-up runs CONSUMER_RECONCILE after something was applied, and again while it
-    /// finds work; an idle queue runs no timer (it may sleep, see `groups::residency`).
-    cleanup_at: Option<Instant>,
-    /// When the group may sleep: `sleep_after` after the last applied entry or wake.
-    sleep_at: Option<Instant>,
-    /// Not before this does an applied entry make the leader look at its members' machine
-    /// versions again (None: the queue runs this release's version).
-    upgrade_at: Option<Instant>,
+    flight: InFlight,
+}
+
+impl Work {
+    /// The earliest of the machines' deadlines.
+    fn next_deadline(&self) -> Option<Instant> {
+        [
+            self.expiry.next_deadline(),
+            self.relay.next_deadline(),
+            self.config.next_deadline(),
+            self.moves.next_deadline(),
+            self.reconcile.next_deadline(),
+            self.sleep.next_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Work in flight: the group does not sleep meanwhile.
+    fn busy(&self) -> bool {
+        self.relay.busy() || self.moves.busy() || self.flight.publish.is_some()
+    }
+}
+
+/// What the actor follows beside its inbox.
+struct Streams {
+    applied: watch::Receiver<u64>,
+    topology: watch::Receiver<u64>,
+    woken: watch::Receiver<u64>,
+}
+
+/// What happened while the loop waited.
+enum Happened {
+    Prepared(u64, Result<PreparedRound, Vec<MessageId>>),
+    Committed(Round),
+    Settled(Vec<MessageId>),
+    Moved(Instant, MoveOutcome),
+    Published(Result<(), String>),
+    Inbox(LeaderEvent),
+    Applied,
+    Woken,
+    Topology,
+    /// The earliest deadline came.
+    Deadline,
 }
 
 impl QueueLeader {
     pub(super) async fn run(mut self) {
-        let mut applied = self.machine.subscribe_applied();
-        let mut topology = self.ctx.view.subscribe();
-        let mut woken = self.residency.subscribe_woken();
-        let mut w = Work {
-            cleanup_at: Some(self.ctx.clock.now() + CONSUMER_RECONCILE),
-            sleep_at: self.sleep_deadline(),
-            timers: Timers::default(),
-            relay: Relay::default(),
-            publish: None,
-            moving: None,
-            logged_no_route: false,
-            drops: DropLog::new(self.machine.dropped_dead_letters()),
-            upgrade_at: None,
+        let mut streams = Streams {
+            applied: self.machine.subscribe_applied(),
+            topology: self.ctx.view.subscribe(),
+            woken: self.residency.subscribe_woken(),
         };
-
+        let now = self.ctx.clock.now();
+        let mut w = Work {
+            expiry: Expiry::default(),
+            relay: Relay::new(self.ctx.dead_letter_retry),
+            moves: Moves::default(),
+            config: ConfigSync::default(),
+            upgrade: Upgrade::default(),
+            reconcile: Reconcile::new(now),
+            sleep: Sleep::new(self.ctx.sleep_after, now),
+            drops: DropLog::new(self.machine.dropped_dead_letters()),
+            flight: InFlight::default(),
+        };
         self.clean_up_old_consumers().await;
-        self.sync_config(&mut w.timers).await;
-        self.look_at_machine(&mut w).await;
+        self.config_event(&mut w.config, ConfigEvent::Changed).await;
+        self.upgrade_event(&mut w, UpgradeEvent::Started).await;
         loop {
-            if self.cancel.is_cancelled() || self.expire_due(&mut w.timers).await {
+            if self.cancel.is_cancelled() || self.expire_due(&mut w.expiry).await {
                 return; // stopped, or the queue expired and is being deleted
             }
-            self.start_work(&mut w);
-            let wake = self.next_wake(&w.timers);
-            tokio::select! {
-                _ = self.cancel.cancelled() => return,
-                (epoch, round) = poll_some(&mut w.relay.preparing) => {
-                    self.on_prepared(&mut w, epoch, round);
-                }
-                round = poll_some(&mut w.relay.committing) => self.on_committed(&mut w, round),
-                Some(settled) = w.relay.settling.running.next(), if !w.relay.settling.running.is_empty() => {
-                    on_settled(&mut w, settled);
-                }
-                (started, outcome) = poll_some(&mut w.moving) => {
-                    w.moving = None;
-                    self.after_move(started, outcome, &mut w.timers).await;
-                }
-                published = poll_some(&mut w.publish) => self.on_published(&mut w, published),
-                event = self.inbox.recv(), if w.publish.is_none() => match event {
-                    Some(LeaderEvent::DeadLetter(job)) => self.republish(&mut w, job),
-                    Some(LeaderEvent::ConfigChanged) => self.sync_config(&mut w.timers).await,
-                    None => return,
-                },
-                r = applied.changed() => {
-                    if r.is_err() { return }
-                    w.cleanup_at.get_or_insert_with(|| self.ctx.clock.now() + CONSUMER_RECONCILE);
-                    w.sleep_at = self.sleep_deadline();
-                    if w.upgrade_at.is_some_and(|t| t <= self.ctx.clock.now()) {
-                        self.look_at_machine(&mut w).await;
-                    }
-                }
-                r = woken.changed() => {
-                    if r.is_err() { return }
-                    w.sleep_at = self.sleep_deadline();
-                    self.look_at_machine(&mut w).await;
-                }
-                _ = sleep_until(w.sleep_at) => self.on_sleep_due(&mut w).await,
-                r = topology.changed() => {
-                    if r.is_err() { return }
-                    // The topology may give held dead letters a route now.
-                    w.timers.transfer_retry = None;
-                }
-                _ = sleep_until(w.cleanup_at) => self.on_cleanup_due(&mut w).await,
-                _ = sleep_until(wake) => {
-                    if w.timers.config_retry.is_some_and(|t| t <= self.ctx.clock.now()) {
-                        self.sync_config(&mut w.timers).await;
+            self.start_work(&mut w).await;
+            let Some(happened) = self.wait(&mut w, &mut streams).await else {
+                return; // stopped, or what the actor follows is gone
+            };
+            self.on_happened(&mut w, happened).await;
+        }
+    }
+
+    /// Before waiting: the relay sends a prepared round and takes the next one, and a move
+    /// round starts (if their machines say so).
+    async fn start_work(&self, w: &mut Work) {
+        let now = self.ctx.clock.now();
+        let held = self.machine.with_state(|s| s.counts().held);
+        let relay = w.relay.on_event(now, RelayEvent::Turn { held });
+        self.relay_actions(&mut w.relay, &mut w.flight, now, relay);
+        let task_running = self.move_task().is_some();
+        let moves = w.moves.on_event(now, MoveEvent::Turn { task_running });
+        self.move_actions(w, moves).await;
+    }
+
+    /// Wait for the earliest deadline or the next thing to happen. None: stop.
+    async fn wait(&mut self, w: &mut Work, s: &mut Streams) -> Option<Happened> {
+        let wake = w.next_deadline();
+        let f = &mut w.flight;
+        let publishing = f.publish.is_some();
+        let happened = tokio::select! {
+            _ = self.cancel.cancelled() => return None,
+            (epoch, round) = poll_some(&mut f.preparing) => Happened::Prepared(epoch, round),
+            round = poll_some(&mut f.committing) => Happened::Committed(round),
+            Some(ids) = f.settling.next(), if !f.settling.is_empty() => Happened::Settled(ids),
+            (started, outcome) = poll_some(&mut f.moving) => Happened::Moved(started, outcome),
+            published = poll_some(&mut f.publish) => Happened::Published(published),
+            event = self.inbox.recv(), if !publishing => Happened::Inbox(event?),
+            r = s.applied.changed() => r.map(|_| Happened::Applied).ok()?,
+            r = s.woken.changed() => r.map(|_| Happened::Woken).ok()?,
+            r = s.topology.changed() => r.map(|_| Happened::Topology).ok()?,
+            _ = sleep_until(wake) => Happened::Deadline,
+        };
+        Some(happened)
+    }
+
+    /// Turn what happened into the machines' events and carry out their actions.
+    async fn on_happened(&self, w: &mut Work, happened: Happened) {
+        let now = self.ctx.clock.now();
+        match happened {
+            Happened::Prepared(epoch, round) => {
+                w.flight.preparing = None;
+                let actions = w.relay.on_event(now, RelayEvent::Prepared { epoch, round });
+                self.relay_actions(&mut w.relay, &mut w.flight, now, actions);
+            }
+            Happened::Committed(round) => {
+                w.flight.committing = None;
+                let actions = w.relay.on_event(now, RelayEvent::Committed(round));
+                self.relay_actions(&mut w.relay, &mut w.flight, now, actions);
+            }
+            Happened::Settled(ids) => {
+                let actions = w.relay.on_event(now, RelayEvent::Settled(ids));
+                self.relay_actions(&mut w.relay, &mut w.flight, now, actions);
+            }
+            Happened::Moved(started, outcome) => {
+                w.flight.moving = None;
+                let rate = self.move_task().unwrap_or(0);
+                let ended = MoveEvent::RoundEnded {
+                    started,
+                    outcome,
+                    rate,
+                };
+                let actions = w.moves.on_event(now, ended);
+                self.move_actions(w, actions).await;
+            }
+            Happened::Published(published) => self.on_published(w, published),
+            Happened::Inbox(LeaderEvent::DeadLetter(job)) => self.republish(w, job),
+            Happened::Inbox(LeaderEvent::ConfigChanged) => {
+                self.config_event(&mut w.config, ConfigEvent::Changed).await;
+            }
+            Happened::Applied => {
+                w.reconcile.on_event(now, ReconcileEvent::Applied);
+                w.sleep.on_event(now, SleepEvent::Active);
+                self.upgrade_event(w, UpgradeEvent::Applied).await;
+            }
+            Happened::Woken => {
+                w.sleep.on_event(now, SleepEvent::Active);
+                self.upgrade_event(w, UpgradeEvent::Started).await;
+            }
+            Happened::Topology => {
+                let actions = w.relay.on_event(now, RelayEvent::TopologyChanged);
+                self.relay_actions(&mut w.relay, &mut w.flight, now, actions);
+            }
+            Happened::Deadline => self.on_deadline(w, now).await,
+        }
+    }
+
+    /// The earliest deadline came: each machine whose own is due acts. Expiry, the relay and
+    /// moves act on every turn of the loop, so here only the timers of the others.
+    async fn on_deadline(&self, w: &mut Work, now: Instant) {
+        self.config_event(&mut w.config, ConfigEvent::Tick).await;
+        for ReconcileAction::CleanUp in w.reconcile.on_event(now, ReconcileEvent::Tick) {
+            // Dropped dead letters are counted and logged with the clean-up.
+            w.drops
+                .count_inbox_drops(self.machine.dropped_dead_letters());
+            w.drops.log_if_due(self.group, self.ctx.clock.now());
+            let more = self.clean_up_old_consumers().await || w.drops.pending > 0;
+            let done = ReconcileEvent::Done { more };
+            w.reconcile.on_event(self.ctx.clock.now(), done);
+        }
+        let busy = w.busy();
+        for SleepAction::TrySleep in w.sleep.on_event(now, SleepEvent::Tick { busy }) {
+            let slept = sleep_wake::try_sleep(
+                self.group,
+                &self.raft,
+                &self.residency,
+                &self.ctx.peers,
+                self.ctx.me,
+                self.ctx.clock,
+            )
+            .await;
+            if !slept {
+                w.sleep.on_event(self.ctx.clock.now(), SleepEvent::Stayed);
+            }
+        }
+    }
+
+    /// Carry out what the move machine asked for.
+    async fn move_actions(&self, w: &mut Work, actions: Vec<MoveAction>) {
+        for action in actions {
+            match action {
+                MoveAction::StartRound => w.flight.moving = Some(self.move_round()),
+                MoveAction::EndMove { task, detail } => {
+                    if !self.end_move(task, detail).await {
+                        w.moves.on_event(self.ctx.clock.now(), MoveEvent::EndFailed);
                     }
                 }
             }
         }
     }
 
-    /// Before waiting: send a prepared round if none is committing, start preparing the next
-    /// one, and start a move round.
-    fn start_work(&self, w: &mut Work) {
-        if w.relay.committing.is_none()
-            && let Some(round) = w.relay.prepared.take()
-        {
-            let dl = self.ctx.dead_letters.clone();
-            w.relay.committing = Some(Box::pin(async move { dl.commit_round(round).await }));
+    /// Feed the upgrade machine `event` and carry out its looks (and the config sync after an
+    /// upgrade).
+    async fn upgrade_event(&self, w: &mut Work, event: UpgradeEvent) {
+        let mut actions = w.upgrade.on_event(self.ctx.clock.now(), event);
+        while !actions.is_empty() {
+            let action = actions.remove(0);
+            match action {
+                UpgradeAction::Look => {
+                    let before = self.machine.with_state(|s| s.machine_version());
+                    let pause = self.upgrade_machine().await;
+                    let upgraded = self.machine.with_state(|s| s.machine_version()) > before;
+                    let looked = UpgradeEvent::Looked { pause, upgraded };
+                    actions.extend(w.upgrade.on_event(self.ctx.clock.now(), looked));
+                }
+                UpgradeAction::SyncConfig => {
+                    self.config_event(&mut w.config, ConfigEvent::Changed).await;
+                }
+            }
         }
-        if w.relay.preparing.is_none() && w.relay.prepared.is_none() {
-            w.relay.preparing =
-                self.next_round(&mut w.timers, &mut w.logged_no_route, &mut w.relay);
-        }
-        if w.moving.is_none() {
-            w.moving = self.next_move(&mut w.timers);
-        }
-    }
-
-    /// A round's preparation ended; a failed one is retried after `dead_letter_retry`.
-    fn on_prepared(&self, w: &mut Work, epoch: u64, round: Result<PreparedRound, Vec<MessageId>>) {
-        w.relay.preparing = None;
-        if !w.relay.preparation_ended(epoch, round) {
-            w.timers.transfer_retry = Some(self.ctx.clock.now() + self.ctx.dead_letter_retry);
-        }
-    }
-
-    /// The committing round ended.
-    fn on_committed(&self, w: &mut Work, round: Round) {
-        w.relay.committing = None;
-        w.relay.round_ended(&round);
-        self.after_round(
-            round,
-            &mut w.timers,
-            &mut w.logged_no_route,
-            &mut w.relay.settling,
-        );
     }
 
     /// An at-most-once dead letter's republish ended; a failure is a drop, logged.
     fn on_published(&self, w: &mut Work, published: Result<(), String>) {
-        w.publish = None;
+        w.flight.publish = None;
         if let Err(e) = published {
             w.drops.dropped(1, e);
             w.drops.log_if_due(self.group, self.ctx.clock.now());
@@ -162,73 +279,7 @@ impl QueueLeader {
     /// Republish an at-most-once dead letter the machine handed over.
     fn republish(&self, w: &mut Work, job: DeadLetterJob) {
         let dl = self.ctx.dead_letters.clone();
-        w.publish = Some(Box::pin(async move { dl.publish_at_most_once(job).await }));
-    }
-
-    /// Nothing applied for `sleep_after`: the group sleeps unless work is in flight (then
-    /// it is asked again later).
-    async fn on_sleep_due(&self, w: &mut Work) {
-        w.sleep_at = None;
-        let busy = w.relay.busy() || w.moving.is_some() || w.publish.is_some();
-        let slept = !busy
-            && sleep_wake::try_sleep(
-                self.group,
-                &self.raft,
-                &self.residency,
-                &self.ctx.peers,
-                self.ctx.me,
-                self.ctx.clock,
-            )
-            .await;
-        if !slept {
-            w.sleep_at = self.sleep_deadline();
-        }
-    }
-
-    /// The consumer clean-up is due; dropped dead letters are counted and logged with it.
-    async fn on_cleanup_due(&self, w: &mut Work) {
-        w.drops
-            .count_inbox_drops(self.machine.dropped_dead_letters());
-        w.drops.log_if_due(self.group, self.ctx.clock.now());
-        let more = self.clean_up_old_consumers().await || w.drops.pending > 0;
-        w.cleanup_at = more.then(|| self.ctx.clock.now() + CONSUMER_RECONCILE);
-    }
-
-    /// Move the queue's machine on if every member runs a newer one; while it lags, an applied
-    /// entry looks again after the pause it names (module `machine_upgrade`).
-    /// A machine that moved on takes the settings only its new version has (the consumer
-    /// timeout).
-    async fn look_at_machine(&self, w: &mut Work) {
-        let before = self.machine.with_state(|s| s.machine_version());
-        w.upgrade_at = self
-            .upgrade_machine()
-            .await
-            .map(|pause| self.ctx.clock.now() + pause);
-        if self.machine.with_state(|s| s.machine_version()) > before {
-            self.sync_config(&mut w.timers).await;
-        }
-    }
-
-    /// `sleep_after` from now; None: the group never sleeps.
-    fn sleep_deadline(&self) -> Option<Instant> {
-        self.ctx.sleep_after.map(|d| self.ctx.clock.now() + d)
-    }
-
-    /// The earliest of the actor's deadlines.
-    fn next_wake(&self, timers: &Timers) -> Option<Instant> {
-        let expiry = match timers.expire_retry {
-            Some(t) => Some(t),
-            None => self.expiry_deadlines().wake(self.ctx.clock),
-        };
-        [
-            expiry,
-            timers.transfer_retry,
-            timers.config_retry,
-            timers.move_next,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        w.flight.publish = Some(Box::pin(async move { dl.publish_at_most_once(job).await }));
     }
 }
 
@@ -247,9 +298,56 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Settles of transferred dead letters ended: they may be taken again (if still held).
-fn on_settled(w: &mut Work, settled: Vec<MessageId>) {
-    for id in settled {
-        w.relay.settling.ids.remove(&id);
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::leader::{CONSUMER_RECONCILE, PROPOSAL_RETRY};
+
+    const SLEEP_AFTER: Duration = Duration::from_secs(60);
+
+    fn work(now: Instant) -> Work {
+        Work {
+            expiry: Expiry::default(),
+            relay: Relay::new(Duration::from_secs(2)),
+            moves: Moves::default(),
+            config: ConfigSync::default(),
+            upgrade: Upgrade::default(),
+            reconcile: Reconcile::new(now),
+            sleep: Sleep::new(Some(SLEEP_AFTER), now),
+            drops: DropLog::new(0),
+            flight: InFlight::default(),
+        }
+    }
+
+    #[test]
+    fn the_loop_waits_for_the_earliest_deadline_of_its_machines() {
+        let t0 = Instant::now();
+        let mut w = work(t0);
+        assert_eq!(w.next_deadline(), Some(t0 + CONSUMER_RECONCILE));
+        w.config.on_event(t0, ConfigEvent::Failed);
+        assert_eq!(w.next_deadline(), Some(t0 + PROPOSAL_RETRY));
+        w.config.on_event(t0, ConfigEvent::Changed);
+        let cleanup = t0 + CONSUMER_RECONCILE;
+        w.reconcile.on_event(cleanup, ReconcileEvent::Tick);
+        w.reconcile
+            .on_event(cleanup, ReconcileEvent::Done { more: false });
+        assert_eq!(
+            w.next_deadline(),
+            Some(t0 + SLEEP_AFTER),
+            "only the sleep is left"
+        );
+    }
+
+    #[test]
+    fn a_round_in_flight_keeps_the_group_awake() {
+        let t0 = Instant::now();
+        let mut w = work(t0);
+        assert!(!w.busy());
+        w.moves.on_event(t0, MoveEvent::Turn { task_running: true });
+        assert!(w.busy());
+        let tick = SleepEvent::Tick { busy: w.busy() };
+        assert_eq!(w.sleep.on_event(t0 + SLEEP_AFTER, tick), vec![]);
     }
 }

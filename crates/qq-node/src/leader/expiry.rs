@@ -10,7 +10,7 @@ use qq_core::queue::{Command, Reply};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use super::{PROPOSAL_RETRY, QueueLeader, Timers};
+use super::{PROPOSAL_RETRY, QueueLeader};
 use crate::clock::Clock;
 
 /// The queue state's expiry deadlines, in wall milliseconds.
@@ -54,6 +54,76 @@ impl Deadlines {
     }
 }
 
+/// The expiry sub-machine: when to look at the state's deadlines and what to propose then.
+/// Its deadline is a retry pause after a failed proposal, else the state's earliest deadline.
+#[derive(Debug, Default)]
+pub(super) struct Expiry {
+    /// Not before this is anything proposed again (a proposal failed, or the queue was used).
+    retry_at: Option<Instant>,
+    /// When the state's earliest deadline falls due, as the last turn saw it.
+    wake: Option<Instant>,
+}
+
+/// What the expiry machine hears.
+#[derive(Debug)]
+pub(super) enum ExpiryEvent {
+    /// A turn of the actor's loop: the state's deadlines now, and when they fall due.
+    Turn {
+        now_ms: u64,
+        deadlines: Deadlines,
+        wake: Option<Instant>,
+    },
+    /// What it asked for did not happen (a proposal failed, or the queue was used meanwhile):
+    /// ask again after [`PROPOSAL_RETRY`].
+    Failed,
+    /// The state's deadlines moved (after a proposal): they fall due at `wake`.
+    Rearmed { wake: Option<Instant> },
+}
+
+/// What the expiry machine asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum ExpiryAction {
+    /// `ExpireQueue`, and the queue's deletion if the state answers expired.
+    ExpireQueue { now_ms: u64 },
+    /// `Expire`.
+    Expire { now_ms: u64 },
+}
+
+impl Expiry {
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        self.retry_at.or(self.wake)
+    }
+
+    pub(super) fn on_event(&mut self, now: Instant, event: ExpiryEvent) -> Vec<ExpiryAction> {
+        match event {
+            ExpiryEvent::Turn {
+                now_ms,
+                deadlines,
+                wake,
+            } => {
+                self.wake = wake;
+                if self.retry_at.is_some_and(|t| t > now) {
+                    return vec![];
+                }
+                self.retry_at = None;
+                match deadlines.due(now_ms) {
+                    Due::Queue => vec![ExpiryAction::ExpireQueue { now_ms }],
+                    Due::Messages => vec![ExpiryAction::Expire { now_ms }],
+                    Due::Nothing => vec![],
+                }
+            }
+            ExpiryEvent::Failed => {
+                self.retry_at = Some(now + PROPOSAL_RETRY);
+                vec![]
+            }
+            ExpiryEvent::Rearmed { wake } => {
+                self.wake = wake;
+                vec![]
+            }
+        }
+    }
+}
+
 impl QueueLeader {
     /// The state's expiry deadlines as this leader sees them.
     pub(super) fn expiry_deadlines(&self) -> Deadlines {
@@ -63,36 +133,49 @@ impl QueueLeader {
         })
     }
 
-    /// Propose Expire / ExpireQueue if due. Returns true when the queue expired and its
-    /// deletion was committed.
-    pub(super) async fn expire_due(&self, timers: &mut Timers) -> bool {
+    /// Feed the expiry machine this turn's deadlines and carry out what it asks. Returns true
+    /// when the queue expired and its deletion was committed.
+    pub(super) async fn expire_due(&self, expiry: &mut Expiry) -> bool {
         let clock = self.ctx.clock;
-        if timers.expire_retry.is_some_and(|t| t > clock.now()) {
+        let deadlines = self.expiry_deadlines();
+        let turn = ExpiryEvent::Turn {
+            now_ms: clock.now_ms(),
+            deadlines,
+            wake: deadlines.wake(clock),
+        };
+        let actions = expiry.on_event(clock.now(), turn);
+        if actions.is_empty() {
             return false;
         }
-        timers.expire_retry = None;
-        let now = clock.now_ms();
-        match self.expiry_deadlines().due(now) {
-            Due::Queue => {
-                if self.expire_queue(now).await {
-                    return true;
+        for action in actions {
+            let done = match action {
+                ExpiryAction::ExpireQueue { now_ms } => match self.expire_queue(now_ms).await {
+                    QueueExpiry::Deleted => return true,
+                    QueueExpiry::Kept => false,
+                },
+                ExpiryAction::Expire { now_ms } => {
+                    match self.propose(Command::Expire { now_ms }).await {
+                        Ok(_) => true,
+                        Err(e) => {
+                            debug!("expire not applied: {e}");
+                            false
+                        }
+                    }
                 }
-                timers.expire_retry = Some(clock.now() + PROPOSAL_RETRY);
+            };
+            if !done {
+                expiry.on_event(clock.now(), ExpiryEvent::Failed);
             }
-            Due::Messages => {
-                if let Err(e) = self.propose(Command::Expire { now_ms: now }).await {
-                    debug!("expire not applied: {e}");
-                    timers.expire_retry = Some(clock.now() + PROPOSAL_RETRY);
-                }
-            }
-            Due::Nothing => {}
         }
+        // What was proposed moved the state's deadlines.
+        let wake = self.expiry_deadlines().wake(clock);
+        expiry.on_event(clock.now(), ExpiryEvent::Rearmed { wake });
         false
     }
 
     /// `ExpireQueue` at `now_ms`, then the queue's deletion if the state answers that it
-    /// expired. True when the deletion was committed.
-    async fn expire_queue(&self, now_ms: u64) -> bool {
+    /// expired.
+    async fn expire_queue(&self, now_ms: u64) -> QueueExpiry {
         let cmd = Command::ExpireQueue {
             now_ms,
             leader_since_ms: self.leader_since_ms,
@@ -111,7 +194,7 @@ impl QueueLeader {
                     .propose_meta(MetaCommand::DeleteQueue { vhost, name })
                     .await
                 {
-                    Ok(_) => return true,
+                    Ok(_) => return QueueExpiry::Deleted,
                     Err(e) => debug!("queue expiry not applied yet: {e}"),
                 }
             }
@@ -119,8 +202,16 @@ impl QueueLeader {
             Ok(_) => {}
             Err(e) => debug!("queue expiry check not applied: {e}"),
         }
-        false
+        QueueExpiry::Kept
     }
+}
+
+/// What became of an `ExpireQueue`.
+enum QueueExpiry {
+    /// Expired, and its deletion committed.
+    Deleted,
+    /// Used meanwhile, or a proposal failed.
+    Kept,
 }
 
 #[cfg(test)]
@@ -158,5 +249,69 @@ mod tests {
         tokio::time::advance(wake - clock.now()).await;
         assert_eq!(clock.now_ms(), start + 4_000);
         assert_eq!(queue_only.due(clock.now_ms()), Due::Queue);
+    }
+
+    fn turn(now_ms: u64, messages_ms: Option<u64>, wake: Option<Instant>) -> ExpiryEvent {
+        ExpiryEvent::Turn {
+            now_ms,
+            deadlines: Deadlines {
+                messages_ms,
+                queue_ms: None,
+            },
+            wake,
+        }
+    }
+
+    #[test]
+    fn the_machine_proposes_what_is_due_and_waits_for_the_state_deadline() {
+        let t0 = Instant::now();
+        let mut expiry = Expiry::default();
+        let wake = t0 + Duration::from_millis(1_500);
+        assert_eq!(
+            expiry.on_event(t0, turn(1_000, Some(2_500), Some(wake))),
+            vec![]
+        );
+        assert_eq!(expiry.next_deadline(), Some(wake));
+        let actions = expiry.on_event(wake, turn(2_500, Some(2_500), Some(wake)));
+        assert_eq!(actions, vec![ExpiryAction::Expire { now_ms: 2_500 }]);
+        // The expired messages leave no deadline behind.
+        expiry.on_event(wake, ExpiryEvent::Rearmed { wake: None });
+        assert_eq!(expiry.next_deadline(), None);
+    }
+
+    #[test]
+    fn a_failed_proposal_is_retried_after_a_pause_not_at_once() {
+        let t0 = Instant::now();
+        let mut expiry = Expiry::default();
+        let due = turn(2_000, Some(1_000), Some(t0));
+        assert_eq!(expiry.on_event(t0, due).len(), 1);
+        expiry.on_event(t0, ExpiryEvent::Failed);
+        // The deadline is still past, but the pause holds the next proposal back.
+        assert_eq!(expiry.next_deadline(), Some(t0 + PROPOSAL_RETRY));
+        let soon = t0 + PROPOSAL_RETRY - Duration::from_millis(1);
+        assert_eq!(
+            expiry.on_event(soon, turn(2_499, Some(1_000), Some(t0))),
+            vec![]
+        );
+        let after = t0 + PROPOSAL_RETRY;
+        let actions = expiry.on_event(after, turn(2_500, Some(1_000), Some(t0)));
+        assert_eq!(actions, vec![ExpiryAction::Expire { now_ms: 2_500 }]);
+        assert_eq!(expiry.next_deadline(), Some(t0), "the pause is over");
+    }
+
+    #[test]
+    fn the_queue_expiry_goes_first() {
+        let t0 = Instant::now();
+        let mut expiry = Expiry::default();
+        let both = ExpiryEvent::Turn {
+            now_ms: 5_000,
+            deadlines: Deadlines {
+                messages_ms: Some(4_000),
+                queue_ms: Some(4_500),
+            },
+            wake: Some(t0),
+        };
+        let actions = expiry.on_event(t0, both);
+        assert_eq!(actions, vec![ExpiryAction::ExpireQueue { now_ms: 5_000 }]);
     }
 }

@@ -6,38 +6,63 @@
 //! detaches the inbox and ends the consumer sessions served here.
 //!
 //! The actor is driven by what the state machine hands it (at-most-once dead letters, "the
-//! metadata changed the queue's configuration") and by the applied-entry notifications of its
-//! queue, and keeps its own timers, armed from the state's deadlines:
-//! - message TTLs, Get leases and delayed requeues: propose `Expire { now_ms }` when the
-//!   earliest is due (one timer, re-armed from `QueueState::next_deadline` after every
-//!   applied entry, so a new leader picks up the replicated delayed set without a scan);
-//! - x-expires: propose `ExpireQueue { now_ms, leader_since_ms }` when the queue would be
-//!   unused for its expiry; the state machine decides, and if it answers expired the actor
-//!   deletes the queue through the metadata (its messages are not dead-lettered);
-//! - at-least-once dead letters: transfer held ones in rounds ([`crate::deadletter`]), one
-//!   round committing at a time (per-target order) while the next one is prepared (see
-//!   [`Relay`]), each round's settle overlapping the next rounds (at most
-//!   [`SETTLES_IN_FLIGHT`]; dead letters in a round or being settled are not taken again);
-//!   after a failed round, retry on a metadata change or after `dead_letter_retry_ms`;
-//! - consumers that no session here serves (their stream ended on an earlier leader, or their
-//!   clean-up failed): `ConsumerDown` at election and every [`CONSUMER_RECONCILE`];
-//! - the queue's configuration in its own log follows the metadata (`UpdateConfig`);
-//! - the queue's machine version follows the releases its members run
-//!   (`SetMachineVersion`, module `machine_upgrade`);
-//! - a running move task (redrive): rounds of [`crate::moves`], one at a time, the next one
-//!   after `moved / max_per_second` seconds; a failed round is retried after a pause, a task
-//!   that cannot go on is ended as Failed (`EndMove`). A new leader picks the replicated task
-//!   up from the state, so a move survives a leader change.
+//! metadata changed the queue's configuration"), by the applied-entry notifications of its
+//! queue, by the group's wakes and by topology changes. Each job is a sub-machine: a plain
+//! struct with `next_deadline()` and `on_event(now, event) -> actions`, no async, no IO and
+//! no clock of its own (`now` comes from the node's clock, `LeaderContext::clock`). The loop
+//! (`actor`) waits for the earliest deadline of the machines or for the next thing to
+//! happen, turns it into events, carries out the actions (proposals, rounds, RPCs) and feeds
+//! their results back as events. Time enters the queue's log only through commands stamped
+//! here (and by the API).
 //!
-//! Time enters the queue's log only through commands stamped here (and by the API).
+//! The sub-machines (state; events; actions; deadline):
+//! - `expiry::Expiry`, message TTLs, Get leases, delayed requeues and x-expires. State: a
+//!   retry pause and the state's earliest deadline. Events: a loop turn with the state's
+//!   deadlines (`QueueState::next_deadline`, so a new leader picks up the replicated delayed
+//!   set without a scan), a failed proposal, deadlines moved. Actions: `ExpireQueue { now_ms,
+//!   leader_since_ms }` (first: if the state answers expired the actor deletes the queue
+//!   through the metadata, its messages not dead-lettered), `Expire { now_ms }`. Deadline:
+//!   the retry pause ([`PROPOSAL_RETRY`]), else the earliest state deadline.
+//! - `relay::Relay`, at-least-once dead letters in rounds ([`crate::deadletter`]): one round
+//!   committing at a time (per-target order) while the next one is prepared, each round's
+//!   settle overlapping the next rounds (at most [`SETTLES_IN_FLIGHT`]). State: the ids in
+//!   rounds and settling, the epoch, what is preparing, prepared, committing, the retry.
+//!   Events: a turn with the held count, a round taken, prepared, committed, a settle ended,
+//!   a topology change. Actions: take a round, prepare it, commit it, settle, warn of no
+//!   route. Deadline: `dead_letter_retry_ms` after a failed round or preparation (a topology
+//!   change ends the pause).
+//! - `move_rounds::Moves`, a running move task (redrive): rounds of [`crate::moves`], one at
+//!   a time, the next one `moved / max_per_second` seconds after the last began. Events: a
+//!   turn (is a task running), a round ended (its outcome and the task's rate), a failed
+//!   `EndMove`. Actions: start a round, end the task as Failed. Deadline: the next round
+//!   (rate, or a pause after a round that moved nothing or failed). A new leader picks the
+//!   replicated task up from the state, so a move survives a leader change.
+//! - `config_sync::ConfigSync`, the queue's configuration and consumer timeout follow the
+//!   metadata (`UpdateConfig`, `SetConsumerTimeout`). Events: changed (start, metadata,
+//!   machine upgrade), timer, failed. Action: sync, whose proposals are `config_sync::plan`,
+//!   a pure function of the metadata and the state read when it runs. Deadline: the retry
+//!   after a failure.
+//! - `machine_upgrade::Upgrade`, the queue's machine version follows the releases its members
+//!   run (`SetMachineVersion`). Events: started or woken, applied, a look ended. Actions:
+//!   look (and upgrade), sync the config after an upgrade. No deadline: a lagging queue
+//!   looks again on an applied entry after a pause, an idle one keeps no timer.
+//! - `consumers::Reconcile`, consumers no session here serves (their stream ended on an
+//!   earlier leader, or their clean-up failed): `ConsumerDown` at election and
+//!   [`CONSUMER_RECONCILE`] after activity, again while it finds work. Events: applied, timer,
+//!   done. Action: clean up (and log dropped at-most-once dead letters, `drops`). Deadline:
+//!   the next clean-up.
+//! - `sleep::Sleep`, the idle group's sleep (`sleep_wake::try_sleep`, which steps the
+//!   residency machine in `groups::residency`). Events: active (applied, woken), timer (with
+//!   whether work is in flight), stayed awake. Action: try to sleep. Deadline: `sleep_after`
+//!   after the last activity; not taken while a round, a move or a republish is in flight.
+//!
+//! At-most-once dead letters are republished one at a time by the loop itself (the inbox
+//! waits meanwhile); their drops are counted and logged rate-limited (`drops`).
 //!
 //! The rooms: `watch` follows the group's leadership and starts or stops the actor; `actor`
-//! is the actor's loop, one `select!` whose arms are methods; its sub-jobs are `relay`
-//! (at-least-once dead letters in rounds), `drops` (rate-limited lines about dropped
-//! at-most-once ones), `expiry` (TTLs, leases, x-expires), `move_rounds` (a running move
-//! task), `config_sync` (the queue's configuration follows the metadata), `machine_upgrade`
-//! (its machine version follows its members' releases) and `consumers`
-//! (consumers no session here serves). The sleep of an idle group is `crate::sleep_wake`'s.
+//! is the loop; `flight` holds the futures it polls for the machines (rounds, settles, a
+//! republish); one room per sub-machine, each with the actor methods that carry out its
+//! actions.
 //!
 //! Must not: carry out deliveries (the state machine does, to registered sessions) or touch
 //! another queue's state.
@@ -47,9 +72,11 @@ mod config_sync;
 mod consumers;
 mod drops;
 mod expiry;
+mod flight;
 mod machine_upgrade;
 mod move_rounds;
 mod relay;
+mod sleep;
 mod watch;
 
 use std::sync::Arc;
@@ -60,7 +87,6 @@ use qq_core::queue::{Command, Reply};
 use qq_raft::GroupId;
 use qq_raft::network::Peers;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -121,16 +147,6 @@ pub struct QueueLeader {
     /// A queue never used since this node became leader counts as used from then (x-expires).
     leader_since_ms: u64,
     cancel: CancellationToken,
-}
-
-/// The actor's timers, as instants (None: not armed).
-#[derive(Default)]
-struct Timers {
-    transfer_retry: Option<Instant>,
-    config_retry: Option<Instant>,
-    expire_retry: Option<Instant>,
-    /// The next move round: not before this (rate limit or retry pause).
-    move_next: Option<Instant>,
 }
 
 impl QueueLeader {
