@@ -13,6 +13,7 @@ use lapin::{BasicProperties, Channel, Consumer};
 use qq_tests::{TestCluster, eventually};
 
 use super::amqp::{WAIT, connect, declare, quorum};
+use super::amqp_raw::{Raw, qos, shortstr};
 
 async fn publish(ch: &Channel, queue: &str, body: &str) -> anyhow::Result<()> {
     let confirm = ch
@@ -262,4 +263,88 @@ async fn acks_sent_just_before_a_close_are_kept() -> anyhow::Result<()> {
     );
     cluster.stop();
     Ok(())
+}
+
+/// Nothing of a closed channel's consumer comes after its close-ok: a delivery under way when
+/// channel.close arrives goes out before close-ok, later ones not at all (lapin fails a
+/// basic.deliver for a channel it closed: "invalid channel state: Closed"). Twenty rounds of
+/// closing a channel while its consumer (prefetch 500) receives a backlog of 2 000 messages,
+/// on a raw socket so that every frame is seen in order; after each close-ok, channel 2 is
+/// opened and closed, and channel 1 opened again, each answer the next frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_of_a_closed_channel_follows_its_close_ok() -> anyhow::Result<()> {
+    let cluster = TestCluster::start(3).await?;
+    let queue = "close-while-delivering";
+    let (_conn, publisher) = publishing_to(&cluster, queue).await?;
+    let body = vec![b'x'; 1024];
+    let mut confirms = Vec::new();
+    for _ in 0..2000 {
+        let props = BasicProperties::default().with_delivery_mode(2);
+        let options = BasicPublishOptions::default();
+        confirms.push(
+            publisher
+                .basic_publish("".into(), queue.into(), options, &body, props)
+                .await?,
+        );
+    }
+    for confirm in confirms {
+        ensure!(confirm.await?.is_ack(), "a publish was not confirmed");
+    }
+    let mut raw = Raw::open(cluster.amqp_address(1)).await?;
+    let open = shortstr("");
+    for round in 0..20 {
+        raw.send_method(1, 20, 10, &open, "channel.open").await?;
+        raw.expect_method(1, (20, 11), &format!("round {round}: channel.open-ok"))
+            .await?;
+        raw.send_method(1, 60, 10, &qos(0, 500), "basic.qos")
+            .await?;
+        raw.expect_method(1, (60, 11), "basic.qos-ok").await?;
+        raw.send_method(1, 60, 20, &consume_args(queue), "basic.consume")
+            .await?;
+        raw.expect_method(1, (60, 21), "basic.consume-ok").await?;
+        // The first delivery: more are on their way when the close goes out.
+        raw.expect_method(1, (60, 60), "basic.deliver").await?;
+        raw.send_method(1, 20, 40, &close_args(), "channel.close")
+            .await?;
+        while !is_method(raw.read_frame().await?, 1, (20, 41))? {}
+        raw.send_method(2, 20, 10, &open, "channel.open").await?;
+        let what = format!("round {round}: channel.open-ok on 2, right after close-ok on 1");
+        raw.expect_method(2, (20, 11), &what).await?;
+        raw.send_method(2, 20, 40, &close_args(), "channel.close")
+            .await?;
+        raw.expect_method(2, (20, 41), "channel.close-ok on 2")
+            .await?;
+    }
+    cluster.stop();
+    Ok(())
+}
+
+/// basic.consume of `queue` with manual acks and a server-made tag.
+fn consume_args(queue: &str) -> Vec<u8> {
+    let mut a = 0u16.to_be_bytes().to_vec();
+    a.extend_from_slice(&shortstr(queue));
+    a.extend_from_slice(&shortstr(""));
+    a.push(0); // no-local, no-ack, exclusive, no-wait: all false
+    a.extend_from_slice(&0u32.to_be_bytes()); // arguments: an empty table
+    a
+}
+
+/// channel.close from the client: 200, no text, no failing method.
+fn close_args() -> Vec<u8> {
+    let mut a = 200u16.to_be_bytes().to_vec();
+    a.extend_from_slice(&shortstr(""));
+    a.extend_from_slice(&[0, 0, 0, 0]);
+    a
+}
+
+/// Whether `frame` is method `class_method` on `channel`; a closed socket is an error.
+fn is_method(
+    frame: Option<(u8, u16, Vec<u8>)>,
+    channel: u16,
+    (class, method): (u16, u16),
+) -> anyhow::Result<bool> {
+    let (kind, ch, payload) = frame.context("the socket closed before channel.close-ok")?;
+    let mut id = class.to_be_bytes().to_vec();
+    id.extend_from_slice(&method.to_be_bytes());
+    Ok(kind == 1 && ch == channel && payload.get(..4) == Some(id.as_slice()))
 }

@@ -7,15 +7,13 @@
 
 use std::time::Duration;
 
+use super::amqp::{WAIT, connect, reply_code};
+use super::amqp_raw::{Raw, qos, shortstr};
 use anyhow::{Context, bail, ensure};
 use lapin::options::ExchangeDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ExchangeKind};
 use qq_tests::{TestCluster, info};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-use super::amqp::{WAIT, connect, reply_code};
 
 /// A durable direct exchange.declare of `name` with `alternate-exchange` set to `ae` (none
 /// for `None`), on a fresh channel of `conn`.
@@ -136,26 +134,6 @@ async fn amqp_answers_as_rabbitmq_3_10() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The arguments of basic.qos.
-fn qos(prefetch_size: u32, prefetch_count: u16) -> Vec<u8> {
-    let mut a = prefetch_size.to_be_bytes().to_vec();
-    a.extend_from_slice(&prefetch_count.to_be_bytes());
-    a.push(0); // global: false
-    a
-}
-
-fn shortstr(s: &str) -> Vec<u8> {
-    let mut out = vec![s.len() as u8];
-    out.extend_from_slice(s.as_bytes());
-    out
-}
-
-fn longstr(b: &[u8]) -> Vec<u8> {
-    let mut out = (b.len() as u32).to_be_bytes().to_vec();
-    out.extend_from_slice(b);
-    out
-}
-
 /// connection.close's reply code, reply text and class and method ids.
 fn close_fields(args: &[u8]) -> anyhow::Result<(u16, String, (u16, u16))> {
     let bad = || anyhow::anyhow!("connection.close does not decode: {args:?}");
@@ -168,124 +146,6 @@ fn close_fields(args: &[u8]) -> anyhow::Result<(u16, String, (u16, u16))> {
         u16::from_be_bytes([ids[2], ids[3]]),
     );
     Ok((code, text, class_method))
-}
-
-/// A client that writes frames by hand: for what lapin will not send.
-struct Raw {
-    io: TcpStream,
-}
-
-impl Raw {
-    /// Connected, protocol header sent, connection.start read.
-    async fn connect(address: &str) -> anyhow::Result<Raw> {
-        let mut raw = Raw {
-            io: TcpStream::connect(address).await?,
-        };
-        raw.io.write_all(b"AMQP\x00\x00\x09\x01").await?;
-        raw.expect_method(0, (10, 10), "connection.start").await?;
-        Ok(raw)
-    }
-
-    /// Logged in as guest, tuned with the server's limits and opened on vhost `/`.
-    async fn open(address: &str) -> anyhow::Result<Raw> {
-        let mut raw = Raw::connect(address).await?;
-        raw.start_ok("PLAIN", b"\0guest\0guest").await?;
-        let tune = raw.expect_method(0, (10, 30), "connection.tune").await?;
-        // tune-ok: the server's channel_max and frame_max, no heartbeat.
-        let mut tune_ok = tune.get(..6).context("short connection.tune")?.to_vec();
-        tune_ok.extend_from_slice(&0u16.to_be_bytes());
-        raw.send_method(0, 10, 31, &tune_ok, "connection.tune-ok")
-            .await?;
-        let mut open = shortstr("/");
-        open.extend_from_slice(&shortstr(""));
-        open.push(0);
-        raw.send_method(0, 10, 40, &open, "connection.open").await?;
-        raw.expect_method(0, (10, 41), "connection.open-ok").await?;
-        Ok(raw)
-    }
-
-    /// connection.start-ok with `mechanism` and `response`, from a client with the
-    /// `authentication_failure_close` capability.
-    async fn start_ok(&mut self, mechanism: &str, response: &[u8]) -> anyhow::Result<()> {
-        let mut caps = shortstr("authentication_failure_close");
-        caps.extend_from_slice(&[b't', 1]);
-        let mut props = shortstr("capabilities");
-        props.push(b'F');
-        props.extend_from_slice(&longstr(&caps));
-        let mut args = longstr(&props);
-        args.extend_from_slice(&shortstr(mechanism));
-        args.extend_from_slice(&longstr(response));
-        args.extend_from_slice(&shortstr("en_US"));
-        self.send_method(0, 10, 11, &args, "connection.start-ok")
-            .await
-    }
-
-    async fn send_method(
-        &mut self,
-        channel: u16,
-        class: u16,
-        method: u16,
-        args: &[u8],
-        what: &str,
-    ) -> anyhow::Result<()> {
-        let mut payload = class.to_be_bytes().to_vec();
-        payload.extend_from_slice(&method.to_be_bytes());
-        payload.extend_from_slice(args);
-        let mut frame = vec![1];
-        frame.extend_from_slice(&channel.to_be_bytes());
-        frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-        frame.extend_from_slice(&payload);
-        frame.push(0xCE);
-        self.io
-            .write_all(&frame)
-            .await
-            .with_context(|| format!("sending {what}"))
-    }
-
-    /// The next frame (type, channel, payload); `None` when the socket closes first.
-    async fn read_frame(&mut self) -> anyhow::Result<Option<(u8, u16, Vec<u8>)>> {
-        let read = async {
-            let mut header = [0u8; 7];
-            match self.io.read_exact(&mut header).await {
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(None),
-                Err(e) => return Err(e.into()),
-            }
-            let size = u32::from_be_bytes([header[3], header[4], header[5], header[6]]) as usize;
-            let mut payload = vec![0u8; size + 1];
-            self.io.read_exact(&mut payload).await?;
-            ensure!(payload.pop() == Some(0xCE), "no frame-end octet");
-            let channel = u16::from_be_bytes([header[1], header[2]]);
-            Ok(Some((header[0], channel, payload)))
-        };
-        tokio::time::timeout(WAIT, read)
-            .await
-            .context("no frame and no close within the wait")?
-    }
-
-    /// The next frame, which must be method `class_method` on `channel`: its arguments.
-    async fn expect_method(
-        &mut self,
-        channel: u16,
-        class_method: (u16, u16),
-        what: &str,
-    ) -> anyhow::Result<Vec<u8>> {
-        let Some((kind, ch, payload)) = self.read_frame().await? else {
-            bail!("the socket closed where {what} was expected");
-        };
-        ensure!(payload.len() >= 4, "{what}: short frame {payload:?}");
-        let got = (
-            u16::from_be_bytes([payload[0], payload[1]]),
-            u16::from_be_bytes([payload[2], payload[3]]),
-        );
-        ensure!(
-            kind == 1 && ch == channel && got == class_method,
-            "expected {what} on channel {channel}, got frame type {kind} on channel {ch}: \
-             method {got:?} {payload:?}"
-        );
-        Ok(payload[4..].to_vec())
-    }
 }
 
 /// basic.cancel-ok comes once the consumer has left the queue, as RabbitMQ's: a message

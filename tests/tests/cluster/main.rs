@@ -7,6 +7,7 @@ mod amqp;
 mod amqp_cancel;
 mod amqp_errors;
 mod amqp_parity;
+mod amqp_raw;
 mod amqp_tls;
 mod bad_entries;
 mod bad_input;

@@ -353,6 +353,9 @@ fn close_ok() -> AMQPClass {
 /// published is committed.
 async fn teardown(session: &Session, channel: &mut Channel) {
     let gets = channel.consuming.deliveries.end();
+    // A delivery that took its tag before the end is queued before what the caller sends next
+    // (close-ok or close); later ones see the channel ended (`Consumer::deliver`).
+    drop(channel.consuming.deliveries.order.lock().await);
     deliveries::requeue_gets(session, gets).await;
     if let Some(publisher) = channel.publishing.publisher.take() {
         publisher.drain().await;

@@ -335,6 +335,11 @@ impl Consumer {
         message: Message,
     ) -> bool {
         let _order = self.deliveries.order.lock().await;
+        // The channel closed while this delivery waited: nothing more goes out on it (its
+        // close-ok may be queued already); the session's end returns the message.
+        if self.stop.is_cancelled() {
+            return false;
+        }
         let unacked = (!self.no_ack).then_some(Unacked::Consumer {
             consumer: self.id,
             generation,

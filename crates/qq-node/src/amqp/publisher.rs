@@ -72,6 +72,9 @@ impl Publishing {
 pub struct Publisher {
     tx: mpsc::Sender<Pending>,
     task: tokio::task::JoinHandle<()>,
+    /// Whether confirms may still go out: held while they are queued, set to false when the
+    /// channel's close-ok (or close) is about to go out.
+    open: Arc<tokio::sync::Mutex<bool>>,
 }
 
 /// How long closing a channel waits for its publishes to be committed.
@@ -83,6 +86,8 @@ impl Publisher {
     pub async fn drain(self) {
         drop(self.tx);
         let _ = tokio::time::timeout(DRAIN_WAIT, self.task).await;
+        // Past the wait the commits go on, but no confirm follows the channel's close.
+        *self.open.lock().await = false;
     }
 }
 
@@ -204,15 +209,23 @@ fn start(session: Arc<Session>, channel: u16) -> Publisher {
         .max_inflight_publishes
         .max(1);
     let (tx, rx) = mpsc::channel(bound);
+    let open = Arc::new(tokio::sync::Mutex::new(true));
     let node = session.ctx.api.node().clone();
-    let task = node.tasks().spawn(commit_loop(session, channel, rx));
-    Publisher { tx, task }
+    let task = node
+        .tasks()
+        .spawn(commit_loop(session, channel, rx, open.clone()));
+    Publisher { tx, task, open }
 }
 
 /// Commit what arrived, a batch at a time, and confirm in order, until the channel drops
 /// its sender and everything sent before is committed (a client gone meanwhile gets no
 /// confirms, but what it published is stored).
-async fn commit_loop(session: Arc<Session>, channel: u16, mut rx: mpsc::Receiver<Pending>) {
+async fn commit_loop(
+    session: Arc<Session>,
+    channel: u16,
+    mut rx: mpsc::Receiver<Pending>,
+    open: Arc<tokio::sync::Mutex<bool>>,
+) {
     let api = session.ctx.api.clone();
     let max_batch = api
         .node()
@@ -238,7 +251,8 @@ async fn commit_loop(session: Arc<Session>, channel: u16, mut rx: mpsc::Receiver
             Ok(answers) => answers.iter().map(|a| (a.seq, confirms(a))).collect(),
             Err(_) => seqs.iter().map(|s| (*s, false)).collect(),
         };
-        if !client_gone && !send_confirms(&session.out, channel, &acked).await {
+        let confirming = open.lock().await;
+        if *confirming && !client_gone && !send_confirms(&session.out, channel, &acked).await {
             client_gone = true;
         }
     }
