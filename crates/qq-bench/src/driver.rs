@@ -12,12 +12,13 @@
 //! returns the error, and the scenario that expects breakage (failover) opens a new one.
 
 use std::collections::HashMap;
+use std::task::Poll;
 
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
     ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -315,7 +316,11 @@ impl Conn {
                     )
                     .await
                     .with_context(|| format!("consume {queue}"))?;
-                Ok(Cons::Amqp { consumer, channel })
+                Ok(Cons::Amqp {
+                    consumer,
+                    channel,
+                    settles: FuturesUnordered::new(),
+                })
             }
         }
     }
@@ -336,6 +341,13 @@ type RabbitConfirm = BoxFuture<'static, (u64, lapin::Result<lapin::Confirmation>
 
 /// A pipelined publisher. The caller keeps the window: it sends while fewer than its window are
 /// in flight and collects confirms with [`Pub::next_confirm`].
+///
+/// Over AMQP a send does not wait for lapin to write the publish: lapin's `basic_publish`
+/// resolves only once its I/O thread has written the frames, so a publisher awaiting each one
+/// makes two thread hand-offs per message and is held back by them whatever the broker (on
+/// 2026-11-28 pipelining raised RabbitMQ's scenario 1 by about a third and quorumq's AMQP
+/// figure by a sixth; docs/benchmarks.md). The publishes in flight count against the window
+/// from the moment they are sent, as they do over gRPC.
 pub enum Pub {
     Qq {
         publisher: qq_client::Publisher,
@@ -364,16 +376,28 @@ impl Pub {
             } => {
                 let seq = *next_seq;
                 *next_seq += 1;
-                let confirm = channel
-                    .basic_publish(
-                        "".into(),
-                        queue.as_str().into(),
-                        BasicPublishOptions::default(),
-                        &body,
-                        lapin::BasicProperties::default().with_delivery_mode(2),
-                    )
-                    .await?;
-                pending.push(Box::pin(async move { (seq, confirm.await) }));
+                let (channel, queue) = (channel.clone(), queue.clone());
+                let mut confirm: RabbitConfirm = Box::pin(async move {
+                    let sent = channel
+                        .basic_publish(
+                            "".into(),
+                            queue.as_str().into(),
+                            BasicPublishOptions::default(),
+                            &body,
+                            lapin::BasicProperties::default().with_delivery_mode(2),
+                        )
+                        .await;
+                    match sent {
+                        Ok(confirm) => (seq, confirm.await),
+                        Err(e) => (seq, Err(e)),
+                    }
+                });
+                // Polled once now, lapin numbers the publish and queues its frames, so they go
+                // out in the order sent; it is not awaited here (see `Pub`).
+                if let Poll::Ready(done) = futures::poll!(&mut confirm) {
+                    confirm = Box::pin(async move { done });
+                }
+                pending.push(confirm);
                 Ok(seq)
             }
         }
@@ -411,12 +435,18 @@ pub struct Msg {
     acker: Option<lapin::Acker>,
 }
 
+/// An AMQP ack or reject on its way (see [`Cons::settle_amqp`]).
+type AmqpSettle = BoxFuture<'static, lapin::Result<bool>>;
+
 /// A consumer with manual acknowledgement.
 pub enum Cons {
     Qq(qq_client::Consumer),
     Amqp {
         consumer: lapin::Consumer,
         channel: lapin::Channel,
+        /// Acks and rejects sent and not yet written by lapin: at most the prefetch, since
+        /// the broker delivers no more until they arrive.
+        settles: FuturesUnordered<AmqpSettle>,
     },
 }
 
@@ -446,37 +476,63 @@ impl Cons {
     }
 
     /// Acknowledges one message.
-    pub async fn ack(&self, msg: &Msg) -> Result<()> {
+    pub async fn ack(&mut self, msg: &Msg) -> Result<()> {
         match (self, &msg.acker) {
             (Cons::Qq(c), _) => Ok(c.ack(msg.tag, false).await?),
-            (Cons::Amqp { .. }, Some(acker)) => {
-                acker.ack(BasicAckOptions::default()).await?;
-                Ok(())
+            (Cons::Amqp { settles, .. }, Some(acker)) => {
+                let acker = acker.clone();
+                let ack = async move { acker.ack(BasicAckOptions::default()).await };
+                Cons::settle_amqp(settles, Box::pin(ack)).await
             }
             (Cons::Amqp { .. }, None) => bail!("an AMQP delivery without an acker"),
         }
     }
 
     /// Rejects one message without requeueing it (it is dead-lettered).
-    pub async fn reject(&self, msg: &Msg) -> Result<()> {
+    pub async fn reject(&mut self, msg: &Msg) -> Result<()> {
         match (self, &msg.acker) {
             (Cons::Qq(c), _) => Ok(c.nack(msg.tag, false, false).await?),
-            (Cons::Amqp { .. }, Some(acker)) => {
-                acker.reject(BasicRejectOptions { requeue: false }).await?;
-                Ok(())
+            (Cons::Amqp { settles, .. }, Some(acker)) => {
+                let acker = acker.clone();
+                let options = BasicRejectOptions { requeue: false };
+                let reject = async move { acker.reject(options).await };
+                Cons::settle_amqp(settles, Box::pin(reject)).await
             }
             (Cons::Amqp { .. }, None) => bail!("an AMQP delivery without an acker"),
         }
     }
 
-    /// Ends the subscription; unsettled deliveries go back to the queue.
+    /// Sends an ack or reject without waiting for lapin to write it (as a publish, see
+    /// [`Pub`]): polled once now, so settles go out in order; the ones written meanwhile are
+    /// collected, and an error of any of them is returned here or at [`Cons::close`].
+    async fn settle_amqp(
+        settles: &mut FuturesUnordered<AmqpSettle>,
+        mut settle: AmqpSettle,
+    ) -> Result<()> {
+        match futures::poll!(&mut settle) {
+            Poll::Ready(done) => drop(done?),
+            Poll::Pending => settles.push(settle),
+        }
+        while let Some(Some(done)) = settles.next().now_or_never() {
+            done?;
+        }
+        Ok(())
+    }
+
+    /// Ends the subscription once every settle sent is written; unsettled deliveries go back
+    /// to the queue.
     pub async fn close(self) {
         match self {
             Cons::Qq(mut c) => {
                 let _ = c.cancel().await;
                 c.close();
             }
-            Cons::Amqp { channel, .. } => {
+            Cons::Amqp {
+                channel,
+                mut settles,
+                ..
+            } => {
+                while settles.next().await.is_some() {}
                 let _ = channel.close(200, "done".into()).await;
             }
         }
