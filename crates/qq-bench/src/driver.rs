@@ -377,7 +377,7 @@ impl Pub {
                 let seq = *next_seq;
                 *next_seq += 1;
                 let (channel, queue) = (channel.clone(), queue.clone());
-                let mut confirm: RabbitConfirm = Box::pin(async move {
+                let confirm: RabbitConfirm = Box::pin(async move {
                     let sent = channel
                         .basic_publish(
                             "".into(),
@@ -392,12 +392,7 @@ impl Pub {
                         Err(e) => (seq, Err(e)),
                     }
                 });
-                // Polled once now, lapin numbers the publish and queues its frames, so they go
-                // out in the order sent; it is not awaited here (see `Pub`).
-                if let Poll::Ready(done) = futures::poll!(&mut confirm) {
-                    confirm = Box::pin(async move { done });
-                }
-                pending.push(confirm);
+                pending.push(started(confirm));
                 Ok(seq)
             }
         }
@@ -433,6 +428,18 @@ pub struct Msg {
     pub body: Bytes,
     tag: u64,
     acker: Option<lapin::Acker>,
+}
+
+/// `f` polled once, now: a lapin publish or settle numbers itself and queues its frames on its
+/// first poll, so polling each as it is sent keeps them in order without waiting for lapin to
+/// write them (see [`Pub`]). The output, if it came at once, is kept for whoever awaits; a
+/// pending `f` registers the real waker when that one polls it.
+fn started<T: Send + 'static>(mut f: BoxFuture<'static, T>) -> BoxFuture<'static, T> {
+    let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+    match f.as_mut().poll(&mut cx) {
+        Poll::Ready(done) => Box::pin(async move { done }),
+        Poll::Pending => f,
+    }
 }
 
 /// An AMQP ack or reject on its way (see [`Cons::settle_amqp`]).
@@ -507,12 +514,9 @@ impl Cons {
     /// collected, and an error of any of them is returned here or at [`Cons::close`].
     async fn settle_amqp(
         settles: &mut FuturesUnordered<AmqpSettle>,
-        mut settle: AmqpSettle,
+        settle: AmqpSettle,
     ) -> Result<()> {
-        match futures::poll!(&mut settle) {
-            Poll::Ready(done) => drop(done?),
-            Poll::Pending => settles.push(settle),
-        }
+        settles.push(started(settle));
         while let Some(Some(done)) = settles.next().now_or_never() {
             done?;
         }

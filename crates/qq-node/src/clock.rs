@@ -43,3 +43,12 @@
 //! Node-to-node traffic is the other input handed in at start: [`qq_raft::transport`].
 
 pub use qq_raft::clock::Clock;
+
+/// Waits until `at` on tokio's clock (the one [`Clock::now`] reads); with no deadline, forever:
+/// the `select!` arm of a loop whose next deadline may not exist.
+pub async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

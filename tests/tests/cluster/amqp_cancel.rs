@@ -13,7 +13,7 @@ use lapin::{BasicProperties, Channel, Consumer};
 use qq_tests::{TestCluster, eventually};
 
 use super::amqp::{WAIT, connect, declare, quorum};
-use super::amqp_raw::{Raw, qos, shortstr};
+use super::amqp_raw::{Raw, close_args, consume_args, qos, shortstr};
 
 async fn publish(ch: &Channel, queue: &str, body: &str) -> anyhow::Result<()> {
     let confirm = ch
@@ -306,7 +306,7 @@ async fn nothing_of_a_closed_channel_follows_its_close_ok() -> anyhow::Result<()
         raw.expect_method(1, (60, 60), "basic.deliver").await?;
         raw.send_method(1, 20, 40, &close_args(), "channel.close")
             .await?;
-        while !is_method(raw.read_frame().await?, 1, (20, 41))? {}
+        raw.skip_to_method(1, (20, 41), "channel.close-ok").await?;
         raw.send_method(2, 20, 10, &open, "channel.open").await?;
         let what = format!("round {round}: channel.open-ok on 2, right after close-ok on 1");
         raw.expect_method(2, (20, 11), &what).await?;
@@ -317,34 +317,4 @@ async fn nothing_of_a_closed_channel_follows_its_close_ok() -> anyhow::Result<()
     }
     cluster.stop();
     Ok(())
-}
-
-/// basic.consume of `queue` with manual acks and a server-made tag.
-fn consume_args(queue: &str) -> Vec<u8> {
-    let mut a = 0u16.to_be_bytes().to_vec();
-    a.extend_from_slice(&shortstr(queue));
-    a.extend_from_slice(&shortstr(""));
-    a.push(0); // no-local, no-ack, exclusive, no-wait: all false
-    a.extend_from_slice(&0u32.to_be_bytes()); // arguments: an empty table
-    a
-}
-
-/// channel.close from the client: 200, no text, no failing method.
-fn close_args() -> Vec<u8> {
-    let mut a = 200u16.to_be_bytes().to_vec();
-    a.extend_from_slice(&shortstr(""));
-    a.extend_from_slice(&[0, 0, 0, 0]);
-    a
-}
-
-/// Whether `frame` is method `class_method` on `channel`; a closed socket is an error.
-fn is_method(
-    frame: Option<(u8, u16, Vec<u8>)>,
-    channel: u16,
-    (class, method): (u16, u16),
-) -> anyhow::Result<bool> {
-    let (kind, ch, payload) = frame.context("the socket closed before channel.close-ok")?;
-    let mut id = class.to_be_bytes().to_vec();
-    id.extend_from_slice(&method.to_be_bytes());
-    Ok(kind == 1 && ch == channel && payload.get(..4) == Some(id.as_slice()))
 }

@@ -27,6 +27,24 @@ pub fn longstr(b: &[u8]) -> Vec<u8> {
     out
 }
 
+/// basic.consume of `queue` with manual acks and a server-made tag.
+pub fn consume_args(queue: &str) -> Vec<u8> {
+    let mut a = 0u16.to_be_bytes().to_vec();
+    a.extend_from_slice(&shortstr(queue));
+    a.extend_from_slice(&shortstr(""));
+    a.push(0); // no-local, no-ack, exclusive, no-wait: all false
+    a.extend_from_slice(&0u32.to_be_bytes()); // arguments: an empty table
+    a
+}
+
+/// channel.close from the client: 200, no text, no failing method.
+pub fn close_args() -> Vec<u8> {
+    let mut a = 200u16.to_be_bytes().to_vec();
+    a.extend_from_slice(&shortstr(""));
+    a.extend_from_slice(&[0, 0, 0, 0]);
+    a
+}
+
 /// A client that writes frames by hand: for what lapin will not send.
 pub struct Raw {
     io: TcpStream,
@@ -142,5 +160,26 @@ impl Raw {
              method {got:?} {payload:?}"
         );
         Ok(payload[4..].to_vec())
+    }
+
+    /// Reads past every frame until method `class_method` on `channel` (deliveries that may
+    /// come first, for one); the socket closing first is an error.
+    pub async fn skip_to_method(
+        &mut self,
+        channel: u16,
+        (class, method): (u16, u16),
+        what: &str,
+    ) -> anyhow::Result<()> {
+        let mut id = class.to_be_bytes().to_vec();
+        id.extend_from_slice(&method.to_be_bytes());
+        loop {
+            let (kind, ch, payload) = self
+                .read_frame()
+                .await?
+                .with_context(|| format!("the socket closed before {what}"))?;
+            if kind == 1 && ch == channel && payload.get(..4) == Some(id.as_slice()) {
+                return Ok(());
+            }
+        }
     }
 }

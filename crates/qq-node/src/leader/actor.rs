@@ -21,6 +21,7 @@ use super::machine_upgrade::{Upgrade, UpgradeAction, UpgradeEvent};
 use super::move_rounds::{MoveAction, MoveEvent, Moves};
 use super::relay::{Relay, RelayEvent};
 use super::sleep::{Sleep, SleepAction, SleepEvent};
+use crate::clock::sleep_until;
 use crate::deadletter::{PreparedRound, Round};
 use crate::groups::queue_sm::{DeadLetterJob, LeaderEvent};
 use crate::moves::MoveOutcome;
@@ -287,13 +288,6 @@ impl QueueLeader {
 async fn poll_some<T>(f: &mut Option<Pin<Box<dyn Future<Output = T> + Send>>>) -> T {
     match f {
         Some(f) => f.await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }

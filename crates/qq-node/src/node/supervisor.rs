@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::Node;
+use crate::clock::sleep_until;
 use crate::groups::registry::Replica;
 
 /// How long the supervisor waits before it tries again to start a group that failed to start.
@@ -167,12 +168,5 @@ impl Node {
             }
             _ => {}
         }
-    }
-}
-
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
