@@ -21,7 +21,7 @@ export QQ_PREVIOUS_NODE_BIN
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: previous-release amqp-diff bench-quick bench-quick-baseline check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short chaos-short-amqp chaos-upgrade chaos-amqp
+.PHONY: previous-release amqp-diff bench-quick bench-quick-baseline check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short chaos-short-amqp chaos-upgrade chaos-amqp sim sim-short
 
 all: build
 
@@ -80,6 +80,7 @@ clean-cluster: cluster-down
 # packages changes feature unification and makes cargo rebuild RocksDB.
 test: deps build previous-release check-core-purity deploy-check
 	$(CARGO) test --workspace
+	$(MAKE) --no-print-directory sim-short
 	$(MAKE) --no-print-directory chaos-short
 	$(MAKE) --no-print-directory chaos-short-amqp
 	$(MAKE) --no-print-directory chaos-upgrade
@@ -115,6 +116,21 @@ chaos-short-amqp: deps build
 chaos-upgrade: deps build previous-release
 	$(SUDO) $(QQ_CHAOS_BIN) --scenario upgrade --node-bin $(QQ_NODE_BIN) \
 		--start-bin $(QQ_PREVIOUS_NODE_BIN)
+
+# The cluster simulator (qq-sim, docs/simulation.md): three nodes in one process on a simulated
+# network, under a plan of faults drawn from a seed (partitions, one-way cuts, bridges, delay,
+# loss, resets, crashes, pauses, clock skew), with the chaos workload and checks. No root needed.
+# `make sim` runs SEEDS new seeds (from FIRST_SEED, default: the time); a failing seed prints the
+# command that replays it. `make sim-short`, part of `make test`, runs the regression seeds in
+# crates/qq-sim/seeds.txt (about 45 s each). Traces and reports go to .qq-sim/.
+QQ_SIM_BIN ?= $(CARGO_TARGET_DIR)/debug/qq-sim
+SEEDS ?= 10
+SIM_DURATION ?= 30
+sim: deps build
+	$(QQ_SIM_BIN) --seeds $(SEEDS) --duration $(SIM_DURATION) $(if $(FIRST_SEED),--first-seed $(FIRST_SEED))
+
+sim-short: deps build
+	$(QQ_SIM_BIN) --duration $(SIM_DURATION) --seed-list $$(grep -o '^[0-9]\+' crates/qq-sim/seeds.txt | paste -sd, -)
 
 # The AMQP differential test: the scripted sessions of tests/amqp/diff.py against the local
 # cluster (`make cluster` first), compared field by field with RabbitMQ 3.10's recorded

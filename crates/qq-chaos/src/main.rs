@@ -18,40 +18,32 @@
 //! ```
 
 mod args;
-mod checker;
 mod hosts;
 mod idle;
 mod membership;
 mod nemesis;
 mod outcome;
-mod probes;
-mod replicas;
 mod report;
-mod workload;
 
+use qq_chaos::{checker, probes, replicas, workload};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
 use qq_client::Client;
-use tokio::task::JoinSet;
-use tokio::time::{sleep, timeout};
+use tokio::time::sleep;
 
 use args::{Args, SCENARIOS};
 use checker::Check;
 use hosts::Hosts;
 use nemesis::Kind;
 use outcome::Outcome;
-use probes::{
-    current_leader, drain, replica_agreement, retry, term_inflation, wait_drained, wait_formed,
-    wait_healthy,
-};
+use probes::{current_leader, replica_agreement, retry, term_inflation, wait_formed};
+use qq_chaos::session::Session;
 use report::{Report, Window};
-use workload::{Clients, Control, Protocol, Recorder, Role};
+use workload::Protocol;
 
 /// Publishes in flight per publisher and queue. Large enough that publishes stuck on a cut-off
 /// node (until the client's 5 s timeout) do not stop new ones from reaching the new leader:
@@ -313,35 +305,19 @@ async fn chaos(
     println!("cluster formed; leaders: {leaders_at_start:?}");
 
     // ---- workload + nemesis ----------------------------------------------------------------
-    let rec = Arc::new(Recorder::new(setup.protocol));
-    let control = Arc::new(Control::default());
     let amqp: Vec<String> = hosts
         .ids()
         .iter()
         .map(|id| hosts::amqp_address(*id))
         .collect();
-    let work = Clients::new(setup.protocol, clients.clone(), amqp);
-    let mut publishers = JoinSet::new();
-    for p in 0..clients.len() {
-        publishers.spawn(work.publisher(
-            p,
-            setup.rate / clients.len() as f64,
-            PUBLISH_CONCURRENCY,
-            rec.clone(),
-            control.clone(),
-        ));
-    }
-    let mut consumers = JoinSet::new();
-    for c in 0..clients.len() {
-        consumers.spawn(work.consumer(c, workload::WORK, Role::Work, rec.clone(), control.clone()));
-    }
-    consumers.spawn(work.consumer(
-        1,
-        workload::LIMIT,
-        Role::AlwaysRequeue,
-        rec.clone(),
-        control.clone(),
-    ));
+    let mut session = Session::start(
+        setup.protocol,
+        clients.clone(),
+        amqp,
+        setup.rate,
+        PUBLISH_CONCURRENCY,
+    );
+    let rec = session.rec.clone();
 
     let run = Duration::from_secs(setup.duration);
     let plan = nemesis::schedule(
@@ -505,66 +481,23 @@ async fn chaos(
     }
 
     // ---- heal, finish, drain ------------------------------------------------------------------
-    control.stop_publishing.store(true, Ordering::Relaxed);
+    session.stop_publishing();
     let publish_end_ms = rec.now_ms();
     hosts.heal_all()?;
     println!(
         "[{:>5.1}s] healed everything; finishing publishes",
         rec.elapsed().as_secs_f64()
     );
-    let mut checks = Vec::new();
-    let healthy = wait_healthy(&clients, Duration::from_secs(60)).await;
-    checks.push(Check::new(
-        "cluster healthy after healing",
-        healthy.is_ok(),
-        healthy
-            .as_ref()
-            .err()
-            .map_or("every node answers, every queue has a leader".into(), |e| {
-                e.to_string()
-            }),
-    ));
+    let mut checks = vec![session.healthy().await];
     if setup.idle_queues > 0 {
         checks.push(idle::check(&clients, setup.idle_queues).await);
     }
-    let give_up_at = Instant::now() + Duration::from_secs(30);
-    while !publishers.is_empty() {
-        if Instant::now() >= give_up_at {
-            control.give_up.store(true, Ordering::Relaxed);
-        }
-        let _ = timeout(Duration::from_millis(500), publishers.join_next()).await;
-    }
+    session.finish_publishers().await;
     println!(
         "[{:>5.1}s] publishers done; waiting for the source queues to drain",
         rec.elapsed().as_secs_f64()
     );
-    let drained = wait_drained(&clients, Duration::from_secs(60)).await;
-    checks.push(Check::new(
-        "source queues drained, no dead letter held",
-        drained.is_ok(),
-        match &drained {
-            Ok(()) => "chaos.work, chaos.ttl and chaos.limit empty; 0 dead letters held".into(),
-            Err(e) => e.to_string(),
-        },
-    ));
-    control.stop_consuming.store(true, Ordering::Relaxed);
-    while consumers.join_next().await.is_some() {}
-    // A queue that cannot be drained is a finding (messages stuck), not a reason to stop: the
-    // other checks still run on what was seen.
-    let mut stuck = Vec::new();
-    for q in workload::SOURCES {
-        if let Err(e) = drain(&work, &clients, q, Role::DrainLeftovers, &rec).await {
-            stuck.push(e.to_string());
-        }
-    }
-    if let Err(e) = drain(&work, &clients, workload::DLQ, Role::DrainDeadLetters, &rec).await {
-        stuck.push(e.to_string());
-    }
-    checks.push(Check::all_clear(
-        "every queue drains to empty",
-        stuck,
-        "yes",
-    ));
+    checks.extend(session.drain().await);
     let end_ms = rec.now_ms();
     println!(
         "[{:>5.1}s] drained; checking replicas",

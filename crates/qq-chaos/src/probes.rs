@@ -17,7 +17,7 @@ use crate::replicas;
 use crate::workload::{self, Clients, Control, Recorder, Role};
 
 /// Retries `f` on errors for up to 30 s (the cluster may still be settling).
-pub(crate) async fn retry<T, F, Fut>(what: &str, mut f: F) -> anyhow::Result<T>
+pub async fn retry<T, F, Fut>(what: &str, mut f: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = qq_client::Result<T>>,
@@ -33,7 +33,7 @@ where
     }
 }
 
-pub(crate) async fn wait_formed(clients: &[Client], limit: Duration) -> anyhow::Result<()> {
+pub async fn wait_formed(clients: &[Client], limit: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + limit;
     loop {
         let mut formed = true;
@@ -54,7 +54,7 @@ pub(crate) async fn wait_formed(clients: &[Client], limit: Duration) -> anyhow::
 }
 
 /// The leader of `queue` as some node sees it now (None when no node answers in time).
-pub(crate) async fn current_leader(clients: &[Client], queue: &str) -> Option<u64> {
+pub async fn current_leader(clients: &[Client], queue: &str) -> Option<u64> {
     for c in clients {
         if let Ok(Ok(info)) = timeout(Duration::from_secs(2), c.get_queue(queue)).await
             && info.leader != 0
@@ -70,7 +70,7 @@ pub(crate) async fn current_leader(clients: &[Client], queue: &str) -> Option<u6
 /// node cannot raise its term; one more than the majority is allowed (an election it started
 /// just as the cut fell). Without Pre-Vote it gains a term per election timeout. `None` when
 /// the nodes did not answer.
-pub(crate) async fn term_inflation(
+pub async fn term_inflation(
     clients: &Arc<Vec<Client>>,
     alone: u64,
     fault: &str,
@@ -110,7 +110,7 @@ pub(crate) async fn term_inflation(
 }
 
 /// Every node answers and, through every node, every queue has a leader.
-pub(crate) async fn wait_healthy(clients: &[Client], limit: Duration) -> anyhow::Result<()> {
+pub async fn wait_healthy(clients: &[Client], limit: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + limit;
     loop {
         let mut problem = None;
@@ -140,7 +140,7 @@ pub(crate) async fn wait_healthy(clients: &[Client], limit: Duration) -> anyhow:
 ///
 /// On a slow machine the backlog can take long: the wait goes on while the number of messages
 /// left keeps falling, and gives up after `stall` without progress.
-pub(crate) async fn wait_drained(clients: &[Client], stall: Duration) -> anyhow::Result<()> {
+pub async fn wait_drained(clients: &[Client], stall: Duration) -> anyhow::Result<()> {
     let mut deadline = Instant::now() + stall;
     let mut fewest = u64::MAX;
     let mut attempt = 0;
@@ -179,7 +179,7 @@ pub(crate) async fn wait_drained(clients: &[Client], stall: Duration) -> anyhow:
 
 /// Consumes `queue` through the workload's protocol until it is empty (as `clients` see it),
 /// recording each message as `role` says.
-pub(crate) async fn drain(
+pub async fn drain(
     work: &Clients,
     clients: &Arc<Vec<Client>>,
     queue: &'static str,
@@ -215,7 +215,7 @@ pub(crate) async fn drain(
 
 /// After healing, every member of every queue's Raft group reaches the same applied index and
 /// state digest (`ClusterStatus` reports each node's own replica).
-pub(crate) async fn replica_agreement(clients: &[Client], limit: Duration) -> Check {
+pub async fn replica_agreement(clients: &[Client], limit: Duration) -> Check {
     let deadline = Instant::now() + limit;
     loop {
         let (seen, problem) = match replicas::views(clients, Duration::from_secs(3)).await {

@@ -1,0 +1,247 @@
+//! One node of the simulated cluster: the real `qq_node::server::run`, on its own thread and
+//! its own single-threaded tokio runtime, its cluster port on the [`SimNet`], its client port
+//! on loopback TCP (the workload's clients are outside the simulated network).
+//!
+//! What each fault does to it:
+//! - **crash** ([`Host::crash`]): the runtime is dropped with every task of the node in it, as
+//!   `kill -9` ends a process: nothing is flushed or handed over; the pipes of its connections
+//!   close, so its peers see them end. The RocksDB directory is closed when the last handle
+//!   goes, and the node starts again from it ([`Host::start`]). Writes the node had not synced
+//!   survive, as they do a `kill -9` (the page cache keeps them): a power loss is not simulated.
+//! - **pause** ([`Host::pause`]): a task on the node's runtime blocks its thread, so none of
+//!   the node's tasks runs and none of its timers fires until it ends, as `SIGSTOP` does (the
+//!   node's fsync thread and RocksDB's own threads keep running).
+//! - **graceful stop** ([`Host::stop`]): the shutdown signal `qq-node` gets from SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc as std_mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use qq_node::clock::Clock;
+use qq_node::config::{Args, Config};
+use tokio::sync::oneshot;
+
+use crate::net::SimNet;
+
+/// How long a crashed node's runtime may take to drop its blocking tasks.
+const CRASH_GRACE: Duration = Duration::from_secs(10);
+
+/// How a running node is asked to end.
+enum End {
+    Crash,
+    Graceful,
+}
+
+/// One node's identity and files.
+pub struct Host {
+    pub id: u64,
+    /// The client port (loopback TCP).
+    pub listen: SocketAddr,
+    config_path: PathBuf,
+    log_path: PathBuf,
+    /// How far this node's wall clock is off the others' (ms).
+    pub skew_ms: i64,
+    running: Option<Running>,
+}
+
+struct Running {
+    end: oneshot::Sender<End>,
+    runtime: tokio::runtime::Handle,
+    thread: JoinHandle<anyhow::Result<()>>,
+}
+
+/// The cluster address of node `id` on the simulated network (never a socket).
+pub fn cluster_addr(id: u64) -> SocketAddr {
+    SocketAddr::from(([10, 77, 0, id as u8], 7000))
+}
+
+/// A free loopback port for a client listener.
+fn free_port() -> anyhow::Result<SocketAddr> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?)
+}
+
+impl Host {
+    /// Writes the configuration of node `id` of `ids` under `dir` (not started yet).
+    pub fn create(
+        dir: &Path,
+        id: u64,
+        ids: &[u64],
+        listens: &[SocketAddr],
+        skew_ms: i64,
+    ) -> anyhow::Result<Host> {
+        let listen = listens[ids.iter().position(|i| *i == id).expect("id in ids")];
+        let peers: Vec<String> = ids
+            .iter()
+            .zip(listens)
+            .map(|(i, l)| {
+                format!(
+                    "{{ id = {i}, address = \"{l}\", cluster_address = \"{}\" }}",
+                    cluster_addr(*i)
+                )
+            })
+            .collect();
+        let data = dir.join(format!("node{id}"));
+        std::fs::create_dir_all(&data)?;
+        let config_path = dir.join(format!("node{id}.toml"));
+        // insecure_cluster: the simulated network carries no TLS (see docs/simulation.md).
+        // The memory alarm is off: three nodes share this process's memory.
+        let text = format!(
+            "node_id = {id}\nlisten = \"{listen}\"\ncluster_addr = \"{}\"\ndata_dir = \"{}\"\n\
+             insecure_cluster = true\nmemory_high_watermark_bytes = {}\npeers = [{}]\n",
+            cluster_addr(id),
+            data.display(),
+            u64::MAX / 2,
+            peers.join(", ")
+        );
+        std::fs::write(&config_path, text)?;
+        Ok(Host {
+            id,
+            listen,
+            config_path,
+            log_path: dir.join(format!("node{id}.log")),
+            skew_ms,
+            running: None,
+        })
+    }
+
+    /// Client ports for `n` nodes.
+    pub fn listen_addresses(n: usize) -> anyhow::Result<Vec<SocketAddr>> {
+        (0..n).map(|_| free_port()).collect()
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.running
+            .as_ref()
+            .is_some_and(|r| !r.thread.is_finished())
+    }
+
+    /// Starts the node on its own thread; its log goes to `node<id>.log`.
+    pub fn start(&mut self, net: &SimNet) -> anyhow::Result<()> {
+        anyhow::ensure!(self.running.is_none(), "node {} is running", self.id);
+        let args = Args::try_parse_from([
+            "qq-node".as_ref(),
+            "--config".as_ref(),
+            self.config_path.as_os_str(),
+        ])?;
+        let config = Config::load(&args, &Default::default())?;
+        let transport = net.transport(self.id);
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis() as i64;
+        let skew = self.skew_ms;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .with_context(|| format!("open {}", self.log_path.display()))?;
+        let (end_tx, end_rx) = oneshot::channel();
+        let (handle_tx, handle_rx) = std_mpsc::channel();
+        let id = self.id;
+        let thread = std::thread::Builder::new()
+            .name(format!("qq-sim-node{id}"))
+            .spawn(move || -> anyhow::Result<()> {
+                let subscriber = tracing_subscriber::fmt()
+                    .with_env_filter(
+                        tracing_subscriber::EnvFilter::try_from_env("QQ_SIM_NODE_LOG")
+                            .unwrap_or_else(|_| "info".into()),
+                    )
+                    .with_ansi(false)
+                    .with_writer(std::sync::Mutex::new(log))
+                    .finish();
+                let _logs = tracing::subscriber::set_default(subscriber);
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                let _ = handle_tx.send(runtime.handle().clone());
+                let clock = Clock::simulated((wall + skew).max(0) as u64);
+                let (graceful_tx, graceful_rx) = oneshot::channel::<()>();
+                let ended = runtime.block_on(async move {
+                    let node = qq_node::server::run(config, clock, transport, async move {
+                        let _ = graceful_rx.await;
+                    });
+                    tokio::pin!(node);
+                    tokio::select! {
+                        r = &mut node => return r,
+                        end = end_rx => match end {
+                            Ok(End::Graceful) => {
+                                let _ = graceful_tx.send(());
+                            }
+                            // Crash (or the host dropped).
+                            _ => return Ok(()),
+                        }
+                    }
+                    node.await
+                });
+                runtime.shutdown_timeout(CRASH_GRACE);
+                ended
+            })?;
+        let runtime = handle_rx
+            .recv()
+            .map_err(|_| anyhow::anyhow!("node {id}: its runtime did not start"))?;
+        self.running = Some(Running {
+            end: end_tx,
+            runtime,
+            thread,
+        });
+        Ok(())
+    }
+
+    /// Ends the node as `kill -9` would and waits until its files are closed.
+    pub fn crash(&mut self) -> anyhow::Result<()> {
+        self.end(End::Crash)
+    }
+
+    /// Stops the node as SIGTERM does (graceful handover) and waits for it.
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        self.end(End::Graceful)
+    }
+
+    fn end(&mut self, how: End) -> anyhow::Result<()> {
+        let Some(r) = self.running.take() else {
+            return Ok(());
+        };
+        let _ = r.end.send(how);
+        match r.thread.join() {
+            Ok(result) => result.with_context(|| format!("node {}", self.id)),
+            Err(_) => anyhow::bail!("node {} panicked", self.id),
+        }
+    }
+
+    /// Freezes every task of the node for `length` (from now; returns at once).
+    pub fn pause(&self, length: Duration) {
+        if let Some(r) = &self.running {
+            r.runtime.spawn(async move { std::thread::sleep(length) });
+        }
+    }
+
+    /// Whether the node ended by itself (an error or a panic), with what.
+    pub fn ended_by_itself(&mut self) -> Option<String> {
+        if !self.running.as_ref()?.thread.is_finished() {
+            return None;
+        }
+        let r = self.running.take()?;
+        Some(match r.thread.join() {
+            Ok(Ok(())) => "returned".to_string(),
+            Ok(Err(e)) => format!("{e:#}"),
+            Err(_) => "panicked".to_string(),
+        })
+    }
+
+    /// The last `lines` of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.crash();
+    }
+}

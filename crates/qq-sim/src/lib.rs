@@ -1,0 +1,21 @@
+//! # qq-sim: the cluster in one process, under a seeded plan of faults
+//!
+//! Three (or five) real quorumq nodes (`qq_node::server::run`, each on its own thread and
+//! runtime) whose node-to-node connections all run through one simulated network ([`net`]),
+//! the chaos runner's workload and checks (`qq_chaos`), and a plan of faults drawn from a seed
+//! ([`schedule`]): partitions (whole, one-way, bridges), delay, jitter and loss on links,
+//! connection resets, crashes and restarts, pauses, and clock skew between the nodes.
+//! [`run`] carries out one seed; the binary runs many and reports seeds per second.
+//!
+//! What the seed fixes, and what it does not: the plan (every fault, its time, target and
+//! length, the skews and the network's weather) is a pure function of the seed, written as the
+//! first line of the trace; replaying a seed replays the same plan. The interleaving inside the
+//! cluster is not: the nodes run on real threads with the real clock, openraft draws its
+//! election timeouts from the thread's random generator, and RocksDB has threads of its own.
+//! So a failing seed replays the same faults, not the same schedule of every task
+//! (docs/simulation.md).
+
+pub mod host;
+pub mod net;
+pub mod run;
+pub mod schedule;

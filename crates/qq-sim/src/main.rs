@@ -1,0 +1,138 @@
+//! qq-sim: runs seeds of the cluster simulator and reports each.
+//!
+//! ```text
+//! qq-sim --seed 7                    # one seed
+//! qq-sim --seeds 20 --first-seed 100 # seeds 100..119
+//! qq-sim --seed-list 3,11,19         # the regression seeds (make test)
+//! ```
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use qq_sim::run::{self, Setup};
+
+#[derive(Parser, Debug)]
+#[command(about = "quorumq nodes in one process under a seeded plan of faults, checked")]
+struct Args {
+    /// Run this one seed.
+    #[arg(long, conflicts_with_all = ["seeds", "seed_list"])]
+    seed: Option<u64>,
+    /// Run this many seeds, from --first-seed.
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// The first of --seeds (default: from the time).
+    #[arg(long)]
+    first_seed: Option<u64>,
+    /// Run these seeds, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    seed_list: Vec<u64>,
+    /// Nodes in the cluster.
+    #[arg(long, default_value_t = 3)]
+    nodes: u64,
+    /// Seconds of workload under faults, per seed.
+    #[arg(long, default_value_t = 30)]
+    duration: u64,
+    /// Publish rate over all publishers, messages per second.
+    #[arg(long, default_value_t = 150.0)]
+    rate: f64,
+    /// Where each seed's trace, report and (on failure) node logs go.
+    #[arg(long, default_value = ".qq-sim")]
+    out: PathBuf,
+}
+
+fn main() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("the runner's runtime");
+    match runtime.block_on(seeds(args)) {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("qq-sim: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Runs every seed asked for; Ok(false) when one failed its checks.
+async fn seeds(args: Args) -> anyhow::Result<bool> {
+    anyhow::ensure!((3..=5).contains(&args.nodes), "--nodes: 3 to 5");
+    anyhow::ensure!(args.rate > 0.0, "--rate must be positive");
+    let list: Vec<u64> = if let Some(s) = args.seed {
+        vec![s]
+    } else if !args.seed_list.is_empty() {
+        args.seed_list.clone()
+    } else {
+        let first = args.first_seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0)
+        });
+        (first..first + args.seeds.unwrap_or(1)).collect()
+    };
+    let started = Instant::now();
+    let (mut failed, mut faults) = (Vec::new(), 0);
+    for seed in &list {
+        println!(
+            "seed {seed}: {} nodes, {} s of faults",
+            args.nodes, args.duration
+        );
+        let setup = Setup {
+            seed: *seed,
+            nodes: args.nodes,
+            duration: Duration::from_secs(args.duration),
+            rate: args.rate,
+            out: args.out.clone(),
+        };
+        let o = run::run(&setup).await?;
+        faults += o.faults;
+        let c = &o.verdict.counts;
+        println!(
+            "seed {seed}: {} in {:.0} s: {} faults, {} confirmed, {} lost, {} unexpected, \
+             {} dead-lettered; network: {} chunks delayed, {} lost, {} connections cut, {} dials refused",
+            if o.ok { "PASS" } else { "FAIL" },
+            o.seconds,
+            o.faults,
+            c.confirmed,
+            c.lost,
+            c.unexpected,
+            c.dead_lettered,
+            o.net.delayed_chunks,
+            o.net.lost_chunks,
+            o.net.cut_connections,
+            o.net.refused_dials,
+        );
+        for check in o.verdict.checks.iter().filter(|c| !c.ok) {
+            println!("  FAILED {}: {}", check.name, check.detail);
+        }
+        if !o.ok {
+            println!(
+                "  replay: qq-sim --seed {seed} --nodes {} --duration {} --rate {} \
+                 (trace and node logs in {})",
+                args.nodes,
+                args.duration,
+                args.rate,
+                args.out.join(format!("seed-{seed}")).display()
+            );
+            failed.push(*seed);
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "{} seeds in {secs:.0} s ({:.3} seeds/s), {:.1} faults per seed; failed: {:?}",
+        list.len(),
+        list.len() as f64 / secs,
+        faults as f64 / list.len().max(1) as f64,
+        failed
+    );
+    Ok(failed.is_empty())
+}

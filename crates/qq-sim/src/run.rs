@@ -1,0 +1,343 @@
+//! One seed, end to end: a fresh cluster on a fresh [`SimNet`], the chaos workload (publishers,
+//! consumers that ack, reject and requeue, dead lettering by rejection, TTL and delivery limit)
+//! through every node's client port, the seed's plan of faults, then heal, drain and check.
+//! Writes `trace.jsonl` (the plan, then what struck and healed when) and `report.json` into the
+//! seed's directory.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use qq_chaos::checker::{self, Check, Verdict};
+use qq_chaos::probes::{replica_agreement, retry, wait_formed};
+use qq_chaos::session::Session;
+use qq_chaos::workload::{self, Protocol};
+use serde::Serialize;
+use tokio::time::sleep;
+
+use crate::host::Host;
+use crate::net::{Link, NetStats, SimNet};
+use crate::schedule::{self, Fault, Plan, Target};
+
+/// Publishes in flight per publisher and queue (as the chaos runner).
+const PUBLISH_CONCURRENCY: usize = 64;
+
+/// What a run is asked to do.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    pub seed: u64,
+    pub nodes: u64,
+    pub duration: Duration,
+    /// Total publish rate, messages per second.
+    pub rate: f64,
+    pub out: PathBuf,
+}
+
+/// What a run found.
+#[derive(Debug, Serialize)]
+pub struct Outcome {
+    pub seed: u64,
+    pub ok: bool,
+    pub faults: usize,
+    pub seconds: f64,
+    pub net: NetStats,
+    pub verdict: Verdict,
+}
+
+/// The trace of a run: the plan first, then one line per event.
+struct Trace {
+    file: std::fs::File,
+    started: Instant,
+}
+
+impl Trace {
+    fn create(path: &Path, plan: &Plan) -> anyhow::Result<Trace> {
+        let mut file = std::fs::File::create(path)?;
+        writeln!(file, "{}", serde_json::to_string(plan)?)?;
+        Ok(Trace {
+            file,
+            started: Instant::now(),
+        })
+    }
+
+    fn event(&mut self, what: &str, detail: impl Serialize) {
+        let t_ms = self.started.elapsed().as_millis() as u64;
+        let line = serde_json::json!({ "t_ms": t_ms, "event": what, "detail": detail });
+        let _ = writeln!(self.file, "{line}");
+        println!(
+            "  [{:>6.1}s] {what} {}",
+            t_ms as f64 / 1000.0,
+            line["detail"]
+        );
+    }
+}
+
+/// The cluster of one run.
+struct Cluster {
+    net: SimNet,
+    hosts: Vec<Host>,
+    weather: Link,
+}
+
+impl Cluster {
+    fn ids(&self) -> Vec<u64> {
+        self.hosts.iter().map(|h| h.id).collect()
+    }
+
+    fn host(&mut self, id: u64) -> &mut Host {
+        self.hosts
+            .iter_mut()
+            .find(|h| h.id == id)
+            .expect("a node of the cluster")
+    }
+
+    /// Every link back to the run's weather.
+    fn heal_links(&self) {
+        self.net.heal();
+        for a in self.ids() {
+            for b in self.ids() {
+                if a != b {
+                    self.net.set_link(a, b, self.weather);
+                }
+            }
+        }
+    }
+
+    /// Sets `link` on every link of `node` in the directions asked.
+    fn links_of(&self, node: u64, outgoing: bool, incoming: bool, link: Link) {
+        for other in self.ids().into_iter().filter(|o| *o != node) {
+            if outgoing {
+                self.net.set_link(node, other, link);
+            }
+            if incoming {
+                self.net.set_link(other, node, link);
+            }
+        }
+    }
+}
+
+/// Runs one seed; Err only when the run could not be carried out (not for a failed check).
+pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
+    let started = Instant::now();
+    let dir = setup.out.join(format!("seed-{}", setup.seed));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("clear {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    let plan = schedule::plan(
+        setup.seed,
+        setup.nodes,
+        setup.duration,
+        workload::QUEUES.len(),
+    );
+    let mut trace = Trace::create(&dir.join("trace.jsonl"), &plan)?;
+    let net = SimNet::new(setup.seed);
+    let ids: Vec<u64> = (1..=setup.nodes).collect();
+    let listens = Host::listen_addresses(ids.len())?;
+    let mut hosts = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        hosts.push(Host::create(&dir, *id, &ids, &listens, plan.skew_ms[i])?);
+    }
+    let weather = Link {
+        delay_ms: plan.weather.delay_ms,
+        jitter_ms: plan.weather.jitter_ms,
+        ..Link::default()
+    };
+    let mut cluster = Cluster {
+        net: net.clone(),
+        hosts,
+        weather,
+    };
+    cluster.heal_links();
+    for h in &mut cluster.hosts {
+        h.start(&net)?;
+    }
+    let result = exercise(&mut cluster, setup, &plan, &mut trace).await;
+    let verdict = match result {
+        Ok(v) => v,
+        Err(e) => {
+            let mut v = Verdict::default();
+            v.checks.push(Check::new(
+                "the run was carried out",
+                false,
+                format!("{e:#}"),
+            ));
+            v
+        }
+    };
+    let ok = verdict.ok();
+    if !ok {
+        for h in &cluster.hosts {
+            eprintln!("===== node {} log tail\n{}", h.id, h.log_tail(25));
+        }
+    }
+    for h in &mut cluster.hosts {
+        let id = h.id;
+        if let Err(e) = tokio::task::block_in_place(|| h.stop()) {
+            eprintln!("node {id} did not stop cleanly: {e:#}");
+        }
+    }
+    let outcome = Outcome {
+        seed: setup.seed,
+        ok,
+        faults: plan.faults.len(),
+        seconds: started.elapsed().as_secs_f64(),
+        net: net.stats(),
+        verdict,
+    };
+    std::fs::write(
+        dir.join("report.json"),
+        serde_json::to_vec_pretty(&outcome)?,
+    )?;
+    if ok {
+        // The node directories of a passing seed are not needed again.
+        for id in ids {
+            let _ = std::fs::remove_dir_all(dir.join(format!("node{id}")));
+        }
+    }
+    Ok(outcome)
+}
+
+/// The workload under the plan's faults, then the checks.
+async fn exercise(
+    cluster: &mut Cluster,
+    setup: &Setup,
+    plan: &Plan,
+    trace: &mut Trace,
+) -> anyhow::Result<Verdict> {
+    let addresses: Vec<String> = cluster.hosts.iter().map(|h| h.listen.to_string()).collect();
+    let clients = workload::grpc::clients(&addresses)?;
+    wait_formed(&clients, Duration::from_secs(60)).await?;
+    retry("declare the topology", || workload::declare(&clients[0])).await?;
+    trace.event("formed", &addresses);
+
+    let mut session = Session::start(
+        Protocol::Grpc,
+        clients.clone(),
+        Vec::new(),
+        setup.rate,
+        PUBLISH_CONCURRENCY,
+    );
+    let rec = session.rec.clone();
+
+    let mut findings = Vec::new();
+    let mut next = plan.faults.iter().peekable();
+    let mut active: Option<(Fault, u64, Duration)> = None;
+    while rec.elapsed() < setup.duration {
+        for h in &mut cluster.hosts {
+            if let Some(how) = h.ended_by_itself() {
+                let msg = format!("node {} ended by itself: {how}", h.id);
+                trace.event("crashed by itself", &msg);
+                findings.push(msg);
+            }
+        }
+        let now = rec.elapsed();
+        if let Some((fault, node, until)) = &active
+            && now >= *until
+        {
+            heal(cluster, fault, *node)?;
+            trace.event("heal", fault);
+            active = None;
+        }
+        if active.is_none()
+            && let Some(p) = next.next_if(|p| now >= Duration::from_millis(p.at_ms))
+        {
+            let node = match p.fault.target() {
+                Some(Target::Node(n)) => n,
+                Some(Target::LeaderOf(q)) => {
+                    qq_chaos::probes::current_leader(&clients, workload::QUEUES[q])
+                        .await
+                        .unwrap_or(1)
+                }
+                None => 0,
+            };
+            strike(cluster, &p.fault, node, p.length_ms)?;
+            trace.event(
+                "strike",
+                serde_json::json!({ "fault": p.fault, "node": node, "length_ms": p.length_ms }),
+            );
+            active = Some((p.fault, node, now + Duration::from_millis(p.length_ms)));
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+    if let Some((fault, node, _)) = active.take() {
+        heal(cluster, &fault, node)?;
+        trace.event("heal", fault);
+    }
+    session.stop_publishing();
+    cluster.heal_links();
+    let mut checks = vec![session.healthy().await];
+    session.finish_publishers().await;
+    trace.event("publishers done", rec.confirmed_count());
+    checks.extend(session.drain().await);
+    checks.push(replica_agreement(&clients, Duration::from_secs(30)).await);
+    for h in &mut cluster.hosts {
+        if let Some(how) = h.ended_by_itself() {
+            findings.push(format!("node {} ended by itself: {how}", h.id));
+        }
+    }
+    checks.push(Check::all_clear(
+        "no node ended by itself",
+        findings,
+        "none",
+    ));
+    trace.event("checked", ());
+    let mut verdict = checker::check(&rec.take());
+    verdict.checks.extend(checks);
+    Ok(verdict)
+}
+
+/// Injects `fault` on `node` (its resolved target).
+fn strike(cluster: &mut Cluster, fault: &Fault, node: u64, length_ms: u64) -> anyhow::Result<()> {
+    let w = cluster.weather;
+    let blocked = Link { blocked: true, ..w };
+    match *fault {
+        Fault::Isolate { .. } => cluster.links_of(node, true, true, blocked),
+        Fault::MuteOutgoing { .. } => cluster.links_of(node, true, false, blocked),
+        Fault::DeafIncoming { .. } => cluster.links_of(node, false, true, blocked),
+        Fault::Bridge { a, b } => {
+            cluster.net.set_link(a, b, blocked);
+            cluster.net.set_link(b, a, blocked);
+        }
+        Fault::Delay {
+            delay_ms,
+            jitter_ms,
+            ..
+        } => cluster.links_of(
+            node,
+            true,
+            true,
+            Link {
+                delay_ms: w.delay_ms + delay_ms,
+                jitter_ms: w.jitter_ms + jitter_ms,
+                ..w
+            },
+        ),
+        Fault::Loss { loss_pct, .. } => cluster.links_of(node, true, true, Link { loss_pct, ..w }),
+        Fault::Reset { .. } => {
+            for other in cluster.ids() {
+                if other != node {
+                    cluster.net.cut(node, other);
+                }
+            }
+        }
+        Fault::Crash { .. } => {
+            let host = cluster.host(node);
+            // Ending a node joins its thread: not on a worker the clients need.
+            let _ = tokio::task::block_in_place(|| host.crash());
+        }
+        Fault::Pause { .. } => cluster.host(node).pause(Duration::from_millis(length_ms)),
+    }
+    Ok(())
+}
+
+/// Undoes `fault` on `node`.
+fn heal(cluster: &mut Cluster, fault: &Fault, node: u64) -> anyhow::Result<()> {
+    cluster.heal_links();
+    if let Fault::Crash { .. } = fault {
+        let net = cluster.net.clone();
+        cluster.host(node).start(&net)?;
+    }
+    Ok(())
+}

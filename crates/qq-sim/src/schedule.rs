@@ -1,0 +1,244 @@
+//! A run's plan, made from its seed alone: the network's background weather, each node's clock
+//! skew, and the faults with their times, targets and lengths. Pure: the same seed and shape
+//! give the same plan, byte for byte in its JSON form (the trace's first lines), whatever
+//! happens in the run.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+/// Quiet time before the first fault and after the last.
+pub const WARM_UP: Duration = Duration::from_secs(4);
+/// Quiet time between two faults.
+pub const MIN_GAP: Duration = Duration::from_secs(3);
+/// Largest clock skew between nodes (ms): well within what the leases assume (they read only
+/// the monotonic clock; wall time only stamps commands).
+pub const MAX_SKEW_MS: i64 = 1_500;
+
+/// Whom a fault strikes: a node by id, or whoever leads one of the workload's queues when it
+/// strikes (the trace records which node that was).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    Node(u64),
+    LeaderOf(usize),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Fault {
+    /// The target cannot reach anyone, nor anyone it.
+    Isolate { target: Target },
+    /// The target's messages reach nobody; it still hears the others.
+    MuteOutgoing { target: Target },
+    /// The target hears nobody; its messages still arrive.
+    DeafIncoming { target: Target },
+    /// Two nodes cannot reach each other; a third still reaches both (a bridge).
+    Bridge { a: u64, b: u64 },
+    /// Every link of the target is slow and uneven.
+    Delay {
+        target: Target,
+        delay_ms: u64,
+        jitter_ms: u64,
+    },
+    /// Every link of the target loses chunks (each arrives a retransmission late).
+    Loss { target: Target, loss_pct: u64 },
+    /// Every connection of the target is reset, once, at the start of the window.
+    Reset { target: Target },
+    /// The target is killed; it starts again from its disk when the window ends.
+    Crash { target: Target },
+    /// The target is frozen (as by SIGSTOP) for the window.
+    Pause { target: Target },
+}
+
+/// The faults a plan draws from.
+pub const KINDS: [&str; 9] = [
+    "isolate",
+    "mute-outgoing",
+    "deaf-incoming",
+    "bridge",
+    "delay",
+    "loss",
+    "reset",
+    "crash",
+    "pause",
+];
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Planned {
+    pub at_ms: u64,
+    pub length_ms: u64,
+    pub fault: Fault,
+}
+
+/// Background latency on every link for the whole run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Weather {
+    pub delay_ms: u64,
+    pub jitter_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    pub seed: u64,
+    pub nodes: u64,
+    pub run_ms: u64,
+    pub weather: Weather,
+    /// Per node (index = id - 1), ms its wall clock is ahead (negative: behind).
+    pub skew_ms: Vec<i64>,
+    pub faults: Vec<Planned>,
+}
+
+/// The plan of seed `seed` for `nodes` nodes (ids 1..=nodes) and a workload of `run`, over
+/// `queues` queues.
+pub fn plan(seed: u64, nodes: u64, run: Duration, queues: usize) -> Plan {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let weather = Weather {
+        delay_ms: rng.random_range(0..=3),
+        jitter_ms: rng.random_range(0..=3),
+    };
+    let skew_ms = (0..nodes)
+        .map(|_| rng.random_range(-MAX_SKEW_MS..=MAX_SKEW_MS))
+        .collect();
+    let mut faults = Vec::new();
+    let mut at = WARM_UP;
+    while at + MIN_GAP < run {
+        let length = Duration::from_millis(rng.random_range(2_000..=6_000));
+        if at + length + WARM_UP > run {
+            break;
+        }
+        let fault = fault(&mut rng, nodes, queues);
+        faults.push(Planned {
+            at_ms: at.as_millis() as u64,
+            length_ms: length.as_millis() as u64,
+            fault,
+        });
+        at += length + MIN_GAP + Duration::from_millis(rng.random_range(0..=2_000));
+    }
+    Plan {
+        seed,
+        nodes,
+        run_ms: run.as_millis() as u64,
+        weather,
+        skew_ms,
+        faults,
+    }
+}
+
+fn fault(rng: &mut StdRng, nodes: u64, queues: usize) -> Fault {
+    let target = if rng.random_bool(0.5) {
+        Target::LeaderOf(rng.random_range(0..queues))
+    } else {
+        Target::Node(rng.random_range(1..=nodes))
+    };
+    match rng.random_range(0..KINDS.len()) {
+        0 => Fault::Isolate { target },
+        1 => Fault::MuteOutgoing { target },
+        2 => Fault::DeafIncoming { target },
+        3 => {
+            let a = rng.random_range(1..=nodes);
+            let b = (a + rng.random_range(1..nodes)) % nodes;
+            Fault::Bridge {
+                a,
+                b: if b == 0 { nodes } else { b },
+            }
+        }
+        4 => Fault::Delay {
+            target,
+            delay_ms: rng.random_range(20..=300),
+            jitter_ms: rng.random_range(0..=100),
+        },
+        5 => Fault::Loss {
+            target,
+            loss_pct: rng.random_range(5..=30),
+        },
+        6 => Fault::Reset { target },
+        7 => Fault::Crash { target },
+        _ => Fault::Pause { target },
+    }
+}
+
+impl Fault {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Fault::Isolate { .. } => "isolate",
+            Fault::MuteOutgoing { .. } => "mute-outgoing",
+            Fault::DeafIncoming { .. } => "deaf-incoming",
+            Fault::Bridge { .. } => "bridge",
+            Fault::Delay { .. } => "delay",
+            Fault::Loss { .. } => "loss",
+            Fault::Reset { .. } => "reset",
+            Fault::Crash { .. } => "crash",
+            Fault::Pause { .. } => "pause",
+        }
+    }
+
+    /// The node-or-leader this fault strikes, if it has one target.
+    pub fn target(&self) -> Option<Target> {
+        match *self {
+            Fault::Isolate { target }
+            | Fault::MuteOutgoing { target }
+            | Fault::DeafIncoming { target }
+            | Fault::Delay { target, .. }
+            | Fault::Loss { target, .. }
+            | Fault::Reset { target }
+            | Fault::Crash { target }
+            | Fault::Pause { target } => Some(target),
+            Fault::Bridge { .. } => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_gives_the_same_plan_byte_for_byte() {
+        for seed in 0..50 {
+            let a = serde_json::to_vec(&plan(seed, 3, Duration::from_secs(60), 4)).unwrap();
+            let b = serde_json::to_vec(&plan(seed, 3, Duration::from_secs(60), 4)).unwrap();
+            assert_eq!(a, b, "seed {seed}");
+        }
+        let one = plan(1, 3, Duration::from_secs(60), 4);
+        let two = plan(2, 3, Duration::from_secs(60), 4);
+        assert_ne!(one, two, "different seeds, different plans");
+    }
+
+    #[test]
+    fn faults_keep_their_gaps_and_end_before_the_run() {
+        for seed in 0..200 {
+            let p = plan(seed, 3, Duration::from_secs(40), 4);
+            assert!(!p.faults.is_empty(), "seed {seed}: a 40 s run has faults");
+            let mut free_from = WARM_UP.as_millis() as u64;
+            for f in &p.faults {
+                assert!(f.at_ms >= free_from, "seed {seed}: {f:?} overlaps");
+                free_from = f.at_ms + f.length_ms + MIN_GAP.as_millis() as u64;
+                assert!(f.at_ms + f.length_ms + WARM_UP.as_millis() as u64 <= p.run_ms);
+                if let Fault::Bridge { a, b } = f.fault {
+                    assert!(
+                        a != b && (1..=3).contains(&a) && (1..=3).contains(&b),
+                        "{f:?}"
+                    );
+                }
+                if let Some(Target::Node(n)) = f.fault.target() {
+                    assert!((1..=3).contains(&n));
+                }
+            }
+            assert!(p.skew_ms.iter().all(|s| s.abs() <= MAX_SKEW_MS));
+        }
+    }
+
+    #[test]
+    fn every_kind_is_drawn() {
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..100 {
+            for f in plan(seed, 3, Duration::from_secs(60), 4).faults {
+                seen.insert(f.fault.name());
+            }
+        }
+        assert_eq!(seen.len(), KINDS.len(), "{seen:?}");
+    }
+}
