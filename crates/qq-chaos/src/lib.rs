@@ -7,6 +7,7 @@
 //! process on a fault-injecting in-memory network).
 
 pub mod checker;
+pub mod idle;
 pub mod probes;
 pub mod replicas;
 pub mod session;

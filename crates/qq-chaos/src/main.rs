@@ -19,13 +19,12 @@
 
 mod args;
 mod hosts;
-mod idle;
 mod membership;
 mod nemesis;
 mod outcome;
 mod report;
 
-use qq_chaos::{checker, probes, replicas, workload};
+use qq_chaos::{checker, idle, probes, replicas, workload};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -214,12 +214,20 @@ pub async fn drain(
 }
 
 /// After healing, every member of every queue's Raft group reaches the same applied index and
-/// state digest (`ClusterStatus` reports each node's own replica).
+/// state digest, and keeps the state's invariants (`ClusterStatus` reports each node's own
+/// replica).
 pub async fn replica_agreement(clients: &[Client], limit: Duration) -> Check {
     let deadline = Instant::now() + limit;
     loop {
         let (seen, problem) = match replicas::views(clients, Duration::from_secs(3)).await {
             Ok(seen) => {
+                let broken = seen.iter().find_map(|(q, v)| {
+                    (!v.broken.is_empty())
+                        .then(|| format!("{q}: invariants broken: {:?}", v.broken))
+                });
+                if let Some(b) = broken {
+                    return Check::new("replicas agree", false, b);
+                }
                 let problem = seen.iter().find_map(|(q, v)| {
                     let distinct: std::collections::BTreeSet<&(u64, u64)> =
                         v.replicas.values().collect();
@@ -238,7 +246,7 @@ pub async fn replica_agreement(clients: &[Client], limit: Duration) -> Check {
                         let (applied, digest) =
                             v.replicas.values().next().copied().unwrap_or_default();
                         format!(
-                            "{q}: {} replicas at {applied} digest {digest:016x}",
+                            "{q}: {} replicas at {applied} digest {digest:016x}, invariants kept",
                             v.replicas.len()
                         )
                     })

@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use qq_client::Client;
 
-/// One queue: how many members it has, and (applied index, state digest) per member node
-/// that reported its replica.
+/// One queue: how many members it has, (applied index, state digest) per member node that
+/// reported its replica, and the invariants a replica broke (by node).
 #[derive(Debug, Default)]
 pub struct Queue {
     pub members: usize,
     pub replicas: BTreeMap<u64, (u64, u64)>,
+    pub broken: BTreeMap<u64, String>,
 }
 
 /// Every queue by name, from the `ClusterStatus` of every node (each call bounded by
@@ -32,6 +33,9 @@ pub async fn views(
                         entry
                             .replicas
                             .insert(s.node_id, (q.local_last_applied, q.local_state_digest));
+                        if !q.local_invariant_error.is_empty() {
+                            entry.broken.insert(s.node_id, q.local_invariant_error);
+                        }
                     }
                 }
             }

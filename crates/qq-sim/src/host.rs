@@ -36,6 +36,14 @@ enum End {
     Graceful,
 }
 
+/// What a plan sets on each node.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeSetup {
+    /// How far this node's wall clock is off the others' (ms).
+    pub skew_ms: i64,
+    pub snapshot_after_entries: u64,
+}
+
 /// One node's identity and files.
 pub struct Host {
     pub id: u64,
@@ -72,7 +80,7 @@ impl Host {
         id: u64,
         ids: &[u64],
         listens: &[SocketAddr],
-        skew_ms: i64,
+        setup: NodeSetup,
     ) -> anyhow::Result<Host> {
         let listen = listens[ids.iter().position(|i| *i == id).expect("id in ids")];
         let peers: Vec<String> = ids
@@ -92,10 +100,12 @@ impl Host {
         // The memory alarm is off: three nodes share this process's memory.
         let text = format!(
             "node_id = {id}\nlisten = \"{listen}\"\ncluster_addr = \"{}\"\ndata_dir = \"{}\"\n\
-             insecure_cluster = true\nmemory_high_watermark_bytes = {}\npeers = [{}]\n",
+             insecure_cluster = true\nmemory_high_watermark_bytes = {}\n\
+             snapshot_after_entries = {}\npeers = [{}]\n",
             cluster_addr(id),
             data.display(),
             u64::MAX / 2,
+            setup.snapshot_after_entries,
             peers.join(", ")
         );
         std::fs::write(&config_path, text)?;
@@ -104,7 +114,7 @@ impl Host {
             listen,
             config_path,
             log_path: dir.join(format!("node{id}.log")),
-            skew_ms,
+            skew_ms: setup.skew_ms,
             running: None,
         })
     }

@@ -15,6 +15,7 @@
 //! So a failing seed replays the same faults, not the same schedule of every task
 //! (docs/simulation.md).
 
+pub mod faults;
 pub mod host;
 pub mod net;
 pub mod run;

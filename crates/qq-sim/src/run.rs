@@ -10,15 +10,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use qq_chaos::checker::{self, Check, Verdict};
-use qq_chaos::probes::{replica_agreement, retry, wait_formed};
+use qq_chaos::idle;
+use qq_chaos::probes::{current_leader, replica_agreement, retry, wait_formed};
 use qq_chaos::session::Session;
-use qq_chaos::workload::{self, Protocol};
+use qq_chaos::workload::{self, Protocol, Recorder};
 use serde::Serialize;
 use tokio::time::sleep;
 
-use crate::host::Host;
+use crate::faults::Cluster;
+use crate::host::{Host, NodeSetup};
 use crate::net::{Link, NetStats, SimNet};
-use crate::schedule::{self, Fault, Plan, Target};
+use crate::schedule::{self, Plan, Target};
 
 /// Publishes in flight per publisher and queue (as the chaos runner).
 const PUBLISH_CONCURRENCY: usize = 64;
@@ -73,50 +75,6 @@ impl Trace {
     }
 }
 
-/// The cluster of one run.
-struct Cluster {
-    net: SimNet,
-    hosts: Vec<Host>,
-    weather: Link,
-}
-
-impl Cluster {
-    fn ids(&self) -> Vec<u64> {
-        self.hosts.iter().map(|h| h.id).collect()
-    }
-
-    fn host(&mut self, id: u64) -> &mut Host {
-        self.hosts
-            .iter_mut()
-            .find(|h| h.id == id)
-            .expect("a node of the cluster")
-    }
-
-    /// Every link back to the run's weather.
-    fn heal_links(&self) {
-        self.net.heal();
-        for a in self.ids() {
-            for b in self.ids() {
-                if a != b {
-                    self.net.set_link(a, b, self.weather);
-                }
-            }
-        }
-    }
-
-    /// Sets `link` on every link of `node` in the directions asked.
-    fn links_of(&self, node: u64, outgoing: bool, incoming: bool, link: Link) {
-        for other in self.ids().into_iter().filter(|o| *o != node) {
-            if outgoing {
-                self.net.set_link(node, other, link);
-            }
-            if incoming {
-                self.net.set_link(other, node, link);
-            }
-        }
-    }
-}
-
 /// Runs one seed; Err only when the run could not be carried out (not for a failed check).
 pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
     let started = Instant::now();
@@ -137,19 +95,18 @@ pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
     let listens = Host::listen_addresses(ids.len())?;
     let mut hosts = Vec::new();
     for (i, id) in ids.iter().enumerate() {
-        hosts.push(Host::create(&dir, *id, &ids, &listens, plan.skew_ms[i])?);
+        let node = NodeSetup {
+            skew_ms: plan.skew_ms[i],
+            snapshot_after_entries: plan.snapshot_after_entries,
+        };
+        hosts.push(Host::create(&dir, *id, &ids, &listens, node)?);
     }
     let weather = Link {
         delay_ms: plan.weather.delay_ms,
         jitter_ms: plan.weather.jitter_ms,
         ..Link::default()
     };
-    let mut cluster = Cluster {
-        net: net.clone(),
-        hosts,
-        weather,
-    };
-    cluster.heal_links();
+    let mut cluster = Cluster::new(net.clone(), hosts, weather);
     for h in &mut cluster.hosts {
         h.start(&net)?;
     }
@@ -210,6 +167,7 @@ async fn exercise(
     let clients = workload::grpc::clients(&addresses)?;
     wait_formed(&clients, Duration::from_secs(60)).await?;
     retry("declare the topology", || workload::declare(&clients[0])).await?;
+    idle::declare(&clients, plan.idle_queues).await?;
     trace.event("formed", &addresses);
 
     let mut session = Session::start(
@@ -221,53 +179,12 @@ async fn exercise(
     );
     let rec = session.rec.clone();
 
-    let mut findings = Vec::new();
-    let mut next = plan.faults.iter().peekable();
-    let mut active: Option<(Fault, u64, Duration)> = None;
-    while rec.elapsed() < setup.duration {
-        for h in &mut cluster.hosts {
-            if let Some(how) = h.ended_by_itself() {
-                let msg = format!("node {} ended by itself: {how}", h.id);
-                trace.event("crashed by itself", &msg);
-                findings.push(msg);
-            }
-        }
-        let now = rec.elapsed();
-        if let Some((fault, node, until)) = &active
-            && now >= *until
-        {
-            heal(cluster, fault, *node)?;
-            trace.event("heal", fault);
-            active = None;
-        }
-        if active.is_none()
-            && let Some(p) = next.next_if(|p| now >= Duration::from_millis(p.at_ms))
-        {
-            let node = match p.fault.target() {
-                Some(Target::Node(n)) => n,
-                Some(Target::LeaderOf(q)) => {
-                    qq_chaos::probes::current_leader(&clients, workload::QUEUES[q])
-                        .await
-                        .unwrap_or(1)
-                }
-                None => 0,
-            };
-            strike(cluster, &p.fault, node, p.length_ms)?;
-            trace.event(
-                "strike",
-                serde_json::json!({ "fault": p.fault, "node": node, "length_ms": p.length_ms }),
-            );
-            active = Some((p.fault, node, now + Duration::from_millis(p.length_ms)));
-        }
-        sleep(Duration::from_millis(50)).await;
-    }
-    if let Some((fault, node, _)) = active.take() {
-        heal(cluster, &fault, node)?;
-        trace.event("heal", fault);
-    }
+    let mut findings = under_faults(cluster, plan, &clients, &rec, trace).await?;
     session.stop_publishing();
-    cluster.heal_links();
+    cluster.heal_all()?;
+    trace.event("healed everything", ());
     let mut checks = vec![session.healthy().await];
+    checks.push(idle::check(&clients, plan.idle_queues).await);
     session.finish_publishers().await;
     trace.event("publishers done", rec.confirmed_count());
     checks.extend(session.drain().await);
@@ -288,56 +205,49 @@ async fn exercise(
     Ok(verdict)
 }
 
-/// Injects `fault` on `node` (its resolved target).
-fn strike(cluster: &mut Cluster, fault: &Fault, node: u64, length_ms: u64) -> anyhow::Result<()> {
-    let w = cluster.weather;
-    let blocked = Link { blocked: true, ..w };
-    match *fault {
-        Fault::Isolate { .. } => cluster.links_of(node, true, true, blocked),
-        Fault::MuteOutgoing { .. } => cluster.links_of(node, true, false, blocked),
-        Fault::DeafIncoming { .. } => cluster.links_of(node, false, true, blocked),
-        Fault::Bridge { a, b } => {
-            cluster.net.set_link(a, b, blocked);
-            cluster.net.set_link(b, a, blocked);
-        }
-        Fault::Delay {
-            delay_ms,
-            jitter_ms,
-            ..
-        } => cluster.links_of(
-            node,
-            true,
-            true,
-            Link {
-                delay_ms: w.delay_ms + delay_ms,
-                jitter_ms: w.jitter_ms + jitter_ms,
-                ..w
-            },
-        ),
-        Fault::Loss { loss_pct, .. } => cluster.links_of(node, true, true, Link { loss_pct, ..w }),
-        Fault::Reset { .. } => {
-            for other in cluster.ids() {
-                if other != node {
-                    cluster.net.cut(node, other);
-                }
+/// The plan's faults, each struck when its time comes and healed when its window ends, while
+/// the workload runs; returns the nodes that ended by themselves meanwhile.
+async fn under_faults(
+    cluster: &mut Cluster,
+    plan: &Plan,
+    clients: &[qq_client::Client],
+    rec: &Recorder,
+    trace: &mut Trace,
+) -> anyhow::Result<Vec<String>> {
+    let mut findings = Vec::new();
+    let mut next = plan.faults.iter().peekable();
+    let run = Duration::from_millis(plan.run_ms);
+    while rec.elapsed() < run {
+        for h in &mut cluster.hosts {
+            if let Some(how) = h.ended_by_itself() {
+                let msg = format!("node {} ended by itself: {how}", h.id);
+                trace.event("ended by itself", &msg);
+                findings.push(msg);
             }
         }
-        Fault::Crash { .. } => {
-            let host = cluster.host(node);
-            // Ending a node joins its thread: not on a worker the clients need.
-            let _ = tokio::task::block_in_place(|| host.crash());
+        for healed in cluster.heal_due(rec.elapsed())? {
+            trace.event(
+                "heal",
+                serde_json::json!({ "fault": healed.fault, "node": healed.node }),
+            );
         }
-        Fault::Pause { .. } => cluster.host(node).pause(Duration::from_millis(length_ms)),
+        let now = rec.elapsed();
+        while let Some(p) = next.next_if(|p| now >= Duration::from_millis(p.at_ms)) {
+            let node = match p.fault.target() {
+                Some(Target::Node(n)) => n,
+                Some(Target::LeaderOf(q)) => current_leader(clients, workload::QUEUES[q])
+                    .await
+                    .unwrap_or(1),
+                None => 0,
+            };
+            let until = Duration::from_millis(p.at_ms + p.length_ms);
+            let did = cluster.strike(p.fault, node, now, until);
+            trace.event(
+                "strike",
+                serde_json::json!({ "fault": p.fault, "node": node, "length_ms": p.length_ms, "did": did }),
+            );
+        }
+        sleep(Duration::from_millis(50)).await;
     }
-    Ok(())
-}
-
-/// Undoes `fault` on `node`.
-fn heal(cluster: &mut Cluster, fault: &Fault, node: u64) -> anyhow::Result<()> {
-    cluster.heal_links();
-    if let Fault::Crash { .. } = fault {
-        let net = cluster.net.clone();
-        cluster.host(node).start(&net)?;
-    }
-    Ok(())
+    Ok(findings)
 }

@@ -303,6 +303,10 @@ pub(crate) async fn cluster_status_of(api: &Api, caller: &Caller) -> pb::Cluster
         .filter(|q| api.auth.may_see(&state, caller, &q.vhost))
         .map(|q| {
             let local = registry.local_queue_info(q.id, false, true);
+            let broken = match registry.local_invariants(q.id) {
+                Some(Err(e)) => e,
+                _ => String::new(),
+            };
             pb::QueueLeader {
                 vhost: q.vhost.clone(),
                 name: q.name.clone(),
@@ -312,6 +316,7 @@ pub(crate) async fn cluster_status_of(api: &Api, caller: &Caller) -> pb::Cluster
                 local_last_applied: local.as_ref().map(|l| l.last_applied).unwrap_or(0),
                 local_state_digest: local.as_ref().map(|l| l.digest).unwrap_or(0),
                 local_term: local.as_ref().map(|l| l.term).unwrap_or(0),
+                local_invariant_error: broken,
             }
         })
         .collect();

@@ -625,6 +625,13 @@ impl Registry {
         Some(info)
     }
 
+    /// Whether this node's replica of `group` keeps the queue state's invariants (None when it
+    /// has no loaded replica). Linear in the messages: for the operator's `ClusterStatus`.
+    pub fn local_invariants(&self, group: GroupId) -> Option<Result<(), String>> {
+        let state = self.replica(group)?.machine().with_state(|s| s.clone());
+        Some(state.check_invariants())
+    }
+
     /// The ready messages at positions `offset..offset + limit`, if this node leads the queue,
     /// cut at [`MAX_BROWSE_BYTES`]. Positions are read under the state's lock, bodies after
     /// it: a message taken in between has no body any more and is left out.
