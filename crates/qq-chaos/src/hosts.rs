@@ -658,3 +658,9 @@ impl Drop for Hosts {
         self.destroy();
     }
 }
+
+impl qq_chaos::membership::Spare for Hosts {
+    fn stop_spare(&mut self, id: u64) -> impl Future<Output = anyhow::Result<String>> + Send {
+        Hosts::stop_spare(self, id)
+    }
+}

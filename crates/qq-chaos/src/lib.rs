@@ -8,6 +8,7 @@
 
 pub mod checker;
 pub mod idle;
+pub mod membership;
 pub mod probes;
 pub mod replicas;
 pub mod session;

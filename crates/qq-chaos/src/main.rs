@@ -19,12 +19,11 @@
 
 mod args;
 mod hosts;
-mod membership;
 mod nemesis;
 mod outcome;
 mod report;
 
-use qq_chaos::{checker, idle, probes, replicas, workload};
+use qq_chaos::{checker, idle, membership, probes, replicas, workload};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -441,10 +440,15 @@ async fn chaos(
                 struck + fault.length
             };
             if let Some(id) = applied.spare {
+                let at = membership::SpareAt {
+                    address: hosts::address(hosts::SPARE_HOST),
+                    cluster_address: hosts::cluster_address(hosts::SPARE_HOST),
+                };
                 strike = Some(membership::Strike::begin(
                     clients.clone(),
                     rec.clone(),
                     id,
+                    at,
                     applied.shrink_first,
                     start_ms,
                 ));

@@ -1,8 +1,8 @@
 //! The membership nemesis: the cluster's membership changed under load the way an operator
 //! changes it, through the public admin RPCs only.
 //!
-//! One strike, on a spare node started empty on the spare host ([`crate::hosts::SPARE_HOST`])
-//! with a new id (a forgotten id never joins again):
+//! One strike, on a spare node started empty by the runner (qq-chaos: on its spare host; qq-sim:
+//! in its process) with a new id (a forgotten id never joins again):
 //!
 //! 1. `start`: the node runs, configured with the founders and itself; it serves nothing yet.
 //! 2. `join`: `JoinNode` through a founder (the node becomes a metadata voter).
@@ -37,8 +37,21 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 use tonic::Code;
 
-use crate::hosts::{self, Hosts};
 use crate::workload::{self, Recorder};
+
+/// Where the runner started the spare node: its client and cluster addresses.
+#[derive(Clone, Debug)]
+pub struct SpareAt {
+    pub address: String,
+    pub cluster_address: String,
+}
+
+/// The runner's side of the spare: stopping it.
+pub trait Spare {
+    /// Stops spare node `id` as SIGTERM does and waits until it has ended; says how it ended,
+    /// or why it had to be killed.
+    fn stop_spare(&mut self, id: u64) -> impl Future<Output = anyhow::Result<String>> + Send;
+}
 
 /// How long one step (with its retries) may take. A grow adds four replicas one after another
 /// and each waits for its learner to catch up under load.
@@ -110,12 +123,12 @@ pub struct Strike {
 }
 
 impl Strike {
-    /// Begins a strike on spare node `id`, which [`Hosts::start_spare`] started at
-    /// `start_ms` (`started_ok`: whether that worked).
+    /// Begins a strike on spare node `id`, which the runner started `at` at `start_ms`.
     pub fn begin(
         founders: Arc<Vec<Client>>,
         rec: Arc<Recorder>,
         id: u64,
+        at: SpareAt,
         shrink_first: bool,
         start_ms: u64,
     ) -> Strike {
@@ -123,7 +136,7 @@ impl Strike {
         started.ok = true;
         started.detail = format!(
             "on {}, empty data directory; leaves by {}",
-            hosts::address(hosts::SPARE_HOST),
+            at.address,
             if shrink_first {
                 "shrink, stop, forget"
             } else {
@@ -131,7 +144,7 @@ impl Strike {
             }
         );
         started.print();
-        let joining = tokio::spawn(join_and_grow(founders, rec, id));
+        let joining = tokio::spawn(join_and_grow(founders, rec, id, at));
         Strike {
             id,
             shrink_first,
@@ -142,7 +155,12 @@ impl Strike {
 
     /// Ends the strike: waits for the join and grow, then shrinks (if chosen), stops and
     /// forgets the spare. Returns every step, the failed ones included.
-    pub async fn finish(self, hosts: &mut Hosts, founders: &[Client], rec: &Recorder) -> Vec<Step> {
+    pub async fn finish(
+        self,
+        spare: &mut impl Spare,
+        founders: &[Client],
+        rec: &Recorder,
+    ) -> Vec<Step> {
         let mut steps = vec![self.started];
         match self.joining.await {
             Ok(s) => steps.extend(s),
@@ -153,7 +171,7 @@ impl Strike {
                 steps.push(failed);
             }
         }
-        steps.extend(retire(hosts, founders, rec, self.id, self.shrink_first).await);
+        steps.extend(retire(spare, founders, rec, self.id, self.shrink_first).await);
         steps
     }
 }
@@ -261,10 +279,17 @@ fn check_changes(
 }
 
 /// Steps 2-4: join, grow, caught up.
-async fn join_and_grow(founders: Arc<Vec<Client>>, rec: Arc<Recorder>, id: u64) -> Vec<Step> {
+async fn join_and_grow(
+    founders: Arc<Vec<Client>>,
+    rec: Arc<Recorder>,
+    id: u64,
+    at: SpareAt,
+) -> Vec<Step> {
     let mut steps = Vec::new();
-    let address = hosts::address(hosts::SPARE_HOST);
-    let cluster_address = hosts::cluster_address(hosts::SPARE_HOST);
+    let SpareAt {
+        address,
+        cluster_address,
+    } = at;
 
     let mut join = Step::new(id, "join", rec.now_ms(), &rec);
     let joined = attempts(&mut join, &founders, &rec, |c, _| {
@@ -314,7 +339,7 @@ async fn join_and_grow(founders: Arc<Vec<Client>>, rec: Arc<Recorder>, id: u64) 
         return steps;
     }
 
-    let caught = caught_up(&founders, &rec, id).await;
+    let caught = caught_up(&founders, &rec, id, &address).await;
     caught.print();
     steps.push(caught);
     steps
@@ -322,7 +347,7 @@ async fn join_and_grow(founders: Arc<Vec<Client>>, rec: Arc<Recorder>, id: u64) 
 
 /// Step 4: the spare's replicas reach the applied index each queue's leader reported once
 /// grow had answered.
-async fn caught_up(founders: &[Client], rec: &Recorder, id: u64) -> Step {
+async fn caught_up(founders: &[Client], rec: &Recorder, id: u64, address: &str) -> Step {
     let mut step = Step::new(id, "caught-up", rec.now_ms(), rec);
     let mut target = Vec::new();
     for q in workload::QUEUES {
@@ -340,7 +365,7 @@ async fn caught_up(founders: &[Client], rec: &Recorder, id: u64) -> Step {
         };
         target.push((q, applied));
     }
-    let spare = match Client::connect_lazy(&hosts::address(hosts::SPARE_HOST)) {
+    let spare = match Client::connect_lazy(address) {
         Ok(c) => c,
         Err(e) => {
             step.detail = format!("client for the spare: {e}");
@@ -388,7 +413,7 @@ async fn caught_up(founders: &[Client], rec: &Recorder, id: u64) -> Step {
 
 /// Steps 5-8: shrink (if chosen), stop, forget, settled.
 async fn retire(
-    hosts: &mut Hosts,
+    spare: &mut impl Spare,
     founders: &[Client],
     rec: &Recorder,
     id: u64,
@@ -420,7 +445,7 @@ async fn retire(
     }
 
     let mut stop = Step::new(id, "stop", rec.now_ms(), rec);
-    match hosts.stop_spare(id).await {
+    match spare.stop_spare(id).await {
         Ok(how) => {
             stop.ok = true;
             stop.detail = format!("SIGTERM: {how}");

@@ -158,7 +158,7 @@ impl Host {
                 let subscriber = tracing_subscriber::fmt()
                     .with_env_filter(
                         tracing_subscriber::EnvFilter::try_from_env("QQ_SIM_NODE_LOG")
-                            .unwrap_or_else(|_| "info".into()),
+                            .unwrap_or_else(|_| "info,openraft=error".into()),
                     )
                     .with_ansi(false)
                     .with_writer(std::sync::Mutex::new(log))

@@ -15,8 +15,10 @@
 //! So a failing seed replays the same faults, not the same schedule of every task
 //! (docs/simulation.md).
 
+pub mod churn;
 pub mod faults;
 pub mod host;
 pub mod net;
+pub mod operator;
 pub mod run;
 pub mod schedule;

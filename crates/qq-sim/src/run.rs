@@ -6,6 +6,7 @@
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -17,9 +18,11 @@ use qq_chaos::workload::{self, Protocol, Recorder};
 use serde::Serialize;
 use tokio::time::sleep;
 
+use crate::churn;
 use crate::faults::Cluster;
 use crate::host::{Host, NodeSetup};
 use crate::net::{Link, NetStats, SimNet};
+use crate::operator::Operator;
 use crate::schedule::{self, Plan, Target};
 
 /// Publishes in flight per publisher and queue (as the chaos runner).
@@ -92,15 +95,25 @@ pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
     let mut trace = Trace::create(&dir.join("trace.jsonl"), &plan)?;
     let net = SimNet::new(setup.seed);
     let ids: Vec<u64> = (1..=setup.nodes).collect();
-    let listens = Host::listen_addresses(ids.len())?;
+    // One more id and port for the spare of a membership change.
+    let all: Vec<u64> = (1..=setup.nodes + 1).collect();
+    let listens = Host::listen_addresses(all.len())?;
+    let node_setup = |skew_ms| NodeSetup {
+        skew_ms,
+        snapshot_after_entries: plan.snapshot_after_entries,
+    };
     let mut hosts = Vec::new();
     for (i, id) in ids.iter().enumerate() {
-        let node = NodeSetup {
-            skew_ms: plan.skew_ms[i],
-            snapshot_after_entries: plan.snapshot_after_entries,
-        };
+        let node = node_setup(plan.skew_ms[i]);
         hosts.push(Host::create(&dir, *id, &ids, &listens, node)?);
     }
+    let operator = match plan.membership {
+        Some(m) => {
+            let spare = Host::create(&dir, setup.nodes + 1, &all, &listens, node_setup(0))?;
+            Some(Operator::new(m, spare))
+        }
+        None => None,
+    };
     let weather = Link {
         delay_ms: plan.weather.delay_ms,
         jitter_ms: plan.weather.jitter_ms,
@@ -110,7 +123,7 @@ pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
     for h in &mut cluster.hosts {
         h.start(&net)?;
     }
-    let result = exercise(&mut cluster, setup, &plan, &mut trace).await;
+    let result = exercise(&mut cluster, operator, setup, &plan, &mut trace).await;
     let verdict = match result {
         Ok(v) => v,
         Err(e) => {
@@ -149,7 +162,7 @@ pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
     )?;
     if ok {
         // The node directories of a passing seed are not needed again.
-        for id in ids {
+        for id in all {
             let _ = std::fs::remove_dir_all(dir.join(format!("node{id}")));
         }
     }
@@ -159,6 +172,7 @@ pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
 /// The workload under the plan's faults, then the checks.
 async fn exercise(
     cluster: &mut Cluster,
+    mut operator: Option<Operator>,
     setup: &Setup,
     plan: &Plan,
     trace: &mut Trace,
@@ -178,13 +192,22 @@ async fn exercise(
         PUBLISH_CONCURRENCY,
     );
     let rec = session.rec.clone();
+    let churn_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = tokio::spawn(churn::run(clients.clone(), churn_stop.clone()));
 
-    let mut findings = under_faults(cluster, plan, &clients, &rec, trace).await?;
+    let mut findings =
+        under_faults(cluster, operator.as_mut(), plan, &clients, &rec, trace).await?;
     session.stop_publishing();
+    churn_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     cluster.heal_all()?;
     trace.event("healed everything", ());
     let mut checks = vec![session.healthy().await];
     checks.push(idle::check(&clients, plan.idle_queues).await);
+    checks.push(churn.await?);
+    if let Some(operator) = operator {
+        checks.push(operator.finish(&clients, &rec).await);
+        trace.event("membership change over", ());
+    }
     session.finish_publishers().await;
     trace.event("publishers done", rec.confirmed_count());
     checks.extend(session.drain().await);
@@ -209,9 +232,10 @@ async fn exercise(
 /// the workload runs; returns the nodes that ended by themselves meanwhile.
 async fn under_faults(
     cluster: &mut Cluster,
+    mut operator: Option<&mut Operator>,
     plan: &Plan,
-    clients: &[qq_client::Client],
-    rec: &Recorder,
+    clients: &Arc<Vec<qq_client::Client>>,
+    rec: &Arc<Recorder>,
     trace: &mut Trace,
 ) -> anyhow::Result<Vec<String>> {
     let mut findings = Vec::new();
@@ -232,11 +256,18 @@ async fn under_faults(
             );
         }
         let now = rec.elapsed();
+        if let Some(op) = operator.as_deref_mut()
+            && let Some(did) = op.tick(now, &cluster.net, clients, rec)?
+        {
+            trace.event("membership", did);
+        }
         while let Some(p) = next.next_if(|p| now >= Duration::from_millis(p.at_ms)) {
             let node = match p.fault.target() {
                 Some(Target::Node(n)) => n,
+                // A founder: a queue led by the spare (or by nobody now) strikes node 1.
                 Some(Target::LeaderOf(q)) => current_leader(clients, workload::QUEUES[q])
                     .await
+                    .filter(|l| cluster.ids().contains(l))
                     .unwrap_or(1),
                 None => 0,
             };

@@ -84,6 +84,17 @@ pub struct Weather {
     pub jitter_ms: u64,
 }
 
+/// An operator's membership change under the faults: a spare node (id `nodes + 1`, empty)
+/// starts at `at_ms`, joins and is grown onto every queue; at `at_ms + length_ms` it is shrunk
+/// off (or not: forget deletes its replicas), stopped and forgotten (qq-chaos's membership
+/// strike, steps and checks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Membership {
+    pub at_ms: u64,
+    pub length_ms: u64,
+    pub shrink_first: bool,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Plan {
     pub seed: u64,
@@ -98,6 +109,8 @@ pub struct Plan {
     /// The nodes' `snapshot_after_entries`: small, so that snapshots are cut and installed
     /// (on a node that missed entries the leader no longer has) during the run.
     pub snapshot_after_entries: u64,
+    /// Half the seeds change the membership once.
+    pub membership: Option<Membership>,
     pub faults: Vec<Planned>,
 }
 
@@ -115,6 +128,13 @@ pub fn plan(seed: u64, nodes: u64, run: Duration, queues: usize) -> Plan {
     let idle_queues = rng.random_range(5..=40);
     let snapshot_after_entries = rng.random_range(100..=1_000);
     let run_ms = run.as_millis() as u64;
+    let membership = rng.random_bool(0.5).then(|| Membership {
+        at_ms: rng.random_range(
+            WARM_UP.as_millis() as u64..=(run_ms / 3).max(WARM_UP.as_millis() as u64),
+        ),
+        length_ms: run_ms / 3,
+        shrink_first: rng.random_bool(0.5),
+    });
     let mut faults = Vec::new();
     let mut at = WARM_UP.as_millis() as u64;
     // When each fault under way ends.
@@ -145,6 +165,7 @@ pub fn plan(seed: u64, nodes: u64, run: Duration, queues: usize) -> Plan {
         skew_ms,
         idle_queues,
         snapshot_after_entries,
+        membership,
         faults,
     }
 }

@@ -1,0 +1,179 @@
+//! Topology under the faults: queues declared, filled, checked and deleted one after another,
+//! under a policy that changes with every queue, while the partitions, crashes and pauses
+//! strike. It exercises what the steady workload never does: metadata changes (declares,
+//! deletes, policies) racing leader changes, new queue groups formed and removed under faults,
+//! and the leaders' policy sync.
+//!
+//! One cycle, on queue `sim.churn.<n>` through node `n mod nodes`:
+//! 1. set policy `sim-churn` (pattern `^sim\.churn\.`) to `max-length = 100 000 + n`;
+//! 2. declare the queue;
+//! 3. publish [`MESSAGES`] messages, each with a publisher id and sequence (a retry after a
+//!    lost answer is stored once);
+//! 4. read the queue until it holds exactly [`MESSAGES`] messages and its effective
+//!    `max_length` is the policy's (more is a message stored twice; fewer for good, a lost
+//!    confirmed message; another limit, a policy that did not reach the queue's leader);
+//! 5. delete it, and read it back as NOT_FOUND.
+//!
+//! Every step is retried through the next node while the cluster cannot serve it (any error but
+//! a refusal that names the request), each try bounded, until the step's limit. A cycle that
+//! cannot finish a step fails the seed's "topology changes under faults" check.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use qq_chaos::checker::Check;
+use qq_client::{Client, MessageBuilder, PublishRequest, Value, ValueExt};
+use tokio::time::{Instant, sleep, timeout};
+use tonic::Code;
+
+/// Messages per queue.
+pub const MESSAGES: u64 = 20;
+/// How long one try may take.
+const TRY_LIMIT: Duration = Duration::from_secs(5);
+/// How long a step may keep retrying (faults last up to 6 s, two at once, and elections follow).
+const STEP_LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs cycles until `stop`, then finishes the one under way; returns the check.
+pub async fn run(clients: Arc<Vec<Client>>, stop: Arc<AtomicBool>) -> Check {
+    let mut done = 0u64;
+    let mut failures = Vec::new();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        match cycle(&clients, n).await {
+            Ok(()) => done += 1,
+            Err(e) => failures.push(format!("sim.churn.{n}: {e}")),
+        }
+        sleep(Duration::from_millis(200)).await;
+    }
+    Check::all_clear(
+        "topology changes under faults (declare, policy, publish, count, delete)",
+        failures,
+        format!("{done} queues declared, filled, checked and deleted"),
+    )
+}
+
+async fn cycle(clients: &[Client], n: u64) -> Result<(), String> {
+    let q = format!("sim.churn.{n}");
+    let limit = 100_000 + n;
+    let definition = HashMap::from([("max-length".to_string(), Value::long(limit as i64))]);
+    step(clients, n, "set policy", |c| {
+        let definition = definition.clone();
+        async move {
+            c.set_policy("sim-churn", "^sim\\.churn\\.", "queues", 0, definition)
+                .await
+        }
+    })
+    .await?;
+    step(clients, n, "declare", |c| {
+        let q = q.clone();
+        async move { c.declare_queue(&q, HashMap::new()).await.map(|_| ()) }
+    })
+    .await?;
+    let publisher_id = format!("sim-churn-{n}-{}", std::process::id());
+    for seq in 1..=MESSAGES {
+        step(clients, n + seq, "publish", |c| {
+            let req = PublishRequest {
+                routing_key: q.clone(),
+                message: Some(MessageBuilder::new(format!("{q}:{seq}")).build()),
+                publisher_id: publisher_id.clone(),
+                publisher_seq: seq,
+                ..Default::default()
+            };
+            async move { c.publish_with(req).await.map(|_| ()) }
+        })
+        .await?;
+    }
+    // The queue's leader answers GetQueue: its counts are exact; retry until they settle.
+    let deadline = Instant::now() + STEP_LIMIT;
+    loop {
+        let c = &clients[(n as usize) % clients.len()];
+        let last = match timeout(TRY_LIMIT, c.get_queue(&q)).await {
+            Ok(Ok(info)) => {
+                let max = info.effective.as_ref().and_then(|e| e.max_length);
+                if info.messages > MESSAGES {
+                    return Err(format!(
+                        "{} messages after {MESSAGES} confirmed",
+                        info.messages
+                    ));
+                }
+                if info.messages == MESSAGES && max == Some(limit) {
+                    break;
+                }
+                format!(
+                    "{} messages, max_length {max:?} (policy {limit})",
+                    info.messages
+                )
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "timed out".into(),
+        };
+        if Instant::now() >= deadline {
+            return Err(format!("count: after {STEP_LIMIT:?}: {last}"));
+        }
+        sleep(Duration::from_millis(300)).await;
+    }
+    step(clients, n, "delete", |c| {
+        let q = q.clone();
+        async move {
+            match c.delete_queue(&q, false, false).await {
+                // A retry of a delete that went through.
+                Err(e) if e.code() == Code::NotFound => Ok(()),
+                other => other.map(|_| ()),
+            }
+        }
+    })
+    .await?;
+    match timeout(TRY_LIMIT, clients[0].get_queue(&q)).await {
+        Ok(Err(e)) if e.code() == Code::NotFound => Ok(()),
+        Ok(Ok(_)) => Err("still there after its delete".into()),
+        other => step(clients, n, "read back the delete", |c| {
+            let q = q.clone();
+            async move {
+                match c.get_queue(&q).await {
+                    Err(e) if e.code() == Code::NotFound => Ok(()),
+                    Ok(_) => Err(tonic::Status::failed_precondition("still there").into()),
+                    Err(e) => Err(e),
+                }
+            }
+        })
+        .await
+        .map_err(|e| format!("{e} (first answer: {other:?})")),
+    }
+}
+
+/// Whether an error is the cluster's to resolve (retry) rather than a refusal of the request.
+fn retryable(code: Code) -> bool {
+    !matches!(
+        code,
+        Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::PermissionDenied
+    )
+}
+
+/// Runs `op` through node `start`, then the next, ... until it succeeds, fails for good or the
+/// step's limit passes.
+async fn step<F, Fut>(clients: &[Client], start: u64, what: &str, op: F) -> Result<(), String>
+where
+    F: Fn(Client) -> Fut,
+    Fut: Future<Output = qq_client::Result<()>>,
+{
+    let deadline = Instant::now() + STEP_LIMIT;
+    let mut i = start as usize;
+    loop {
+        let c = clients[i % clients.len()].clone();
+        let last = match timeout(TRY_LIMIT, op(c)).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) if !retryable(e.code()) => return Err(format!("{what}: {e}")),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "timed out".to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(format!("{what}: after {STEP_LIMIT:?}: {last}"));
+        }
+        i += 1;
+        sleep(Duration::from_millis(200)).await;
+    }
+}
