@@ -120,17 +120,22 @@ chaos-upgrade: deps build previous-release
 # The cluster simulator (qq-sim, docs/simulation.md): three nodes in one process on a simulated
 # network, under a plan of faults drawn from a seed (partitions, one-way cuts, bridges, delay,
 # loss, resets, crashes, pauses, clock skew), with the chaos workload and checks. No root needed.
-# `make sim` runs SEEDS new seeds (from FIRST_SEED, default: the time); a failing seed prints the
+# `make sim` runs SEEDS new seeds (from FIRST_SEED, default: the time; PROTOCOL=amqp for the AMQP
+# workload); a failing seed prints the
 # command that replays it. `make sim-short`, part of `make test`, runs the regression seeds in
-# crates/qq-sim/seeds.txt (about 45 s each). Traces and reports go to .qq-sim/.
+# crates/qq-sim/seeds.txt (about 50 s each), the first of them again over AMQP 0-9-1. Traces and
+# reports go to .qq-sim/.
 QQ_SIM_BIN ?= $(CARGO_TARGET_DIR)/debug/qq-sim
 SEEDS ?= 10
 SIM_DURATION ?= 30
 sim: deps build
-	$(QQ_SIM_BIN) --seeds $(SEEDS) --duration $(SIM_DURATION) $(if $(FIRST_SEED),--first-seed $(FIRST_SEED))
+	$(QQ_SIM_BIN) --seeds $(SEEDS) --duration $(SIM_DURATION) $(if $(FIRST_SEED),--first-seed $(FIRST_SEED)) \
+		$(if $(PROTOCOL),--protocol $(PROTOCOL))
 
+SIM_SEEDS = $$(grep -o '^[0-9]\+' crates/qq-sim/seeds.txt | paste -sd, -)
 sim-short: deps build
-	$(QQ_SIM_BIN) --duration $(SIM_DURATION) --seed-list $$(grep -o '^[0-9]\+' crates/qq-sim/seeds.txt | paste -sd, -)
+	$(QQ_SIM_BIN) --duration $(SIM_DURATION) --seed-list $(SIM_SEEDS)
+	$(QQ_SIM_BIN) --duration $(SIM_DURATION) --protocol amqp --seed-list $$(grep -o '^[0-9]\+' crates/qq-sim/seeds.txt | head -1)
 
 # The AMQP differential test: the scripted sessions of tests/amqp/diff.py against the local
 # cluster (`make cluster` first), compared field by field with RabbitMQ 3.10's recorded

@@ -7,6 +7,7 @@
 //! re-exports it as `qq_node::clock::Clock`, whose module documentation says who holds it and
 //! what stays outside it.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
@@ -21,11 +22,25 @@ pub struct Clock {
 enum Source {
     /// The system's wall clock and tokio's instant.
     System,
-    /// Wall time as tokio's instant moves: `epoch_ms_at_start + (now - start)`.
+    /// Wall time as tokio's instant moves: `epoch_ms_at_start + (now - start)`, plus the
+    /// jump a simulator set (if it holds one: [`Clock::jumpable`]).
     Simulated {
         start: Instant,
         epoch_ms_at_start: u64,
+        jump_ms: Option<&'static AtomicI64>,
     },
+}
+
+/// The simulator's hold on a node's wall clock: [`WallJump::set`] moves it (forward or back)
+/// by that many milliseconds from where it would be, until set again. The monotonic reading
+/// ([`Clock::now`]) never jumps, as a real system's does not.
+#[derive(Clone, Copy, Debug)]
+pub struct WallJump(&'static AtomicI64);
+
+impl WallJump {
+    pub fn set(&self, ms: i64) {
+        self.0.store(ms, Ordering::Relaxed);
+    }
 }
 
 impl Clock {
@@ -43,8 +58,24 @@ impl Clock {
             source: Source::Simulated {
                 start: Instant::now(),
                 epoch_ms_at_start,
+                jump_ms: None,
             },
         }
+    }
+
+    /// A simulated clock (as [`Clock::simulated`]) whose wall time the returned [`WallJump`]
+    /// can move. For the cluster simulator: each call keeps a few bytes for the life of the
+    /// process (the clock is `Copy`, so the jump it reads is `'static`).
+    pub fn jumpable(epoch_ms_at_start: u64) -> (Clock, WallJump) {
+        let jump: &'static AtomicI64 = Box::leak(Box::new(AtomicI64::new(0)));
+        let clock = Clock {
+            source: Source::Simulated {
+                start: Instant::now(),
+                epoch_ms_at_start,
+                jump_ms: Some(jump),
+            },
+        };
+        (clock, WallJump(jump))
     }
 
     /// Milliseconds since the Unix epoch (0 if the system clock is before it).
@@ -57,9 +88,12 @@ impl Clock {
             Source::Simulated {
                 start,
                 epoch_ms_at_start,
+                jump_ms,
             } => {
                 let since = Instant::now().saturating_duration_since(start);
-                epoch_ms_at_start.saturating_add(since.as_millis() as u64)
+                let ms = epoch_ms_at_start.saturating_add(since.as_millis() as u64);
+                let jump = jump_ms.map_or(0, |j| j.load(Ordering::Relaxed));
+                ms.saturating_add_signed(jump)
             }
         }
     }
@@ -94,6 +128,25 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1_500)).await;
         assert_eq!(clock.now_ms(), 1_001_500);
         assert_eq!(clock.elapsed(start), Duration::from_millis(1_500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_jump_moves_wall_time_only() {
+        let (clock, jump) = Clock::jumpable(1_000_000);
+        let start = clock.now();
+        jump.set(-5_000);
+        assert_eq!(clock.now_ms(), 995_000);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(clock.now_ms(), 995_100);
+        assert_eq!(
+            clock.elapsed(start),
+            Duration::from_millis(100),
+            "monotonic: no jump"
+        );
+        jump.set(2_000);
+        assert_eq!(clock.now_ms(), 1_002_100);
+        jump.set(0);
+        assert_eq!(clock.now_ms(), 1_000_100);
     }
 
     #[test]

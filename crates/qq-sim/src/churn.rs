@@ -73,11 +73,18 @@ async fn cycle(clients: &[Client], n: u64) -> Result<(), String> {
         async move { c.declare_queue(&q, HashMap::new()).await.map(|_| ()) }
     })
     .await?;
+    fill(clients, n, &q).await?;
+    count(clients, n, &q, limit).await?;
+    remove(clients, n, &q).await
+}
+
+/// Publishes the queue's [`MESSAGES`], each confirmed, with one publisher id.
+async fn fill(clients: &[Client], n: u64, q: &str) -> Result<(), String> {
     let publisher_id = format!("sim-churn-{n}-{}", std::process::id());
     for seq in 1..=MESSAGES {
         step(clients, n + seq, "publish", |c| {
             let req = PublishRequest {
-                routing_key: q.clone(),
+                routing_key: q.to_string(),
                 message: Some(MessageBuilder::new(format!("{q}:{seq}")).build()),
                 publisher_id: publisher_id.clone(),
                 publisher_seq: seq,
@@ -87,11 +94,16 @@ async fn cycle(clients: &[Client], n: u64) -> Result<(), String> {
         })
         .await?;
     }
-    // The queue's leader answers GetQueue: its counts are exact; retry until they settle.
+    Ok(())
+}
+
+/// Reads the queue until it holds exactly [`MESSAGES`] and the policy's `limit` is effective.
+/// The queue's leader answers GetQueue, so its counts are exact; more is a failure at once.
+async fn count(clients: &[Client], n: u64, q: &str, limit: u64) -> Result<(), String> {
     let deadline = Instant::now() + STEP_LIMIT;
     loop {
         let c = &clients[(n as usize) % clients.len()];
-        let last = match timeout(TRY_LIMIT, c.get_queue(&q)).await {
+        let last = match timeout(TRY_LIMIT, c.get_queue(q)).await {
             Ok(Ok(info)) => {
                 let max = info.effective.as_ref().and_then(|e| e.max_length);
                 if info.messages > MESSAGES {
@@ -101,7 +113,7 @@ async fn cycle(clients: &[Client], n: u64) -> Result<(), String> {
                     ));
                 }
                 if info.messages == MESSAGES && max == Some(limit) {
-                    break;
+                    return Ok(());
                 }
                 format!(
                     "{} messages, max_length {max:?} (policy {limit})",
@@ -116,33 +128,27 @@ async fn cycle(clients: &[Client], n: u64) -> Result<(), String> {
         }
         sleep(Duration::from_millis(300)).await;
     }
-    step(clients, n, "delete", |c| {
-        let q = q.clone();
-        async move {
-            match c.delete_queue(&q, false, false).await {
-                // A retry of a delete that went through.
-                Err(e) if e.code() == Code::NotFound => Ok(()),
-                other => other.map(|_| ()),
-            }
+}
+
+/// Deletes the queue, then reads it until NOT_FOUND (a node's view of the metadata may trail
+/// the delete for a moment; still there after the step's limit is a failure).
+async fn remove(clients: &[Client], n: u64, q: &str) -> Result<(), String> {
+    step(clients, n, "delete", |c| async move {
+        match c.delete_queue(q, false, false).await {
+            // A retry of a delete that went through.
+            Err(e) if e.code() == Code::NotFound => Ok(()),
+            other => other.map(|_| ()),
         }
     })
     .await?;
-    match timeout(TRY_LIMIT, clients[0].get_queue(&q)).await {
-        Ok(Err(e)) if e.code() == Code::NotFound => Ok(()),
-        Ok(Ok(_)) => Err("still there after its delete".into()),
-        other => step(clients, n, "read back the delete", |c| {
-            let q = q.clone();
-            async move {
-                match c.get_queue(&q).await {
-                    Err(e) if e.code() == Code::NotFound => Ok(()),
-                    Ok(_) => Err(tonic::Status::failed_precondition("still there").into()),
-                    Err(e) => Err(e),
-                }
-            }
-        })
-        .await
-        .map_err(|e| format!("{e} (first answer: {other:?})")),
-    }
+    step(clients, n, "read back the delete", |c| async move {
+        match c.get_queue(q).await {
+            Err(e) if e.code() == Code::NotFound => Ok(()),
+            Ok(_) => Err(tonic::Status::failed_precondition("still there").into()),
+            Err(e) => Err(e),
+        }
+    })
+    .await
 }
 
 /// Whether an error is the cluster's to resolve (retry) rather than a refusal of the request.

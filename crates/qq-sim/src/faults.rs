@@ -79,6 +79,22 @@ impl Cluster {
             .expect("a node of the cluster")
     }
 
+    /// Every node's wall clock jumped by the clock jumps under way on it (summed).
+    fn apply_jumps(&mut self) {
+        for id in self.ids() {
+            let jump = self
+                .active
+                .iter()
+                .filter(|a| a.node == id)
+                .map(|a| match a.fault {
+                    Fault::ClockJump { jump_ms, .. } => jump_ms,
+                    _ => 0,
+                })
+                .sum();
+            self.host(id).set_jump(jump);
+        }
+    }
+
     /// Every link as the weather and the faults under way make it.
     fn apply_links(&self) {
         for from in self.ids() {
@@ -121,10 +137,12 @@ impl Cluster {
                 self.host(node).pause(length);
                 "paused".to_string()
             }
+            Fault::ClockJump { jump_ms, .. } => format!("wall clock {jump_ms:+} ms"),
             _ => "links changed".to_string(),
         };
         self.active.push(Active { fault, node, until });
         self.apply_links();
+        self.apply_jumps();
         what
     }
 
@@ -134,6 +152,7 @@ impl Cluster {
             self.active.drain(..).partition(|a| a.until <= now);
         self.active = kept;
         self.apply_links();
+        self.apply_jumps();
         for a in &due {
             self.restart_if_crashed(a)?;
         }
@@ -144,6 +163,7 @@ impl Cluster {
     pub fn heal_all(&mut self) -> anyhow::Result<()> {
         self.active.clear();
         self.apply_links();
+        self.apply_jumps();
         let net = self.net.clone();
         for h in &mut self.hosts {
             if !h.is_running() {

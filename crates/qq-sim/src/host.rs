@@ -23,6 +23,7 @@ use anyhow::Context;
 use clap::Parser;
 use qq_node::clock::Clock;
 use qq_node::config::{Args, Config};
+use qq_raft::clock::WallJump;
 use tokio::sync::oneshot;
 
 use crate::net::SimNet;
@@ -42,6 +43,8 @@ pub struct NodeSetup {
     /// How far this node's wall clock is off the others' (ms).
     pub skew_ms: i64,
     pub snapshot_after_entries: u64,
+    /// The AMQP listener's port (loopback).
+    pub amqp: SocketAddr,
 }
 
 /// One node's identity and files.
@@ -53,11 +56,16 @@ pub struct Host {
     log_path: PathBuf,
     /// How far this node's wall clock is off the others' (ms).
     pub skew_ms: i64,
+    /// The AMQP port (loopback).
+    pub amqp: SocketAddr,
+    /// How far its wall clock has jumped now (ms), on top of the skew.
+    jump_ms: i64,
     running: Option<Running>,
 }
 
 struct Running {
     end: oneshot::Sender<End>,
+    jump: WallJump,
     runtime: tokio::runtime::Handle,
     thread: JoinHandle<anyhow::Result<()>>,
 }
@@ -65,12 +73,6 @@ struct Running {
 /// The cluster address of node `id` on the simulated network (never a socket).
 pub fn cluster_addr(id: u64) -> SocketAddr {
     SocketAddr::from(([10, 77, 0, id as u8], 7000))
-}
-
-/// A free loopback port for a client listener.
-fn free_port() -> anyhow::Result<SocketAddr> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?)
 }
 
 impl Host {
@@ -101,11 +103,12 @@ impl Host {
         let text = format!(
             "node_id = {id}\nlisten = \"{listen}\"\ncluster_addr = \"{}\"\ndata_dir = \"{}\"\n\
              insecure_cluster = true\nmemory_high_watermark_bytes = {}\n\
-             snapshot_after_entries = {}\npeers = [{}]\n",
+             snapshot_after_entries = {}\namqp_addr = \"{}\"\npeers = [{}]\n",
             cluster_addr(id),
             data.display(),
             u64::MAX / 2,
             setup.snapshot_after_entries,
+            setup.amqp,
             peers.join(", ")
         );
         std::fs::write(&config_path, text)?;
@@ -115,13 +118,21 @@ impl Host {
             config_path,
             log_path: dir.join(format!("node{id}.log")),
             skew_ms: setup.skew_ms,
+            amqp: setup.amqp,
+            jump_ms: 0,
             running: None,
         })
     }
 
-    /// Client ports for `n` nodes.
-    pub fn listen_addresses(n: usize) -> anyhow::Result<Vec<SocketAddr>> {
-        (0..n).map(|_| free_port()).collect()
+    /// `n` distinct free loopback ports (all held until all are found, so none repeats).
+    pub fn free_ports(n: usize) -> anyhow::Result<Vec<SocketAddr>> {
+        let held = (0..n)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(held
+            .iter()
+            .map(|l| l.local_addr())
+            .collect::<Result<Vec<_>, _>>()?)
     }
 
     pub fn is_running(&self) -> bool {
@@ -149,6 +160,8 @@ impl Host {
             .append(true)
             .open(&self.log_path)
             .with_context(|| format!("open {}", self.log_path.display()))?;
+        let (clock, jump) = Clock::jumpable((wall + skew).max(0) as u64);
+        jump.set(self.jump_ms);
         let (end_tx, end_rx) = oneshot::channel();
         let (handle_tx, handle_rx) = std_mpsc::channel();
         let id = self.id;
@@ -168,7 +181,6 @@ impl Host {
                     .enable_all()
                     .build()?;
                 let _ = handle_tx.send(runtime.handle().clone());
-                let clock = Clock::simulated((wall + skew).max(0) as u64);
                 let (graceful_tx, graceful_rx) = oneshot::channel::<()>();
                 let ended = runtime.block_on(async move {
                     let node = qq_node::server::run(config, clock, transport, async move {
@@ -195,6 +207,7 @@ impl Host {
             .map_err(|_| anyhow::anyhow!("node {id}: its runtime did not start"))?;
         self.running = Some(Running {
             end: end_tx,
+            jump,
             runtime,
             thread,
         });
@@ -226,6 +239,15 @@ impl Host {
     pub fn pause(&self, length: Duration) {
         if let Some(r) = &self.running {
             r.runtime.spawn(async move { std::thread::sleep(length) });
+        }
+    }
+
+    /// Moves its wall clock `ms` away from where it would be (0: back), now and after a
+    /// restart.
+    pub fn set_jump(&mut self, ms: i64) {
+        self.jump_ms = ms;
+        if let Some(r) = &self.running {
+            r.jump.set(ms);
         }
     }
 

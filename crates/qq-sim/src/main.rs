@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use qq_chaos::workload::Protocol;
 use qq_sim::run::{self, Setup};
 
 #[derive(Parser, Debug)]
@@ -36,6 +37,13 @@ struct Args {
     /// Publish rate over all publishers, messages per second.
     #[arg(long, default_value_t = 150.0)]
     rate: f64,
+    /// What the workload's publishers and consumers speak: grpc, or amqp (lapin clients that
+    /// reconnect and republish, as RabbitMQ's do).
+    #[arg(long, value_enum, default_value = "grpc")]
+    protocol: Protocol,
+    /// Print each seed's plan (the trace's first line) and run nothing.
+    #[arg(long)]
+    plan_only: bool,
     /// Where each seed's trace, report and (on failure) node logs go.
     #[arg(long, default_value = ".qq-sim")]
     out: PathBuf,
@@ -44,7 +52,8 @@ struct Args {
 fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        // lapin logs every connection the faults break at ERROR; the report counts them.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lapin=off"));
     tracing_subscriber::fmt().with_env_filter(filter).init();
     let args = Args::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -79,6 +88,18 @@ async fn seeds(args: Args) -> anyhow::Result<bool> {
         });
         (first..first + args.seeds.unwrap_or(1)).collect()
     };
+    if args.plan_only {
+        for seed in &list {
+            let plan = qq_sim::schedule::plan(
+                *seed,
+                args.nodes,
+                Duration::from_secs(args.duration),
+                qq_chaos::workload::QUEUES.len(),
+            );
+            println!("{}", serde_json::to_string(&plan)?);
+        }
+        return Ok(true);
+    }
     let started = Instant::now();
     let (mut failed, mut faults) = (Vec::new(), 0);
     for seed in &list {
@@ -91,38 +112,13 @@ async fn seeds(args: Args) -> anyhow::Result<bool> {
             nodes: args.nodes,
             duration: Duration::from_secs(args.duration),
             rate: args.rate,
+            protocol: args.protocol,
             out: args.out.clone(),
         };
         let o = run::run(&setup).await?;
         faults += o.faults;
-        let c = &o.verdict.counts;
-        println!(
-            "seed {seed}: {} in {:.0} s: {} faults, {} confirmed, {} lost, {} unexpected, \
-             {} dead-lettered; network: {} chunks delayed, {} lost, {} connections cut, {} dials refused",
-            if o.ok { "PASS" } else { "FAIL" },
-            o.seconds,
-            o.faults,
-            c.confirmed,
-            c.lost,
-            c.unexpected,
-            c.dead_lettered,
-            o.net.delayed_chunks,
-            o.net.lost_chunks,
-            o.net.cut_connections,
-            o.net.refused_dials,
-        );
-        for check in o.verdict.checks.iter().filter(|c| !c.ok) {
-            println!("  FAILED {}: {}", check.name, check.detail);
-        }
+        print_outcome(&o, &args, &setup.dir());
         if !o.ok {
-            println!(
-                "  replay: qq-sim --seed {seed} --nodes {} --duration {} --rate {} \
-                 (trace and node logs in {})",
-                args.nodes,
-                args.duration,
-                args.rate,
-                args.out.join(format!("seed-{seed}")).display()
-            );
             failed.push(*seed);
         }
     }
@@ -135,4 +131,40 @@ async fn seeds(args: Args) -> anyhow::Result<bool> {
         failed
     );
     Ok(failed.is_empty())
+}
+
+/// One seed's line, its failed checks, and on failure the command that replays it.
+fn print_outcome(o: &run::Outcome, args: &Args, dir: &std::path::Path) {
+    let c = &o.verdict.counts;
+    println!(
+        "seed {}: {} in {:.0} s: {} faults, {} confirmed, {} lost, {} unexpected, \
+         {} dead-lettered; network: {} chunks delayed, {} lost, {} connections cut, {} dials refused",
+        o.seed,
+        if o.ok { "PASS" } else { "FAIL" },
+        o.seconds,
+        o.faults,
+        c.confirmed,
+        c.lost,
+        c.unexpected,
+        c.dead_lettered,
+        o.net.delayed_chunks,
+        o.net.lost_chunks,
+        o.net.cut_connections,
+        o.net.refused_dials,
+    );
+    for check in o.verdict.checks.iter().filter(|c| !c.ok) {
+        println!("  FAILED {}: {}", check.name, check.detail);
+    }
+    if !o.ok {
+        println!(
+            "  replay: qq-sim --seed {} --protocol {} --nodes {} --duration {} --rate {} \
+             (trace and node logs in {})",
+            o.seed,
+            args.protocol.name(),
+            args.nodes,
+            args.duration,
+            args.rate,
+            dir.display()
+        );
+    }
 }

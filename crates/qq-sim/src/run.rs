@@ -36,7 +36,19 @@ pub struct Setup {
     pub duration: Duration,
     /// Total publish rate, messages per second.
     pub rate: f64,
+    /// What the workload's publishers and consumers speak (the rest of the run: gRPC).
+    pub protocol: Protocol,
     pub out: PathBuf,
+}
+
+impl Setup {
+    /// Where the seed's trace, report and (on failure) node logs go: `seed-N`, or `seed-N-amqp`.
+    pub fn dir(&self) -> PathBuf {
+        match self.protocol {
+            Protocol::Grpc => self.out.join(format!("seed-{}", self.seed)),
+            p => self.out.join(format!("seed-{}-{}", self.seed, p.name())),
+        }
+    }
 }
 
 /// What a run found.
@@ -81,7 +93,7 @@ impl Trace {
 /// Runs one seed; Err only when the run could not be carried out (not for a failed check).
 pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
     let started = Instant::now();
-    let dir = setup.out.join(format!("seed-{}", setup.seed));
+    let dir = setup.dir();
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("clear {}", dir.display()))?;
     }
@@ -93,36 +105,7 @@ pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
         workload::QUEUES.len(),
     );
     let mut trace = Trace::create(&dir.join("trace.jsonl"), &plan)?;
-    let net = SimNet::new(setup.seed);
-    let ids: Vec<u64> = (1..=setup.nodes).collect();
-    // One more id and port for the spare of a membership change.
-    let all: Vec<u64> = (1..=setup.nodes + 1).collect();
-    let listens = Host::listen_addresses(all.len())?;
-    let node_setup = |skew_ms| NodeSetup {
-        skew_ms,
-        snapshot_after_entries: plan.snapshot_after_entries,
-    };
-    let mut hosts = Vec::new();
-    for (i, id) in ids.iter().enumerate() {
-        let node = node_setup(plan.skew_ms[i]);
-        hosts.push(Host::create(&dir, *id, &ids, &listens, node)?);
-    }
-    let operator = match plan.membership {
-        Some(m) => {
-            let spare = Host::create(&dir, setup.nodes + 1, &all, &listens, node_setup(0))?;
-            Some(Operator::new(m, spare))
-        }
-        None => None,
-    };
-    let weather = Link {
-        delay_ms: plan.weather.delay_ms,
-        jitter_ms: plan.weather.jitter_ms,
-        ..Link::default()
-    };
-    let mut cluster = Cluster::new(net.clone(), hosts, weather);
-    for h in &mut cluster.hosts {
-        h.start(&net)?;
-    }
+    let (mut cluster, operator) = start_cluster(setup, &plan, &dir)?;
     let result = exercise(&mut cluster, operator, setup, &plan, &mut trace).await;
     let verdict = match result {
         Ok(v) => v,
@@ -137,6 +120,79 @@ pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
         }
     };
     let ok = verdict.ok();
+    stop_all(&mut cluster, ok);
+    let outcome = Outcome {
+        seed: setup.seed,
+        ok,
+        faults: plan.faults.len(),
+        seconds: started.elapsed().as_secs_f64(),
+        net: cluster.net.stats(),
+        verdict,
+    };
+    std::fs::write(
+        dir.join("report.json"),
+        serde_json::to_vec_pretty(&outcome)?,
+    )?;
+    if ok {
+        // The node directories of a passing seed are not needed again.
+        for id in 1..=setup.nodes + 1 {
+            let _ = std::fs::remove_dir_all(dir.join(format!("node{id}")));
+        }
+    }
+    Ok(outcome)
+}
+
+/// The plan's nodes, started on a new network with the plan's weather, and the operator of
+/// its membership change (its spare not started yet).
+fn start_cluster(
+    setup: &Setup,
+    plan: &Plan,
+    dir: &Path,
+) -> anyhow::Result<(Cluster, Option<Operator>)> {
+    let net = SimNet::new(setup.seed);
+    let ids: Vec<u64> = (1..=setup.nodes).collect();
+    // One more id and port for the spare of a membership change.
+    let all: Vec<u64> = (1..=setup.nodes + 1).collect();
+    let mut ports = Host::free_ports(2 * all.len())?;
+    let amqp = ports.split_off(all.len());
+    let listens = ports;
+    let node_setup = |skew_ms, i: usize| NodeSetup {
+        skew_ms,
+        snapshot_after_entries: plan.snapshot_after_entries,
+        amqp: amqp[i],
+    };
+    let mut hosts = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let node = node_setup(plan.skew_ms[i], i);
+        hosts.push(Host::create(dir, *id, &ids, &listens, node)?);
+    }
+    let operator = match plan.membership {
+        Some(m) => {
+            let spare = Host::create(
+                dir,
+                setup.nodes + 1,
+                &all,
+                &listens,
+                node_setup(0, ids.len()),
+            )?;
+            Some(Operator::new(m, spare))
+        }
+        None => None,
+    };
+    let weather = Link {
+        delay_ms: plan.weather.delay_ms,
+        jitter_ms: plan.weather.jitter_ms,
+        ..Link::default()
+    };
+    let mut cluster = Cluster::new(net.clone(), hosts, weather);
+    for h in &mut cluster.hosts {
+        h.start(&net)?;
+    }
+    Ok((cluster, operator))
+}
+
+/// Stops every node gracefully; when the seed failed, prints the end of each one's log first.
+fn stop_all(cluster: &mut Cluster, ok: bool) {
     if !ok {
         for h in &cluster.hosts {
             eprintln!("===== node {} log tail\n{}", h.id, h.log_tail(25));
@@ -148,25 +204,6 @@ pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
             eprintln!("node {id} did not stop cleanly: {e:#}");
         }
     }
-    let outcome = Outcome {
-        seed: setup.seed,
-        ok,
-        faults: plan.faults.len(),
-        seconds: started.elapsed().as_secs_f64(),
-        net: net.stats(),
-        verdict,
-    };
-    std::fs::write(
-        dir.join("report.json"),
-        serde_json::to_vec_pretty(&outcome)?,
-    )?;
-    if ok {
-        // The node directories of a passing seed are not needed again.
-        for id in all {
-            let _ = std::fs::remove_dir_all(dir.join(format!("node{id}")));
-        }
-    }
-    Ok(outcome)
 }
 
 /// The workload under the plan's faults, then the checks.
@@ -184,10 +221,11 @@ async fn exercise(
     idle::declare(&clients, plan.idle_queues).await?;
     trace.event("formed", &addresses);
 
+    let amqp = cluster.hosts.iter().map(|h| h.amqp.to_string()).collect();
     let mut session = Session::start(
-        Protocol::Grpc,
+        setup.protocol,
         clients.clone(),
-        Vec::new(),
+        amqp,
         setup.rate,
         PUBLISH_CONCURRENCY,
     );

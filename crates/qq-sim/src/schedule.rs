@@ -55,10 +55,13 @@ pub enum Fault {
     Crash { target: Target },
     /// The target is frozen (as by SIGSTOP) for the window.
     Pause { target: Target },
+    /// The target's wall clock jumps by `jump_ms` (forward or back) for the window, then back:
+    /// what an NTP step does. Its monotonic clock (timers, leases) does not move.
+    ClockJump { target: Target, jump_ms: i64 },
 }
 
 /// The faults a plan draws from.
-pub const KINDS: [&str; 9] = [
+pub const KINDS: [&str; 10] = [
     "isolate",
     "mute-outgoing",
     "deaf-incoming",
@@ -68,6 +71,7 @@ pub const KINDS: [&str; 9] = [
     "reset",
     "crash",
     "pause",
+    "clock-jump",
 ];
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -199,7 +203,14 @@ fn fault(rng: &mut StdRng, nodes: u64, queues: usize) -> Fault {
         },
         6 => Fault::Reset { target },
         7 => Fault::Crash { target },
-        _ => Fault::Pause { target },
+        8 => Fault::Pause { target },
+        _ => {
+            let ms = rng.random_range(1_000..=10_000);
+            Fault::ClockJump {
+                target,
+                jump_ms: if rng.random_bool(0.5) { ms } else { -ms },
+            }
+        }
     }
 }
 
@@ -215,6 +226,7 @@ impl Fault {
             Fault::Reset { .. } => "reset",
             Fault::Crash { .. } => "crash",
             Fault::Pause { .. } => "pause",
+            Fault::ClockJump { .. } => "clock-jump",
         }
     }
 
@@ -228,7 +240,8 @@ impl Fault {
             | Fault::Loss { target, .. }
             | Fault::Reset { target }
             | Fault::Crash { target }
-            | Fault::Pause { target } => Some(target),
+            | Fault::Pause { target }
+            | Fault::ClockJump { target, .. } => Some(target),
             Fault::Bridge { .. } => None,
         }
     }
