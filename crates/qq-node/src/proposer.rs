@@ -549,6 +549,41 @@ impl Proposer {
     }
 
     /// Until this node applied the metadata `index`, at most until `deadline`.
+    /// Catches this node's view of the metadata up with every change a client may have been
+    /// told is done: asks every peer what it has applied (a change answers its client only
+    /// once the metadata leader and the nodes it reached applied it), then waits until
+    /// `deadline` to have applied as much here. False if this node did not get there (it
+    /// cannot follow the leader right now).
+    pub async fn catch_up_meta(&self, deadline: tokio::time::Instant) -> bool {
+        let asks = self
+            .peers
+            .ids()
+            .into_iter()
+            .filter(|id| *id != self.id)
+            .map(|id| self.peer_meta_applied(id, deadline));
+        let newest = futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(0);
+        self.wait_meta_applied_here(newest, deadline).await;
+        self.view.applied_index() >= newest
+    }
+
+    /// The metadata index peer `id` has applied, if it answers before `deadline`.
+    async fn peer_meta_applied(&self, id: NodeId, deadline: tokio::time::Instant) -> Option<u64> {
+        let mut client = self.peers.client(id)?;
+        let mut req = tonic::Request::new(QueueInfoRequest {
+            group: META_GROUP,
+            with_digest: false,
+            wait_applied: 0,
+        });
+        req.set_timeout(deadline.saturating_duration_since(self.clock.now()));
+        let reply = client.queue_info(req).await.ok()?;
+        decode::<u64>(&reply.into_inner().payload).ok()
+    }
+
     async fn wait_meta_applied_here(&self, index: u64, deadline: tokio::time::Instant) {
         let mut applied = self.view.subscribe();
         let _ = tokio::time::timeout_at(deadline, async {

@@ -8,7 +8,8 @@
 //! 1. set policy `sim-churn` (pattern `^sim\.churn\.`) to `max-length = 100 000 + n`;
 //! 2. declare the queue;
 //! 3. publish [`MESSAGES`] messages, each with a publisher id and sequence (a retry after a
-//!    lost answer is stored once);
+//!    lost answer is stored once), mandatory, each until CONFIRMED (UNROUTABLE fails the
+//!    cycle: the node that routed it went by a view older than the declare);
 //! 4. read the queue until it holds exactly [`MESSAGES`] messages and its effective
 //!    `max_length` is the policy's (more is a message stored twice; fewer for good, a lost
 //!    confirmed message; another limit, a policy that did not reach the queue's leader);
@@ -21,11 +22,11 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use qq_chaos::checker::Check;
-use qq_client::{Client, MessageBuilder, PublishRequest, Value, ValueExt};
+use qq_client::{Client, MessageBuilder, PublishOutcome, PublishRequest, Value, ValueExt};
 use tokio::time::{Instant, sleep, timeout};
 use tonic::Code;
 
@@ -41,9 +42,10 @@ pub async fn run(clients: Arc<Vec<Client>>, stop: Arc<AtomicBool>) -> Check {
     let mut done = 0u64;
     let mut failures = Vec::new();
     let mut n = 0u64;
+    let unroutable = AtomicU64::new(0);
     while !stop.load(Ordering::Relaxed) {
         n += 1;
-        match cycle(&clients, n).await {
+        match cycle(&clients, n, &unroutable).await {
             Ok(()) => done += 1,
             Err(e) => failures.push(format!("sim.churn.{n}: {e}")),
         }
@@ -52,11 +54,15 @@ pub async fn run(clients: Arc<Vec<Client>>, stop: Arc<AtomicBool>) -> Check {
     Check::all_clear(
         "topology changes under faults (declare, policy, publish, count, delete)",
         failures,
-        format!("{done} queues declared, filled, checked and deleted"),
+        format!(
+            "{done} queues declared, filled, checked and deleted; {} publishes answered \
+             UNROUTABLE",
+            unroutable.load(Ordering::Relaxed)
+        ),
     )
 }
 
-async fn cycle(clients: &[Client], n: u64) -> Result<(), String> {
+async fn cycle(clients: &[Client], n: u64, unroutable: &AtomicU64) -> Result<(), String> {
     let q = format!("sim.churn.{n}");
     let limit = 100_000 + n;
     let definition = HashMap::from([("max-length".to_string(), Value::long(limit as i64))]);
@@ -73,28 +79,60 @@ async fn cycle(clients: &[Client], n: u64) -> Result<(), String> {
         async move { c.declare_queue(&q, HashMap::new()).await.map(|_| ()) }
     })
     .await?;
-    fill(clients, n, &q).await?;
+    fill(clients, n, &q, unroutable).await?;
     count(clients, n, &q, limit).await?;
     remove(clients, n, &q).await
 }
 
 /// Publishes the queue's [`MESSAGES`], each confirmed, with one publisher id.
-async fn fill(clients: &[Client], n: u64, q: &str) -> Result<(), String> {
+async fn fill(clients: &[Client], n: u64, q: &str, unroutable: &AtomicU64) -> Result<(), String> {
     let publisher_id = format!("sim-churn-{n}-{}", std::process::id());
     for seq in 1..=MESSAGES {
         step(clients, n + seq, "publish", |c| {
             let req = PublishRequest {
                 routing_key: q.to_string(),
+                // Unroutable is answered as such, never confirmed and dropped.
+                mandatory: true,
                 message: Some(MessageBuilder::new(format!("{q}:{seq}")).build()),
                 publisher_id: publisher_id.clone(),
                 publisher_seq: seq,
                 ..Default::default()
             };
-            async move { c.publish_with(req).await.map(|_| ()) }
+            async move { confirmed(c.publish_with(req).await, unroutable) }
         })
         .await?;
     }
     Ok(())
+}
+
+/// A publish's answer as a step's result: only CONFIRMED is done. UNROUTABLE (the publishes
+/// are mandatory) fails the cycle: the queue was declared before, so a node that finds no
+/// route for it routed by a view of the metadata older than the declare (qq-node catches up
+/// before it answers so; before it did, seed 2012 dropped every third message). REJECTED and
+/// FAILED are errors, retried or not by their code.
+fn confirmed(
+    answer: qq_client::Result<qq_client::Confirm>,
+    unroutable: &AtomicU64,
+) -> qq_client::Result<()> {
+    let c = answer?;
+    match c.outcome {
+        PublishOutcome::Confirmed => Ok(()),
+        PublishOutcome::Unroutable => {
+            unroutable.fetch_add(1, Ordering::Relaxed);
+            Err(
+                tonic::Status::not_found(format!("unroutable after its declare: {}", c.detail))
+                    .into(),
+            )
+        }
+        other => {
+            let code = if c.code == Code::Ok {
+                Code::FailedPrecondition
+            } else {
+                c.code
+            };
+            Err(tonic::Status::new(code, format!("{other:?}: {}", c.detail)).into())
+        }
+    }
 }
 
 /// Reads the queue until it holds exactly [`MESSAGES`] and the policy's `limit` is effective.

@@ -303,10 +303,16 @@ async fn under_faults(
             let node = match p.fault.target() {
                 Some(Target::Node(n)) => n,
                 // A founder: a queue led by the spare (or by nobody now) strikes node 1.
-                Some(Target::LeaderOf(q)) => current_leader(clients, workload::QUEUES[q])
-                    .await
-                    .filter(|l| cluster.ids().contains(l))
-                    .unwrap_or(1),
+                // Asked for at most a second: the loop must not hold other faults' heals up.
+                Some(Target::LeaderOf(q)) => tokio::time::timeout(
+                    Duration::from_secs(1),
+                    current_leader(clients, workload::QUEUES[q]),
+                )
+                .await
+                .ok()
+                .flatten()
+                .filter(|l| cluster.ids().contains(l))
+                .unwrap_or(1),
                 None => 0,
             };
             let until = Duration::from_millis(p.at_ms + p.length_ms);

@@ -173,7 +173,8 @@ pub async fn publish(
             body,
             publish_key: None,
         },
-    )?;
+    )
+    .await?;
     if let (Prepared::Done(answer), Some((props, body))) = (&prepared, returned) {
         if answer.outcome == pb::PublishOutcome::Unroutable as i32 {
             let ret = basic::Return {

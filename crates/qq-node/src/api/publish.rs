@@ -11,6 +11,8 @@
 //! the client's window backs up while a batch commits. [`STREAM_ANSWERS_BOUND`] answers wait
 //! for the client, at most.
 
+use std::time::Duration;
+
 use futures::StreamExt;
 use qq_core::Message;
 use qq_core::meta::Perm;
@@ -72,7 +74,7 @@ fn publish_key(caller: &Caller, req: &pb::PublishRequest) -> Result<Option<Strin
 }
 
 /// Validate and route one publish.
-fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepared, Status> {
+async fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepared, Status> {
     bounded(&[("vhost", &req.vhost), ("exchange", &req.exchange)])?;
     let vhost = vhost(&req.vhost);
     api.auth.check(caller, &vhost, Perm::Write, &req.exchange)?;
@@ -96,6 +98,7 @@ fn prepare(api: &Api, caller: &Caller, req: pb::PublishRequest) -> Result<Prepar
             publish_key,
         },
     )
+    .await
 }
 
 /// A body over `max_message_bytes` is RESOURCE_EXHAUSTED naming the bound.
@@ -124,12 +127,52 @@ pub(crate) struct Publish {
     pub publish_key: Option<String>,
 }
 
+/// How long a publish that found no route waits for this node to catch up with the metadata
+/// before it is refused with UNAVAILABLE.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(2);
+
 /// Validate a decoded publish's properties and route it with the metadata view.
-pub(crate) fn route_message(
+///
+/// A metadata change answers its client once every node it reached has applied it (3 s at
+/// most, a node that does not answer within a second is skipped). A node that was cut off,
+/// paused or restarting then routes by an older view for a while, and a publish to a queue
+/// or exchange just declared through another node would find nothing here: dropped as
+/// unroutable, or refused as NOT_FOUND. So when this node's view finds no queue (or no such
+/// exchange), it first catches up with what its peers have applied
+/// ([`crate::proposer::Proposer::catch_up_meta`]) and routes again; only that answer stands.
+/// A publish that does route is not checked: a binding added elsewhere and not yet applied
+/// here can still be missed (docs/semantics.md). Found by the cluster simulator (`qq-sim`).
+pub(crate) async fn route_message(
     api: &Api,
     caller: &Caller,
     publish: Publish,
 ) -> Result<Prepared, Status> {
+    let (publish, _) = match route_by_view(api, caller, publish)? {
+        Found::Route(prepared) => return Ok(prepared),
+        Found::Nothing(publish, answer) => (publish, answer),
+    };
+    let deadline = api.node.clock().now() + CATCH_UP_WAIT;
+    if !api.node.proposer().catch_up_meta(deadline).await {
+        return Err(Status::unavailable(format!(
+            "node {}: no queue is bound here for this publish, and this node could not catch up \
+             with the cluster's metadata to be sure; retry, or publish through another node",
+            api.node.id()
+        )));
+    }
+    match route_by_view(api, caller, *publish)? {
+        Found::Route(prepared) => Ok(prepared),
+        Found::Nothing(_, answer) => answer.map(Prepared::Done),
+    }
+}
+
+/// What this node's view of the metadata found for a publish.
+enum Found {
+    Route(Prepared),
+    /// No queue, or no such exchange: the publish back, and the answer that would be given.
+    Nothing(Box<Publish>, Result<pb::PublishResponse, Status>),
+}
+
+fn route_by_view(api: &Api, caller: &Caller, publish: Publish) -> Result<Found, Status> {
     let Publish {
         vhost,
         exchange,
@@ -164,17 +207,29 @@ pub(crate) fn route_message(
             )));
         }
     }
-    let targets = state
-        .route(&vhost, &exchange, &keys, &properties.headers)
-        .map_err(meta_err)?;
-    if targets.is_empty() {
-        return Ok(Prepared::Done(unroutable(
-            seq,
-            mandatory,
-            &exchange,
-            &routing_key,
-        )));
-    }
+    let targets = match state.route(&vhost, &exchange, &keys, &properties.headers) {
+        Ok(t) if !t.is_empty() => t,
+        found => {
+            let answer = match found {
+                Ok(_) => Ok(unroutable(seq, mandatory, &exchange, &routing_key)),
+                Err(e) => match meta_err(e) {
+                    s if s.code() == tonic::Code::NotFound => Err(s),
+                    s => return Err(s),
+                },
+            };
+            let publish = Publish {
+                vhost,
+                exchange,
+                routing_key,
+                mandatory,
+                seq,
+                properties,
+                body,
+                publish_key,
+            };
+            return Ok(Found::Nothing(Box::new(publish), answer));
+        }
+    };
     let visible = qq_core::route::visible_routing_keys(&routing_key, &properties.headers).len();
     let bcc = keys[visible..].to_vec();
     qq_core::route::strip_bcc(&mut properties.headers);
@@ -204,7 +259,7 @@ pub(crate) fn route_message(
         size_bytes: encoded.len() as u64,
         expiration_ms,
     };
-    Ok(Prepared::Route {
+    Ok(Found::Route(Prepared::Route {
         targets: targets
             .into_iter()
             .map(|q| (q.id, q.name.clone()))
@@ -213,7 +268,7 @@ pub(crate) fn route_message(
         priority,
         encoded,
         publish_key,
-    })
+    }))
 }
 
 /// The headers are within `max_headers` entries (nested ones included) and
@@ -319,26 +374,25 @@ fn answer(seq: u64, rejected: Vec<String>, all_duplicates: bool) -> pb::PublishR
 
 /// Validate and route a batch (what one stream delivered at once) in order; a bad message
 /// fails its own seq (FAILED with the status unary `Publish` would answer), not the stream.
-fn prepare_batch(
+async fn prepare_batch(
     api: &Api,
     caller: &Caller,
     batch: Vec<pb::PublishRequest>,
 ) -> Vec<(u64, Prepared)> {
-    batch
-        .into_iter()
-        .map(|req| {
-            let seq = req.seq;
-            let prepared = prepare(api, caller, req).unwrap_or_else(|status| {
-                Prepared::Done(pb::PublishResponse {
-                    seq,
-                    outcome: pb::PublishOutcome::Failed as i32,
-                    detail: status.message().to_string(),
-                    code: status.code() as i32,
-                })
-            });
-            (seq, prepared)
-        })
-        .collect()
+    let mut prepared = Vec::with_capacity(batch.len());
+    for req in batch {
+        let seq = req.seq;
+        let p = prepare(api, caller, req).await.unwrap_or_else(|status| {
+            Prepared::Done(pb::PublishResponse {
+                seq,
+                outcome: pb::PublishOutcome::Failed as i32,
+                detail: status.message().to_string(),
+                code: status.code() as i32,
+            })
+        });
+        prepared.push((seq, p));
+    }
+    prepared
 }
 
 /// Commit prepared publishes with one Raft entry per target queue; answers in order.
@@ -417,7 +471,7 @@ pub async fn publish(
     let req = request.into_inner();
     let seq = req.seq;
     // A bad message fails the call (on a stream, only its seq).
-    let prepared = prepare(api, &caller, req)?;
+    let prepared = prepare(api, &caller, req).await?;
     let mut answers = commit(api, vec![(seq, prepared)]).await?;
     let answer = answers
         .pop()
@@ -464,7 +518,7 @@ pub async fn publish_stream(
                     None => break,
                 }
             }
-            match commit(&api, prepare_batch(&api, &caller, batch)).await {
+            match commit(&api, prepare_batch(&api, &caller, batch).await).await {
                 Ok(answers) => {
                     for a in answers {
                         if tx.send(Ok(a)).await.is_err() {
