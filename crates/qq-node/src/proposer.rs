@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use openraft::ReadPolicy;
 use openraft::error::{ClientWriteError, RaftError};
 use qq_core::NodeId;
 use qq_core::meta::{MetaCommand, MetaError, MetaReply};
@@ -417,6 +418,7 @@ impl Proposer {
                 group: META_GROUP,
                 with_digest: false,
                 wait_applied: index,
+                read_index: false,
             });
             req.set_timeout(META_APPLIED_WAIT + Duration::from_millis(500));
             let applied = match client.queue_info(req).await {
@@ -505,6 +507,7 @@ impl Proposer {
                             group,
                             with_digest,
                             wait_applied: 0,
+                            read_index: false,
                         });
                         req.set_timeout(Duration::from_secs(2));
                         client.queue_info(req).await
@@ -549,39 +552,74 @@ impl Proposer {
     }
 
     /// Until this node applied the metadata `index`, at most until `deadline`.
-    /// Catches this node's view of the metadata up with every change a client may have been
-    /// told is done: asks every peer what it has applied (a change answers its client only
-    /// once the metadata leader and the nodes it reached applied it), then waits until
-    /// `deadline` to have applied as much here. False if this node did not get there (it
-    /// cannot follow the leader right now).
+    /// Catches this node's view of the metadata up with every change committed before now (a
+    /// follower read): gets the metadata leader's read index (its leadership confirmed by a
+    /// quorum, so no change a client was told is done lies beyond it), then waits until
+    /// `deadline` to have applied that much here. False if this node did not get there (no
+    /// leader reachable, or it cannot follow the leader right now).
     pub async fn catch_up_meta(&self, deadline: tokio::time::Instant) -> bool {
-        let asks = self
-            .peers
-            .ids()
-            .into_iter()
-            .filter(|id| *id != self.id)
-            .map(|id| self.peer_meta_applied(id, deadline));
-        let newest = futures::future::join_all(asks)
-            .await
-            .into_iter()
-            .flatten()
-            .max()
-            .unwrap_or(0);
-        self.wait_meta_applied_here(newest, deadline).await;
-        self.view.applied_index() >= newest
+        let Some(index) = self.meta_read_index(deadline).await else {
+            return false;
+        };
+        self.wait_meta_applied_here(index, deadline).await;
+        self.view.applied_index() >= index
     }
 
-    /// The metadata index peer `id` has applied, if it answers before `deadline`.
-    async fn peer_meta_applied(&self, id: NodeId, deadline: tokio::time::Instant) -> Option<u64> {
-        let mut client = self.peers.client(id)?;
+    /// The metadata leader's read index: from this node if it leads, else asked of the leader
+    /// it knows (which may name another), until `deadline`.
+    async fn meta_read_index(&self, deadline: tokio::time::Instant) -> Option<u64> {
+        loop {
+            let mut ask = self.registry.known_leader(META_GROUP);
+            for _ in 0..=self.peers.ids().len() {
+                let Some(to) = ask.take() else { break };
+                if to == self.id {
+                    if let Some(index) = self.local_meta_read_index().await {
+                        return Some(index);
+                    }
+                    break;
+                }
+                match self.peer_meta_read_index(to, deadline).await {
+                    Ok(index) => return Some(index),
+                    Err(forward_to) => ask = forward_to,
+                }
+            }
+            if self.clock.now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// This node's read index for the metadata, if it leads it (confirmed by a quorum).
+    async fn local_meta_read_index(&self) -> Option<u64> {
+        let (read, _) = self
+            .registry
+            .meta_raft()
+            .get_read_log_id(ReadPolicy::ReadIndex)
+            .await
+            .ok()?;
+        Some(read.index())
+    }
+
+    /// Peer `id`'s read index for the metadata; Err names the leader it knows, if any.
+    async fn peer_meta_read_index(
+        &self,
+        id: NodeId,
+        deadline: tokio::time::Instant,
+    ) -> Result<u64, Option<NodeId>> {
+        let mut client = self.peers.client(id).ok_or(None)?;
         let mut req = tonic::Request::new(QueueInfoRequest {
             group: META_GROUP,
             with_digest: false,
             wait_applied: 0,
+            read_index: true,
         });
         req.set_timeout(deadline.saturating_duration_since(self.clock.now()));
-        let reply = client.queue_info(req).await.ok()?;
-        decode::<u64>(&reply.into_inner().payload).ok()
+        let reply = client.queue_info(req).await.map_err(|_| None)?.into_inner();
+        if reply.error.is_empty() && reply.forward_to == 0 {
+            return decode::<u64>(&reply.payload).map_err(|_| None);
+        }
+        Err((reply.forward_to != 0).then_some(reply.forward_to))
     }
 
     async fn wait_meta_applied_here(&self, index: u64, deadline: tokio::time::Instant) {
@@ -631,8 +669,24 @@ impl Proposer {
         group: GroupId,
         with_digest: bool,
         wait_applied: u64,
+        read_index: bool,
     ) -> QueueInfoReply {
         let mut reply = QueueInfoReply::default();
+        if group == META_GROUP && read_index {
+            reply.version = crate::VERSION.to_string();
+            match self.local_meta_read_index().await {
+                Some(index) => {
+                    if let Ok(b) = encode(&index) {
+                        reply.payload = b.into();
+                    }
+                }
+                None => match self.registry.known_leader(META_GROUP) {
+                    Some(l) if l != self.id => reply.forward_to = l,
+                    _ => reply.error = "no metadata leader known here".to_string(),
+                },
+            }
+            return reply;
+        }
         if group == META_GROUP {
             reply.version = crate::VERSION.to_string();
             if wait_applied > 0 {

@@ -138,7 +138,7 @@ const CATCH_UP_WAIT: Duration = Duration::from_secs(2);
 /// paused or restarting then routes by an older view for a while, and a publish to a queue
 /// or exchange just declared through another node would find nothing here: dropped as
 /// unroutable, or refused as NOT_FOUND. So when this node's view finds no queue (or no such
-/// exchange), it first catches up with what its peers have applied
+/// exchange), it first applies up to the metadata leader's read index
 /// ([`crate::proposer::Proposer::catch_up_meta`]) and routes again; only that answer stands.
 /// A publish that does route is not checked: a binding added elsewhere and not yet applied
 /// here can still be missed (docs/semantics.md). Found by the cluster simulator (`qq-sim`).

@@ -281,6 +281,7 @@ pub(crate) async fn cluster_status_of(api: &Api, caller: &Caller) -> pb::Cluster
             group: 0,
             with_digest: false,
             wait_applied: 0,
+            read_index: false,
         });
         req.set_timeout(REACH_TIMEOUT);
         let version = client.queue_info(req).await.ok();

@@ -28,6 +28,7 @@ pub async fn online_nodes(node: &Node) -> BTreeSet<NodeId> {
             group: 0,
             with_digest: false,
             wait_applied: 0,
+            read_index: false,
         });
         req.set_timeout(PROBE_TIMEOUT);
         (id, client.queue_info(req).await.is_ok())

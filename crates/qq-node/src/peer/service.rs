@@ -435,7 +435,7 @@ impl Internal for InternalService {
         Ok(Response::new(
             self.node
                 .proposer()
-                .serve_queue_info(r.group, r.with_digest, r.wait_applied)
+                .serve_queue_info(r.group, r.with_digest, r.wait_applied, r.read_index)
                 .await,
         ))
     }
