@@ -11,7 +11,6 @@
 
 use std::time::Duration;
 
-use openraft::ReadPolicy;
 use openraft::error::{ClientWriteError, RaftError};
 use qq_core::NodeId;
 use qq_core::meta::{MetaCommand, MetaError, MetaReply};
@@ -40,11 +39,6 @@ pub const NOT_LEADER: u32 = 1;
 
 /// How long a proposal keeps retrying (leader elections, forwarding) before UNAVAILABLE.
 const PROPOSE_DEADLINE: Duration = Duration::from_secs(8);
-
-/// How long a metadata change waits for reachable nodes to apply it.
-const META_PROPAGATION_WAIT: Duration = Duration::from_secs(3);
-/// How long a peer asked for a metadata index holds its answer until it has applied it.
-const META_APPLIED_WAIT: Duration = Duration::from_millis(500);
 
 /// The pause before the `attempt`th (from 1) new try of a leader-only read that found no
 /// leader to answer: 5, 10, 20, 40, 80 ms, then 100 ms. A declare reads its new queue this way,
@@ -392,51 +386,6 @@ impl Proposer {
         }
     }
 
-    /// Wait (up to [`META_PROPAGATION_WAIT`]) until every reachable node applied the metadata
-    /// `index`: all peers at once, each asked to answer as soon as it has applied it (a peer
-    /// that does not wait, an older version, is asked again after 10 ms).
-    async fn wait_meta_applied_everywhere(&self, index: u64) {
-        let deadline = self.clock.now() + META_PROPAGATION_WAIT;
-        let waits = self
-            .peers
-            .ids()
-            .into_iter()
-            .filter(|id| *id != self.id)
-            .map(|id| self.wait_peer_meta_applied(id, index, deadline));
-        // Here too: a change proposed through the leader on another node has applied there.
-        let here = self.wait_meta_applied_here(index, deadline);
-        tokio::join!(futures::future::join_all(waits), here);
-    }
-
-    async fn wait_peer_meta_applied(&self, id: NodeId, index: u64, deadline: tokio::time::Instant) {
-        loop {
-            let Some(mut client) = self.peers.client(id) else {
-                return;
-            };
-            let asked = self.clock.now();
-            let mut req = tonic::Request::new(QueueInfoRequest {
-                group: META_GROUP,
-                with_digest: false,
-                wait_applied: index,
-                read_index: false,
-            });
-            req.set_timeout(META_APPLIED_WAIT + Duration::from_millis(500));
-            let applied = match client.queue_info(req).await {
-                Ok(r) => decode::<u64>(&r.into_inner().payload).ok(),
-                Err(_) => None, // unreachable: it catches up when it returns
-            };
-            match applied {
-                Some(a) if a >= index => return,
-                None => return,
-                Some(_) if self.clock.now() >= deadline => return,
-                Some(_) if self.clock.elapsed(asked) < Duration::from_millis(10) => {
-                    tokio::time::sleep(Duration::from_millis(10)).await
-                }
-                Some(_) => {}
-            }
-        }
-    }
-
     /// Ask the leader of the group (wherever it is) for its live info, without the state
     /// digest (see [`Proposer::queue_info_with_digest`]).
     pub async fn queue_info(&self, group: GroupId) -> Result<QueueInfoData, NodeError> {
@@ -551,90 +500,6 @@ impl Proposer {
         }
     }
 
-    /// Until this node applied the metadata `index`, at most until `deadline`.
-    /// Catches this node's view of the metadata up with every change committed before now (a
-    /// follower read): gets the metadata leader's read index (its leadership confirmed by a
-    /// quorum, so no change a client was told is done lies beyond it), then waits until
-    /// `deadline` to have applied that much here. False if this node did not get there (no
-    /// leader reachable, or it cannot follow the leader right now).
-    pub async fn catch_up_meta(&self, deadline: tokio::time::Instant) -> bool {
-        let Some(index) = self.meta_read_index(deadline).await else {
-            return false;
-        };
-        self.wait_meta_applied_here(index, deadline).await;
-        self.view.applied_index() >= index
-    }
-
-    /// The metadata leader's read index: from this node if it leads, else asked of the leader
-    /// it knows (which may name another), until `deadline`.
-    async fn meta_read_index(&self, deadline: tokio::time::Instant) -> Option<u64> {
-        loop {
-            let mut ask = self.registry.known_leader(META_GROUP);
-            for _ in 0..=self.peers.ids().len() {
-                let Some(to) = ask.take() else { break };
-                if to == self.id {
-                    if let Some(index) = self.local_meta_read_index().await {
-                        return Some(index);
-                    }
-                    break;
-                }
-                match self.peer_meta_read_index(to, deadline).await {
-                    Ok(index) => return Some(index),
-                    Err(forward_to) => ask = forward_to,
-                }
-            }
-            if self.clock.now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// This node's read index for the metadata, if it leads it (confirmed by a quorum).
-    async fn local_meta_read_index(&self) -> Option<u64> {
-        let (read, _) = self
-            .registry
-            .meta_raft()
-            .get_read_log_id(ReadPolicy::ReadIndex)
-            .await
-            .ok()?;
-        Some(read.index())
-    }
-
-    /// Peer `id`'s read index for the metadata; Err names the leader it knows, if any.
-    async fn peer_meta_read_index(
-        &self,
-        id: NodeId,
-        deadline: tokio::time::Instant,
-    ) -> Result<u64, Option<NodeId>> {
-        let mut client = self.peers.client(id).ok_or(None)?;
-        let mut req = tonic::Request::new(QueueInfoRequest {
-            group: META_GROUP,
-            with_digest: false,
-            wait_applied: 0,
-            read_index: true,
-        });
-        req.set_timeout(deadline.saturating_duration_since(self.clock.now()));
-        let reply = client.queue_info(req).await.map_err(|_| None)?.into_inner();
-        if reply.error.is_empty() && reply.forward_to == 0 {
-            return decode::<u64>(&reply.payload).map_err(|_| None);
-        }
-        Err((reply.forward_to != 0).then_some(reply.forward_to))
-    }
-
-    async fn wait_meta_applied_here(&self, index: u64, deadline: tokio::time::Instant) {
-        let mut applied = self.view.subscribe();
-        let _ = tokio::time::timeout_at(deadline, async {
-            loop {
-                applied.borrow_and_update();
-                if self.view.applied_index() >= index || applied.changed().await.is_err() {
-                    return;
-                }
-            }
-        })
-        .await;
-    }
-
     /// Serve `Internal.Browse`: as [`Proposer::serve_queue_info`], with the browsed messages.
     pub async fn serve_browse(&self, group: GroupId, offset: u64, limit: u32) -> QueueInfoReply {
         self.registry.wake_to_lead(group).await;
@@ -662,8 +527,8 @@ impl Proposer {
         reply
     }
 
-    /// Serve `Internal.QueueInfo`. For the metadata group (0) the payload is the metadata index
-    /// applied on this node, once it reaches `wait_applied` or after [`META_APPLIED_WAIT`].
+    /// Serve `Internal.QueueInfo`. For the metadata group (0), module `meta_sync` answers: the
+    /// metadata index applied here (once it reaches `wait_applied`), or the read index.
     pub async fn serve_queue_info(
         &self,
         group: GroupId,
@@ -671,32 +536,8 @@ impl Proposer {
         wait_applied: u64,
         read_index: bool,
     ) -> QueueInfoReply {
-        let mut reply = QueueInfoReply::default();
-        if group == META_GROUP && read_index {
-            reply.version = crate::VERSION.to_string();
-            match self.local_meta_read_index().await {
-                Some(index) => {
-                    if let Ok(b) = encode(&index) {
-                        reply.payload = b.into();
-                    }
-                }
-                None => match self.registry.known_leader(META_GROUP) {
-                    Some(l) if l != self.id => reply.forward_to = l,
-                    _ => reply.error = "no metadata leader known here".to_string(),
-                },
-            }
-            return reply;
-        }
         if group == META_GROUP {
-            reply.version = crate::VERSION.to_string();
-            if wait_applied > 0 {
-                let deadline = self.clock.now() + META_APPLIED_WAIT;
-                self.wait_meta_applied_here(wait_applied, deadline).await;
-            }
-            if let Ok(b) = encode(&self.view.applied_index()) {
-                reply.payload = b.into();
-            }
-            return reply;
+            return self.serve_meta_info(wait_applied, read_index).await;
         }
         self.registry.wake_to_lead(group).await;
         self.leader_reply(
@@ -705,6 +546,8 @@ impl Proposer {
         )
     }
 }
+
+mod meta_sync;
 
 #[cfg(test)]
 mod tests {

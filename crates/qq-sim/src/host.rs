@@ -238,6 +238,8 @@ impl Host {
     /// Freezes every task of the node for `length` (from now; returns at once).
     pub fn pause(&self, length: Duration) {
         if let Some(r) = &self.running {
+            // The fault itself, not a wait: blocking the node's only worker thread stops
+            // every task and timer of the node, as SIGSTOP stops a process.
             r.runtime.spawn(async move { std::thread::sleep(length) });
         }
     }

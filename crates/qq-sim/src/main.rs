@@ -88,15 +88,17 @@ async fn seeds(args: Args) -> anyhow::Result<bool> {
         });
         (first..first + args.seeds.unwrap_or(1)).collect()
     };
+    let setup_of = |seed: u64| Setup {
+        seed,
+        nodes: args.nodes,
+        duration: Duration::from_secs(args.duration),
+        rate: args.rate,
+        protocol: args.protocol,
+        out: args.out.clone(),
+    };
     if args.plan_only {
         for seed in &list {
-            let plan = qq_sim::schedule::plan(
-                *seed,
-                args.nodes,
-                Duration::from_secs(args.duration),
-                qq_chaos::workload::QUEUES.len(),
-            );
-            println!("{}", serde_json::to_string(&plan)?);
+            println!("{}", serde_json::to_string(&setup_of(*seed).plan())?);
         }
         return Ok(true);
     }
@@ -107,14 +109,7 @@ async fn seeds(args: Args) -> anyhow::Result<bool> {
             "seed {seed}: {} nodes, {} s of faults",
             args.nodes, args.duration
         );
-        let setup = Setup {
-            seed: *seed,
-            nodes: args.nodes,
-            duration: Duration::from_secs(args.duration),
-            rate: args.rate,
-            protocol: args.protocol,
-            out: args.out.clone(),
-        };
+        let setup = setup_of(*seed);
         let o = run::run(&setup).await?;
         faults += o.faults;
         print_outcome(&o, &args, &setup.dir());

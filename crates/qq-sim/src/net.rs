@@ -28,21 +28,18 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use hyper_util::rt::TokioIo;
-use qq_raft::transport::{Conn, Incoming, Transport};
+use qq_raft::transport::{Incoming, Transport};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::codegen::Service;
 use tonic::codegen::http::Uri;
-use tonic::transport::server::TcpConnectInfo;
 use tonic::transport::{Channel, Endpoint};
 
 /// Bytes each pipe holds in one direction before its writer waits.
@@ -194,6 +191,9 @@ impl SimNet {
 
     /// Waits until `from -> to` is not blocked.
     async fn wait_open(&self, from: u64, to: u64) {
+        if !self.link(from, to).blocked {
+            return;
+        }
         let mut rx = self.inner.links.subscribe();
         let _ = rx
             .wait_for(|links| !links.get(&(from, to)).is_some_and(|l| l.blocked))
@@ -344,13 +344,7 @@ impl Transport for NodeTransport {
                     format!("{address} is taken on the simulated network"),
                 ));
             }
-            let info = TcpConnectInfo {
-                local_addr: Some(address),
-                remote_addr: None,
-            };
-            Ok(UnboundedReceiverStream::new(accepted)
-                .map(move |io| Ok(Conn::new(io, info.clone())))
-                .boxed())
+            Ok(qq_raft::transport::memory::incoming(address, accepted))
         })
     }
 }

@@ -42,6 +42,11 @@ pub struct Setup {
 }
 
 impl Setup {
+    /// The seed's plan for this run's shape (what `--plan-only` prints).
+    pub fn plan(&self) -> Plan {
+        schedule::plan(self.seed, self.nodes, self.duration, workload::QUEUES.len())
+    }
+
     /// Where the seed's trace, report and (on failure) node logs go: `seed-N`, or `seed-N-amqp`.
     pub fn dir(&self) -> PathBuf {
         match self.protocol {
@@ -98,12 +103,7 @@ pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
         std::fs::remove_dir_all(&dir).with_context(|| format!("clear {}", dir.display()))?;
     }
     std::fs::create_dir_all(&dir)?;
-    let plan = schedule::plan(
-        setup.seed,
-        setup.nodes,
-        setup.duration,
-        workload::QUEUES.len(),
-    );
+    let plan = setup.plan();
     let mut trace = Trace::create(&dir.join("trace.jsonl"), &plan)?;
     let (mut cluster, operator) = start_cluster(setup, &plan, &dir)?;
     let result = exercise(&mut cluster, operator, setup, &plan, &mut trace).await;

@@ -91,15 +91,22 @@ impl Transport for MemoryNetwork {
                     format!("{address} is taken on the in-memory network"),
                 ));
             }
-            let info = TcpConnectInfo {
-                local_addr: Some(address),
-                remote_addr: None,
-            };
-            Ok(UnboundedReceiverStream::new(accepted)
-                .map(move |io| Ok(Conn::new(io, info.clone())))
-                .boxed())
+            Ok(incoming(address, accepted))
         })
     }
+}
+
+/// The connections handed to a listener at `address` through `accepted`, as the stream the
+/// cluster server takes (no remote address: an in-memory pipe has none). Shared with
+/// simulated networks built on these pipes (qq-sim).
+pub fn incoming(address: SocketAddr, accepted: mpsc::UnboundedReceiver<DuplexStream>) -> Incoming {
+    let info = TcpConnectInfo {
+        local_addr: Some(address),
+        remote_addr: None,
+    };
+    UnboundedReceiverStream::new(accepted)
+        .map(move |io| Ok(Conn::new(io, info.clone())))
+        .boxed()
 }
 
 /// The connector a channel of the in-memory network dials with.

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use futures::StreamExt;
+use qq_raft::transport::Conn;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
