@@ -66,7 +66,9 @@ use serde::{Deserialize, Serialize};
 pub use self::command::{
     MAX_COMMAND_ITEMS, MAX_TEXT_BYTES, MAX_VALUE_DEPTH, MetaCommand, check_table,
 };
-pub use self::machine::{FIRST_META_MACHINE_VERSION, META_MACHINE_VERSION, MetaExtras};
+pub use self::machine::{
+    FIRST_META_MACHINE_VERSION, META_MACHINE_VERSION, MetaExtras, MetaExtrasFormat1,
+};
 pub use crate::error::{ErrorKind, MetaError};
 pub use crate::limits::{Counted, Limits, Scope};
 use crate::policy;
@@ -379,6 +381,10 @@ pub struct MetaState {
     /// trailer, not in this encoding.
     #[serde(skip, default = "machine::first")]
     machine_version: u32,
+    /// Which data directory each node runs on ([`MetaCommand::RecordIncarnation`]); in the
+    /// snapshot's trailer, not in this encoding.
+    #[serde(skip)]
+    incarnations: BTreeMap<NodeId, u64>,
 }
 
 impl Default for MetaState {
@@ -507,6 +513,7 @@ impl MetaState {
             joined: BTreeMap::new(),
             forgotten: BTreeSet::new(),
             machine_version: FIRST_META_MACHINE_VERSION,
+            incarnations: BTreeMap::new(),
         }
     }
 
@@ -515,9 +522,14 @@ impl MetaState {
         &self.joined
     }
 
-    /// Nodes forgotten for good.
+    /// Nodes forgotten (until they join again).
     pub fn forgotten_nodes(&self) -> &BTreeSet<NodeId> {
         &self.forgotten
+    }
+
+    /// The incarnation (data directory) node `id` recorded, if it did.
+    pub fn incarnation(&self, id: NodeId) -> Option<u64> {
+        self.incarnations.get(&id).copied()
     }
 
     // ---------------------------------------------------------------- queries

@@ -2173,11 +2173,27 @@ fn nodes_join_and_are_forgotten_for_good() {
     assert_eq!(effects, vec![MetaEffect::NodesChanged]);
     assert!(state.joined_nodes().is_empty());
     assert!(state.forgotten_nodes().contains(&4));
-    // A founding node (never joined) can be forgotten too; a forgotten id never rejoins.
+    // A founding node (never joined) can be forgotten too. Under metadata machine version 1
+    // (release 0.1.0) a forgotten id never rejoins; every replica refuses alike.
     ok(&mut state, MetaCommand::ForgetNode { id: 3 });
     let e = err(&mut state, join(4, "h:7104"));
     assert_eq!(e.kind, ErrorKind::FailedPrecondition);
     assert!(e.message.contains("forgotten"), "{}", e.message);
+    assert!(state.forgotten_nodes().contains(&4));
+
+    // From version 2 on it joins again, as a new member: no longer forgotten, joined with
+    // the addresses it gives now (a founding node's too).
+    ok(&mut state, MetaCommand::SetMachineVersion { version: 2 });
+    let (_, effects) = ok(&mut state, join(4, "h2:7104"));
+    assert_eq!(effects, vec![MetaEffect::NodesChanged]);
+    assert!(!state.forgotten_nodes().contains(&4));
+    assert_eq!(state.joined_nodes()[&4].address, "h2:7104");
+    ok(&mut state, join(3, "h3:7103"));
+    assert!(state.forgotten_nodes().is_empty());
+    assert_eq!(state.joined_nodes().len(), 2);
+    // And can be forgotten again.
+    ok(&mut state, MetaCommand::ForgetNode { id: 4 });
+    assert_eq!(state.forgotten_nodes().len(), 1);
 }
 
 fn delete_queue_cmd(name: &str) -> MetaCommand {

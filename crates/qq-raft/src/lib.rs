@@ -17,6 +17,7 @@
 
 pub mod clock;
 pub mod encoding;
+pub mod incarnation;
 pub mod layout;
 pub mod log_record;
 pub mod log_store;

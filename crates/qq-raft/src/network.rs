@@ -37,6 +37,7 @@
 //! Left out: streaming/pipelined append (openraft's sequential default is used).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -162,6 +163,10 @@ struct PeersInner {
     clock: Clock,
     /// Bumped on every change of the peer set (a node joined or was forgotten).
     changed: watch::Sender<u64>,
+    /// While set, this node neither asks for votes nor (in qq-node's service) grants them:
+    /// its data directory is new and the cluster has not yet said it may
+    /// ([`crate::incarnation`]).
+    votes_held: AtomicBool,
 }
 
 struct PeerChannels {
@@ -194,6 +199,7 @@ impl Peers {
             transport,
             clock,
             changed: watch::Sender::new(0),
+            votes_held: AtomicBool::new(false),
         };
         let mut map = BTreeMap::new();
         for peer in peers {
@@ -230,6 +236,19 @@ impl Peers {
             self.inner.changed.send_modify(|v| *v += 1);
         }
         Ok(changed)
+    }
+
+    /// Hold (or release) this node's votes in every group: while held, its candidates' vote
+    /// and pre-vote requests fail here without being sent, and qq-node's service refuses the
+    /// vote requests it receives. Appends and snapshots go on: a node may take, persist and
+    /// acknowledge new entries; only its word on who may lead is withheld.
+    pub fn hold_votes(&self, held: bool) {
+        self.inner.votes_held.store(held, Ordering::SeqCst);
+    }
+
+    /// Whether this node's votes are held ([`Peers::hold_votes`]).
+    pub fn votes_held(&self) -> bool {
+        self.inner.votes_held.load(Ordering::SeqCst)
     }
 
     /// Notified whenever the peer set changes.
@@ -393,6 +412,18 @@ pub struct GroupClient {
 }
 
 impl GroupClient {
+    /// Err while this node's votes are held: its candidacy goes nowhere.
+    fn refuse_if_votes_held(&self) -> Result<(), RPCError<TypeConfig>> {
+        if !self.peers.votes_held() {
+            return Ok(());
+        }
+        Err(RPCError::Unreachable(Unreachable::new(&NetError(format!(
+            "group {}: not asking node {} for its vote: this node's votes are held until the \
+             cluster accepts its data directory",
+            self.group, self.target
+        )))))
+    }
+
     async fn call<Req: Serialize, Resp: DeserializeOwned>(
         &self,
         kind: RaftKind,
@@ -508,6 +539,7 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.refuse_if_votes_held()?;
         self.call(RaftKind::Vote, &rpc, option.hard_ttl().max(MIN_RPC_TIMEOUT))
             .await
     }
@@ -520,6 +552,7 @@ impl RaftNetworkV2<TypeConfig> for GroupClient {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.refuse_if_votes_held()?;
         self.call(
             RaftKind::PreVote,
             &rpc,

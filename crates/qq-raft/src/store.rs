@@ -85,6 +85,7 @@ use rocksdb::{
     DBRecoveryMode, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions,
 };
 
+use crate::incarnation::Incarnation;
 use crate::log_tail::TailBudget;
 use crate::snapshot::SnapshotDir;
 use crate::types::{GroupId, TypeConfig};
@@ -203,6 +204,8 @@ struct Inner {
     on_fault: FaultHandler,
     /// The bytes of the newest entries the groups keep in memory ([`crate::log_tail`]).
     tail_budget: Arc<TailBudget>,
+    /// Which data directory this is ([`crate::incarnation`]).
+    incarnation: Incarnation,
     /// `Some` until drop; dropping it stops the fsync thread.
     tx: Option<mpsc::Sender<SyncRequest>>,
     thread: Option<JoinHandle<()>>,
@@ -289,6 +292,13 @@ impl Store {
                 source,
             },
         })?;
+        let incarnation =
+            crate::incarnation::read_or_draw(&db, raft_cf, log_cf).map_err(|source| {
+                StoreError::Open {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
         let db = Arc::new(db);
         let snapshots = SnapshotDir::open(&path.join(SNAPSHOT_DIR)).map_err(|source| {
             StoreError::Snapshots {
@@ -321,6 +331,7 @@ impl Store {
                 stats,
                 on_fault,
                 tail_budget: Arc::default(),
+                incarnation,
                 tx: Some(tx),
                 thread: Some(thread),
             }),
@@ -332,6 +343,11 @@ impl Store {
                 source,
             })?;
         Ok(store)
+    }
+
+    /// Which data directory this is, and whether it was new at this start.
+    pub fn incarnation(&self) -> Incarnation {
+        self.inner.incarnation
     }
 
     /// What the groups' log tails hold in memory, together.

@@ -7,8 +7,11 @@
 //! does not name it. `grow` puts a replica of the busy queue on it, which catches up under
 //! load. Refusals: a malformed address (INVALID_ARGUMENT), forgetting a running node or the
 //! serving node itself (FAILED_PRECONDITION). Node 4 is stopped and `qqctl forget-node`
-//! deletes its replica and drops it from the cluster; the queue keeps every confirmed message
-//! and a forgotten id cannot join again.
+//! deletes its replica and drops it from the cluster; the queue keeps every confirmed message.
+//! Node 4 then starts again on its old data (a Kubernetes pod scaled down and up with its
+//! volume kept): while forgotten it counts for nothing; `join-node` makes it a member again,
+//! as a new one, and `grow` gives it a replica that catches up. The consumer then reads every
+//! confirmed message through node 4.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -142,11 +145,25 @@ async fn a_fourth_node_joins_takes_a_replica_and_is_forgotten_under_load() -> an
     );
     assert_eq!(replicas(&admin).await?, vec![1, 2, 3]);
     wait_nodes_listed(&cluster, &[1, 2, 3], &[1, 2, 3]).await?;
-    assert_status(
-        admin.join_node(4, &addr4, &cluster_addr4).await,
-        Code::FailedPrecondition,
-        "forgotten",
-    );
+
+    info!("--- node 4 comes back on its old data while forgotten: the others do not count it");
+    cluster.start_node(4)?;
+    let before = members_of(&admin, QUEUE).await?;
+    // Let it run a while: it campaigns in its old metadata group and asks for its old queue
+    // group's votes; the publisher must not notice.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_nodes_listed(&cluster, &[1, 2, 3], &[1, 2, 3]).await?;
+    ensure!(!load.is_finished(), "the publisher stopped while node 4 was forgotten");
+
+    info!("--- the forgotten id joins again, as a new member, and takes a replica again");
+    let out = qqctl_run(&["join-node", "4", &addr4, &cluster_addr4])?;
+    ensure!(out.status.success(), "qqctl join-node after forget: {out:?}");
+    wait_nodes_listed(&cluster, &[1, 2, 3, 4], &[1, 2, 3, 4]).await?;
+    let grown = admin.grow_queues(4, "^members\\.", "").await?;
+    assert_eq!(grown.len(), 1, "{grown:?}");
+    assert_eq!(grown[0].outcome, "added", "{grown:?}");
+    assert_eq!(replicas(&admin).await?, vec![1, 2, 3, 4], "was {before:?}");
+    wait_caught_up(&cluster.client(4).await?, 4, QUEUE).await?;
 
     stop.store(true, Ordering::Relaxed);
     let (confirmed, published) = load.await??;
@@ -156,13 +173,13 @@ async fn a_fourth_node_joins_takes_a_replica_and_is_forgotten_under_load() -> an
         "too few confirmed: {}",
         confirmed.len()
     );
-    let received = consume_all(&cluster.client(3).await?, &confirmed, published).await?;
+    let received = consume_all(&cluster.client(4).await?, &confirmed, published).await?;
     info!(
         received,
         "every confirmed message received after the forget"
     );
     let queue = admin.get_queue(QUEUE).await.context("queue")?;
-    ensure!(queue.members.len() == 3, "{queue:?}");
+    ensure!(queue.members.len() == 4, "{queue:?}");
     cluster.stop();
     Ok(())
 }

@@ -1,8 +1,9 @@
 //! Story: a node's data directory is damaged while it is down. It refuses to start and says
 //! how to re-seed it from its peers; the operator follows that advice (move the directory
-//! aside, start with an empty one) and the node rejoins, catches up with what was published
-//! while it was gone, and then carries a majority with one other node: nothing confirmed is
-//! lost. Node 1 is the one wiped, because it is the node that initialises the cluster on a
+//! aside, start with an empty one). On its new directory the node holds its votes, is
+//! re-seeded as a new member (forgotten, joined again, its replica given back), catches up with
+//! what was published while it was gone, and then carries a majority with one other node:
+//! nothing confirmed is lost. Node 1 is the one wiped, because it is the node that initialises the cluster on a
 //! first start and must not do so again over a running cluster.
 
 use std::collections::BTreeSet;
@@ -70,6 +71,21 @@ async fn a_damaged_node_refuses_to_start_and_reseeds_from_its_peers() -> anyhow:
         "node 1 must hold a replica: {members:?}"
     );
     publish_all(&c2, "reseed.q", 0..300).await?;
+    // Node 1 records its data directory in the metadata within seconds of forming the
+    // cluster; a directory lost before that would be taken for a new node's.
+    let log_path = cluster.log_path(1).to_path_buf();
+    qq_tests::eventually(
+        "node 1 to record its data directory",
+        Duration::from_secs(30),
+        || {
+            let log_path = log_path.clone();
+            async move {
+                let log = std::fs::read_to_string(&log_path)?;
+                Ok(log.contains("data directory recorded").then_some(()))
+            }
+        },
+    )
+    .await?;
 
     info!("--- node 1 stops cleanly; its RocksDB MANIFEST is overwritten with garbage");
     let status = cluster.terminate(1, Duration::from_secs(30)).await?;
@@ -107,9 +123,32 @@ async fn a_damaged_node_refuses_to_start_and_reseeds_from_its_peers() -> anyhow:
         status.metadata_leader != 0,
         "node 1 sees no metadata leader"
     );
-    // The metadata came back by replication: node 1 knows the queue it never declared.
-    let info = c1.get_queue("reseed.q").await?;
-    ensure!(info.members.contains(&1), "{info:?}");
+    // Node 1's id ran on another directory, whose data is gone: it holds its votes and is
+    // re-seeded as a new member (forgotten, joined again, its replica added back and caught
+    // up) before it counts again. The metadata came back by replication: node 1 knows the
+    // queue it never declared, and is a member of it again.
+    qq_tests::eventually(
+        "node 1 to be re-seeded and a member of reseed.q again",
+        Duration::from_secs(90),
+        || {
+            let (c1, log_path) = (c1.clone(), log_path.clone());
+            async move {
+                let log = std::fs::read_to_string(&log_path)?;
+                if !log.contains("data directory accepted: this node votes") {
+                    return Ok(None);
+                }
+                ensure!(
+                    log.contains("votes held until the cluster accepts it")
+                        && log.contains("re-seeding it as a new member"),
+                    "node 1 voted again without a re-seed:\n{}",
+                    tail(&log_path, 40)
+                );
+                let info = c1.get_queue("reseed.q").await?;
+                Ok(info.members.contains(&1).then_some(()))
+            }
+        },
+    )
+    .await?;
 
     info!("--- node 1 and node 3 alone (node 2 stopped) still hold every confirmed message");
     cluster.kill9(2);

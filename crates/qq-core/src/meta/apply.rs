@@ -37,7 +37,8 @@ impl MetaState {
             | MetaCommand::BindExchange { .. }
             | MetaCommand::UnbindExchange { .. }
             | MetaCommand::SetOperatorPolicy { .. }
-            | MetaCommand::ClearOperatorPolicy { .. }) => self.apply_v2(cmd, &mut effects),
+            | MetaCommand::ClearOperatorPolicy { .. }
+            | MetaCommand::RecordIncarnation { .. }) => self.apply_v2(cmd, &mut effects),
         };
         (result, effects)
     }
@@ -260,6 +261,9 @@ impl MetaState {
             MetaCommand::ClearOperatorPolicy { vhost, name } => {
                 self.clear_operator_policy(&vhost, &name, effects)
             }
+            MetaCommand::RecordIncarnation { id, incarnation } => {
+                self.record_incarnation(id, incarnation)
+            }
             _ => Err(MetaError::invalid(
                 "not a command of metadata machine version 2",
             )),
@@ -273,15 +277,25 @@ impl MetaState {
         cluster_address: String,
         effects: &mut Vec<MetaEffect>,
     ) -> Result<MetaReply, MetaError> {
-        if self.forgotten.contains(&id) {
+        if self.forgotten.contains(&id) && self.machine_version < 2 {
             return Err(MetaError::failed_precondition(format!(
-                "id: node {id} was forgotten; a forgotten id is never reused, choose a new one"
+                "id: node {id} was forgotten, and a forgotten id joins again only once every \
+                 node runs metadata machine version 2 (the cluster runs {})",
+                self.machine_version
             )));
         }
         let addrs = NodeAddrs {
             address,
             cluster_address,
         };
+        // A forgotten id joins again as a new member: it holds no replica and is in no
+        // group's membership (forgetting made sure of both), so nothing it kept on its disk
+        // from before counts for anything (docs/operating.md "Re-seeding a node").
+        if self.forgotten.remove(&id) {
+            self.joined.insert(id, addrs);
+            effects.push(MetaEffect::NodesChanged);
+            return Ok(MetaReply::Ok);
+        }
         match self.joined.get(&id) {
             Some(known) if *known == addrs => return Ok(MetaReply::Ok),
             Some(_) => {
@@ -315,10 +329,31 @@ impl MetaState {
             )));
         }
         self.joined.remove(&id);
+        self.incarnations.remove(&id);
         if self.forgotten.insert(id) {
             effects.push(MetaEffect::NodesChanged);
         }
         Ok(MetaReply::Ok)
+    }
+
+    fn record_incarnation(&mut self, id: NodeId, incarnation: u64) -> Result<MetaReply, MetaError> {
+        if self.forgotten.contains(&id) {
+            return Err(MetaError::failed_precondition(format!(
+                "id: node {id} was forgotten; it records its incarnation once it joined again"
+            )));
+        }
+        match self.incarnations.get(&id) {
+            Some(known) if *known == incarnation => Ok(MetaReply::Ok),
+            Some(known) => Err(MetaError::failed_precondition(format!(
+                "incarnation: node {id} runs on data directory {known:016x}, not \
+                 {incarnation:016x}: a node whose directory was replaced must be re-seeded \
+                 (forgotten and joined again) first"
+            ))),
+            None => {
+                self.incarnations.insert(id, incarnation);
+                Ok(MetaReply::Ok)
+            }
+        }
     }
 
     pub(super) fn vhost_mut(&mut self, vhost: &str) -> Result<&mut Vhost, MetaError> {

@@ -113,8 +113,9 @@ pub enum MetaCommand {
     },
     // Cluster membership (JoinNode, ForgetNode).
     /// A node joins the cluster: every node adds it to its peers. Refused if `id` joined
-    /// before or was forgotten (an id is never reused). Recorded before the node enters the
-    /// metadata group's Raft membership, so every node can reach it by then.
+    /// before with other addresses. A forgotten id joins again (a new member under the old
+    /// id) from metadata machine version 2 on; version 1 refuses it. Recorded before the node
+    /// enters the metadata group's Raft membership, so every node can reach it by then.
     JoinNode {
         id: NodeId,
         address: String,
@@ -161,6 +162,15 @@ pub enum MetaCommand {
     ClearOperatorPolicy {
         vhost: String,
         name: String,
+    },
+    /// Node `id` says which data directory it runs on: `incarnation`, a random number its
+    /// store drew when the directory was new. Recorded once; the same again changes nothing,
+    /// another one is refused (FAILED_PRECONDITION): a node on a new, empty directory under an
+    /// id the cluster knows lost what it had acknowledged and must be re-seeded (forgotten and
+    /// joined again, which clears the record) before it may vote. Refused for a forgotten id.
+    RecordIncarnation {
+        id: NodeId,
+        incarnation: u64,
     },
 }
 
@@ -424,6 +434,15 @@ impl MetaCommand {
             MetaCommand::ForgetNode { id } => {
                 if *id == 0 {
                     return Err(MetaError::invalid("id: a node id must be at least 1"));
+                }
+                Ok(())
+            }
+            MetaCommand::RecordIncarnation { id, incarnation } => {
+                if *id == 0 {
+                    return Err(MetaError::invalid("id: a node id must be at least 1"));
+                }
+                if *incarnation == 0 {
+                    return Err(MetaError::invalid("incarnation: must not be 0"));
                 }
                 Ok(())
             }

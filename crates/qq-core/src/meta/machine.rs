@@ -12,7 +12,7 @@
 //! | version | release | what it adds |
 //! |---:|---|---|
 //! | 1 | 0.1.0 | everything up to 0.1.0 |
-//! | 2 | next | `BindExchange`, `UnbindExchange` (exchange-to-exchange bindings); `SetOperatorPolicy`, `ClearOperatorPolicy` (operator policies); `SetMachineVersion` |
+//! | 2 | next | `BindExchange`, `UnbindExchange` (exchange-to-exchange bindings); `SetOperatorPolicy`, `ClearOperatorPolicy` (operator policies); `SetMachineVersion`; `JoinNode` of a forgotten id joins it again (version 1 refuses it); `RecordIncarnation` (which data directory each node runs on) |
 //!
 //! What version 2 added to the state is not in the state's encoding (which is 0.1.0's, and
 //! which a 0.1.0 node reads from a snapshot): it travels beside it as [`MetaExtras`].
@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::{Binding, MetaCommand, MetaError, MetaReply, MetaState};
+use crate::NodeId;
 use crate::policy::Policy;
 
 /// The metadata machine of release 0.1.0.
@@ -43,8 +44,26 @@ impl MetaCommand {
             | MetaCommand::BindExchange { .. }
             | MetaCommand::UnbindExchange { .. }
             | MetaCommand::SetOperatorPolicy { .. }
-            | MetaCommand::ClearOperatorPolicy { .. } => 2,
+            | MetaCommand::ClearOperatorPolicy { .. }
+            | MetaCommand::RecordIncarnation { .. } => 2,
             _ => FIRST_META_MACHINE_VERSION,
+        }
+    }
+}
+
+/// [`MetaExtras`] as snapshot trailer format 1 wrote them: without the incarnations.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MetaExtrasFormat1 {
+    pub machine_version: u32,
+    pub vhosts: BTreeMap<String, (Vec<Binding>, Vec<Policy>)>,
+}
+
+impl From<MetaExtrasFormat1> for MetaExtras {
+    fn from(v1: MetaExtrasFormat1) -> MetaExtras {
+        MetaExtras {
+            machine_version: v1.machine_version,
+            vhosts: v1.vhosts,
+            incarnations: BTreeMap::new(),
         }
     }
 }
@@ -57,6 +76,9 @@ pub struct MetaExtras {
     pub machine_version: u32,
     /// Per vhost: its exchange-to-exchange bindings and its operator policies.
     pub vhosts: BTreeMap<String, (Vec<Binding>, Vec<Policy>)>,
+    /// Each node's recorded incarnation ([`MetaCommand::RecordIncarnation`]); trailer format 2
+    /// (format 1 ends before it).
+    pub incarnations: BTreeMap<NodeId, u64>,
 }
 
 impl MetaState {
@@ -105,6 +127,7 @@ impl MetaState {
         MetaExtras {
             machine_version: self.machine_version,
             vhosts,
+            incarnations: self.incarnations.clone(),
         }
     }
 
@@ -115,6 +138,7 @@ impl MetaState {
         self.machine_version = extras
             .machine_version
             .clamp(FIRST_META_MACHINE_VERSION, META_MACHINE_VERSION);
+        self.incarnations = extras.incarnations;
         for (name, (bindings, policies)) in extras.vhosts {
             if let Some(v) = self.vhosts.get_mut(&name) {
                 v.exchange_bindings = bindings.into_iter().collect();

@@ -12,7 +12,7 @@ use crate::membership::{self, Change, MemberError};
 
 type Unary<T> = Result<Response<T>, Status>;
 
-fn status(e: MemberError) -> Status {
+pub(crate) fn status(e: MemberError) -> Status {
     match e {
         MemberError::Meta(m) => meta_error_to_status(&m),
         MemberError::Node(n) => n.into(),

@@ -17,7 +17,9 @@
 use std::io;
 use std::sync::{Arc, Mutex, RwLock};
 
-use qq_core::meta::{MetaCommand, MetaEffect, MetaError, MetaExtras, MetaReply, MetaState};
+use qq_core::meta::{
+    MetaCommand, MetaEffect, MetaError, MetaExtras, MetaExtrasFormat1, MetaReply, MetaState,
+};
 use qq_raft::snapshot::{SnapshotReader, SnapshotWriter};
 use qq_raft::store::Store;
 use qq_raft::{GroupId, META_GROUP};
@@ -59,9 +61,10 @@ struct MetaSnapshotRef<'a> {
     state: &'a MetaState,
 }
 
-/// The trailer's format: 1 is [`MetaExtras`] as first released. A reader knows every format
-/// up to its own and refuses a newer one by name; a new field makes a new format.
-const META_TRAILER_FORMAT: u32 = 1;
+/// The trailer's format: 1 is [`MetaExtrasFormat1`], 2 is [`MetaExtras`] (with the nodes'
+/// incarnations). A reader knows every format up to its own and refuses a newer one by name;
+/// a new field makes a new format.
+const META_TRAILER_FORMAT: u32 = 2;
 
 /// The state of a snapshot header, with its trailer's extras put back.
 fn decode_snapshot(bytes: &[u8]) -> Result<MetaState, String> {
@@ -72,12 +75,18 @@ fn decode_snapshot(bytes: &[u8]) -> Result<MetaState, String> {
         return Ok(state);
     }
     let (format, rest) = postcard::take_from_bytes::<u32>(rest).map_err(|e| e.to_string())?;
-    if format != META_TRAILER_FORMAT {
-        return Err(format!(
-            "trailer format {format} is not one this release reads (it reads              {META_TRAILER_FORMAT}): written by a newer release"
-        ));
-    }
-    let extras: MetaExtras = postcard::from_bytes(rest).map_err(|e| e.to_string())?;
+    let extras: MetaExtras = match format {
+        1 => postcard::from_bytes::<MetaExtrasFormat1>(rest)
+            .map_err(|e| e.to_string())?
+            .into(),
+        META_TRAILER_FORMAT => postcard::from_bytes(rest).map_err(|e| e.to_string())?,
+        _ => {
+            return Err(format!(
+                "trailer format {format} is not one this release reads (it reads 1 to \
+                 {META_TRAILER_FORMAT}): written by a newer release"
+            ));
+        }
+    };
     state.restore_extras(extras);
     Ok(state)
 }
@@ -246,10 +255,41 @@ mod tests {
         bytes.extend(&extras);
         assert_eq!(decode_snapshot(&bytes).unwrap(), state);
         // A format this release does not know is refused by name.
-        newer[bytes.len() - extras.len() - 1] = 2;
+        newer[bytes.len() - extras.len() - 1] = 3;
         newer.extend(&extras);
         let e = decode_snapshot(&newer).unwrap_err();
-        assert!(e.contains("trailer format 2"), "{e}");
+        assert!(e.contains("trailer format 3"), "{e}");
+    }
+
+    /// Trailer format 1 (before the incarnations) still reads, with none recorded; format 2
+    /// carries them.
+    #[test]
+    fn a_format_1_trailer_reads_and_format_2_keeps_the_incarnations() {
+        let mut state = MetaState::new();
+        for cmd in [
+            MetaCommand::SetMachineVersion { version: 2 },
+            MetaCommand::RecordIncarnation {
+                id: 2,
+                incarnation: 0xfeed,
+            },
+        ] {
+            state.apply(cmd).0.unwrap();
+        }
+        let head = postcard::to_stdvec(&MetaSnapshotRef { state: &state }).unwrap();
+        let extras = state.extras();
+        let v1 = MetaExtrasFormat1 {
+            machine_version: extras.machine_version,
+            vhosts: extras.vhosts.clone(),
+        };
+        let mut one = head.clone();
+        one.extend(postcard::to_stdvec(&1u32).unwrap());
+        one.extend(postcard::to_stdvec(&v1).unwrap());
+        let read = decode_snapshot(&one).unwrap();
+        assert_eq!((read.machine_version(), read.incarnation(2)), (2, None));
+        let mut two = head;
+        two.extend(postcard::to_stdvec(&META_TRAILER_FORMAT).unwrap());
+        two.extend(postcard::to_stdvec(&extras).unwrap());
+        assert_eq!(decode_snapshot(&two).unwrap().incarnation(2), Some(0xfeed));
     }
 
     /// A state with queue `q` whose id the index has lost (its serde form edited: no command

@@ -8,6 +8,7 @@ use tracing::info;
 
 use super::group_op::{GroupOp, meta_op};
 use super::grow_shrink::shrink;
+use super::queue_members::add_member;
 use super::quorum::online_nodes;
 use super::{Change, MemberError, check_cluster_node};
 use crate::node::Node;
@@ -85,6 +86,14 @@ pub async fn forget_node(node: &Node, id: NodeId) -> Result<Vec<Change>, MemberE
              claiming its replicas)"
         ))));
     }
+    let changes = forget_running(node, id).await?;
+    info!(node = id, queues = changes.len(), "node forgotten");
+    Ok(changes)
+}
+
+/// [`forget_node`] without asking whether node `id` still runs: for a node that asked to be
+/// re-seeded ([`reseed_node`]), which runs but holds its votes.
+async fn forget_running(node: &Node, id: NodeId) -> Result<Vec<Change>, MemberError> {
     let changes = shrink(node, id).await?;
     if let Some(c) = changes.iter().find(|c| c.outcome != "deleted") {
         return Err(MemberError::Meta(MetaError::failed_precondition(format!(
@@ -97,6 +106,68 @@ pub async fn forget_node(node: &Node, id: NodeId) -> Result<Vec<Change>, MemberE
         .propose_meta(MetaCommand::ForgetNode { id })
         .await??;
     node.sync_peers();
-    info!(node = id, queues = changes.len(), "node forgotten");
     Ok(changes)
+}
+
+/// Re-seed node `id`, which runs on a new data directory (`incarnation`) while the cluster
+/// recorded another (it lost its votes and what it acknowledged, and holds its votes): forget
+/// it (out of every queue group and the metadata group), let it join again at `addrs`
+/// (`address`, `cluster_address`), record `incarnation`, and add it back to every queue it
+/// held. Refused (FAILED_PRECONDITION) if it is the last member of a queue: that queue's data
+/// went with the directory. Idempotent: once `incarnation` is recorded it only says so; a node
+/// found forgotten (an earlier attempt stopped half-way) joins again, without the replicas
+/// the earlier attempt took away (`qqctl grow` gives them back).
+pub async fn reseed_node(
+    node: &Node,
+    id: NodeId,
+    incarnation: u64,
+    addrs: (&str, &str),
+) -> Result<String, MemberError> {
+    if id == node.id() {
+        return Err(MemberError::Meta(MetaError::failed_precondition(format!(
+            "node: node {id} is the node serving this request; ask another node"
+        ))));
+    }
+    let state = node.view().current();
+    if state.incarnation(id) == Some(incarnation) {
+        return Ok(format!("node {id} runs on {incarnation:016x} already"));
+    }
+    let (address, cluster_address) = match (
+        node.peers().address(id),
+        node.peers().cluster_address(id),
+    ) {
+        (Some(a), Some(c)) => (a, c),
+        _ => (addrs.0.to_string(), addrs.1.to_string()),
+    };
+    check_address("address", &address)?;
+    check_address("cluster_address", &cluster_address)?;
+    info!(node = id, incarnation = %format_args!("{incarnation:016x}"), "re-seeding a node on a new data directory");
+    let changes = if state.forgotten_nodes().contains(&id) {
+        Vec::new()
+    } else {
+        check_cluster_node(node, id)?;
+        forget_running(node, id).await?
+    };
+    node.proposer()
+        .propose_meta(MetaCommand::JoinNode {
+            id,
+            address,
+            cluster_address,
+        })
+        .await??;
+    node.sync_peers();
+    node.proposer()
+        .propose_meta(MetaCommand::RecordIncarnation { id, incarnation })
+        .await??;
+    meta_op(node, GroupOp::AddVoter { node: id }).await?;
+    let mut back = 0;
+    for c in changes.iter().filter(|c| c.outcome == "deleted") {
+        let added = add_member(node, &c.vhost, &c.queue, id).await?;
+        back += usize::from(added.outcome == "added");
+    }
+    info!(node = id, queues = back, "node re-seeded");
+    Ok(format!(
+        "node {id} re-seeded on data directory {incarnation:016x}: joined again, a replica of \
+         {back} queue(s) back"
+    ))
 }

@@ -22,6 +22,7 @@
 //! Must not: serve clients or peers (that is [`crate::api`] and [`crate::peer`]), or decide
 //! anything a queue's leader decides ([`crate::leader`]).
 
+mod incarnation;
 mod meta_upgrade;
 mod opener;
 mod raft;
@@ -180,6 +181,7 @@ impl Node {
         self.tasks.spawn(self.clone().supervise(effects));
         self.tasks.spawn(self.clone().follow_meta_sync());
         self.tasks.spawn(self.clone().upgrade_meta_machine());
+        self.tasks.spawn(self.clone().settle_incarnation());
         if self.config.unload_after_ms > 0 && self.config.quiesce_after_ms > 0 {
             let after = Duration::from_millis(self.config.unload_after_ms);
             self.tasks.spawn(self.clone().unload_sleepers(after));
@@ -354,6 +356,7 @@ fn open_store_and_peers(
         StoreError::NewerLayout { .. } => anyhow::anyhow!("{e}"),
         e => anyhow::anyhow!("{e}\n\n{}", reseed_advice(&config.data_dir)),
     })?;
+    let incarnation = store.incarnation();
     let peers = Peers::new(
         config.peers.iter().map(|p| PeerAddress {
             id: p.id,
@@ -364,6 +367,11 @@ fn open_store_and_peers(
         transport,
         clock,
     )?;
+    // A new directory votes only once the cluster accepted it (module `incarnation`); a node
+    // alone in its configuration has nobody to ask.
+    if incarnation.new && config.peers.iter().any(|p| p.id != config.node_id) {
+        peers.hold_votes(true);
+    }
     Ok((store, peers))
 }
 

@@ -4,6 +4,7 @@
 //! machine version each peer runs. The client side of Raft traffic is
 //! `qq_raft::network`; proposals are forwarded by [`crate::proposer`].
 
+pub mod incarnation;
 pub mod liveness;
 pub mod machines;
 pub mod service;

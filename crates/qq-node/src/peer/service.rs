@@ -227,6 +227,16 @@ async fn serve_raft(node: &Arc<Node>, r: RaftRequest) -> Result<RaftReply, Statu
         let led = node.registry().wake_led(&groups).await;
         return Ok(reply::<Vec<u64>, String>(Ok(led)));
     }
+    if matches!(kind, RaftKind::Vote | RaftKind::PreVote) && node.peers().votes_held() {
+        // A node on a new data directory: it may have voted in this term before it lost it.
+        return Ok(RaftReply {
+            payload: Default::default(),
+            error: format!(
+                "node {} holds its votes until the cluster accepts its data directory",
+                node.id()
+            ),
+        });
+    }
     let out = if r.group == META_GROUP {
         dispatch!(node.registry().meta_raft())
     } else {
@@ -319,6 +329,26 @@ impl Internal for InternalService {
                 .proposer()
                 .serve_propose(r.group, r.payload.to_vec())
                 .await?,
+        ))
+    }
+
+    async fn incarnation(
+        &self,
+        request: Request<IncarnationRequest>,
+    ) -> Result<Response<IncarnationReply>, Status> {
+        let r = request.into_inner();
+        Ok(Response::new(
+            crate::peer::incarnation::incarnation(&self.node, &r).await,
+        ))
+    }
+
+    async fn reseed(
+        &self,
+        request: Request<IncarnationRequest>,
+    ) -> Result<Response<ReseedReply>, Status> {
+        let r = request.into_inner();
+        Ok(Response::new(
+            crate::peer::incarnation::reseed(&self.node, r).await?,
         ))
     }
 

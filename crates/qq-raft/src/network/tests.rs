@@ -3,6 +3,7 @@ use std::pin::Pin;
 use futures::Stream;
 use qq_proto::internal::internal_server::{Internal, InternalServer};
 use qq_proto::internal::{
+    IncarnationReply, IncarnationRequest, ReseedReply,
     BrowseQueueRequest, ForwardConsumeRequest, ForwardConsumeResponse, ProposeReply,
     ProposeRequest, QueueInfoReply, QueueInfoRequest, RaftAnswers, RaftCalls, RaftReply,
     WatchEvent, WatchRequest,
@@ -128,6 +129,20 @@ impl Internal for HoldingPeer {
         &self,
         _request: Request<ProposeRequest>,
     ) -> Result<Response<ProposeReply>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+
+    async fn incarnation(
+        &self,
+        _request: Request<IncarnationRequest>,
+    ) -> Result<Response<IncarnationReply>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
+
+    async fn reseed(
+        &self,
+        _request: Request<IncarnationRequest>,
+    ) -> Result<Response<ReseedReply>, Status> {
         Err(Status::unimplemented("not in this test"))
     }
 

@@ -75,6 +75,28 @@ fn a_new_database_records_its_layout_and_a_newer_one_is_refused() {
     assert!(e.to_string().contains("newer release"), "{e}");
 }
 
+/// A new directory draws an incarnation and says it is new; reopened, the same one, not new.
+/// A directory with Raft state but no incarnation (an older release's) gets one, not new. A
+/// wiped directory draws another.
+#[test]
+fn a_directory_keeps_its_incarnation_and_a_new_one_draws_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let first = Store::open(&path).unwrap().incarnation();
+    assert!(first.new && first.id != 0, "{first:?}");
+    let again = Store::open(&path).unwrap().incarnation();
+    assert_eq!(again, Incarnation { new: false, ..first });
+
+    let older = dir.path().join("older");
+    layout_1_database(&older, &[(3, entries(3, 2, 10))], 0);
+    let found = Store::open(&older).unwrap().incarnation();
+    assert!(!found.new, "{found:?}");
+
+    std::fs::remove_dir_all(&path).unwrap();
+    let wiped = Store::open(&path).unwrap().incarnation();
+    assert!(wiped.new && wiped.id != first.id, "{wiped:?} after {first:?}");
+}
+
 type Entry = openraft::alias::EntryOf<TypeConfig>;
 
 /// `n` entries of group `group`, each with a payload of `size` bytes.
