@@ -54,6 +54,7 @@ pub struct Host {
     pub listen: SocketAddr,
     config_path: PathBuf,
     log_path: PathBuf,
+    data_dir: PathBuf,
     /// How far this node's wall clock is off the others' (ms).
     pub skew_ms: i64,
     /// The AMQP port (loopback).
@@ -117,6 +118,7 @@ impl Host {
             listen,
             config_path,
             log_path: dir.join(format!("node{id}.log")),
+            data_dir: data.clone(),
             skew_ms: setup.skew_ms,
             amqp: setup.amqp,
             jump_ms: 0,
@@ -233,6 +235,27 @@ impl Host {
             Ok(result) => result.with_context(|| format!("node {}", self.id)),
             Err(_) => anyhow::bail!("node {} panicked", self.id),
         }
+    }
+
+    /// Deletes the data directory of the stopped node: a lost disk. It starts again empty.
+    pub fn wipe(&mut self) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.is_running(), "node {}: wiped while running", self.id);
+        std::fs::remove_dir_all(&self.data_dir)
+            .with_context(|| format!("wipe {}", self.data_dir.display()))?;
+        std::fs::create_dir_all(&self.data_dir)?;
+        Ok(())
+    }
+
+    /// How long its log is now, in bytes (for [`Host::log_contains_after`]).
+    pub fn log_len(&self) -> usize {
+        std::fs::metadata(&self.log_path).map_or(0, |m| m.len() as usize)
+    }
+
+    /// Whether its log holds `text` (a milestone the node logs) after its first `from` bytes.
+    pub fn log_contains_after(&self, from: usize, text: &str) -> bool {
+        std::fs::read(&self.log_path).is_ok_and(|t| {
+            String::from_utf8_lossy(t.get(from..).unwrap_or_default()).contains(text)
+        })
     }
 
     /// Freezes every task of the node for `length` (from now; returns at once).

@@ -22,3 +22,4 @@ pub mod net;
 pub mod operator;
 pub mod run;
 pub mod schedule;
+pub mod wipe;

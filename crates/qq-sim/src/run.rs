@@ -246,6 +246,11 @@ async fn exercise(
         checks.push(operator.finish(&clients, &rec).await);
         trace.event("membership change over", ());
     }
+    if let Some(node) = plan.wipe {
+        trace.event("wipe", node);
+        checks.push(crate::wipe::wipe_and_reseed(cluster, node, &clients).await);
+        trace.event("wipe over", node);
+    }
     session.finish_publishers().await;
     trace.event("publishers done", rec.confirmed_count());
     checks.extend(session.drain().await);

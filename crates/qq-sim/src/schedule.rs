@@ -116,6 +116,9 @@ pub struct Plan {
     /// Half the seeds change the membership once.
     pub membership: Option<Membership>,
     pub faults: Vec<Planned>,
+    /// A third of the seeds wipe this node's disk once the faults are healed (drawn from a
+    /// stream of its own, so that the rest of a seed's plan is what it was before wipes).
+    pub wipe: Option<u64>,
 }
 
 /// The plan of seed `seed` for `nodes` nodes (ids 1..=nodes) and a workload of `run`, over
@@ -171,7 +174,15 @@ pub fn plan(seed: u64, nodes: u64, run: Duration, queues: usize) -> Plan {
         snapshot_after_entries,
         membership,
         faults,
+        wipe: wipe(seed, nodes),
     }
+}
+
+/// The node seed `seed` wipes after the faults, if any.
+fn wipe(seed: u64, nodes: u64) -> Option<u64> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5749_5045);
+    rng.random_bool(1.0 / 3.0)
+        .then(|| rng.random_range(1..=nodes))
 }
 
 fn fault(rng: &mut StdRng, nodes: u64, queues: usize) -> Fault {

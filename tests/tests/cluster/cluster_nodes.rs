@@ -153,11 +153,17 @@ async fn a_fourth_node_joins_takes_a_replica_and_is_forgotten_under_load() -> an
     // group's votes; the publisher must not notice.
     tokio::time::sleep(Duration::from_secs(3)).await;
     wait_nodes_listed(&cluster, &[1, 2, 3], &[1, 2, 3]).await?;
-    ensure!(!load.is_finished(), "the publisher stopped while node 4 was forgotten");
+    ensure!(
+        !load.is_finished(),
+        "the publisher stopped while node 4 was forgotten"
+    );
 
     info!("--- the forgotten id joins again, as a new member, and takes a replica again");
     let out = qqctl_run(&["join-node", "4", &addr4, &cluster_addr4])?;
-    ensure!(out.status.success(), "qqctl join-node after forget: {out:?}");
+    ensure!(
+        out.status.success(),
+        "qqctl join-node after forget: {out:?}"
+    );
     wait_nodes_listed(&cluster, &[1, 2, 3, 4], &[1, 2, 3, 4]).await?;
     let grown = admin.grow_queues(4, "^members\\.", "").await?;
     assert_eq!(grown.len(), 1, "{grown:?}");

@@ -132,13 +132,11 @@ pub async fn reseed_node(
     if state.incarnation(id) == Some(incarnation) {
         return Ok(format!("node {id} runs on {incarnation:016x} already"));
     }
-    let (address, cluster_address) = match (
-        node.peers().address(id),
-        node.peers().cluster_address(id),
-    ) {
-        (Some(a), Some(c)) => (a, c),
-        _ => (addrs.0.to_string(), addrs.1.to_string()),
-    };
+    let (address, cluster_address) =
+        match (node.peers().address(id), node.peers().cluster_address(id)) {
+            (Some(a), Some(c)) => (a, c),
+            _ => (addrs.0.to_string(), addrs.1.to_string()),
+        };
     check_address("address", &address)?;
     check_address("cluster_address", &cluster_address)?;
     info!(node = id, incarnation = %format_args!("{incarnation:016x}"), "re-seeding a node on a new data directory");

@@ -24,9 +24,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use qq_proto::internal::{IncarnationReply, IncarnationRequest};
 use qq_core::NodeId;
 use qq_core::meta::MetaCommand;
+use qq_proto::internal::{IncarnationReply, IncarnationRequest};
 use tracing::{debug, error, info, warn};
 
 use super::Node;
@@ -108,7 +108,10 @@ impl Node {
                 Verdict::Undecided => {
                     rounds += 1;
                     if rounds % 10 == 1 {
-                        info!(answers = answers.len(), "votes held: no peer could say yet whether this data directory is new");
+                        info!(
+                            answers = answers.len(),
+                            "votes held: no peer could say yet whether this data directory is new"
+                        );
                     }
                     tokio::time::sleep(RETRY).await;
                 }
@@ -119,7 +122,7 @@ impl Node {
     }
 
     /// One round: every peer at once, each answer within [`ASK_TIMEOUT`] (a peer that does
-    /// not answer, or an older release, counts for nothing).
+    /// not answer counts for nothing).
     async fn ask_peers(&self, mine: u64) -> Vec<IncarnationReply> {
         let asks = self
             .peers()
@@ -130,7 +133,16 @@ impl Node {
             .map(|mut client| async move {
                 let mut req = tonic::Request::new(self.incarnation_request(mine));
                 req.set_timeout(ASK_TIMEOUT);
-                client.incarnation(req).await.ok().map(|r| r.into_inner())
+                match client.incarnation(req).await {
+                    Ok(r) => Some(r.into_inner()),
+                    // Release 0.1.0 records no directories and cannot tell: taken as a peer
+                    // whose metadata has not formed, as that release would (a known gap
+                    // while a cluster runs both releases).
+                    Err(s) if s.code() == tonic::Code::Unimplemented => {
+                        Some(IncarnationReply::default())
+                    }
+                    Err(_) => None,
+                }
             });
         futures::future::join_all(asks)
             .await
@@ -239,7 +251,12 @@ fn hex(v: u64) -> String {
 mod tests {
     use super::*;
 
-    fn answer(initialized: bool, caught_up: bool, recorded: u64, forgotten: bool) -> IncarnationReply {
+    fn answer(
+        initialized: bool,
+        caught_up: bool,
+        recorded: u64,
+        forgotten: bool,
+    ) -> IncarnationReply {
         IncarnationReply {
             initialized,
             caught_up,
@@ -262,7 +279,10 @@ mod tests {
     fn a_new_node_is_accepted_by_a_caught_up_view_an_unformed_peer_or_being_forgotten() {
         assert_eq!(judge(&[answer(true, true, 0, false)], 5), Verdict::Accepted);
         assert_eq!(judge(&[answer(true, true, 5, false)], 5), Verdict::Accepted);
-        assert_eq!(judge(&[answer(false, false, 0, false)], 5), Verdict::Accepted);
+        assert_eq!(
+            judge(&[answer(false, false, 0, false)], 5),
+            Verdict::Accepted
+        );
         assert_eq!(judge(&[answer(true, false, 0, true)], 5), Verdict::Accepted);
     }
 
@@ -270,7 +290,10 @@ mod tests {
     fn no_answer_or_only_views_that_lag_settle_nothing() {
         assert_eq!(judge(&[], 5), Verdict::Undecided);
         assert_eq!(
-            judge(&[answer(true, false, 0, false), answer(true, false, 5, false)], 5),
+            judge(
+                &[answer(true, false, 0, false), answer(true, false, 5, false)],
+                5
+            ),
             Verdict::Undecided
         );
     }

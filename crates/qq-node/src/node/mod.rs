@@ -334,9 +334,10 @@ fn reseed_advice(data_dir: &std::path::Path) -> String {
         "The data directory {dir} cannot be opened: it may be corrupt or truncated (a disk \
          fault, a partial copy, files removed by hand). To re-seed this node from its peers: \
          keep it stopped, move {dir} aside (keep it to investigate), and start the node again \
-         with the same configuration and an empty data directory. It rejoins the cluster and \
-         catches up from the other nodes (by snapshot where their logs were compacted), \
-         replica by replica. Do this only while the other nodes are up and hold a majority of \
+         with the same configuration and an empty data directory. It holds its votes, is \
+         re-seeded by a peer as a new member (forgotten, joined again, a replica of each of \
+         its queues added back) and catches up from the other nodes (by snapshot where their \
+         logs were compacted), replica by replica. Do this only while the other nodes are up and hold a majority of \
          every queue (`qqctl status`); re-seeding a node that other nodes depend on for a \
          majority loses what only it held."
     )

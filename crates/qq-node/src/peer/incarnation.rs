@@ -21,7 +21,12 @@ pub async fn incarnation(node: &Node, req: &IncarnationRequest) -> IncarnationRe
     let (initialized, leader) = {
         let metrics = node.registry().meta_raft().metrics();
         let m = metrics.borrow_watched();
-        let voters = m.membership_config.membership().voter_ids().next().is_some();
+        let voters = m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .next()
+            .is_some();
         (voters, m.current_leader.is_some())
     };
     // Without a leader (a cluster forming) there is nothing to catch up with: answer at once.

@@ -3,10 +3,9 @@ use std::pin::Pin;
 use futures::Stream;
 use qq_proto::internal::internal_server::{Internal, InternalServer};
 use qq_proto::internal::{
-    IncarnationReply, IncarnationRequest, ReseedReply,
-    BrowseQueueRequest, ForwardConsumeRequest, ForwardConsumeResponse, ProposeReply,
-    ProposeRequest, QueueInfoReply, QueueInfoRequest, RaftAnswers, RaftCalls, RaftReply,
-    WatchEvent, WatchRequest,
+    BrowseQueueRequest, ForwardConsumeRequest, ForwardConsumeResponse, IncarnationReply,
+    IncarnationRequest, ProposeReply, ProposeRequest, QueueInfoReply, QueueInfoRequest,
+    RaftAnswers, RaftCalls, RaftReply, ReseedReply, WatchEvent, WatchRequest,
 };
 use tokio::sync::{Notify, mpsc};
 use tonic::{Request, Response, Status, Streaming};

@@ -85,7 +85,13 @@ fn a_directory_keeps_its_incarnation_and_a_new_one_draws_another() {
     let first = Store::open(&path).unwrap().incarnation();
     assert!(first.new && first.id != 0, "{first:?}");
     let again = Store::open(&path).unwrap().incarnation();
-    assert_eq!(again, Incarnation { new: false, ..first });
+    assert_eq!(
+        again,
+        Incarnation {
+            new: false,
+            ..first
+        }
+    );
 
     let older = dir.path().join("older");
     layout_1_database(&older, &[(3, entries(3, 2, 10))], 0);
@@ -94,7 +100,10 @@ fn a_directory_keeps_its_incarnation_and_a_new_one_draws_another() {
 
     std::fs::remove_dir_all(&path).unwrap();
     let wiped = Store::open(&path).unwrap().incarnation();
-    assert!(wiped.new && wiped.id != first.id, "{wiped:?} after {first:?}");
+    assert!(
+        wiped.new && wiped.id != first.id,
+        "{wiped:?} after {first:?}"
+    );
 }
 
 type Entry = openraft::alias::EntryOf<TypeConfig>;

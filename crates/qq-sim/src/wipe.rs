@@ -1,0 +1,76 @@
+//! A lost disk: once the faults are healed and every replica agrees, a node of a third of the
+//! seeds is crashed, its data directory deleted, and started again empty. It must hold its
+//! votes, be re-seeded by a peer as a new member (forgotten, joined again, its replicas added
+//! back) and vote again; the run's later checks (nothing confirmed lost, replicas agree) then
+//! cover its new replicas too.
+
+use std::time::{Duration, Instant};
+
+use qq_chaos::checker::Check;
+use qq_chaos::probes::replica_agreement;
+use qq_client::Client;
+use tokio::time::sleep;
+
+use crate::faults::Cluster;
+
+/// How long the re-seed may take (the node's replicas catch up under the drain).
+const RESEED_LIMIT: Duration = Duration::from_secs(90);
+
+/// What the node logs on the way ([`qq_node`]'s `node::incarnation`).
+const HELD: &str = "votes held until the cluster accepts it";
+const RESEEDING: &str = "re-seeding it as a new member";
+const ACCEPTED: &str = "data directory accepted: this node votes";
+
+/// Wipes node `node` and waits for its re-seed; the check says how it went.
+pub async fn wipe_and_reseed(cluster: &mut Cluster, node: u64, clients: &[Client]) -> Check {
+    let name = format!("wipe: node {node} lost its disk and was re-seeded as a new member");
+    let agreed = replica_agreement(clients, Duration::from_secs(30)).await;
+    if !agreed.ok {
+        return Check::new(
+            &name,
+            false,
+            format!("replicas never agreed before the wipe: {}", agreed.detail),
+        );
+    }
+    let net = cluster.net.clone();
+    let Some(host) = cluster.hosts.iter_mut().find(|h| h.id == node) else {
+        return Check::new(&name, false, format!("no node {node}"));
+    };
+    let from = host.log_len();
+    // Ending a node joins its thread: not on a worker the clients need.
+    let wiped = tokio::task::block_in_place(|| host.crash())
+        .and_then(|()| host.wipe())
+        .and_then(|()| host.start(&net));
+    if let Err(e) = wiped {
+        return Check::new(&name, false, format!("{e:#}"));
+    }
+    let began = Instant::now();
+    while began.elapsed() < RESEED_LIMIT {
+        if host.log_contains_after(from, ACCEPTED) {
+            let ok =
+                host.log_contains_after(from, HELD) && host.log_contains_after(from, RESEEDING);
+            let how = if ok {
+                "held its votes, re-seeded"
+            } else {
+                "voted again WITHOUT a re-seed"
+            };
+            return Check::new(
+                &name,
+                ok,
+                format!(
+                    "{how}, votes again after {:.1} s",
+                    began.elapsed().as_secs_f64()
+                ),
+            );
+        }
+        sleep(Duration::from_millis(200)).await;
+    }
+    Check::new(
+        &name,
+        false,
+        format!(
+            "not re-seeded within {RESEED_LIMIT:?}; its log ends:\n{}",
+            host.log_tail(20)
+        ),
+    )
+}
