@@ -294,13 +294,17 @@ pub async fn strike(
     }
 }
 
-/// How long a wipe waits for every replica to catch up before it strikes.
-const CATCH_UP_WAIT: Duration = Duration::from_secs(60);
+/// How long a wipe waits for every replica to catch up (and the node wiped before to get
+/// every replica back: a re-seed adds them one queue at a time, each caught up first; about a
+/// minute for four busy queues on two shared cores) before it strikes.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(120);
 
-/// Waits until every replica of every queue has applied at least what the most advanced
-/// replica of that queue had applied when first asked (ClusterStatus of every node, each
-/// reporting its own replicas). A node that does not answer (not serving yet) is waited for.
-/// Err: what was still behind at the limit.
+/// Waits until every queue has a member on every founding node (a node re-seeded after the
+/// last wipe gets its replicas back one queue at a time: until then a queue has one copy
+/// fewer, and a second wipe would be a double fault) and every replica has applied at least
+/// what the most advanced replica of that queue had applied when first asked (ClusterStatus
+/// of every node, each reporting its own replicas). A node that does not answer (not serving
+/// yet) is waited for. Err: what was still behind at the limit.
 async fn wait_caught_up(clients: &[Client], limit: Duration) -> Result<(), String> {
     let deadline = Instant::now() + limit;
     let mut target: Option<BTreeMap<String, u64>> = None;
@@ -317,13 +321,15 @@ async fn wait_caught_up(clients: &[Client], limit: Duration) -> Result<(), Strin
                 });
                 seen.iter().find_map(|(q, v)| {
                     let want = goal.get(q).copied().unwrap_or(0);
-                    (v.replicas.len() < v.members || v.replicas.values().any(|(a, _)| *a < want))
-                        .then(|| {
-                            format!(
-                                "{q}: applied {:?}, wanted {want} on {}",
-                                v.replicas, v.members
-                            )
-                        })
+                    (v.members < clients.len()
+                        || v.replicas.len() < v.members
+                        || v.replicas.values().any(|(a, _)| *a < want))
+                    .then(|| {
+                        format!(
+                            "{q}: applied {:?}, wanted {want} on {}",
+                            v.replicas, v.members
+                        )
+                    })
                 })
             }
             Err(e) => Some(e),
