@@ -169,11 +169,13 @@ async fn a_fourth_node_joins_takes_a_replica_and_is_forgotten_under_load() -> an
     assert_eq!(grown.len(), 1, "{grown:?}");
     assert_eq!(grown[0].outcome, "added", "{grown:?}");
     assert_eq!(replicas(&admin).await?, vec![1, 2, 3, 4], "was {before:?}");
-    wait_caught_up(&cluster.client(4).await?, 4, QUEUE).await?;
 
+    // Caught up once the load stops: under it, a replica a few entries behind a busy leader
+    // rarely shows the very same index and digest at the moment both are asked.
     stop.store(true, Ordering::Relaxed);
     let (confirmed, published) = load.await??;
     info!(confirmed = confirmed.len(), published, "publisher stopped");
+    wait_caught_up(&cluster.client(4).await?, 4, QUEUE).await?;
     ensure!(
         confirmed.len() >= 2000,
         "too few confirmed: {}",
