@@ -1024,6 +1024,18 @@ pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
     Ok(ports)
 }
 
+/// How long a node's log is now, in bytes: where [`log_since`] starts (a restarted node
+/// appends to the log of its earlier runs).
+pub fn log_len(path: &Path) -> usize {
+    std::fs::metadata(path).map_or(0, |m| m.len() as usize)
+}
+
+/// What a log gained after its first `from` bytes ([`log_len`]); empty if it has none.
+pub fn log_since(path: &Path, from: usize) -> String {
+    let log = std::fs::read(path).unwrap_or_default();
+    String::from_utf8_lossy(log.get(from..).unwrap_or_default()).into_owned()
+}
+
 /// The last `lines` lines of a file (reads at most the last 64 KiB).
 pub fn tail(path: &Path, lines: usize) -> String {
     let Ok(mut f) = File::open(path) else {

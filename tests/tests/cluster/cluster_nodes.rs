@@ -9,9 +9,9 @@
 //! serving node itself (FAILED_PRECONDITION). Node 4 is stopped and `qqctl forget-node`
 //! deletes its replica and drops it from the cluster; the queue keeps every confirmed message.
 //! Node 4 then starts again on its old data (a Kubernetes pod scaled down and up with its
-//! volume kept): while forgotten it counts for nothing; `join-node` makes it a member again,
-//! as a new one, and `grow` gives it a replica that catches up. The consumer then reads every
-//! confirmed message through node 4.
+//! volume kept) and campaigns in its old groups: while forgotten it counts for nothing.
+//! `join-node` makes it a member again, as a new one, and `grow` gives it a replica that
+//! catches up. The consumer then reads every confirmed message through node 4.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -147,11 +147,24 @@ async fn a_fourth_node_joins_takes_a_replica_and_is_forgotten_under_load() -> an
     wait_nodes_listed(&cluster, &[1, 2, 3], &[1, 2, 3]).await?;
 
     info!("--- node 4 comes back on its old data while forgotten: the others do not count it");
+    let log4 = cluster.log_path(4).to_path_buf();
+    let logged_before = qq_tests::log_len(&log4);
     cluster.start_node(4)?;
     let before = members_of(&admin, QUEUE).await?;
-    // Let it run a while: it campaigns in its old metadata group and asks for its old queue
-    // group's votes; the publisher must not notice.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // It campaigns in its old groups (it missed its removal from them); the others must not
+    // count it, and the publisher must not notice.
+    eventually(
+        "node 4, forgotten, to campaign in its old groups",
+        Duration::from_secs(30),
+        || {
+            let log4 = log4.clone();
+            async move {
+                let since = qq_tests::log_since(&log4, logged_before);
+                Ok(since.contains("trigger pre-vote").then_some(()))
+            }
+        },
+    )
+    .await?;
     wait_nodes_listed(&cluster, &[1, 2, 3], &[1, 2, 3]).await?;
     ensure!(
         !load.is_finished(),

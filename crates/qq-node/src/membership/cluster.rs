@@ -112,8 +112,8 @@ async fn forget_running(node: &Node, id: NodeId) -> Result<Vec<Change>, MemberEr
 /// Re-seed node `id`, which runs on a new data directory (`incarnation`) while the cluster
 /// recorded another (it lost its votes and what it acknowledged, and holds its votes): forget
 /// it (out of every queue group and the metadata group), let it join again at `addrs`
-/// (`address`, `cluster_address`), record `incarnation`, and add it back to every queue it
-/// held. Refused (FAILED_PRECONDITION) if it is the last member of a queue: that queue's data
+/// (`address`, `cluster_address`; [`join_node`]), record `incarnation` (the node votes again
+/// once it sees it), and add it back to every queue it held. Refused (FAILED_PRECONDITION) if it is the last member of a queue: that queue's data
 /// went with the directory. Idempotent: once `incarnation` is recorded it only says so; a node
 /// found forgotten (an earlier attempt stopped half-way) joins again, without the replicas
 /// the earlier attempt took away (`qqctl grow` gives them back).
@@ -146,18 +146,10 @@ pub async fn reseed_node(
         check_cluster_node(node, id)?;
         forget_running(node, id).await?
     };
-    node.proposer()
-        .propose_meta(MetaCommand::JoinNode {
-            id,
-            address,
-            cluster_address,
-        })
-        .await??;
-    node.sync_peers();
+    join_node(node, id, &address, &cluster_address).await?;
     node.proposer()
         .propose_meta(MetaCommand::RecordIncarnation { id, incarnation })
         .await??;
-    meta_op(node, GroupOp::AddVoter { node: id }).await?;
     let mut back = 0;
     for c in changes.iter().filter(|c| c.outcome == "deleted") {
         let added = add_member(node, &c.vhost, &c.queue, id).await?;

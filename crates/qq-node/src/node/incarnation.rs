@@ -154,8 +154,11 @@ impl Node {
     /// Ask a peer to re-seed this node until this node's metadata records `mine`.
     async fn reseed(&self, mine: u64) {
         let recorded = async {
+            let mut applied = self.view().subscribe();
             while self.view().current().incarnation(self.id()) != Some(mine) {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                if applied.changed().await.is_err() {
+                    return;
+                }
             }
         };
         let ask = async {
@@ -221,13 +224,17 @@ impl Node {
                     self.peers().hold_votes(false);
                     continue;
                 }
-                None if state.forgotten_nodes().contains(&self.id())
-                    || state.machine_version() < 2 => {}
                 None => {
                     let cmd = MetaCommand::RecordIncarnation {
                         id: self.id(),
                         incarnation: mine,
                     };
+                    if state.forgotten_nodes().contains(&self.id())
+                        || state.machine_version() < cmd.machine_version()
+                    {
+                        tokio::time::sleep(RETRY).await;
+                        continue;
+                    }
                     match self.proposer().propose_meta(cmd).await {
                         Ok(Ok(_)) => {
                             info!(incarnation = %hex(mine), "data directory recorded");

@@ -337,9 +337,9 @@ fn reseed_advice(data_dir: &std::path::Path) -> String {
          with the same configuration and an empty data directory. It holds its votes, is \
          re-seeded by a peer as a new member (forgotten, joined again, a replica of each of \
          its queues added back) and catches up from the other nodes (by snapshot where their \
-         logs were compacted), replica by replica. Do this only while the other nodes are up and hold a majority of \
-         every queue (`qqctl status`); re-seeding a node that other nodes depend on for a \
-         majority loses what only it held."
+         logs were compacted), replica by replica. Do this only while the other nodes are up \
+         and hold a majority of every queue (`qqctl status`); re-seeding a node that other \
+         nodes depend on for a majority loses what only it held."
     )
 }
 

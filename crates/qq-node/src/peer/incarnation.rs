@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::async_runtime::WatchReceiver;
 use qq_proto::internal::{IncarnationReply, IncarnationRequest, ReseedReply};
+use qq_raft::META_GROUP;
 use tonic::Status;
 
 use crate::node::Node;
@@ -18,17 +18,8 @@ const CATCH_UP: Duration = Duration::from_secs(2);
 /// What this node's metadata says of node `req.node`'s directory: caught up to the metadata
 /// leader's read index when there is a leader to ask.
 pub async fn incarnation(node: &Node, req: &IncarnationRequest) -> IncarnationReply {
-    let (initialized, leader) = {
-        let metrics = node.registry().meta_raft().metrics();
-        let m = metrics.borrow_watched();
-        let voters = m
-            .membership_config
-            .membership()
-            .voter_ids()
-            .next()
-            .is_some();
-        (voters, m.current_leader.is_some())
-    };
+    let initialized = !node.meta_voters().is_empty();
+    let leader = node.registry().known_leader(META_GROUP).is_some();
     // Without a leader (a cluster forming) there is nothing to catch up with: answer at once.
     let caught_up = initialized
         && leader
