@@ -15,6 +15,10 @@
 //!    confirmed message; another limit, a policy that did not reach the queue's leader);
 //! 5. delete it, and read it back as NOT_FOUND.
 //!
+//! Three cycles in four route through exchanges declared for the cycle (direct, topic, and a
+//! fanout bound to the topic one) and take them down again around the queue's delete
+//! ([`crate::routes`]).
+//!
 //! Every step is retried through the next node while the cluster cannot serve it (any error but
 //! a refusal that names the request), each try bounded, until the step's limit. A cycle that
 //! cannot finish a step fails the seed's "topology changes under faults" check.
@@ -29,6 +33,8 @@ use qq_chaos::checker::Check;
 use qq_client::{Client, MessageBuilder, PublishOutcome, PublishRequest, Value, ValueExt};
 use tokio::time::{Instant, sleep, timeout};
 use tonic::Code;
+
+use crate::routes::{self, Route};
 
 /// Messages per queue.
 pub const MESSAGES: u64 = 20;
@@ -74,18 +80,30 @@ async fn cycle(clients: &[Client], n: u64) -> Result<(), String> {
         async move { c.declare_queue(&q, HashMap::new()).await.map(|_| ()) }
     })
     .await?;
-    fill(clients, n, &q).await?;
+    let route = Route::of_cycle(n);
+    let (exchange, key) = routes::build(clients, n, &q, route).await?;
+    fill(clients, n, &q, &exchange, &key).await?;
     count(clients, n, &q, limit).await?;
-    remove(clients, n, &q).await
+    routes::before_queue_delete(clients, n, &q, route).await?;
+    remove(clients, n, &q).await?;
+    routes::after_queue_delete(clients, n, &q, route).await
 }
 
-/// Publishes the queue's [`MESSAGES`], each confirmed, with one publisher id.
-async fn fill(clients: &[Client], n: u64, q: &str) -> Result<(), String> {
+/// Publishes the queue's [`MESSAGES`] to `exchange` with `routing_key`, each confirmed, with
+/// one publisher id.
+async fn fill(
+    clients: &[Client],
+    n: u64,
+    q: &str,
+    exchange: &str,
+    routing_key: &str,
+) -> Result<(), String> {
     let publisher_id = format!("sim-churn-{n}-{}", std::process::id());
     for seq in 1..=MESSAGES {
         step(clients, n + seq, "publish", |c| {
             let req = PublishRequest {
-                routing_key: q.to_string(),
+                exchange: exchange.to_string(),
+                routing_key: routing_key.to_string(),
                 // Unroutable is answered as such, never confirmed and dropped.
                 mandatory: true,
                 message: Some(MessageBuilder::new(format!("{q}:{seq}")).build()),
@@ -189,7 +207,7 @@ fn retryable(code: Code) -> bool {
 
 /// Runs `op` through node `start`, then the next, ... until it succeeds, fails for good or the
 /// step's limit passes.
-async fn step<F, Fut>(clients: &[Client], start: u64, what: &str, op: F) -> Result<(), String>
+pub(crate) async fn step<F, Fut>(clients: &[Client], start: u64, what: &str, op: F) -> Result<(), String>
 where
     F: Fn(Client) -> Fut,
     Fut: Future<Output = qq_client::Result<()>>,

@@ -20,6 +20,7 @@ pub mod faults;
 pub mod host;
 pub mod net;
 pub mod operator;
+pub mod routes;
 pub mod run;
 pub mod schedule;
 pub mod wipe;
