@@ -57,7 +57,7 @@ pub async fn run(clients: Arc<Vec<Client>>, stop: Arc<AtomicBool>) -> Check {
         sleep(Duration::from_millis(200)).await;
     }
     Check::all_clear(
-        "topology changes under faults (declare, policy, publish, count, delete)",
+        "topology changes under faults (declare, policy, exchanges, bindings, publish, count, delete)",
         failures,
         format!("{done} queues declared, filled, checked and deleted"),
     )
@@ -207,7 +207,12 @@ fn retryable(code: Code) -> bool {
 
 /// Runs `op` through node `start`, then the next, ... until it succeeds, fails for good or the
 /// step's limit passes.
-pub(crate) async fn step<F, Fut>(clients: &[Client], start: u64, what: &str, op: F) -> Result<(), String>
+pub(crate) async fn step<F, Fut>(
+    clients: &[Client],
+    start: u64,
+    what: &str,
+    op: F,
+) -> Result<(), String>
 where
     F: Fn(Client) -> Fut,
     Fut: Future<Output = qq_client::Result<()>>,

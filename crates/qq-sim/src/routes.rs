@@ -1,17 +1,18 @@
 //! The churn's routes: how a cycle's messages reach its queue, and how that route is taken
 //! down again, so that exchanges and bindings are declared and deleted under the faults too.
 //!
-//! Cycle `n` routes by `n mod 4`:
+//! Cycle `n` routes by `n mod 4` (a short run of two cycles sees the first two kinds):
 //! - 0: the default exchange (the queue's name as routing key);
-//! - 1: a direct exchange `sim.churn.x.<n>`, bound with key `k<n>`; after the count the
+//! - 1: a fanout exchange `sim.churn.src.<n>` bound to a topic exchange `sim.churn.x.<n>` (an
+//!   exchange-to-exchange binding), which is bound to the queue with `sim.<n>.#`, published
+//!   to; the source is deleted and its binding must go with it (read back), then the topic
+//!   exchange (with its queue binding), then the queue;
+//! - 2: a direct exchange `sim.churn.x.<n>`, bound with key `k<n>`; after the count the
 //!   binding is removed and read back as gone, then the exchange is deleted with `if_unused`
 //!   (refused while a binding is left) and read back as gone, before the queue is deleted;
-//! - 2: a topic exchange bound with `sim.<n>.#`, published to with `sim.<n>.m`; the queue is
+//! - 3: a topic exchange bound with `sim.<n>.#`, published to with `sim.<n>.m`; the queue is
 //!   deleted first, its binding must go with it (read back), then the exchange is deleted with
-//!   `if_unused`;
-//! - 3: a fanout exchange `sim.churn.src.<n>` bound to the topic exchange (an exchange-to-
-//!   exchange binding), published to; the source is deleted and its binding must go with it
-//!   (read back), then the topic exchange (with its queue binding), then the queue.
+//!   `if_unused`.
 //!
 //! Publishes stay mandatory: a node that finds no route for a publish after its bindings
 //! were committed routed by a stale view, and the cycle fails as for the default exchange.
@@ -38,9 +39,9 @@ impl Route {
     pub fn of_cycle(n: u64) -> Route {
         match n % 4 {
             0 => Route::Default,
-            1 => Route::Direct,
-            2 => Route::Topic,
-            _ => Route::ExchangeToExchange,
+            1 => Route::ExchangeToExchange,
+            2 => Route::Direct,
+            _ => Route::Topic,
         }
     }
 }
@@ -153,15 +154,25 @@ pub async fn after_queue_delete(
 }
 
 /// Deletes `x`, then reads the exchanges until it is not listed.
-async fn delete_exchange(clients: &[Client], n: u64, x: &str, if_unused: bool) -> Result<(), String> {
+async fn delete_exchange(
+    clients: &[Client],
+    n: u64,
+    x: &str,
+    if_unused: bool,
+) -> Result<(), String> {
     step(clients, n, "delete exchange", |c| async move {
         done_if_gone(c.delete_exchange(x, if_unused).await)
     })
     .await?;
-    step(clients, n, "read back the exchange's delete", |c| async move {
-        let listed = c.list_exchanges().await?.iter().any(|e| e.name == x);
-        still_there(listed, x)
-    })
+    step(
+        clients,
+        n,
+        "read back the exchange's delete",
+        |c| async move {
+            let listed = c.list_exchanges().await?.iter().any(|e| e.name == x);
+            still_there(listed, x)
+        },
+    )
     .await
 }
 
@@ -177,11 +188,9 @@ async fn binding_gone(
     step(clients, n, "read back the binding's removal", |c| {
         let what = what.clone();
         async move {
-            let listed = c
-                .list_bindings()
-                .await?
-                .iter()
-                .any(|b| b.exchange == source && (b.destination == destination || b.queue == destination));
+            let listed = c.list_bindings().await?.iter().any(|b| {
+                b.exchange == source && (b.destination == destination || b.queue == destination)
+            });
             still_there(listed, &what)
         }
     })
