@@ -24,7 +24,6 @@
 //! cannot finish a step fails the seed's "topology changes under faults" check.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -35,13 +34,10 @@ use tokio::time::{Instant, sleep, timeout};
 use tonic::Code;
 
 use crate::routes::{self, Route};
+use crate::steps::{STEP_LIMIT, TRY_LIMIT, step};
 
 /// Messages per queue.
 pub const MESSAGES: u64 = 20;
-/// How long one try may take.
-const TRY_LIMIT: Duration = Duration::from_secs(5);
-/// How long a step may keep retrying (faults last up to 6 s, two at once, and elections follow).
-const STEP_LIMIT: Duration = Duration::from_secs(60);
 
 /// Runs cycles until `stop`, then finishes the one under way; returns the check.
 pub async fn run(clients: Arc<Vec<Client>>, stop: Arc<AtomicBool>) -> Check {
@@ -195,42 +191,4 @@ async fn remove(clients: &[Client], n: u64, q: &str) -> Result<(), String> {
         }
     })
     .await
-}
-
-/// Whether an error is the cluster's to resolve (retry) rather than a refusal of the request.
-fn retryable(code: Code) -> bool {
-    !matches!(
-        code,
-        Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::PermissionDenied
-    )
-}
-
-/// Runs `op` through node `start`, then the next, ... until it succeeds, fails for good or the
-/// step's limit passes.
-pub(crate) async fn step<F, Fut>(
-    clients: &[Client],
-    start: u64,
-    what: &str,
-    op: F,
-) -> Result<(), String>
-where
-    F: Fn(Client) -> Fut,
-    Fut: Future<Output = qq_client::Result<()>>,
-{
-    let deadline = Instant::now() + STEP_LIMIT;
-    let mut i = start as usize;
-    loop {
-        let c = clients[i % clients.len()].clone();
-        let last = match timeout(TRY_LIMIT, op(c)).await {
-            Ok(Ok(())) => return Ok(()),
-            Ok(Err(e)) if !retryable(e.code()) => return Err(format!("{what}: {e}")),
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => "timed out".to_string(),
-        };
-        if Instant::now() >= deadline {
-            return Err(format!("{what}: after {STEP_LIMIT:?}: {last}"));
-        }
-        i += 1;
-        sleep(Duration::from_millis(200)).await;
-    }
 }

@@ -23,4 +23,5 @@ pub mod operator;
 pub mod routes;
 pub mod run;
 pub mod schedule;
+pub mod steps;
 pub mod wipe;

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use qq_client::Client;
 use tonic::Code;
 
-use crate::churn::step;
+use crate::steps::step;
 
 /// How cycle `n` routes its messages.
 #[derive(Clone, Copy, Debug, PartialEq)]
