@@ -75,7 +75,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
@@ -204,6 +204,9 @@ struct Inner {
     on_fault: FaultHandler,
     /// The bytes of the newest entries the groups keep in memory ([`crate::log_tail`]).
     tail_budget: Arc<TailBudget>,
+    /// Bytes of message bodies the state machines of this store hold back from RocksDB
+    /// ([`Store::held_bodies`]).
+    held_bodies: Arc<AtomicUsize>,
     /// Which data directory this is ([`crate::incarnation`]).
     incarnation: Incarnation,
     /// `Some` until drop; dropping it stops the fsync thread.
@@ -331,6 +334,7 @@ impl Store {
                 stats,
                 on_fault,
                 tail_budget: Arc::default(),
+                held_bodies: Arc::default(),
                 incarnation,
                 tx: Some(tx),
                 thread: Some(thread),
@@ -353,6 +357,12 @@ impl Store {
     /// What the groups' log tails hold in memory, together.
     pub fn tail_budget(&self) -> Arc<TailBudget> {
         self.inner.tail_budget.clone()
+    }
+
+    /// The bytes of message bodies that all the state machines of this store hold in memory
+    /// instead of writing them yet (a node-wide count that each of them keeps up to date).
+    pub fn held_bodies(&self) -> Arc<AtomicUsize> {
+        self.inner.held_bodies.clone()
     }
 
     /// Removes snapshot files no group's record names (a group deleted, or a stop between a

@@ -104,7 +104,7 @@ pub struct QueueMachine {
     attachments: std::sync::atomic::AtomicU64,
     /// Bumped after every applied batch (the leader actor and waiters watch it).
     applied: watch::Sender<u64>,
-    /// Body writes of the entry being applied: one RocksDB write per entry, not per message.
+    /// Bodies held back from RocksDB and deletions to write (see `bodies.rs`).
     pending: Mutex<PendingBodies>,
     /// At-most-once dead letters dropped at a full leader inbox (the leader actor logs them).
     dropped_dead_letters: AtomicU64,
@@ -137,6 +137,7 @@ impl QueueMachine {
     ) -> Arc<QueueMachine> {
         let mut state = QueueState::new(config);
         state.set_max_priority(max_priority);
+        let pending = Mutex::new(PendingBodies::new(&store));
         Arc::new(QueueMachine {
             group,
             store,
@@ -146,7 +147,7 @@ impl QueueMachine {
             leader: Mutex::new(None),
             attachments: std::sync::atomic::AtomicU64::new(0),
             applied: watch::channel(0).0,
-            pending: Mutex::new(PendingBodies::default()),
+            pending,
             dropped_dead_letters: AtomicU64::new(0),
             refusals: Refusals::default(),
             max_priority,

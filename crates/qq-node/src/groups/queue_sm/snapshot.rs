@@ -87,9 +87,16 @@ const SNAPSHOT_PAGE_BYTES: usize = 4 << 20;
 impl QueueMachine {
     /// [`Machine::cut`](crate::groups::shell::Machine::cut).
     pub(super) fn take_cut(&self) -> QueueCut {
-        // Taken in the state-machine worker between two applies, after the previous apply's
-        // bodies were written (`flush_bodies`): the state and the pinned bodies agree. Both
-        // are O(1): a clone of the persistent state and a RocksDB snapshot.
+        // Taken in the state-machine worker between two applies, once every held body is
+        // written: the state and the pinned bodies agree. Both are O(1): a clone of the
+        // persistent state and a RocksDB snapshot. A failed write is a storage fault (the
+        // store's handler stops the node); the snapshot would miss a body and be refused.
+        if let Err(e) = self.flush_all_bodies() {
+            error!(
+                group = self.group,
+                "writing held bodies before a snapshot cut: {e}"
+            );
+        }
         let state = self.state.lock().unwrap();
         QueueCut {
             state: state.clone(),
@@ -163,6 +170,7 @@ impl QueueMachine {
     /// refused, and the state and bodies stay as they were.
     pub(super) fn install_snapshot(&self, snapshot: &mut SnapshotReader) -> io::Result<()> {
         let state = self.checked_state(&snapshot.header()?)?;
+        self.flush_all_bodies()?;
         // Bodies: drop those of messages the snapshot no longer has, write the snapshot's.
         let keep: std::collections::BTreeSet<MessageId> = state.message_ids().into_iter().collect();
         let stale: Vec<MessageId> = self

@@ -243,3 +243,53 @@ fn strict_levels_come_from_the_arguments_and_travel_in_the_snapshot() {
     assert_eq!(installed.strict_level_counts(), [(4, 1), (0, 1)]);
     assert_eq!(installed, m.with_state(|s| s.clone()));
 }
+
+/// A body is held in memory after its enqueue, readable, and never written when its message
+/// goes before the queue's bound is reached; a cut writes what is held; the node's count
+/// follows and is given back when the machine goes.
+#[test]
+fn bodies_are_held_until_a_bound_or_a_cut_and_a_quick_settle_never_writes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let held = store.held_bodies();
+    let m = QueueMachine::new(5, store.clone(), QueueConfig::new("/", "q"));
+    let id = |index: u64| index << entry::BATCH_SHIFT;
+    apply(&m, 1, enqueue(b"first"));
+    assert_eq!(store.get_body(5, id(1)).unwrap(), None, "held, not written");
+    assert_eq!(&m.read_message(id(1)).unwrap().body[..], b"first");
+    assert!(held.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    apply(&m, 2, QueueRequest::command(Command::Purge));
+    assert_eq!(held.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert!(m.read_message(id(1)).is_err(), "purged");
+
+    // Past the queue's bound the oldest bodies are written, the newest stay held.
+    let big = vec![7u8; 1 << 20];
+    for index in 10..16 {
+        apply(&m, index, enqueue(&big));
+    }
+    assert!(
+        store.get_body(5, id(10)).unwrap().is_some(),
+        "oldest written"
+    );
+    assert_eq!(store.get_body(5, id(15)).unwrap(), None, "newest held");
+    for index in 10..16 {
+        assert_eq!(m.read_message(id(index)).unwrap().body.len(), 1 << 20);
+    }
+    let bound = bodies::QUEUE_HELD_MAX_BYTES;
+    assert!(held.load(std::sync::atomic::Ordering::Relaxed) <= bound);
+
+    // A cut writes everything held: the pinned bodies agree with the state.
+    let cut = m.cut();
+    assert!(store.get_body(5, id(15)).unwrap().is_some());
+    assert_eq!(held.load(std::sync::atomic::Ordering::Relaxed), 0);
+    drop(cut);
+
+    apply(&m, 20, enqueue(b"last"));
+    assert!(held.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    drop(m);
+    assert_eq!(
+        held.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "given back"
+    );
+}
