@@ -34,7 +34,7 @@ use tokio::time::{Instant, sleep, timeout};
 use tonic::Code;
 
 use crate::routes::{self, Route};
-use crate::steps::{STEP_LIMIT, TRY_LIMIT, step};
+use crate::steps::{STEP_LIMIT, TRY_LIMIT, done_if_gone, step, still_there};
 
 /// Messages per queue.
 pub const MESSAGES: u64 = 20;
@@ -175,20 +175,13 @@ async fn count(clients: &[Client], n: u64, q: &str, limit: u64) -> Result<(), St
 /// Deletes the queue, then reads it until NOT_FOUND (a node's view of the metadata may trail
 /// the delete for a moment; still there after the step's limit is a failure).
 async fn remove(clients: &[Client], n: u64, q: &str) -> Result<(), String> {
+    // NOT_FOUND: a retry of a delete that went through.
     step(clients, n, "delete", |c| async move {
-        match c.delete_queue(q, false, false).await {
-            // A retry of a delete that went through.
-            Err(e) if e.code() == Code::NotFound => Ok(()),
-            other => other.map(|_| ()),
-        }
+        done_if_gone(c.delete_queue(q, false, false).await.map(|_| ()))
     })
     .await?;
     step(clients, n, "read back the delete", |c| async move {
-        match c.get_queue(q).await {
-            Err(e) if e.code() == Code::NotFound => Ok(()),
-            Ok(_) => Err(tonic::Status::failed_precondition("still there").into()),
-            Err(e) => Err(e),
-        }
+        done_if_gone(c.get_queue(q).await.and_then(|_| still_there(true, q)))
     })
     .await
 }

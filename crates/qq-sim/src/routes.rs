@@ -22,9 +22,8 @@
 use std::collections::HashMap;
 
 use qq_client::Client;
-use tonic::Code;
 
-use crate::steps::step;
+use crate::steps::{done_if_gone, step, still_there};
 
 /// How cycle `n` routes its messages.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -195,20 +194,4 @@ async fn binding_gone(
         }
     })
     .await
-}
-
-fn still_there(listed: bool, what: &str) -> qq_client::Result<()> {
-    if listed {
-        Err(tonic::Status::failed_precondition(format!("{what}: still there")).into())
-    } else {
-        Ok(())
-    }
-}
-
-/// A delete or unbind whose earlier try went through answers NOT_FOUND: done.
-fn done_if_gone(r: qq_client::Result<()>) -> qq_client::Result<()> {
-    match r {
-        Err(e) if e.code() == Code::NotFound => Ok(()),
-        other => other,
-    }
 }

@@ -45,3 +45,21 @@ where
         sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A read-back's answer: an error while `what` is still listed.
+pub fn still_there(listed: bool, what: &str) -> qq_client::Result<()> {
+    if listed {
+        Err(tonic::Status::failed_precondition(format!("{what}: still there")).into())
+    } else {
+        Ok(())
+    }
+}
+
+/// A delete or unbind whose earlier try went through answers NOT_FOUND: done. (For a read
+/// back, NOT_FOUND is the answer awaited.)
+pub fn done_if_gone(r: qq_client::Result<()>) -> qq_client::Result<()> {
+    match r {
+        Err(e) if e.code() == Code::NotFound => Ok(()),
+        other => other,
+    }
+}
