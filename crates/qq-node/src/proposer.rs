@@ -28,7 +28,7 @@ use crate::clock::Clock;
 use crate::codec::{decode, encode};
 use crate::error::NodeError;
 use crate::groups::queue_sm::{
-    QueueEntry, QueueEntryRef, QueueReplyOut, QueueRequest, check_entry,
+    QueueEntry, QueueEntryRef, QueueReplyOut, QueueRequest, check_entry, check_requests,
 };
 use crate::groups::registry::{BrowseData, QueueInfoData, Registry};
 use crate::meta_view::MetaView;
@@ -334,8 +334,8 @@ impl Proposer {
         group: GroupId,
         req: QueueRequest,
     ) -> Result<QueueReplyOut, NodeError> {
+        check_requests(std::slice::from_ref(&req)).map_err(NodeError::InvalidArgument)?;
         let payload = encode(&QueueEntry::One(req))?;
-        check_entry(&payload).map_err(NodeError::InvalidArgument)?;
         let bytes = self.propose(group, payload).await?;
         QueueReplyOut::decode(&bytes).map_err(|e| NodeError::Internal(format!("decode reply: {e}")))
     }
@@ -346,8 +346,8 @@ impl Proposer {
         group: GroupId,
         reqs: &[QueueRequest],
     ) -> Result<Vec<QueueReplyOut>, NodeError> {
+        check_requests(reqs).map_err(NodeError::InvalidArgument)?;
         let payload = encode(&QueueEntryRef::Batch(reqs))?;
-        check_entry(&payload).map_err(NodeError::InvalidArgument)?;
         let bytes = self.propose(group, payload).await?;
         decode(&bytes)
     }

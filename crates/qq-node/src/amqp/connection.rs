@@ -395,11 +395,18 @@ async fn serve<R: AsyncRead + Unpin>(
         heartbeat * 2
     };
     let end = loop {
-        let read = tokio::select! {
-            r = tokio::time::timeout(silence, reader.next()) => r,
-            _ = stopping.cancelled() => {
-                break Some(ConnError::new(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"));
-            }
+        // A pipelining client leaves many frames in one read: those are taken without a
+        // timer or a wait (the peer was not silent; a node stopping ends the loop at the
+        // next wait, at most one read's worth of frames later).
+        let read = match reader.buffered() {
+            Ok(Some(frame)) => Ok(Ok(frame)),
+            Err(e) => Ok(Err(e)),
+            Ok(None) => tokio::select! {
+                r = tokio::time::timeout(silence, reader.next()) => r,
+                _ = stopping.cancelled() => {
+                    break Some(ConnError::new(CONNECTION_FORCED, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"));
+                }
+            },
         };
         let (frame, refusal) = match read {
             Err(_) => {

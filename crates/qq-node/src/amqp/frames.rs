@@ -83,6 +83,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         Some(header)
     }
 
+    /// The next frame if the buffer already holds it whole: no wait, no timer, no read.
+    pub fn buffered(&mut self) -> Result<Option<AMQPFrame>, ReadError> {
+        take_frame(&mut self.buf, self.frame_max)
+    }
+
     /// The next frame.
     pub async fn next(&mut self) -> Result<AMQPFrame, ReadError> {
         loop {

@@ -13,7 +13,7 @@ use qq_core::{Message, Properties, QueueConfig};
 use qq_raft::store::Store;
 
 use super::meta_sm::MetaMachine;
-use super::queue_sm::{QueueEntry, QueueMachine, QueueRequest, check_entry};
+use super::queue_sm::{QueueEntry, QueueMachine, QueueRequest, check_entry, check_message};
 use super::shell::Machine;
 
 fn valid_queue_entries() -> Vec<Vec<u8>> {
@@ -75,8 +75,69 @@ fn entries() -> impl Strategy<Value = Vec<(bool, usize, Vec<(usize, u8)>, usize,
     )
 }
 
+/// A message with every kind of field set: properties, nested headers, body, names, BCC keys.
+fn rich_message() -> Vec<u8> {
+    use qq_core::Value;
+    let mut nested = qq_core::Table::new();
+    nested.insert("n".into(), Value::Long(-7));
+    nested.insert("b".into(), Value::Bytes(vec![0, 255, 3]));
+    let mut headers = qq_core::Table::new();
+    headers.insert("s".into(), Value::String("ünï".into()));
+    headers.insert("t".into(), Value::Table(nested));
+    headers.insert(
+        "l".into(),
+        Value::List(vec![
+            Value::Bool(true),
+            Value::Double(1.5),
+            Value::Timestamp(9),
+        ]),
+    );
+    let message = Message {
+        properties: Properties {
+            content_type: "text/plain".into(),
+            headers,
+            delivery_mode: 2,
+            priority: 3,
+            expiration: "1000".into(),
+            timestamp: 1_700_000_000,
+            ..Properties::default()
+        },
+        body: b"a body of some length".to_vec(),
+        exchange: "x".into(),
+        routing_key: "rk".into(),
+        bcc: vec!["b1".into(), "b2".into()],
+    };
+    postcard::to_stdvec(&message).unwrap()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The check at apply decodes a message as `MessageShape` (borrowed) and the queue reads it
+    /// back as `Message`: the two must accept exactly the same bytes.
+    #[test]
+    #[allow(clippy::type_complexity)]
+    fn message_shape_accepts_what_message_accepts(
+        cases in proptest::collection::vec(
+            (
+                proptest::collection::vec((any::<usize>(), any::<u8>()), 0..3),
+                0usize..256,
+                proptest::collection::vec(any::<u8>(), 0..8),
+            ),
+            1..64,
+        )
+    ) {
+        let valid = rich_message();
+        prop_assert!(check_message(&valid).is_ok());
+        for (edits, keep, tail) in cases {
+            let bytes = mutate(&valid, &edits, keep, &tail);
+            prop_assert_eq!(
+                check_message(&bytes).is_ok(),
+                postcard::from_bytes::<Message>(&bytes).is_ok(),
+                "bytes {:?}", bytes
+            );
+        }
+    }
 
     #[test]
     fn queue_machine_refuses_bad_entries_and_stays_available(entries in entries()) {

@@ -38,40 +38,65 @@ pub enum QueueEntryRef<'a> {
     Batch(&'a [QueueRequest]),
 }
 
-/// Decode a queue entry and check it before it is proposed (or a forwarded proposal is
-/// accepted) and again at apply, where an entry that fails is refused as a no-op
-/// ([`Refusals`]): at most [`MAX_BATCH`] commands, each within [`Command::validate`]'s bounds,
-/// an enqueue carrying a message that decodes (a body that could not be read back would stop
-/// the group at the first Get), and no other command carrying one.
+/// Decode a queue entry and check it where its bytes came from elsewhere: a forwarded
+/// proposal before it is accepted, and every entry again at apply, where one that fails is
+/// refused as a no-op ([`Refusals`]): [`check_requests`], and each enqueue's message decodes
+/// (a body that could not be read back would stop the group at the first Get).
 pub fn check_entry(payload: &[u8]) -> Result<QueueEntry, String> {
     let entry: QueueEntry =
         postcard::from_bytes(payload).map_err(|e| format!("not a queue entry: {e}"))?;
     let reqs = match &entry {
         QueueEntry::One(req) => std::slice::from_ref(req),
-        QueueEntry::Batch(reqs) if reqs.len() > MAX_BATCH => {
-            return Err(format!(
-                "batch of {} commands, more than {MAX_BATCH}",
-                reqs.len()
-            ));
-        }
         QueueEntry::Batch(reqs) => reqs.as_slice(),
     };
-    for req in reqs {
-        check_request(req)?;
+    check_requests(reqs)?;
+    for bytes in reqs.iter().filter_map(|r| r.message.as_deref()) {
+        check_message(bytes).map_err(|e| format!("enqueue: the message does not decode: {e}"))?;
     }
     Ok(entry)
 }
 
-fn check_request(req: &QueueRequest) -> Result<(), String> {
-    req.cmd.validate()?;
-    match (req.cmd.is_enqueue(), &req.message) {
-        (true, Some(bytes)) => postcard::from_bytes::<Message>(bytes)
-            .map(|_| ())
-            .map_err(|e| format!("enqueue: the message does not decode: {e}")),
-        (true, None) => Err("enqueue: no message".into()),
-        (false, Some(_)) => Err("a message with a command other than enqueue".into()),
-        (false, None) => Ok(()),
+/// Whether `bytes` decode as a [`Message`], without copying its body or names out: decoded
+/// as [`MessageShape`], the same fields with the same serde attributes, borrowed.
+pub fn check_message(bytes: &[u8]) -> Result<(), postcard::Error> {
+    postcard::from_bytes::<MessageShape>(bytes).map(|_| ())
+}
+
+/// [`Message`]'s encoding, field by field, borrowing what can be borrowed. Kept equal to it
+/// by `message_shape_accepts_what_message_accepts` (groups/untrusted_entries.rs).
+#[derive(Deserialize)]
+#[allow(dead_code)] // decoded to be checked, never read
+struct MessageShape<'a> {
+    properties: qq_core::Properties,
+    #[serde(borrow, with = "serde_bytes")]
+    body: &'a [u8],
+    exchange: &'a str,
+    routing_key: &'a str,
+    #[serde(default, borrow)]
+    bcc: Vec<&'a str>,
+}
+
+/// The checks of requests this node built before it proposes them: at most [`MAX_BATCH`],
+/// each command within [`Command::validate`]'s bounds, an enqueue carrying a message and no
+/// other command carrying one. Their messages are this node's own encoding of a
+/// [`Message`] (a publish routed here, a dead letter, a moved message read back), so they
+/// are not decoded again here; apply checks them with the rest ([`check_entry`]).
+pub fn check_requests(reqs: &[QueueRequest]) -> Result<(), String> {
+    if reqs.len() > MAX_BATCH {
+        return Err(format!(
+            "batch of {} commands, more than {MAX_BATCH}",
+            reqs.len()
+        ));
     }
+    for req in reqs {
+        req.cmd.validate()?;
+        match (req.cmd.is_enqueue(), &req.message) {
+            (true, None) => return Err("enqueue: no message".into()),
+            (false, Some(_)) => return Err("a message with a command other than enqueue".into()),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Commands in one batch entry, at most. Message ids are `raft index << 16 | position`.

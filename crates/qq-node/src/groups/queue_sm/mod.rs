@@ -41,7 +41,8 @@ use tokio::sync::{mpsc, watch};
 
 use self::bodies::PendingBodies;
 pub use self::entry::{
-    MAX_BATCH, QueueEntry, QueueEntryRef, QueueReplyOut, QueueRequest, check_entry,
+    MAX_BATCH, QueueEntry, QueueEntryRef, QueueReplyOut, QueueRequest, check_entry, check_message,
+    check_requests,
 };
 pub use self::snapshot::QueueCut;
 use super::shell::{LogId, Machine, Refusals};
