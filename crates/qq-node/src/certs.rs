@@ -60,18 +60,28 @@ pub struct CertsArgs {
 
 /// Run `qq-node certs`: prints what it created or reused.
 pub fn run(args: &CertsArgs) -> anyhow::Result<()> {
+    println!("{}", write(args)?);
+    Ok(())
+}
+
+/// What `qq-node certs` does, without printing: the CA and the node certificate written (or
+/// kept), and a line saying which.
+pub fn write(args: &CertsArgs) -> anyhow::Result<String> {
     if args.days == 0 || args.ca_days == 0 {
         bail!("--days and --ca-days: must be >= 1");
     }
     let now = OffsetDateTime::now_utc();
-    let (ca_pem, issuer, ca_not_after) = load_or_create_ca(&args.ca_dir, args.ca_days, now)?;
+    let ca = load_or_create_ca(&args.ca_dir, args.ca_days, now)?;
     std::fs::create_dir_all(&args.out).with_context(|| format!("create {}", args.out.display()))?;
     let node_pem = args.out.join("node.pem");
     let node_key = args.out.join("node.key");
-    write_file(&args.out.join("ca.pem"), ca_pem.as_bytes(), 0o644)?;
+    write_file(&args.out.join("ca.pem"), ca.pem.as_bytes(), 0o644)?;
     if node_pem.exists() && node_key.exists() && !args.force {
-        println!("node certificate kept: {}", node_pem.display());
-        return Ok(());
+        return Ok(format!(
+            "{}\nnode certificate kept: {}",
+            ca.said,
+            node_pem.display()
+        ));
     }
     let mut sans = vec![
         "127.0.0.1".to_string(),
@@ -103,19 +113,19 @@ pub fn run(args: &CertsArgs) -> anyhow::Result<()> {
     // A day back for clock skew between the machine that signs and the nodes.
     params.not_before = now - Duration::days(1);
     let not_after = now + Duration::days(i64::from(args.days));
-    params.not_after = ca_not_after.map_or(not_after, |ca| not_after.min(ca));
+    params.not_after = ca.not_after.map_or(not_after, |ca| not_after.min(ca));
     let key = KeyPair::generate().context("generate node key")?;
     let cert = params
-        .signed_by(&key, &issuer)
+        .signed_by(&key, &ca.issuer)
         .context("sign node certificate")?;
     write_file(&node_key, key.serialize_pem().as_bytes(), 0o600)?;
     write_file(&node_pem, cert.pem().as_bytes(), 0o644)?;
-    println!(
-        "node certificate created: {} (SANs {})",
+    Ok(format!(
+        "{}\nnode certificate created: {} (SANs {})",
+        ca.said,
         node_pem.display(),
         sans.join(", ")
-    );
-    Ok(())
+    ))
 }
 
 /// `--dns NAME` must be a DNS name (letters, digits, `-`, dots between labels; a leading
@@ -139,11 +149,16 @@ fn check_dns_name(name: &str) -> anyhow::Result<()> {
 }
 
 /// The CA's PEM, its issuer and (when created now) its expiry: loaded from `dir`, or created.
-fn load_or_create_ca(
-    dir: &Path,
-    days: u32,
-    now: OffsetDateTime,
-) -> anyhow::Result<(String, Issuer<'static, KeyPair>, Option<OffsetDateTime>)> {
+/// The cluster CA, loaded or made, and a line saying which.
+struct Ca {
+    pem: String,
+    issuer: Issuer<'static, KeyPair>,
+    /// Known only for a CA made now.
+    not_after: Option<OffsetDateTime>,
+    said: String,
+}
+
+fn load_or_create_ca(dir: &Path, days: u32, now: OffsetDateTime) -> anyhow::Result<Ca> {
     let cert_path = dir.join("ca.pem");
     let key_path = dir.join("ca.key");
     if cert_path.exists() || key_path.exists() {
@@ -155,9 +170,13 @@ fn load_or_create_ca(
             KeyPair::from_pem(&key_pem).with_context(|| format!("parse {}", key_path.display()))?;
         let issuer = Issuer::from_ca_cert_pem(&pem, key)
             .with_context(|| format!("parse {}", cert_path.display()))?;
-        println!("cluster CA reused: {}", cert_path.display());
         // rcgen does not expose a loaded CA's expiry: --days is trusted to stay within it.
-        return Ok((pem, issuer, None));
+        return Ok(Ca {
+            pem,
+            issuer,
+            not_after: None,
+            said: format!("cluster CA reused: {}", cert_path.display()),
+        });
     }
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
@@ -180,8 +199,12 @@ fn load_or_create_ca(
     let cert = params.self_signed(&key).context("self-sign CA")?;
     write_file(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
     write_file(&cert_path, cert.pem().as_bytes(), 0o644)?;
-    println!("cluster CA created: {}", cert_path.display());
-    Ok((cert.pem(), Issuer::new(params, key), Some(not_after)))
+    Ok(Ca {
+        pem: cert.pem(),
+        issuer: Issuer::new(params, key),
+        not_after: Some(not_after),
+        said: format!("cluster CA created: {}", cert_path.display()),
+    })
 }
 
 /// A random positive 16-byte serial.

@@ -76,6 +76,25 @@ pub fn cluster_addr(id: u64) -> SocketAddr {
     SocketAddr::from(([10, 77, 0, id as u8], 7000))
 }
 
+/// Node `id`'s certificate, key and the run's CA (made once per run in `dir/ca`), as
+/// `qq-node certs` makes them; in `dir/tls{id}`, apart from the data directory, so a node
+/// that loses its disk keeps them, as an operator's configuration does.
+fn node_certs(dir: &Path, id: u64) -> anyhow::Result<PathBuf> {
+    let out = dir.join(format!("tls{id}"));
+    qq_node::certs::write(&qq_node::certs::CertsArgs {
+        ca_dir: dir.join("ca"),
+        out: out.clone(),
+        name: format!("node{id}"),
+        dns: Vec::new(),
+        hosts: Vec::new(),
+        ca_days: qq_node::certs::DEFAULT_CA_DAYS,
+        days: qq_node::certs::DEFAULT_NODE_DAYS,
+        force: false,
+    })
+    .with_context(|| format!("certificates of node {id}"))?;
+    Ok(out)
+}
+
 impl Host {
     /// Writes the configuration of node `id` of `ids` under `dir` (not started yet).
     pub fn create(
@@ -99,18 +118,23 @@ impl Host {
         let data = dir.join(format!("node{id}"));
         std::fs::create_dir_all(&data)?;
         let config_path = dir.join(format!("node{id}.toml"));
-        // insecure_cluster: the simulated network carries no TLS (see docs/simulation.md).
+        let tls = node_certs(dir, id)?;
+        // Mutual TLS between the nodes, as in production, over the simulated connections.
         // The memory alarm is off: three nodes share this process's memory.
         let text = format!(
             "node_id = {id}\nlisten = \"{listen}\"\ncluster_addr = \"{}\"\ndata_dir = \"{}\"\n\
-             insecure_cluster = true\nmemory_high_watermark_bytes = {}\n\
+             cluster_ca = \"{ca}\"\ncluster_cert = \"{cert}\"\ncluster_key = \"{key}\"\n\
+             memory_high_watermark_bytes = {}\n\
              snapshot_after_entries = {}\namqp_addr = \"{}\"\npeers = [{}]\n",
             cluster_addr(id),
             data.display(),
             u64::MAX / 2,
             setup.snapshot_after_entries,
             setup.amqp,
-            peers.join(", ")
+            peers.join(", "),
+            ca = tls.join("ca.pem").display(),
+            cert = tls.join("node.pem").display(),
+            key = tls.join("node.key").display(),
         );
         std::fs::write(&config_path, text)?;
         Ok(Host {

@@ -70,6 +70,9 @@ pub struct NetStats {
     pub delayed_chunks: u64,
     pub lost_chunks: u64,
     pub cut_connections: u64,
+    /// Connections whose dialler opened with a TLS handshake record, and those that did not.
+    pub tls_connections: u64,
+    pub plain_connections: u64,
 }
 
 /// The network of one simulated cluster; clones share it.
@@ -93,6 +96,8 @@ struct Inner {
     delayed_chunks: AtomicU64,
     lost_chunks: AtomicU64,
     cut_connections: AtomicU64,
+    tls_connections: AtomicU64,
+    plain_connections: AtomicU64,
 }
 
 impl SimNet {
@@ -109,6 +114,8 @@ impl SimNet {
                 delayed_chunks: AtomicU64::new(0),
                 lost_chunks: AtomicU64::new(0),
                 cut_connections: AtomicU64::new(0),
+                tls_connections: AtomicU64::new(0),
+                plain_connections: AtomicU64::new(0),
             }),
         }
     }
@@ -175,6 +182,8 @@ impl SimNet {
             delayed_chunks: get(&i.delayed_chunks),
             lost_chunks: get(&i.lost_chunks),
             cut_connections: get(&i.cut_connections),
+            tls_connections: get(&i.tls_connections),
+            plain_connections: get(&i.plain_connections),
         }
     }
 
@@ -252,8 +261,25 @@ impl SimNet {
             .push(((me.min(to), me.max(to)), cut.clone()));
         let (our_rd, our_wr) = tokio::io::split(ours_inner);
         let (their_rd, their_wr) = tokio::io::split(theirs_inner);
-        tokio::spawn(pump(self.clone(), me, to, our_rd, their_wr, cut.clone()));
-        tokio::spawn(pump(self.clone(), to, me, their_rd, our_wr, cut));
+        let dialler = Direction::Dialler;
+        tokio::spawn(pump(
+            self.clone(),
+            dialler,
+            me,
+            to,
+            our_rd,
+            their_wr,
+            cut.clone(),
+        ));
+        tokio::spawn(pump(
+            self.clone(),
+            Direction::Accepter,
+            to,
+            me,
+            their_rd,
+            our_wr,
+            cut,
+        ));
         Ok(ours)
     }
 
@@ -266,9 +292,22 @@ impl SimNet {
     }
 }
 
+/// Which end of a connection a pump reads.
+#[derive(Clone, Copy, PartialEq)]
+enum Direction {
+    Dialler,
+    Accepter,
+}
+
+/// A TLS record's first octet when it carries a handshake message (a ClientHello opens a
+/// TLS connection); HTTP/2 in plain text opens with `PRI * HTTP/2.0`.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
 /// One direction of one connection: reads what `from` wrote, delivers it to `to` when due.
+/// The dialler's first chunk is looked at once: TLS or not (counted).
 async fn pump(
     net: SimNet,
+    direction: Direction,
     from: u64,
     to: u64,
     mut rd: ReadHalf<DuplexStream>,
@@ -280,6 +319,7 @@ async fn pump(
         let net = net.clone();
         async move {
             let mut last_due = Instant::now();
+            let mut first = direction == Direction::Dialler;
             loop {
                 let mut buf = vec![0u8; CHUNK_BYTES];
                 let n = match rd.read(&mut buf).await {
@@ -287,6 +327,14 @@ async fn pump(
                     Ok(n) => n,
                 };
                 buf.truncate(n);
+                if std::mem::take(&mut first) {
+                    let counter = if buf[0] == TLS_HANDSHAKE_RECORD {
+                        &net.inner.tls_connections
+                    } else {
+                        &net.inner.plain_connections
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
                 // Never earlier than the chunk before it: a stream keeps its order.
                 last_due = net.due(from, to).max(last_due);
                 if tx.send((last_due, buf)).await.is_err() {

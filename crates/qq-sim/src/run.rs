@@ -107,7 +107,7 @@ pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
     let mut trace = Trace::create(&dir.join("trace.jsonl"), &plan)?;
     let (mut cluster, operator) = start_cluster(setup, &plan, &dir)?;
     let result = exercise(&mut cluster, operator, setup, &plan, &mut trace).await;
-    let verdict = match result {
+    let mut verdict = match result {
         Ok(v) => v,
         Err(e) => {
             let mut v = Verdict::default();
@@ -119,6 +119,7 @@ pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
             v
         }
     };
+    verdict.checks.push(tls_check(&cluster.net.stats()));
     let ok = verdict.ok();
     stop_all(&mut cluster, ok);
     let outcome = Outcome {
@@ -140,6 +141,19 @@ pub async fn run(setup: &Setup) -> anyhow::Result<Outcome> {
         }
     }
     Ok(outcome)
+}
+
+/// Every node-to-node connection opened with a TLS handshake (the nodes run mutual TLS over
+/// the simulated network, as in production), and there were some.
+fn tls_check(net: &NetStats) -> Check {
+    Check::new(
+        "node-to-node connections spoke TLS",
+        net.tls_connections > 0 && net.plain_connections == 0,
+        format!(
+            "{} opened with a TLS handshake, {} without",
+            net.tls_connections, net.plain_connections
+        ),
+    )
 }
 
 /// The plan's nodes, started on a new network with the plan's weather, and the operator of
