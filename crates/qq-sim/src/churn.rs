@@ -40,14 +40,15 @@ use crate::steps::{STEP_LIMIT, TRY_LIMIT, done_if_gone, step, still_there};
 pub const MESSAGES: u64 = 20;
 
 /// Runs cycles until `stop`, then finishes the one under way; returns the check.
-pub async fn run(clients: Arc<Vec<Client>>, stop: Arc<AtomicBool>) -> Check {
-    let mut done = 0u64;
+pub async fn run(clients: Arc<Vec<Client>>, first_route: u64, stop: Arc<AtomicBool>) -> Check {
+    let mut done = Vec::new();
     let mut failures = Vec::new();
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         n += 1;
-        match cycle(&clients, n).await {
-            Ok(()) => done += 1,
+        let route = Route::of_cycle(first_route + n - 1);
+        match cycle(&clients, n, route).await {
+            Ok(()) => done.push(format!("{route:?}")),
             Err(e) => failures.push(format!("sim.churn.{n}: {e}")),
         }
         sleep(Duration::from_millis(200)).await;
@@ -55,11 +56,15 @@ pub async fn run(clients: Arc<Vec<Client>>, stop: Arc<AtomicBool>) -> Check {
     Check::all_clear(
         "topology changes under faults (declare, policy, exchanges, bindings, publish, count, delete)",
         failures,
-        format!("{done} queues declared, filled, checked and deleted"),
+        format!(
+            "{} queues declared, filled, checked and deleted (routes: {})",
+            done.len(),
+            done.join(", ")
+        ),
     )
 }
 
-async fn cycle(clients: &[Client], n: u64) -> Result<(), String> {
+async fn cycle(clients: &[Client], n: u64, route: Route) -> Result<(), String> {
     let q = format!("sim.churn.{n}");
     let limit = 100_000 + n;
     let definition = HashMap::from([("max-length".to_string(), Value::long(limit as i64))]);
@@ -76,7 +81,6 @@ async fn cycle(clients: &[Client], n: u64) -> Result<(), String> {
         async move { c.declare_queue(&q, HashMap::new()).await.map(|_| ()) }
     })
     .await?;
-    let route = Route::of_cycle(n);
     let (exchange, key) = routes::build(clients, n, &q, route).await?;
     fill(clients, n, &q, &exchange, &key).await?;
     count(clients, n, &q, limit).await?;

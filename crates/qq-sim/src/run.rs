@@ -245,7 +245,11 @@ async fn exercise(
     );
     let rec = session.rec.clone();
     let churn_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let churn = tokio::spawn(churn::run(clients.clone(), churn_stop.clone()));
+    let churn = tokio::spawn(churn::run(
+        clients.clone(),
+        plan.first_route,
+        churn_stop.clone(),
+    ));
 
     let mut findings =
         under_faults(cluster, operator.as_mut(), plan, &clients, &rec, trace).await?;

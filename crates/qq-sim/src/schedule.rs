@@ -119,6 +119,11 @@ pub struct Plan {
     /// A third of the seeds wipe this node's disk once the faults are healed (drawn from a
     /// stream of its own, so that the rest of a seed's plan is what it was before wipes).
     pub wipe: Option<u64>,
+    /// The route of the topology churn's first cycle (`routes::Route::of_cycle`); the cycles
+    /// after it take the next routes in turn. Drawn from a stream of its own (the rest of the
+    /// plan is unchanged), so that seeds that get through two cycles still cover every route
+    /// between them.
+    pub first_route: u64,
 }
 
 /// The plan of seed `seed` for `nodes` nodes (ids 1..=nodes) and a workload of `run`, over
@@ -175,7 +180,13 @@ pub fn plan(seed: u64, nodes: u64, run: Duration, queues: usize) -> Plan {
         membership,
         faults,
         wipe: wipe(seed, nodes),
+        first_route: first_route(seed),
     }
+}
+
+/// The route of seed `seed`'s first churn cycle.
+fn first_route(seed: u64) -> u64 {
+    StdRng::seed_from_u64(seed ^ 0x524f_5554).random_range(0..4)
 }
 
 /// The node seed `seed` wipes after the faults, if any.
