@@ -724,6 +724,47 @@ def case_cross_node(url, url2):
         cleanup(url, queues=[queue])
 
 
+# --- Void header values, as Celery sends them -----------------------------------------------------
+
+def case_void_headers(url):
+    """Celery's task messages carry headers set to None (`eta`, `expires`, ...); its worker
+    fails on a delivered header that is anything else. Void must come back as void, nested too,
+    through a consumer and through basic.get."""
+    queue = unique('celery_like')
+    headers = {'lang': 'py', 'task': 'tasks.add', 'eta': None, 'expires': None,
+               'nested': {'k': None, 'list': [None, 1]}}
+    try:
+        connection = connect(url)
+        channel = connection.channel()
+        declare_quorum(channel, queue)
+        channel.confirm_delivery()
+
+        def publish():
+            channel.basic_publish(exchange='', routing_key=queue, body=b'{}',
+                                  properties=pika.BasicProperties(headers=headers))
+
+        publish()
+        got = []
+
+        def callback(ch, method, properties, _body):
+            got.append(properties.headers)
+            ch.basic_ack(delivery_tag=method.delivery_tag)
+            ch.basic_cancel(consumer_tag=method.consumer_tag)
+
+        channel.basic_qos(prefetch_count=1)
+        channel.basic_consume(queue=queue, on_message_callback=callback)
+        pump_until(connection, lambda: got, WAIT, 'the delivery')
+        publish()
+        _method, properties, _body = get_one(channel, queue)
+        got.append(properties.headers)
+        for how, received in zip(('consumed', 'basic.get'), got):
+            for key, value in headers.items():
+                expect_equal(received.get(key), value, f'{how}: header {key}')
+        connection.close()
+    finally:
+        cleanup(url, queues=[queue])
+
+
 CASES = {
     'tutorial1_hello_world': case_tutorial1_hello_world,
     'tutorial2_work_queues': case_tutorial2_work_queues,
@@ -739,6 +780,7 @@ CASES = {
     'dead_letter_expired_message_ttl': case_dead_letter_expired_message_ttl,
     'redelivery_count': case_redelivery_count,
     'consumer_cancel_on_queue_delete': case_consumer_cancel_on_queue_delete,
+    'void_headers': case_void_headers,
 }
 TWO_NODE_CASES = {'cross_node': case_cross_node}
 

@@ -34,10 +34,29 @@ pub enum Value {
     Timestamp(i64),
     List(Vec<Value>),
     Table(Table),
+    /// AMQP's void (`V`, Python's `None`): no value. Only in message headers, and only once
+    /// the metadata machine runs version 2 (every node decodes it; release 0.1.0 does not):
+    /// before that, and in arguments and policies, it is stored as an empty byte array
+    /// ([`voids_as_empty_bytes`]). Last, so the variants before it keep their encoding.
+    Void,
 }
 
 /// A field table: headers, queue arguments, policy definitions.
 pub type Table = BTreeMap<String, Value>;
+
+/// Every [`Value::Void`] in `table` (nested lists and tables included) replaced by an empty
+/// byte array, as a release without `Void` stores it.
+pub fn voids_as_empty_bytes(table: &mut Table) {
+    fn walk(v: &mut Value) {
+        match v {
+            Value::Void => *v = Value::Bytes(Vec::new()),
+            Value::List(items) => items.iter_mut().for_each(walk),
+            Value::Table(t) => t.values_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    table.values_mut().for_each(walk);
+}
 
 impl Value {
     pub fn as_str(&self) -> Option<&str> {
@@ -63,6 +82,7 @@ impl Value {
             Value::Timestamp(_) => "timestamp",
             Value::List(_) => "list",
             Value::Table(_) => "table",
+            Value::Void => "void",
         }
     }
 }
@@ -218,5 +238,31 @@ impl QueueConfig {
             requeue_delays_ms: Vec::new(),
             dedup_window_ms: crate::dedup::DEFAULT_DEDUP_WINDOW_MS,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn voids_become_empty_byte_arrays_at_every_depth() {
+        let mut nested = Table::new();
+        nested.insert("k".into(), Value::Void);
+        let mut table = Table::new();
+        table.insert("top".into(), Value::Void);
+        table.insert(
+            "list".into(),
+            Value::List(vec![Value::Void, Value::Long(1)]),
+        );
+        table.insert("table".into(), Value::Table(nested));
+        voids_as_empty_bytes(&mut table);
+        let empty = || Value::Bytes(Vec::new());
+        assert_eq!(table["top"], empty());
+        assert_eq!(table["list"], Value::List(vec![empty(), Value::Long(1)]));
+        assert_eq!(
+            table["table"],
+            Value::Table(Table::from([("k".into(), empty())]))
+        );
     }
 }

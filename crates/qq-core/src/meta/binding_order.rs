@@ -18,6 +18,7 @@ fn cmp_value(a: &Value, b: &Value) -> Ordering {
             Value::Timestamp(_) => 5,
             Value::List(_) => 6,
             Value::Table(_) => 7,
+            Value::Void => 8,
         }
     }
     match (a, b) {

@@ -167,7 +167,9 @@ async fn consume(
         consumer_tag: ctag.clone(),
         prefetch_count: channel.prefetch as u32,
         auto_ack: c.no_ack,
-        arguments: crate::api::convert::table_to_pb(&super::convert::table_from_amqp(&c.arguments)),
+        arguments: crate::api::convert::table_to_pb(&super::convert::arguments_from_amqp(
+            &c.arguments,
+        )),
     };
     let args = grpc::subscribe_args(api, &session.caller, sub)?;
     let guard = grpc::admit_consumer(api, &session.caller, &session.vhost)?;

@@ -4,8 +4,11 @@
 //! The broker stores header values as string, long, bool, double, bytes, timestamp, list and
 //! table. AMQP's integer types (signed and unsigned, 8 to 64 bits) arrive as long and are
 //! delivered as long (`l`), floats as double (`d`), short strings and long strings as string
-//! (`S`; a long string that is not UTF-8 as a byte array `x`), decimals as their text, void
-//! as an empty byte array. docs/api.md "AMQP 0-9-1" lists these.
+//! (`S`; a long string that is not UTF-8 as a byte array `x`), decimals as their text. Void
+//! (`V`) in a message's headers is kept and delivered as void (Celery, through kombu, sends
+//! `eta: None` and fails on anything else); in arguments, and in headers while the cluster's
+//! metadata machine is below version 2 (a release 0.1.0 node may still be a member), it is
+//! an empty byte array ([`arguments_from_amqp`], `api::publish`). docs/amqp.md lists these.
 
 use amq_protocol::protocol::BasicProperties;
 use amq_protocol::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
@@ -50,7 +53,7 @@ pub fn value_from_amqp(v: &AMQPValue) -> Value {
         AMQPValue::Timestamp(t) => Value::Timestamp(*t as i64),
         AMQPValue::FieldTable(t) => Value::Table(table_from_amqp(t)),
         AMQPValue::ByteArray(b) => Value::Bytes(b.as_slice().to_vec()),
-        AMQPValue::Void => Value::Bytes(Vec::new()),
+        AMQPValue::Void => Value::Void,
     }
 }
 
@@ -73,6 +76,14 @@ pub fn table_from_amqp(t: &FieldTable) -> Table {
         .collect()
 }
 
+/// The arguments of a declare, bind or consume: void as an empty byte array (arguments go
+/// into the metadata, which every release must decode).
+pub fn arguments_from_amqp(t: &FieldTable) -> Table {
+    let mut table = table_from_amqp(t);
+    qq_core::voids_as_empty_bytes(&mut table);
+    table
+}
+
 pub fn value_to_amqp(v: &Value) -> AMQPValue {
     match v {
         Value::String(s) => AMQPValue::LongString(LongString::from(s.as_bytes().to_vec())),
@@ -85,6 +96,7 @@ pub fn value_to_amqp(v: &Value) -> AMQPValue {
             l.iter().map(value_to_amqp).collect::<Vec<_>>(),
         )),
         Value::Table(t) => AMQPValue::FieldTable(table_to_amqp(t)),
+        Value::Void => AMQPValue::Void,
     }
 }
 

@@ -174,7 +174,7 @@ pub(super) async fn get(
     });
     let tag = channel.deliveries.next_tag(unacked);
     let message = delivery.message.unwrap_or_default();
-    let (mut props, body) = crate::api::convert::message_from_pb(Some(&message))?;
+    let (mut props, body) = crate::api::convert::delivered_message_from_pb(&message)?;
     // RabbitMQ's quorum queues put the count on every basic.get, 0 the first time.
     props
         .headers

@@ -16,12 +16,12 @@ use qq_proto::v1 as pb;
 use tonic::{Code, Status};
 
 use super::codes::{AmqpError, PRECONDITION_FAILED, RESOURCE_LOCKED};
-use super::convert::{short, table_from_amqp};
+use super::convert::{arguments_from_amqp, short};
 use super::session::{Session, request};
 use crate::api::{admin, convert::table_to_pb};
 
 fn arguments(t: &FieldTable) -> std::collections::HashMap<String, pb::Value> {
-    table_to_pb(&table_from_amqp(t))
+    table_to_pb(&arguments_from_amqp(t))
 }
 
 /// A delete of something that does not exist is done.

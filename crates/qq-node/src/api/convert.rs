@@ -12,9 +12,23 @@ use qq_core::{Message, Properties, Table, Value};
 use qq_proto::v1 as pb;
 use tonic::{Code, Status};
 
+/// A value a client sent: one with no kind is INVALID_ARGUMENT.
 pub fn value_from_pb(field: &str, v: &pb::Value) -> Result<Value, Status> {
+    value_from_pb_with(field, v, Void::Refused)
+}
+
+/// Whether a value with no kind is [`Value::Void`] (a header of a stored message that an
+/// AMQP publisher set to void) or refused (anything a client sends).
+#[derive(Clone, Copy, PartialEq)]
+enum Void {
+    Refused,
+    Read,
+}
+
+fn value_from_pb_with(field: &str, v: &pb::Value, void: Void) -> Result<Value, Status> {
     use pb::value::Kind;
     Ok(match &v.kind {
+        None if void == Void::Read => Value::Void,
         None => {
             return Err(Status::invalid_argument(format!(
                 "{field}: value has no type set"
@@ -30,16 +44,27 @@ pub fn value_from_pb(field: &str, v: &pb::Value) -> Result<Value, Status> {
             l.values
                 .iter()
                 .enumerate()
-                .map(|(i, x)| value_from_pb(&format!("{field}[{i}]"), x))
+                .map(|(i, x)| value_from_pb_with(&format!("{field}[{i}]"), x, void))
                 .collect::<Result<_, _>>()?,
         ),
-        Some(Kind::TableValue(t)) => Value::Table(table_from_pb(field, &t.fields)?),
+        Some(Kind::TableValue(t)) => Value::Table(table_from_pb_with(field, &t.fields, void)?),
     })
 }
 
 pub fn table_from_pb(field: &str, map: &HashMap<String, pb::Value>) -> Result<Table, Status> {
+    table_from_pb_with(field, map, Void::Refused)
+}
+
+fn table_from_pb_with(
+    field: &str,
+    map: &HashMap<String, pb::Value>,
+    void: Void,
+) -> Result<Table, Status> {
     map.iter()
-        .map(|(k, v)| Ok((k.clone(), value_from_pb(&format!("{field}.{k}"), v)?)))
+        .map(|(k, v)| {
+            let value = value_from_pb_with(&format!("{field}.{k}"), v, void)?;
+            Ok((k.clone(), value))
+        })
         .collect()
 }
 
@@ -58,6 +83,8 @@ pub fn value_to_pb(v: &Value) -> pb::Value {
         Value::Table(t) => Kind::TableValue(pb::ValueTable {
             fields: table_to_pb(t),
         }),
+        // AMQP's void: a Value with no kind (docs/api.md); a publish may not send one.
+        Value::Void => return pb::Value { kind: None },
     };
     pb::Value { kind: Some(kind) }
 }
@@ -68,6 +95,19 @@ pub fn table_to_pb(t: &Table) -> HashMap<String, pb::Value> {
 
 /// Decode a published message; the per-message TTL must be a decimal number of milliseconds.
 pub fn message_from_pb(m: Option<&pb::Message>) -> Result<(Properties, Vec<u8>), Status> {
+    message_from_pb_with(m, Void::Refused)
+}
+
+/// Decode a message the broker delivers (basic.get over AMQP): as [`message_from_pb`], and a
+/// header value with no kind is void.
+pub fn delivered_message_from_pb(m: &pb::Message) -> Result<(Properties, Vec<u8>), Status> {
+    message_from_pb_with(Some(m), Void::Read)
+}
+
+fn message_from_pb_with(
+    m: Option<&pb::Message>,
+    void: Void,
+) -> Result<(Properties, Vec<u8>), Status> {
     let Some(m) = m else {
         return Err(Status::invalid_argument("message: required"));
     };
@@ -90,7 +130,7 @@ pub fn message_from_pb(m: Option<&pb::Message>) -> Result<(Properties, Vec<u8>),
     let props = Properties {
         content_type: p.content_type,
         content_encoding: p.content_encoding,
-        headers: table_from_pb("message.properties.headers", &p.headers)?,
+        headers: table_from_pb_with("message.properties.headers", &p.headers, void)?,
         delivery_mode: p.delivery_mode,
         priority: p.priority,
         correlation_id: p.correlation_id,

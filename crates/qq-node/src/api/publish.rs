@@ -165,6 +165,11 @@ pub(crate) async fn route_message(
     }
 }
 
+/// The metadata machine version from which a message's headers may hold
+/// [`qq_core::Value::Void`]: the cluster moves to it only once every member runs a release that
+/// decodes it (release 0.1.0 does not, and would refuse the enqueue while the others apply it).
+const VOID_SINCE_META_VERSION: u32 = 2;
+
 /// What this node's view of the metadata found for a publish.
 enum Found {
     Route(Prepared),
@@ -196,8 +201,11 @@ fn route_by_view(api: &Api, caller: &Caller, publish: Publish) -> Result<Found, 
     }
     qq_core::route::validate_sender_selected(&properties.headers).map_err(meta_err)?;
     qq_core::deadletter::strip_client_death_headers(&mut properties.headers);
-    let keys = qq_core::route::routing_keys(&routing_key, &properties.headers);
     let state = api.node.view().current();
+    if state.machine_version() < VOID_SINCE_META_VERSION {
+        qq_core::voids_as_empty_bytes(&mut properties.headers);
+    }
+    let keys = qq_core::route::routing_keys(&routing_key, &properties.headers);
     if let Some(x) = state.exchange(&vhost, &exchange) {
         if x.internal {
             return Err(Status::permission_denied(format!(

@@ -30,6 +30,7 @@ pub fn value_to_json(v: &Value) -> J {
         Value::Timestamp(t) => json!({ "$timestamp": t }),
         Value::List(l) => J::Array(l.iter().map(value_to_json).collect()),
         Value::Table(t) => table_to_json(t),
+        Value::Void => J::Null,
     }
 }
 

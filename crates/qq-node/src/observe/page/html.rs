@@ -178,6 +178,7 @@ pub fn value(v: &Value) -> String {
             items.iter().map(value).collect::<Vec<_>>().join(", ")
         ),
         Value::Table(t) => format!("{{{}}}", table(t)),
+        Value::Void => "void".to_string(),
     }
 }
 
