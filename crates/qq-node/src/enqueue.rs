@@ -4,7 +4,7 @@
 //!
 //! The caller routes (with the metadata view) and builds one enqueue request per message and
 //! target, with its idempotency key; [`Enqueuer::commit`] sends the requests of each target as
-//! one ordered batch entry, all targets at once, and hands back every message's reply from
+//! one ordered batch entry (two when some carry a priority), all targets at once, and hands back every message's reply from
 //! every target. A message is stored in a target once its entry is committed, i.e. fsynced on a
 //! majority of that queue's members.
 //!
@@ -78,6 +78,11 @@ fn enqueue(
         cmd,
         message: Some(message.encoded.to_vec()),
     }
+}
+
+/// Whether `r` is a machine-version-2 enqueue (a message with a priority).
+fn is_high(r: &QueueRequest) -> bool {
+    matches!(r.cmd, Command::EnqueueWithPriority { .. })
 }
 
 /// The plain `Enqueue` of an `EnqueueWithPriority` (same keys and time): what a queue whose
@@ -159,7 +164,8 @@ impl Enqueuer {
 
     /// Commit `messages` (each: the list of its routed copies) and return, per message, what
     /// each of its targets answered. The copies for one target go as one batch entry in the
-    /// order of `messages`, so each target stores them in that order.
+    /// order of `messages`, so each target stores them in that order (those with a priority
+    /// as a second entry after the others: [`Enqueuer::propose_by_kind`]).
     pub async fn commit(&self, messages: Vec<Vec<Routed>>) -> Vec<Vec<TargetReply>> {
         let mut per_target: BTreeMap<GroupId, (String, Vec<(usize, QueueRequest)>)> =
             BTreeMap::new();
@@ -178,31 +184,48 @@ impl Enqueuer {
             per_target
                 .into_iter()
                 .map(|(target, (name, items))| async move {
-                    let (positions, reqs): (Vec<usize>, Vec<QueueRequest>) =
-                        items.into_iter().unzip();
-                    let result = self.propose_target(target, &reqs).await;
-                    (name, positions, result)
+                    (name, self.propose_by_kind(target, items).await)
                 }),
         )
         .await;
-        for (name, positions, result) in results {
-            match result {
-                Ok(replies) => {
-                    for (i, r) in positions.into_iter().zip(replies) {
-                        out[i].push(TargetReply {
-                            name: name.clone(),
-                            reply: Ok(r.reply),
-                        });
-                    }
-                }
-                Err(e) => {
-                    for i in positions {
-                        out[i].push(TargetReply {
-                            name: name.clone(),
-                            reply: Err(e.clone()),
-                        });
-                    }
-                }
+        for (name, replies) in results {
+            for (i, reply) in replies {
+                out[i].push(TargetReply {
+                    name: name.clone(),
+                    reply,
+                });
+            }
+        }
+        out
+    }
+
+    /// Proposes one target's requests (each with its message's position): the plain ones as
+    /// one entry, then those of a machine-version-2 command (a priority) as another, each in
+    /// their order. Kept apart because a replica of release 0.1.0 refuses a whole entry it
+    /// cannot decode, while this release refuses only the version-2 commands of an entry on
+    /// a queue still at version 1: in one entry, the plain enqueues beside them would be
+    /// stored on some replicas and not on others. Apart, every replica refuses the
+    /// version-2 entry whole or applies it whole. A message's reply, or the error of its
+    /// entry.
+    async fn propose_by_kind(
+        &self,
+        target: GroupId,
+        items: Vec<(usize, QueueRequest)>,
+    ) -> Vec<(usize, Result<Reply, NodeError>)> {
+        let (high, plain): (Vec<_>, Vec<_>) = items.into_iter().partition(|(_, r)| is_high(r));
+        let mut out = Vec::new();
+        for part in [plain, high] {
+            if part.is_empty() {
+                continue;
+            }
+            let (positions, reqs): (Vec<usize>, Vec<QueueRequest>) = part.into_iter().unzip();
+            match self.propose_target(target, &reqs).await {
+                Ok(replies) => out.extend(
+                    positions
+                        .into_iter()
+                        .zip(replies.into_iter().map(|r| Ok(r.reply))),
+                ),
+                Err(e) => out.extend(positions.into_iter().map(|i| (i, Err(e.clone())))),
             }
         }
         out
@@ -220,7 +243,6 @@ impl Enqueuer {
         reqs: &[QueueRequest],
     ) -> Result<Vec<QueueReplyOut>, NodeError> {
         let first = self.proposer.propose_queue_batch(target, reqs).await;
-        let is_high = |r: &QueueRequest| matches!(r.cmd, Command::EnqueueWithPriority { .. });
         if !reqs.iter().any(is_high) {
             return first;
         }
