@@ -231,12 +231,12 @@ impl Enqueuer {
         out
     }
 
-    /// Proposes one target's batch. A queue whose machine is still at version 1 refuses a
-    /// high-priority enqueue (every replica alike, `Reply::Error`), and a leader of release
-    /// 0.1.0 cannot decode a batch holding one: those messages are proposed again as plain
-    /// enqueues, at normal priority, as release 0.1.0 stores every message (after the rest of
-    /// their batch). A queue moves to version 2 once every member runs this release. Copies
-    /// are made only for such a retry.
+    /// Proposes one target's batch of one kind ([`Enqueuer::propose_by_kind`]). A queue whose
+    /// machine is still at version 1 refuses a high-priority enqueue (every replica alike,
+    /// `Reply::Error`), and a leader of release 0.1.0 cannot decode a batch holding one: those
+    /// messages are proposed again as plain enqueues, at normal priority, as release 0.1.0
+    /// stores every message. A queue moves to version 2 once every member runs this release.
+    /// Copies are made only for such a retry.
     async fn propose_target(
         &self,
         target: GroupId,

@@ -261,10 +261,9 @@ impl SimNet {
             .push(((me.min(to), me.max(to)), cut.clone()));
         let (our_rd, our_wr) = tokio::io::split(ours_inner);
         let (their_rd, their_wr) = tokio::io::split(theirs_inner);
-        let dialler = Direction::Dialler;
         tokio::spawn(pump(
             self.clone(),
-            dialler,
+            Direction::Dialler,
             me,
             to,
             our_rd,
