@@ -69,10 +69,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     };
     // A node that cannot start (or stops on an error) exits at once with status 1, without
     // waiting for background work the failed start may have left behind.
-    // Time and the network are inputs (issue 32): the real ones here, a simulator's in one.
-    let clock = qq_node::clock::Clock::system();
-    let transport = std::sync::Arc::new(qq_raft::transport::TcpTransport);
-    if let Err(e) = qq_node::server::run(config, clock, transport, shutdown).await {
+    // Time, the network and the disk are inputs: the real ones here, a simulator's in one.
+    let seams = qq_node::node::Seams {
+        clock: qq_node::clock::Clock::system(),
+        transport: std::sync::Arc::new(qq_raft::transport::TcpTransport),
+        disk: qq_raft::store::Disk::real(),
+    };
+    if let Err(e) = qq_node::server::run(config, seams, shutdown).await {
         tracing::error!("{e:#}");
         eprintln!("qq-node: {e:#}");
         std::process::exit(1);

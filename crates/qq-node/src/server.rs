@@ -18,13 +18,11 @@
 //! longer reach this node to commit it); the drain is bounded by [`DRAIN_GRACE`]; then the
 //! node waits for its tasks, stops its Raft groups and flushes RocksDB ([`Node::shutdown`]).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use qq_proto::internal::internal_server::InternalServer;
 use qq_proto::v1::broker_server::BrokerServer;
 use qq_raft::network::{HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_INTERNAL_MESSAGE_BYTES};
-use qq_raft::transport::Transport;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
@@ -36,10 +34,9 @@ use futures::StreamExt;
 
 use crate::api::BrokerService;
 use crate::api::conn::Connections;
-use crate::clock::Clock;
 use crate::config::Config;
 use crate::definitions::{self, Document};
-use crate::node::Node;
+use crate::node::{Node, Seams};
 use crate::observe::Observability;
 use crate::peer::liveness::spawn_peer_watches;
 use crate::peer::service::InternalService;
@@ -58,12 +55,12 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// by `transport` (`main`: [`Clock::system`] and [`qq_raft::transport::TcpTransport`]).
 pub async fn run(
     config: Config,
-    clock: Clock,
-    transport: Arc<dyn Transport>,
+    seams: Seams,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let incoming = bind(config.listen, "listen").await?;
-    let cluster_incoming = transport
+    let cluster_incoming = seams
+        .transport
         .listen(config.cluster_addr)
         .await
         .map_err(|e| anyhow::anyhow!("cluster_addr: listen on {}: {e}", config.cluster_addr))?;
@@ -107,7 +104,7 @@ pub async fn run(
     let cluster_addr = config.cluster_addr;
     let client_tls_on = client_tls.is_some();
     // Starting the groups does not wait for peers: Raft RPCs to nodes not yet up are retried.
-    let node = Node::start(config, clock, transport).await?;
+    let node = Node::start(config, seams).await?;
     let peer_links = spawn_peer_watches(node.clone());
     let observe = Observability::start(&node, peer_links).await;
     if let Some((path, doc)) = boot_definitions {

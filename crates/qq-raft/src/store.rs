@@ -91,6 +91,8 @@ use crate::snapshot::SnapshotDir;
 use crate::types::{GroupId, TypeConfig};
 use fsync::{SyncRequest, fsync_loop};
 
+pub use crash::{CutStats, Disk, WalCut};
+
 /// Column family of Raft log entries.
 pub(crate) const CF_LOG: &str = "log";
 /// Column family of per-group Raft metadata (vote, committed, last purged).
@@ -190,6 +192,16 @@ pub(crate) fn group_end(group: GroupId) -> [u8; 17] {
     k
 }
 
+/// What closing the database does with the memtables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Closing {
+    /// Flushes them (RocksDB's default): a graceful close keeps the bodies written without the
+    /// WAL.
+    Flush,
+    /// Flushes nothing, as a kill does: a simulator's stores ([`Disk::simulated`]).
+    AsAKill,
+}
+
 #[derive(Default)]
 struct Stats {
     fsyncs: AtomicU64,
@@ -209,6 +221,7 @@ struct Inner {
     held_bodies: Arc<AtomicUsize>,
     /// Which data directory this is ([`crate::incarnation`]).
     incarnation: Incarnation,
+    closing: Closing,
     /// `Some` until drop; dropping it stops the fsync thread.
     tx: Option<mpsc::Sender<SyncRequest>>,
     thread: Option<JoinHandle<()>>,
@@ -249,6 +262,10 @@ impl Store {
 
     /// [`Store::open`] with another [`FaultHandler`].
     pub fn open_with(path: &Path, on_fault: FaultHandler) -> Result<Store, StoreError> {
+        Self::open_as(path, on_fault, Closing::Flush)
+    }
+
+    fn open_as(path: &Path, on_fault: FaultHandler, closing: Closing) -> Result<Store, StoreError> {
         let cache = Cache::new_lru_cache(BLOCK_CACHE_BYTES);
 
         let mut db_opts = Options::default();
@@ -264,6 +281,14 @@ impl Store {
         db_opts.set_compression_type(DBCompressionType::Lz4);
         // See "Storage faults are fail-stop" above for why PointInTime.
         db_opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
+        if closing == Closing::AsAKill {
+            db_opts = db_opts
+                .get_options_from_string("avoid_flush_during_shutdown=true")
+                .map_err(|source| StoreError::Open {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+        }
 
         let cfs = ALL_CFS.iter().map(|name| {
             let mut bbo = BlockBasedOptions::default();
@@ -336,6 +361,7 @@ impl Store {
                 tail_budget: Arc::default(),
                 held_bodies: Arc::default(),
                 incarnation,
+                closing,
                 tx: Some(tx),
                 thread: Some(thread),
             }),
@@ -665,6 +691,7 @@ impl Pinned {
     }
 }
 
+mod crash;
 mod fsync;
 #[cfg(test)]
 mod tests;

@@ -126,7 +126,10 @@ impl Cluster {
                 if host.is_running() {
                     // Ending a node joins its thread: not on a worker the clients need.
                     match tokio::task::block_in_place(|| host.crash()) {
-                        Ok(()) => "crashed".to_string(),
+                        Ok(cut) => format!(
+                            "crashed; {} unsynced WAL bytes lost from {} files",
+                            cut.bytes, cut.files
+                        ),
                         Err(e) => format!("crashed ({e:#})"),
                     }
                 } else {

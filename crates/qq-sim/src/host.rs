@@ -3,11 +3,15 @@
 //! on loopback TCP (the workload's clients are outside the simulated network).
 //!
 //! What each fault does to it:
-//! - **crash** ([`Host::crash`]): the runtime is dropped with every task of the node in it, as
-//!   `kill -9` ends a process: nothing is flushed or handed over; the pipes of its connections
-//!   close, so its peers see them end. The RocksDB directory is closed when the last handle
-//!   goes, and the node starts again from it ([`Host::start`]). Writes the node had not synced
-//!   survive, as they do a `kill -9` (the page cache keeps them): a power loss is not simulated.
+//! - **crash** ([`Host::crash`]): the node's store is frozen first ([`Store::freeze`]: from
+//!   that moment nothing is synced or acknowledged), then the runtime is dropped with every
+//!   task of the node in it, as `kill -9` ends a process: nothing is handed over; the pipes of
+//!   its connections close, so its peers see them end. Once the store has closed, its WAL is
+//!   cut back to what the disk held at the freeze ([`qq_raft::store::WalCut`]), and the node
+//!   starts again from the directory ([`Host::start`]). So what a `kill -9` loses is lost: the
+//!   WAL buffer written since the last fsync and the bodies still in a memtable. What the
+//!   kernel had been given survives, as the page cache keeps it: a power loss is not
+//!   simulated.
 //! - **pause** ([`Host::pause`]): a task on the node's runtime blocks its thread, so none of
 //!   the node's tasks runs and none of its timers fires until it ends, as `SIGSTOP` does (the
 //!   node's fsync thread and RocksDB's own threads keep running).
@@ -16,6 +20,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -23,7 +28,9 @@ use anyhow::Context;
 use clap::Parser;
 use qq_node::clock::Clock;
 use qq_node::config::{Args, Config};
+use qq_node::node::Seams;
 use qq_raft::clock::WallJump;
+use qq_raft::store::{CutStats, Disk, Store};
 use tokio::sync::oneshot;
 
 use crate::net::SimNet;
@@ -62,6 +69,11 @@ pub struct Host {
     /// How far its wall clock has jumped now (ms), on top of the skew.
     jump_ms: i64,
     running: Option<Running>,
+    /// The store the running node opened (to freeze it at a crash); released before the node
+    /// is joined, so that the database closes with it.
+    store: Arc<Mutex<Option<Store>>>,
+    /// Storage faults the node's store reported (in production each stops the process).
+    faults: Arc<Mutex<Vec<String>>>,
 }
 
 struct Running {
@@ -147,6 +159,8 @@ impl Host {
             amqp: setup.amqp,
             jump_ms: 0,
             running: None,
+            store: Arc::default(),
+            faults: Arc::default(),
         })
     }
 
@@ -176,7 +190,7 @@ impl Host {
             self.config_path.as_os_str(),
         ])?;
         let config = Config::load(&args, &Default::default())?;
-        let transport = net.transport(self.id);
+        let seams_disk = self.disk();
         let wall = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
             .as_millis() as i64;
@@ -188,6 +202,11 @@ impl Host {
             .with_context(|| format!("open {}", self.log_path.display()))?;
         let (clock, jump) = Clock::jumpable((wall + skew).max(0) as u64);
         jump.set(self.jump_ms);
+        let seams = Seams {
+            clock,
+            transport: net.transport(self.id),
+            disk: seams_disk,
+        };
         let (end_tx, end_rx) = oneshot::channel();
         let (handle_tx, handle_rx) = std_mpsc::channel();
         let id = self.id;
@@ -209,7 +228,7 @@ impl Host {
                 let _ = handle_tx.send(runtime.handle().clone());
                 let (graceful_tx, graceful_rx) = oneshot::channel::<()>();
                 let ended = runtime.block_on(async move {
-                    let node = qq_node::server::run(config, clock, transport, async move {
+                    let node = qq_node::server::run(config, seams, async move {
                         let _ = graceful_rx.await;
                     });
                     tokio::pin!(node);
@@ -240,9 +259,43 @@ impl Host {
         Ok(())
     }
 
-    /// Ends the node as `kill -9` would and waits until its files are closed.
-    pub fn crash(&mut self) -> anyhow::Result<()> {
-        self.end(End::Crash)
+    /// The disk the node's store is opened on: its store is kept for [`Host::crash`], and a
+    /// storage fault is noted ([`Host::storage_faults`]) instead of ending the process.
+    fn disk(&self) -> Disk {
+        let (store, faults, id) = (self.store.clone(), self.faults.clone(), self.id);
+        Disk::simulated(
+            Arc::new(move |fault: &str| {
+                tracing::error!(node = id, fault, "storage fault");
+                faults.lock().expect("faults lock").push(fault.to_string());
+            }),
+            move |opened: &Store| *store.lock().expect("store lock") = Some(opened.clone()),
+        )
+    }
+
+    /// Ends the node as `kill -9` would (module docs), waits until its files are closed, and
+    /// cuts its WAL back to what the disk held at the kill; returns what was cut.
+    pub fn crash(&mut self) -> anyhow::Result<CutStats> {
+        let frozen = match self.store.lock().expect("store lock").take() {
+            Some(store) if self.running.is_some() => Some(
+                store
+                    .freeze()
+                    .with_context(|| format!("freeze the store of node {}", self.id))?,
+            ),
+            _ => None,
+        };
+        let ended = self.end(End::Crash);
+        let cut = match frozen {
+            // The node's thread has ended, and its runtime waited for its blocking tasks.
+            Some(cut) => cut
+                .apply()
+                .with_context(|| format!("cut the WAL of crashed node {}", self.id))?,
+            None => CutStats::default(),
+        };
+        // A crashed node's own result is whatever the kill interrupted.
+        if let Err(e) = ended {
+            tracing::debug!(node = self.id, "crashed while ending with: {e:#}");
+        }
+        Ok(cut)
     }
 
     /// Stops the node as SIGTERM does (graceful handover) and waits for it.
@@ -251,6 +304,8 @@ impl Host {
     }
 
     fn end(&mut self, how: End) -> anyhow::Result<()> {
+        // Released first: the database closes with the node's last handle.
+        drop(self.store.lock().expect("store lock").take());
         let Some(r) = self.running.take() else {
             return Ok(());
         };
@@ -259,6 +314,11 @@ impl Host {
             Ok(result) => result.with_context(|| format!("node {}", self.id)),
             Err(_) => anyhow::bail!("node {} panicked", self.id),
         }
+    }
+
+    /// The storage faults its store reported so far.
+    pub fn storage_faults(&self) -> Vec<String> {
+        self.faults.lock().expect("faults lock").clone()
     }
 
     /// Deletes the data directory of the stopped node: a lost disk. It starts again empty.
@@ -305,6 +365,7 @@ impl Host {
         if !self.running.as_ref()?.thread.is_finished() {
             return None;
         }
+        drop(self.store.lock().expect("store lock").take());
         let r = self.running.take()?;
         Some(match r.thread.join() {
             Ok(Ok(())) => "returned".to_string(),

@@ -283,6 +283,17 @@ async fn exercise(
         findings,
         "none",
     ));
+    let faults: Vec<String> = cluster
+        .hosts
+        .iter()
+        .flat_map(|h| {
+            h.storage_faults()
+                .into_iter()
+                .map(|f| format!("node {}: {f}", h.id))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    checks.push(Check::all_clear("no storage fault", faults, "none"));
     trace.event("checked", ());
     let mut verdict = checker::check(&rec.take());
     verdict.checks.extend(checks);

@@ -39,7 +39,7 @@ pub async fn wipe_and_reseed(cluster: &mut Cluster, node: u64, clients: &[Client
     let from = host.log_len();
     // Ending a node joins its thread: not on a worker the clients need.
     let wiped = tokio::task::block_in_place(|| host.crash())
-        .and_then(|()| host.wipe())
+        .and_then(|_cut| host.wipe())
         .and_then(|()| host.start(&net));
     if let Err(e) = wiped {
         return Check::new(&name, false, format!("{e:#}"));

@@ -42,7 +42,7 @@ use qq_core::NodeId;
 use qq_core::meta::MetaEffect;
 use qq_raft::log_store::LogStore;
 use qq_raft::network::{GroupNetwork, PeerAddress, Peers};
-use qq_raft::store::{Store, StoreError};
+use qq_raft::store::{Disk, Store, StoreError};
 use qq_raft::transport::Transport;
 use qq_raft::{GroupId, META_GROUP};
 use tokio::sync::{mpsc, watch};
@@ -92,16 +92,15 @@ pub struct Node {
 }
 
 impl Node {
-    /// Open storage, start the metadata group and the supervisor. Time and the network are
-    /// the caller's: every clock read goes through `clock` ([`crate::clock`]), every
-    /// connection to a peer through `transport` ([`qq_raft::transport`]); `main` hands in
-    /// [`Clock::system`] and [`qq_raft::transport::TcpTransport`].
-    pub async fn start(
-        config: Config,
-        clock: Clock,
-        transport: Arc<dyn Transport>,
-    ) -> anyhow::Result<Arc<Node>> {
-        let (store, peers) = open_store_and_peers(&config, clock, transport)?;
+    /// Open storage, start the metadata group and the supervisor. Time, the network and the
+    /// disk are the caller's ([`Seams`]).
+    pub async fn start(config: Config, seams: Seams) -> anyhow::Result<Arc<Node>> {
+        let Seams {
+            clock,
+            transport,
+            disk,
+        } = seams;
+        let (store, peers) = open_store_and_peers(&config, clock, transport, &disk)?;
         let raft_config = raft_config(&config)?;
         let reload_config = reload_config(&raft_config);
         let (meta, effects) = MetaMachine::new(store.clone());
@@ -343,20 +342,34 @@ fn reseed_advice(data_dir: &std::path::Path) -> String {
     )
 }
 
+/// What a node takes from outside instead of reaching for it: every clock read goes through
+/// `clock` ([`crate::clock`]), every connection to a peer through `transport`
+/// ([`qq_raft::transport`]), its store is opened on `disk` ([`qq_raft::store::Disk`]). `main`
+/// hands in [`Clock::system`], [`qq_raft::transport::TcpTransport`] and [`Disk::real`]; the
+/// simulator its own.
+pub struct Seams {
+    pub clock: Clock,
+    pub transport: Arc<dyn Transport>,
+    pub disk: Disk,
+}
+
 /// The node's data directory and store (with advice on re-seeding when it cannot be opened),
 /// and its peers as the configuration names them, reached through `transport`.
 fn open_store_and_peers(
     config: &Config,
     clock: Clock,
     transport: Arc<dyn Transport>,
+    disk: &Disk,
 ) -> anyhow::Result<(Store, Peers)> {
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| anyhow::anyhow!("create data_dir {}: {e}", config.data_dir.display()))?;
-    let store = Store::open(&config.data_dir.join("db")).map_err(|e| match e {
-        // Not damaged: written by a newer release.
-        StoreError::NewerLayout { .. } => anyhow::anyhow!("{e}"),
-        e => anyhow::anyhow!("{e}\n\n{}", reseed_advice(&config.data_dir)),
-    })?;
+    let store = disk
+        .open(&config.data_dir.join("db"))
+        .map_err(|e| match e {
+            // Not damaged: written by a newer release.
+            StoreError::NewerLayout { .. } => anyhow::anyhow!("{e}"),
+            e => anyhow::anyhow!("{e}\n\n{}", reseed_advice(&config.data_dir)),
+        })?;
     let incarnation = store.incarnation();
     let peers = Peers::new(
         config.peers.iter().map(|p| PeerAddress {

@@ -5,7 +5,10 @@ use qq_proto::internal::{RaftKind, RaftRequest};
 use qq_raft::META_GROUP;
 use qq_raft::network::{PeerAddress, Peers};
 use qq_raft::transport::memory::MemoryNetwork;
+use std::sync::Arc;
 use tokio::sync::oneshot;
+
+use crate::clock::Clock;
 
 use super::*;
 
@@ -18,14 +21,14 @@ async fn the_cluster_port_is_served_from_the_transport() {
     let cluster_address = config.cluster_addr.to_string();
     let network = MemoryNetwork::new();
     let (stop, stopped) = oneshot::channel::<()>();
-    let node = tokio::spawn(run(
-        config,
-        Clock::system(),
-        Arc::new(network.clone()),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let seams = Seams {
+        clock: Clock::system(),
+        transport: Arc::new(network.clone()),
+        disk: qq_raft::store::Disk::real(),
+    };
+    let node = tokio::spawn(run(config, seams, async {
+        let _ = stopped.await;
+    }));
 
     let peer = PeerAddress {
         id: 1,

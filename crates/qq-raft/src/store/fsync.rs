@@ -23,6 +23,9 @@ pub(super) enum SyncRequest {
     Flushed(IOFlushed<TypeConfig>),
     /// An async waiter (vote, snapshot, [`Store::sync`]).
     Waiter(tokio::sync::oneshot::Sender<io::Result<()>>),
+    /// A simulated crash ([`Store::freeze`](super::Store::freeze)): answered with the WAL
+    /// lengths at that moment.
+    Freeze(mpsc::Sender<io::Result<Vec<(PathBuf, u64)>>>),
 }
 
 impl SyncRequest {
@@ -31,6 +34,9 @@ impl SyncRequest {
             SyncRequest::Flushed(cb) => cb.io_completed(result),
             SyncRequest::Waiter(tx) => {
                 let _ = tx.send(result);
+            }
+            SyncRequest::Freeze(tx) => {
+                let _ = tx.send(result.map(|()| Vec::new()));
             }
         }
     }
@@ -52,6 +58,20 @@ pub(super) fn fsync_loop(
                 Ok(req) => batch.push(req),
                 Err(_) => break,
             }
+        }
+        if let Some(at) = batch
+            .iter()
+            .position(|r| matches!(r, SyncRequest::Freeze(_)))
+        {
+            let SyncRequest::Freeze(reply) = batch.swap_remove(at) else {
+                unreachable!("found at this position")
+            };
+            let _ = reply.send(super::crash::freeze_on_fsync_thread(&db, &path));
+            // Nothing of this batch or after it is synced or completed: the waiters go when
+            // the store closes (the channel ends), as a killed process's would.
+            let held: Vec<SyncRequest> = batch.drain(..).chain(rx.iter()).collect();
+            drop(held);
+            return;
         }
 
         let result = db.flush_wal(true);
