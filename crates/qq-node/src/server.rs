@@ -106,7 +106,7 @@ pub async fn run(
     // Starting the groups does not wait for peers: Raft RPCs to nodes not yet up are retried.
     let node = Node::start(config, seams).await?;
     let peer_links = spawn_peer_watches(node.clone());
-    let observe = Observability::start(&node, peer_links).await;
+    let observe = Observability::start(node.observed(), node.tasks(), peer_links).await;
     if let Some((path, doc)) = boot_definitions {
         spawn_boot_import(node.clone(), path, doc, observe.serving());
     }

@@ -144,7 +144,7 @@ async fn consume(
         ));
     }
     let ctag = if c.consumer_tag.as_str().is_empty() {
-        format!("amq.ctag-qq-{}", api.node().next_consumer_id())
+        format!("amq.ctag-qq-{}", api.node().consuming().next_consumer_id())
     } else {
         c.consumer_tag.to_string()
     };
@@ -174,7 +174,7 @@ async fn consume(
     let args = grpc::subscribe_args(api, &session.caller, sub)?;
     let guard = grpc::admit_consumer(api, &session.caller, &session.vhost)?;
     let consumer = Consumer {
-        id: api.node().next_consumer_id(),
+        id: api.node().consuming().next_consumer_id(),
         session: session.clone(),
         channel: channel.id,
         deliveries: channel.deliveries.clone(),
@@ -225,8 +225,8 @@ impl Consumer {
     async fn subscribe(&self, generation: u64) -> Result<mpsc::Receiver<SessionOut>, AmqpError> {
         let (in_tx, in_rx) = mpsc::channel::<SessionIn>(STREAM_BOUND);
         let (out_tx, out_rx) = mpsc::channel::<SessionOut>(STREAM_BOUND);
-        let node = self.session.ctx.api.node().clone();
-        start_session(node, self.args.clone(), in_rx, out_tx).await?;
+        let consuming = self.session.ctx.api.node().consuming().clone();
+        start_session(consuming, self.args.clone(), in_rx, out_tx).await?;
         self.deliveries.state.lock().unwrap().sessions.insert(
             self.id,
             Handle {

@@ -211,7 +211,7 @@ pub async fn consume(
         .tasks()
         .spawn(pump_requests(input, in_tx, tx.clone(), stream_done.clone()));
     let (out_tx, out_rx) = mpsc::channel::<SessionOut>(STREAM_BOUND);
-    start_session(api.node.clone(), args, in_rx, out_tx).await?;
+    start_session(api.node.consuming().clone(), args, in_rx, out_tx).await?;
     let access = Access {
         auth: api.auth.clone(),
         caller,
@@ -273,7 +273,7 @@ pub(crate) fn subscribe_args(
         n => n,
     };
     let consumer_tag = if sub.consumer_tag.is_empty() {
-        format!("ctag-{}", api.node.next_consumer_id())
+        format!("ctag-{}", api.node.consuming().next_consumer_id())
     } else {
         sub.consumer_tag
     };

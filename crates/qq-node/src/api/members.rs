@@ -62,7 +62,7 @@ async fn member(
     let vhost = vhost_of(r.vhost);
     let node = node_field(r.node)?;
     api.queue_meta(&vhost, &r.queue)?;
-    let node_ref = &api.node;
+    let node_ref = &api.node.members();
     let c = if add {
         membership::add_member(node_ref, &vhost, &r.queue, node).await
     } else {
@@ -84,7 +84,7 @@ pub async fn grow(api: &Api, request: Request<pb::GrowQueuesRequest>) -> Unary<p
             shown(&r.vhost)
         )));
     }
-    let changes = membership::grow(&api.node, node, &r.vhost, &pattern)
+    let changes = membership::grow(&api.node.members(), node, &r.vhost, &pattern)
         .await
         .map_err(status)?;
     Ok(Response::new(pb::MemberChanges {
@@ -98,7 +98,9 @@ pub async fn shrink(
 ) -> Unary<pb::MemberChanges> {
     api.admin(&request).await?;
     let node = node_field(request.get_ref().node)?;
-    let changes = membership::shrink(&api.node, node).await.map_err(status)?;
+    let changes = membership::shrink(&api.node.members(), node)
+        .await
+        .map_err(status)?;
     Ok(Response::new(pb::MemberChanges {
         changes: changes.into_iter().map(to_pb).collect(),
     }))
@@ -109,7 +111,9 @@ pub async fn rebalance(
     request: Request<pb::RebalanceLeadersRequest>,
 ) -> Unary<pb::RebalanceLeadersResponse> {
     api.admin(&request).await?;
-    let (moves, counts) = membership::rebalance(&api.node).await.map_err(status)?;
+    let (moves, counts) = membership::rebalance(&api.node.members())
+        .await
+        .map_err(status)?;
     Ok(Response::new(pb::RebalanceLeadersResponse {
         moves: moves
             .into_iter()
@@ -131,7 +135,7 @@ pub async fn quorum_critical(
 ) -> Unary<pb::QuorumCriticalResponse> {
     api.admin(&request).await?;
     let node = node_field(request.get_ref().node)?;
-    let (queues, metadata) = membership::quorum_critical(&api.node, node)
+    let (queues, metadata) = membership::quorum_critical(&api.node.members(), node)
         .await
         .map_err(status)?;
     Ok(Response::new(pb::QuorumCriticalResponse {
@@ -157,7 +161,7 @@ pub async fn join_node(
     if r.id == 0 {
         return Err(Status::invalid_argument("id: a node id is required"));
     }
-    let detail = membership::join_node(&api.node, r.id, &r.address, &r.cluster_address)
+    let detail = membership::join_node(&api.node.members(), r.id, &r.address, &r.cluster_address)
         .await
         .map_err(status)?;
     Ok(Response::new(pb::JoinNodeResponse { detail }))
@@ -172,7 +176,7 @@ pub async fn forget_node(
     if id == 0 {
         return Err(Status::invalid_argument("id: a node id is required"));
     }
-    let changes = membership::forget_node(&api.node, id)
+    let changes = membership::forget_node(&api.node.members(), id)
         .await
         .map_err(status)?;
     Ok(Response::new(pb::MemberChanges {

@@ -4,8 +4,6 @@
 //! Bounds: [`RELAY_BOUND`] messages each way (full: the relay stops reading its source until
 //! the other side takes them, which backs up to the client's or the leader's stream).
 
-use std::sync::Arc;
-
 use futures::StreamExt;
 use qq_core::NodeId;
 use qq_proto::internal::{ForwardConsumeRequest, ForwardConsumeResponse};
@@ -14,15 +12,15 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
+use super::Consuming;
 use super::session::{SessionIn, SessionOut, SubscribeArgs, outcome_for_machine, run_session};
-use crate::node::Node;
 
 /// Messages buffered each way in a relay, at most.
 pub const RELAY_BOUND: usize = 256;
 
 /// Start a consumer session for `args` on the queue's leader, here or relayed.
 pub async fn start_session(
-    node: Arc<Node>,
+    node: Consuming,
     args: SubscribeArgs,
     input: mpsc::Receiver<SessionIn>,
     out: mpsc::Sender<SessionOut>,

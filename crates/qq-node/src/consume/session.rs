@@ -23,8 +23,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tracing::{debug, warn};
 
+use super::Consuming;
 use crate::groups::queue_sm::{ConsumerEvent, QueueMachine, QueueRequest};
-use crate::node::Node;
 use crate::proposer::Proposer;
 
 /// Settle commands waiting for the log, at most, per session.
@@ -98,7 +98,7 @@ type SettleTx = mpsc::Sender<(Vec<MessageId>, SettleOutcome)>;
 
 /// Run a consumer session on this node, which must lead the queue.
 pub async fn run_session(
-    node: Arc<Node>,
+    node: Consuming,
     args: SubscribeArgs,
     input: mpsc::Receiver<SessionIn>,
     out: mpsc::Sender<SessionOut>,
@@ -187,7 +187,7 @@ pub(crate) fn outcome_for_machine(
 
 /// Attach the consumer: `CheckoutWithPriority` with a priority, else `Checkout`.
 async fn checkout(
-    node: &Arc<Node>,
+    node: &Consuming,
     group: GroupId,
     consumer: ConsumerId,
     prefetch: u32,
@@ -488,7 +488,7 @@ async fn propose_settle(
 }
 
 /// Let queued settles reach the log, then return whatever is still unacked.
-async fn finish(node: &Arc<Node>, group: GroupId, consumer: ConsumerId, settler: Option<Settler>) {
+async fn finish(node: &Consuming, group: GroupId, consumer: ConsumerId, settler: Option<Settler>) {
     if let Some((tx, task)) = settler {
         drop(tx);
         let _ = task.await;

@@ -241,6 +241,17 @@ impl Registry {
         &self.meta_raft
     }
 
+    /// The voters of the metadata group as this node knows them.
+    pub fn meta_voters(&self) -> std::collections::BTreeSet<NodeId> {
+        self.meta_raft
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect()
+    }
+
     pub fn meta_machine(&self) -> &Arc<MetaMachine> {
         &self.meta
     }

@@ -6,12 +6,12 @@ use qq_core::NodeId;
 use qq_core::meta::{MetaCommand, MetaError};
 use tracing::info;
 
+use super::Members;
 use super::group_op::{GroupOp, meta_op};
 use super::grow_shrink::shrink;
 use super::queue_members::add_member;
 use super::quorum::online_nodes;
 use super::{Change, MemberError, check_cluster_node};
-use crate::node::Node;
 
 /// Longest address a joining node may give, in bytes.
 const MAX_ADDRESS_BYTES: usize = 255;
@@ -36,7 +36,7 @@ fn check_address(field: &str, address: &str) -> Result<(), MemberError> {
 /// queues are placed on it. Idempotent: joining a node that is already a voter with the same
 /// addresses changes nothing.
 pub async fn join_node(
-    node: &Node,
+    node: &Members,
     id: NodeId,
     address: &str,
     cluster_address: &str,
@@ -73,7 +73,7 @@ pub async fn join_node(
 /// Forget node `id` for good: its queue replicas are deleted (a queue of which it is the last
 /// member refuses), it leaves the metadata group, and every node drops it from its peers. The
 /// node must be stopped first (as RabbitMQ's forget_cluster_node), and cannot forget itself.
-pub async fn forget_node(node: &Node, id: NodeId) -> Result<Vec<Change>, MemberError> {
+pub async fn forget_node(node: &Members, id: NodeId) -> Result<Vec<Change>, MemberError> {
     check_cluster_node(node, id)?;
     if id == node.id() {
         return Err(MemberError::Meta(MetaError::failed_precondition(format!(
@@ -93,7 +93,7 @@ pub async fn forget_node(node: &Node, id: NodeId) -> Result<Vec<Change>, MemberE
 
 /// [`forget_node`] without asking whether node `id` still runs: for a node that asked to be
 /// re-seeded ([`reseed_node`]), which runs but holds its votes.
-async fn forget_running(node: &Node, id: NodeId) -> Result<Vec<Change>, MemberError> {
+async fn forget_running(node: &Members, id: NodeId) -> Result<Vec<Change>, MemberError> {
     let changes = shrink(node, id).await?;
     if let Some(c) = changes.iter().find(|c| c.outcome != "deleted") {
         return Err(MemberError::Meta(MetaError::failed_precondition(format!(
@@ -118,7 +118,7 @@ async fn forget_running(node: &Node, id: NodeId) -> Result<Vec<Change>, MemberEr
 /// found forgotten (an earlier attempt stopped half-way) joins again, without the replicas
 /// the earlier attempt took away (`qqctl grow` gives them back).
 pub async fn reseed_node(
-    node: &Node,
+    node: &Members,
     id: NodeId,
     incarnation: u64,
     addrs: (&str, &str),

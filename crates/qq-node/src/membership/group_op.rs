@@ -15,9 +15,9 @@ use qq_proto::internal::{ProposeReply, ProposeRequest};
 use qq_raft::{GroupId, META_GROUP};
 use serde::{Deserialize, Serialize};
 
+use super::Members;
 use crate::codec::{decode, encode};
 use crate::error::NodeError;
-use crate::node::Node;
 use crate::proposer::NOT_LEADER;
 
 /// `ProposeReply.code` of `Internal.GroupOp`: the group does not run on that node.
@@ -53,19 +53,19 @@ enum OpOutcome {
 }
 
 /// Carry out `op` on the group's leader, wherever it is, until [`OP_DEADLINE`].
-pub async fn group_op(node: &Node, qm: &QueueMeta, op: GroupOp) -> Result<String, NodeError> {
+pub async fn group_op(node: &Members, qm: &QueueMeta, op: GroupOp) -> Result<String, NodeError> {
     let label = format!("queue '{}'", qm.name);
     group_op_on(node, qm.id, &qm.members, &label, op).await
 }
 
 /// Carry out `op` on the metadata group's leader.
-pub(super) async fn meta_op(node: &Node, op: GroupOp) -> Result<String, NodeError> {
+pub(super) async fn meta_op(node: &Members, op: GroupOp) -> Result<String, NodeError> {
     let members = node.peers().ids();
     group_op_on(node, META_GROUP, &members, "the metadata", op).await
 }
 
 async fn group_op_on(
-    node: &Node,
+    node: &Members,
     group: GroupId,
     members: &[NodeId],
     label: &str,
@@ -111,7 +111,7 @@ async fn group_op_on(
     }
 }
 
-async fn remote(node: &Node, target: NodeId, group: GroupId, payload: Vec<u8>) -> OpOutcome {
+async fn remote(node: &Members, target: NodeId, group: GroupId, payload: Vec<u8>) -> OpOutcome {
     let Some(mut client) = node.peers().client(target) else {
         return OpOutcome::NotHere;
     };
@@ -146,7 +146,7 @@ impl OpOutcome {
 }
 
 /// Serve `Internal.GroupOp`.
-pub async fn serve_group_op(node: &Node, group: GroupId, payload: &[u8]) -> ProposeReply {
+pub async fn serve_group_op(node: &Members, group: GroupId, payload: &[u8]) -> ProposeReply {
     let mut reply = ProposeReply::default();
     let op: GroupOp = match postcard::from_bytes(payload) {
         Ok(op) => op,
@@ -183,7 +183,7 @@ fn write_outcome<T>(
 }
 
 /// Run `op` here if this node leads the group.
-async fn serve_local(node: &Node, group: GroupId, op: GroupOp) -> OpOutcome {
+async fn serve_local(node: &Members, group: GroupId, op: GroupOp) -> OpOutcome {
     if group == META_GROUP {
         return serve_on(node, node.registry().meta_raft(), op).await;
     }
@@ -195,7 +195,11 @@ async fn serve_local(node: &Node, group: GroupId, op: GroupOp) -> OpOutcome {
 }
 
 /// Run `op` on `raft` if it leads its group.
-async fn serve_on<SM>(node: &Node, raft: &Raft<qq_raft::TypeConfig, SM>, op: GroupOp) -> OpOutcome
+async fn serve_on<SM>(
+    node: &Members,
+    raft: &Raft<qq_raft::TypeConfig, SM>,
+    op: GroupOp,
+) -> OpOutcome
 where
     SM: RaftStateMachine<qq_raft::TypeConfig>,
 {
@@ -260,7 +264,7 @@ where
 
 /// On the leader: `target` added as a learner, caught up, then made a voter.
 async fn add_voter<SM>(
-    node: &Node,
+    node: &Members,
     raft: &Raft<qq_raft::TypeConfig, SM>,
     target: NodeId,
 ) -> OpOutcome

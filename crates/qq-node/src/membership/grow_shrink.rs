@@ -4,9 +4,9 @@
 use qq_core::NodeId;
 use qq_core::meta::{MetaError, QueueMeta};
 
+use super::Members;
 use super::queue_members::{add_member, delete_member};
 use super::{Change, MemberError, change, check_cluster_node, failed};
-use crate::node::Node;
 
 /// Longest GrowQueues pattern, in bytes, and the compiled regex's size limit.
 pub const MAX_PATTERN_BYTES: usize = 1024;
@@ -29,7 +29,7 @@ pub fn compile_pattern(pattern: &str) -> Result<regex::Regex, MetaError> {
 /// Add `target` to every queue (of `vhost`, or all vhosts if empty) whose name matches
 /// `pattern` and that lacks it; one change per matching queue.
 pub async fn grow(
-    node: &Node,
+    node: &Members,
     target: NodeId,
     vhost: &str,
     pattern: &regex::Regex,
@@ -53,7 +53,7 @@ pub async fn grow(
 }
 
 /// Remove `target` from every queue where it is a member and not the last one.
-pub async fn shrink(node: &Node, target: NodeId) -> Result<Vec<Change>, MemberError> {
+pub async fn shrink(node: &Members, target: NodeId) -> Result<Vec<Change>, MemberError> {
     let queues: Vec<QueueMeta> = node
         .view()
         .current()

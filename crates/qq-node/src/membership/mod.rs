@@ -30,6 +30,7 @@
 mod cluster;
 mod group_op;
 mod grow_shrink;
+mod members;
 mod queue_members;
 mod quorum;
 mod rebalance;
@@ -40,11 +41,11 @@ use qq_core::meta::{ErrorKind, MetaCommand, MetaError, QueueMeta};
 pub use self::cluster::{forget_node, join_node, reseed_node};
 pub use self::group_op::{GroupOp, NOT_HERE, group_op, serve_group_op};
 pub use self::grow_shrink::{MAX_PATTERN_BYTES, compile_pattern, grow, shrink};
+pub use self::members::{Members, sync_peers};
 pub use self::queue_members::{add_member, delete_member};
 pub use self::quorum::{online_nodes, quorum_critical};
 pub use self::rebalance::rebalance;
 use crate::error::NodeError;
-use crate::node::Node;
 
 /// How many times a change is retried when another change of the same queue came first.
 const CAS_ATTEMPTS: usize = 5;
@@ -111,7 +112,7 @@ fn queue_gone(vhost: &str, name: &str) -> MemberError {
     )))
 }
 
-fn current_queue(node: &Node, vhost: &str, name: &str) -> Result<QueueMeta, MemberError> {
+fn current_queue(node: &Members, vhost: &str, name: &str) -> Result<QueueMeta, MemberError> {
     node.view()
         .current()
         .queue(vhost, name)
@@ -120,7 +121,7 @@ fn current_queue(node: &Node, vhost: &str, name: &str) -> Result<QueueMeta, Memb
 }
 
 /// Refuses a node that is not in the cluster (NOT_FOUND).
-pub fn check_cluster_node(node: &Node, id: NodeId) -> Result<(), MemberError> {
+pub fn check_cluster_node(node: &Members, id: NodeId) -> Result<(), MemberError> {
     let ids = node.peers().ids();
     if ids.contains(&id) {
         return Ok(());
@@ -132,7 +133,7 @@ pub fn check_cluster_node(node: &Node, id: NodeId) -> Result<(), MemberError> {
 
 /// Record `members`/`learners` if the queue still has `expected` members.
 async fn record(
-    node: &Node,
+    node: &Members,
     qm: &QueueMeta,
     members: Vec<NodeId>,
     learners: Vec<NodeId>,

@@ -5,17 +5,17 @@ use qq_core::NodeId;
 use qq_core::meta::MetaError;
 use tracing::{info, warn};
 
+use super::Members;
 use super::group_op::{GroupOp, group_op};
 use super::{
     CAS_ATTEMPTS, Change, MemberError, change, check_cluster_node, current_queue, is_conflict,
     record, without,
 };
 use crate::error::NodeError;
-use crate::node::Node;
 
 /// Add `target` to the queue's members: learner, catch up, voter, then recorded.
 pub async fn add_member(
-    node: &Node,
+    node: &Members,
     vhost: &str,
     name: &str,
     target: NodeId,
@@ -76,7 +76,7 @@ pub async fn add_member(
 }
 
 /// Take a learner that did not make it out of the group and out of the metadata again.
-async fn undo_learner(node: &Node, vhost: &str, name: &str, target: NodeId) {
+async fn undo_learner(node: &Members, vhost: &str, name: &str, target: NodeId) {
     let Ok(qm) = current_queue(node, vhost, name) else {
         return;
     };
@@ -103,7 +103,7 @@ async fn undo_learner(node: &Node, vhost: &str, name: &str, target: NodeId) {
 
 /// Take `target` out of the queue's members: out of Raft, then out of the metadata.
 pub async fn delete_member(
-    node: &Node,
+    node: &Members,
     vhost: &str,
     name: &str,
     target: NodeId,

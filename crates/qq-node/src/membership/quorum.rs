@@ -8,14 +8,14 @@ use futures::future::join_all;
 use qq_core::NodeId;
 use qq_proto::internal::QueueInfoRequest;
 
+use super::Members;
 use super::{Critical, MemberError, check_cluster_node};
-use crate::node::Node;
 
 /// How long a reachability probe of a peer (QuorumCritical) may take.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1500);
 
 /// Which nodes answer now (this node always does).
-pub async fn online_nodes(node: &Node) -> BTreeSet<NodeId> {
+pub async fn online_nodes(node: &Members) -> BTreeSet<NodeId> {
     let peers = node.peers();
     let reach = join_all(peers.ids().into_iter().map(|id| async move {
         if id == node.id() {
@@ -53,7 +53,7 @@ fn keeps_majority(members: &[NodeId], stopping: NodeId, online: &BTreeSet<NodeId
 /// The queues (and whether the metadata) that would lose their majority if `target` stopped,
 /// given which nodes answer now.
 pub async fn quorum_critical(
-    node: &Node,
+    node: &Members,
     target: NodeId,
 ) -> Result<(Vec<Critical>, bool), MemberError> {
     check_cluster_node(node, target)?;

@@ -7,15 +7,15 @@ use qq_core::NodeId;
 use qq_core::meta::QueueMeta;
 use tracing::warn;
 
+use super::Members;
 use super::group_op::{GroupOp, group_op};
 use super::{LeaderMove, MemberError, current_queue, record, without};
-use crate::node::Node;
 
 /// Move queue leaders so each node leads about as many queues as the others: while some
 /// queue's leader leads at least two more queues than another member of that queue, hand
 /// the leadership to the member leading fewest. Returns the moves tried, each with its result.
 pub async fn rebalance(
-    node: &Node,
+    node: &Members,
 ) -> Result<(Vec<LeaderMove>, BTreeMap<NodeId, u32>), MemberError> {
     let queues: Vec<QueueMeta> = node.view().current().queues().cloned().collect();
     let mut leaders: Vec<(QueueMeta, NodeId)> = Vec::with_capacity(queues.len());
@@ -77,7 +77,7 @@ pub async fn rebalance(
 }
 
 /// Put `first` at the head of the queue's members (best effort: a conflict leaves it).
-async fn reorder_first(node: &Node, qm: &QueueMeta, first: NodeId) {
+async fn reorder_first(node: &Members, qm: &QueueMeta, first: NodeId) {
     let Ok(qm) = current_queue(node, &qm.vhost, &qm.name) else {
         return;
     };

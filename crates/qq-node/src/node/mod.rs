@@ -33,7 +33,6 @@ mod unload;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use openraft::Raft;
@@ -55,13 +54,16 @@ use self::raft::{initialise_if_first, raft_config, reload_config};
 use crate::alarms::{Alarms, Bounds};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::consume::{Consuming, ConsumingParts};
 use crate::deadletter::DeadLetters;
 use crate::enqueue::Enqueuer;
 use crate::groups::meta_sm::MetaMachine;
 use crate::groups::registry::{MetaRaft, Registry};
 use crate::groups::shell::Shell;
 use crate::leader::LeaderContext;
+use crate::membership::Members;
 use crate::meta_view::MetaView;
+use crate::observe::observed::Observed;
 use crate::peer::machines::PeerMachines;
 use crate::proposer::Proposer;
 
@@ -79,7 +81,8 @@ pub struct Node {
     enqueuer: Enqueuer,
     /// The node's one clock ([`crate::clock`]), handed in at start.
     clock: Clock,
-    consumer_seq: AtomicU64,
+    /// What consumer sessions take of the node ([`crate::consume`]).
+    consuming: Consuming,
     alarms: Arc<Alarms>,
     /// Latched true once this node's metadata has caught up with the cluster's (see
     /// [`Node::meta_synced`]).
@@ -147,6 +150,18 @@ impl Node {
             tasks: tasks.clone(),
         };
         let loads_stop = spawn_loader(&opener, load_requests);
+        let consuming = Consuming::new(
+            id,
+            ConsumingParts {
+                clock,
+                registry: registry.clone(),
+                proposer: proposer.clone(),
+                peers: peers.clone(),
+                machines: opener.leader_ctx.machines.clone(),
+                tasks: tasks.clone(),
+                stopping: shutdown.clone(),
+            },
+        );
         let node = Arc::new(Node {
             id,
             config,
@@ -158,7 +173,7 @@ impl Node {
             proposer,
             enqueuer,
             clock,
-            consumer_seq: AtomicU64::new(clock.now_ms() * 1000),
+            consuming,
             alarms: alarms.clone(),
             meta_synced: watch::Sender::new(false),
             shutdown,
@@ -294,9 +309,36 @@ impl Node {
         }
     }
 
-    /// A consumer id unique within any queue: node id in the top byte.
-    pub fn next_consumer_id(&self) -> u64 {
-        (self.id << 56) | (self.consumer_seq.fetch_add(1, Ordering::Relaxed) & ((1 << 56) - 1))
+    /// What a membership change takes of the node.
+    pub fn members(&self) -> Members {
+        Members {
+            id: self.id,
+            clock: self.clock,
+            peers: self.peers.clone(),
+            view: self.view.clone(),
+            proposer: self.proposer.clone(),
+            registry: self.registry.clone(),
+            stopping: self.shutdown.clone(),
+            founding: self.config.peers.clone().into(),
+        }
+    }
+
+    /// What the node's observers read of it.
+    pub fn observed(&self) -> Observed {
+        Observed {
+            id: self.id,
+            registry: self.registry.clone(),
+            view: self.view.clone(),
+            alarms: self.alarms.clone(),
+            per_queue_metrics: self.config.per_queue_metrics,
+            meta_synced: self.meta_synced(),
+            stopping: self.shutdown.clone(),
+        }
+    }
+
+    /// What a consumer session takes of the node.
+    pub fn consuming(&self) -> &Consuming {
+        &self.consuming
     }
 
     /// The nodes new queues may be placed on: the metadata group's voters that are peers (a
@@ -315,14 +357,7 @@ impl Node {
 
     /// The voters of the metadata group as this node knows them.
     pub fn meta_voters(&self) -> BTreeSet<NodeId> {
-        self.registry
-            .meta_raft()
-            .metrics()
-            .borrow_watched()
-            .membership_config
-            .membership()
-            .voter_ids()
-            .collect()
+        self.registry.meta_voters()
     }
 }
 

@@ -11,9 +11,7 @@ use std::time::Duration;
 
 use qq_core::meta::{MetaEffect, QueueMeta};
 use qq_raft::GroupId;
-use qq_raft::network::PeerAddress;
 use tokio::sync::mpsc;
-use tracing::{info, warn};
 
 use super::Node;
 use crate::clock::sleep_until;
@@ -95,32 +93,9 @@ impl Node {
         true
     }
 
-    /// Bring the peer set in line with the metadata: the founding nodes of this node's
-    /// configuration, less those forgotten, plus those that joined since.
+    /// Bring the peer set in line with the metadata ([`crate::membership::sync_peers`]).
     pub fn sync_peers(&self) {
-        let state = self.view.current();
-        let forgotten = state.forgotten_nodes();
-        let joined = state.joined_nodes();
-        let founding = self
-            .config
-            .peers
-            .iter()
-            .filter(|p| !forgotten.contains(&p.id) && !joined.contains_key(&p.id))
-            .map(|p| PeerAddress {
-                id: p.id,
-                address: p.address.clone(),
-                cluster_address: p.cluster_address.clone(),
-            });
-        let later = joined.iter().map(|(id, a)| PeerAddress {
-            id: *id,
-            address: a.address.clone(),
-            cluster_address: a.cluster_address.clone(),
-        });
-        match self.peers.set(founding.chain(later).collect::<Vec<_>>()) {
-            Ok(true) => info!(peers = ?self.peers.ids(), "cluster nodes changed"),
-            Ok(false) => {}
-            Err(e) => warn!("cluster nodes: {e}"),
-        }
+        crate::membership::sync_peers(&self.config.peers, &self.view, &self.peers);
     }
 
     /// Make the peers and the running queue groups match the metadata. False if a group

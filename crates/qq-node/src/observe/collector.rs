@@ -10,7 +10,6 @@
 //! Must not: hold a lock of the node while encoding, or change anything.
 
 use std::fmt;
-use std::sync::Arc;
 
 use openraft::async_runtime::WatchReceiver;
 use openraft::{RaftMetrics, ServerState};
@@ -25,9 +24,9 @@ use qq_core::queue::Counts;
 use qq_raft::TypeConfig;
 use tokio::sync::watch;
 
+use super::Observed;
 use crate::alarms::rss_bytes;
 use crate::groups::registry::Replica;
-use crate::node::Node;
 
 /// The alarms a node can raise, each exported as 0 or 1.
 const ALARM_KINDS: [&str; 2] = ["memory", "disk"];
@@ -43,7 +42,7 @@ const RAFT_STATES: [(ServerState, &str); 5] = [
 
 /// The scrape-time collector of one node.
 pub struct NodeCollector {
-    node: Arc<Node>,
+    node: Observed,
     serving: watch::Receiver<bool>,
 }
 
@@ -56,7 +55,7 @@ impl fmt::Debug for NodeCollector {
 }
 
 impl NodeCollector {
-    pub fn new(node: Arc<Node>, serving: watch::Receiver<bool>) -> NodeCollector {
+    pub fn new(node: Observed, serving: watch::Receiver<bool>) -> NodeCollector {
         NodeCollector { node, serving }
     }
 }
@@ -363,7 +362,7 @@ impl Collector for NodeCollector {
             }),
         )?;
 
-        if !self.node.config().per_queue_metrics {
+        if !self.node.per_queue_metrics() {
             return Ok(());
         }
         // Per queue this node leads.

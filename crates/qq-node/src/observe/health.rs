@@ -17,7 +17,6 @@
 //! Must not: take part in deciding anything (clients are not refused because of it).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver;
@@ -27,8 +26,8 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::info;
 
+use super::Observed;
 use crate::metrics;
-use crate::node::Node;
 use crate::peer::liveness::{PeerLinks, reaches_majority};
 use qq_core::NodeId;
 
@@ -38,7 +37,7 @@ const SERVICES: [&str; 2] = ["", BROKER_SERVICE];
 /// Follow the metadata group and the peer links until the node stops; `serving` gets every
 /// change.
 pub async fn run(
-    node: Arc<Node>,
+    node: Observed,
     reporter: HealthReporter,
     mut links: PeerLinks,
     serving: watch::Sender<bool>,

@@ -20,7 +20,10 @@
 pub mod collector;
 pub mod health;
 pub mod http;
+pub mod observed;
 pub mod page;
+
+pub use observed::Observed;
 
 use std::sync::Arc;
 
@@ -29,13 +32,13 @@ use qq_core::{Reason, Strategy};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic::transport::server::Router;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
 
 use crate::api::Api;
 use crate::metrics::{self, DeadLetterLabels};
-use crate::node::Node;
 use crate::peer::liveness::PeerLinks;
 use collector::NodeCollector;
 
@@ -44,7 +47,7 @@ pub const METRICS_PREFIX: &str = "quorumq";
 
 /// The health task's output and the services built on it.
 pub struct Observability {
-    node: Arc<Node>,
+    node: Observed,
     health: HealthServer<HealthService>,
     serving: watch::Receiver<bool>,
 }
@@ -52,15 +55,18 @@ pub struct Observability {
 impl Observability {
     /// Starts following the node's health (a task of the node, stopped with it). The health
     /// services answer NOT_SERVING until it has seen a metadata leader.
-    pub async fn start(node: &Arc<Node>, peer_links: PeerLinks) -> Observability {
+    pub async fn start(
+        node: Observed,
+        tasks: &TaskTracker,
+        peer_links: PeerLinks,
+    ) -> Observability {
         let reporter = HealthReporter::new();
         health::not_serving_reporter(&reporter).await;
         let health = HealthServer::new(HealthService::from_health_reporter(reporter.clone()));
         let (serving_tx, serving) = watch::channel(false);
-        node.tasks()
-            .spawn(health::run(node.clone(), reporter, peer_links, serving_tx));
+        tasks.spawn(health::run(node.clone(), reporter, peer_links, serving_tx));
         Observability {
-            node: node.clone(),
+            node,
             health,
             serving,
         }

@@ -47,11 +47,11 @@ pub async fn reseed(node: &Arc<Node>, req: IncarnationRequest) -> Result<ReseedR
         ));
     }
     let task = {
-        let node = node.clone();
+        let members = node.members();
         let stopping = node.stopping().clone();
-        node.tasks().clone().spawn(async move {
+        node.tasks().spawn(async move {
             let addrs = (req.address.as_str(), req.cluster_address.as_str());
-            let reseed = crate::membership::reseed_node(&node, req.node, req.incarnation, addrs);
+            let reseed = crate::membership::reseed_node(&members, req.node, req.incarnation, addrs);
             stopping.run_until_cancelled(reseed).await
         })
     };

@@ -358,7 +358,7 @@ impl Internal for InternalService {
     ) -> Result<Response<ProposeReply>, Status> {
         let r = request.into_inner();
         Ok(Response::new(
-            crate::membership::serve_group_op(&self.node, r.group, &r.payload).await,
+            crate::membership::serve_group_op(&self.node.members(), r.group, &r.payload).await,
         ))
     }
 
@@ -434,9 +434,12 @@ impl Internal for InternalService {
             }
         });
         let (out_tx, mut out_rx) = mpsc::channel::<SessionOut>(RELAY_BOUND);
-        self.node
-            .tasks()
-            .spawn(run_session(self.node.clone(), args, in_rx, out_tx));
+        self.node.tasks().spawn(run_session(
+            self.node.consuming().clone(),
+            args,
+            in_rx,
+            out_tx,
+        ));
         let (tx, rx) = mpsc::channel(RELAY_BOUND);
         self.node.tasks().spawn(async move {
             while let Some(m) = out_rx.recv().await {

@@ -1,0 +1,99 @@
+//! [`Members`]: what a membership change takes of its node, and the peer set kept in line
+//! with the metadata ([`sync_peers`]).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use qq_core::NodeId;
+use qq_raft::network::{PeerAddress, Peers};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::clock::Clock;
+use crate::config::Peer;
+use crate::groups::registry::Registry;
+use crate::meta_view::MetaView;
+use crate::proposer::Proposer;
+
+/// The node as a membership change sees it, and no more: its groups, its metadata and
+/// proposals, its peers and the founding nodes of its configuration, its clock, and the token
+/// that stops it. Cheap to clone.
+#[derive(Clone)]
+pub struct Members {
+    pub(crate) id: NodeId,
+    pub(crate) clock: Clock,
+    pub(crate) peers: Peers,
+    pub(crate) view: MetaView,
+    pub(crate) proposer: Proposer,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) stopping: CancellationToken,
+    /// The `peers` of the node's configuration.
+    pub(crate) founding: Arc<[Peer]>,
+}
+
+impl Members {
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    pub fn peers(&self) -> &Peers {
+        &self.peers
+    }
+
+    pub fn view(&self) -> &MetaView {
+        &self.view
+    }
+
+    pub fn proposer(&self) -> &Proposer {
+        &self.proposer
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Cancelled when the node begins to shut down.
+    pub fn stopping(&self) -> &CancellationToken {
+        &self.stopping
+    }
+
+    /// The voters of the metadata group as this node knows them.
+    pub fn meta_voters(&self) -> BTreeSet<NodeId> {
+        self.registry.meta_voters()
+    }
+
+    /// [`sync_peers`] now.
+    pub fn sync_peers(&self) {
+        sync_peers(&self.founding, &self.view, &self.peers);
+    }
+}
+
+/// Bring the peer set in line with the metadata: the founding nodes of this node's
+/// configuration, less those forgotten, plus those that joined since.
+pub fn sync_peers(founding: &[Peer], view: &MetaView, peers: &Peers) {
+    let state = view.current();
+    let forgotten = state.forgotten_nodes();
+    let joined = state.joined_nodes();
+    let founding = founding
+        .iter()
+        .filter(|p| !forgotten.contains(&p.id) && !joined.contains_key(&p.id))
+        .map(|p| PeerAddress {
+            id: p.id,
+            address: p.address.clone(),
+            cluster_address: p.cluster_address.clone(),
+        });
+    let later = joined.iter().map(|(id, a)| PeerAddress {
+        id: *id,
+        address: a.address.clone(),
+        cluster_address: a.cluster_address.clone(),
+    });
+    match peers.set(founding.chain(later).collect::<Vec<_>>()) {
+        Ok(true) => info!(peers = ?peers.ids(), "cluster nodes changed"),
+        Ok(false) => {}
+        Err(e) => warn!("cluster nodes: {e}"),
+    }
+}
