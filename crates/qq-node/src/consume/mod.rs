@@ -23,54 +23,19 @@ use crate::proposer::Proposer;
 /// consumer ids, and where its tasks are tracked and stopped. Cheap to clone.
 #[derive(Clone)]
 pub struct Consuming {
-    id: NodeId,
-    clock: Clock,
-    registry: Arc<Registry>,
-    proposer: Proposer,
-    peers: Peers,
-    machines: PeerMachines,
-    tasks: TaskTracker,
-    stopping: CancellationToken,
-    consumer_seq: Arc<AtomicU64>,
-}
-
-/// The node's parts a [`Consuming`] is made of.
-pub struct ConsumingParts {
-    pub clock: Clock,
-    pub registry: Arc<Registry>,
-    pub proposer: Proposer,
-    pub peers: Peers,
-    pub machines: PeerMachines,
-    pub tasks: TaskTracker,
-    pub stopping: CancellationToken,
+    pub(crate) id: NodeId,
+    pub(crate) clock: Clock,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) proposer: Proposer,
+    pub(crate) peers: Peers,
+    pub(crate) machines: PeerMachines,
+    pub(crate) tasks: TaskTracker,
+    pub(crate) stopping: CancellationToken,
+    /// The next consumer id's low bits ([`Consuming::next_consumer_id`]).
+    pub(crate) consumer_seq: Arc<AtomicU64>,
 }
 
 impl Consuming {
-    /// Consumer ids start at the start time in ms times 1000, so that a restarted node does
-    /// not hand out the ids of its previous run.
-    pub fn new(id: NodeId, parts: ConsumingParts) -> Consuming {
-        let ConsumingParts {
-            clock,
-            registry,
-            proposer,
-            peers,
-            machines,
-            tasks,
-            stopping,
-        } = parts;
-        Consuming {
-            id,
-            clock,
-            registry,
-            proposer,
-            peers,
-            machines,
-            tasks,
-            stopping,
-            consumer_seq: Arc::new(AtomicU64::new(clock.now_ms() * 1000)),
-        }
-    }
-
     pub fn id(&self) -> NodeId {
         self.id
     }

@@ -33,6 +33,7 @@ mod unload;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use openraft::Raft;
@@ -54,7 +55,7 @@ use self::raft::{initialise_if_first, raft_config, reload_config};
 use crate::alarms::{Alarms, Bounds};
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::consume::{Consuming, ConsumingParts};
+use crate::consume::Consuming;
 use crate::deadletter::DeadLetters;
 use crate::enqueue::Enqueuer;
 use crate::groups::meta_sm::MetaMachine;
@@ -150,18 +151,19 @@ impl Node {
             tasks: tasks.clone(),
         };
         let loads_stop = spawn_loader(&opener, load_requests);
-        let consuming = Consuming::new(
+        let consuming = Consuming {
             id,
-            ConsumingParts {
-                clock,
-                registry: registry.clone(),
-                proposer: proposer.clone(),
-                peers: peers.clone(),
-                machines: opener.leader_ctx.machines.clone(),
-                tasks: tasks.clone(),
-                stopping: shutdown.clone(),
-            },
-        );
+            clock,
+            registry: registry.clone(),
+            proposer: proposer.clone(),
+            peers: peers.clone(),
+            machines: opener.leader_ctx.machines.clone(),
+            tasks: tasks.clone(),
+            stopping: shutdown.clone(),
+            // From the start time in ms times 1000: a restarted node does not hand out the
+            // ids of its previous run.
+            consumer_seq: Arc::new(AtomicU64::new(clock.now_ms() * 1000)),
+        };
         let node = Arc::new(Node {
             id,
             config,
