@@ -105,7 +105,7 @@ pub async fn run(
     let client_tls_on = client_tls.is_some();
     // Starting the groups does not wait for peers: Raft RPCs to nodes not yet up are retried.
     let node = Node::start(config, seams).await?;
-    let peer_links = spawn_peer_watches(node.clone());
+    let peer_links = spawn_peer_watches(node.peering());
     let observe = Observability::start(node.observed(), node.tasks(), peer_links).await;
     if let Some((path, doc)) = boot_definitions {
         spawn_boot_import(node.clone(), path, doc, observe.serving());
@@ -129,7 +129,7 @@ pub async fn run(
             })
         })
     };
-    let broker_service = BrokerService::new(node.clone(), conns);
+    let broker_service = BrokerService::new(node.serving(), conns);
     let page_api = broker_service.api();
     amqp_listeners.serve(page_api.clone(), signal_for_amqp.clone());
     let broker = BrokerServer::new(broker_service)
@@ -137,7 +137,7 @@ pub async fn run(
         .max_encoding_message_size(max_client);
     // Every peer request is checked for a protocol this node and the sender both read.
     let internal = InterceptedService::new(
-        InternalServer::new(InternalService::new(node.clone()))
+        InternalServer::new(InternalService::new(node.peering()))
             .max_decoding_message_size(MAX_INTERNAL_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_INTERNAL_MESSAGE_BYTES),
         qq_raft::protocol::check,

@@ -23,6 +23,7 @@ pub mod guard;
 pub mod members;
 pub mod moves;
 pub mod publish;
+pub mod serving;
 pub mod status;
 
 use std::pin::Pin;
@@ -38,14 +39,14 @@ use tracing::instrument;
 use self::auth::{Auth, AuthSettings, Caller};
 use self::conn::Connections;
 use self::convert::meta_error_to_status;
-use crate::node::Node;
+use self::serving::Serving;
 
 pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 /// What every handler works with. Cheap to clone.
 #[derive(Clone)]
 pub struct Api {
-    node: Arc<Node>,
+    node: Serving,
     auth: Arc<Auth>,
     conns: Arc<Connections>,
 }
@@ -56,7 +57,7 @@ impl Api {
         &self.auth
     }
 
-    pub(crate) fn node(&self) -> &Arc<Node> {
+    pub(crate) fn node(&self) -> &Serving {
         &self.node
     }
 
@@ -110,7 +111,7 @@ pub struct BrokerService {
 
 impl BrokerService {
     /// `conns`: the client port's connections (see [`conn`]), counted by the server's accept.
-    pub fn new(node: Arc<Node>, conns: Arc<Connections>) -> BrokerService {
+    pub fn new(node: Serving, conns: Arc<Connections>) -> BrokerService {
         let config = node.config();
         // With tls_cert the client port serves only TLS (server.rs), so Basic credentials
         // never cross the network in clear.

@@ -66,6 +66,20 @@ impl Members {
         self.registry.meta_voters()
     }
 
+    /// The nodes new queues may be placed on: the metadata group's voters that are peers (a
+    /// node whose join was recorded but never completed is a peer and not a voter), sorted.
+    pub fn placement_nodes(&self) -> Vec<NodeId> {
+        let voters: Vec<NodeId> = self
+            .meta_voters()
+            .into_iter()
+            .filter(|id| self.peers.contains(*id))
+            .collect();
+        if voters.is_empty() {
+            return self.peers.ids();
+        }
+        voters
+    }
+
     /// [`sync_peers`] now.
     pub fn sync_peers(&self) {
         sync_peers(&self.founding, &self.view, &self.peers);

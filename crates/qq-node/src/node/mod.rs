@@ -40,11 +40,11 @@ use openraft::Raft;
 use openraft::async_runtime::WatchReceiver;
 use qq_core::NodeId;
 use qq_core::meta::MetaEffect;
+use qq_raft::META_GROUP;
 use qq_raft::log_store::LogStore;
 use qq_raft::network::{GroupNetwork, PeerAddress, Peers};
 use qq_raft::store::{Disk, Store, StoreError};
 use qq_raft::transport::Transport;
-use qq_raft::{GroupId, META_GROUP};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -53,6 +53,7 @@ use tracing::info;
 use self::opener::{Opener, spawn_loader};
 use self::raft::{initialise_if_first, raft_config, reload_config};
 use crate::alarms::{Alarms, Bounds};
+use crate::api::serving::Serving;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::consume::Consuming;
@@ -66,11 +67,12 @@ use crate::membership::Members;
 use crate::meta_view::MetaView;
 use crate::observe::observed::Observed;
 use crate::peer::machines::PeerMachines;
+use crate::peer::peering::Peering;
 use crate::proposer::Proposer;
 
 pub struct Node {
     id: NodeId,
-    config: Config,
+    config: Arc<Config>,
     store: Store,
     peers: Peers,
     /// Creates queue replicas' Raft instances (at their start; loads go through the registry
@@ -84,6 +86,8 @@ pub struct Node {
     clock: Clock,
     /// What consumer sessions take of the node ([`crate::consume`]).
     consuming: Consuming,
+    /// What membership changes take of it ([`crate::membership`]).
+    members: Members,
     alarms: Arc<Alarms>,
     /// Latched true once this node's metadata has caught up with the cluster's (see
     /// [`Node::meta_synced`]).
@@ -164,9 +168,19 @@ impl Node {
             // ids of its previous run.
             consumer_seq: Arc::new(AtomicU64::new(clock.now_ms() * 1000)),
         };
+        let members = Members {
+            id,
+            clock,
+            peers: peers.clone(),
+            view: view.clone(),
+            proposer: proposer.clone(),
+            registry: registry.clone(),
+            stopping: shutdown.clone(),
+            founding: config.peers.clone().into(),
+        };
         let node = Arc::new(Node {
             id,
-            config,
+            config: Arc::new(config),
             store,
             peers,
             opener,
@@ -176,6 +190,7 @@ impl Node {
             enqueuer,
             clock,
             consuming,
+            members,
             alarms: alarms.clone(),
             meta_synced: watch::Sender::new(false),
             shutdown,
@@ -235,17 +250,6 @@ impl Node {
 
     pub fn view(&self) -> &MetaView {
         &self.view
-    }
-
-    /// Whether queue group `group`, not running here, may start here soon: its id is newer
-    /// than any this node's metadata has allocated (the entry that creates it has not applied
-    /// here yet), or the metadata places a replica here that has not started yet.
-    pub fn may_start_group(&self, group: GroupId) -> bool {
-        let view = self.view.current();
-        group >= view.next_queue_id()
-            || view
-                .queue_by_id(group)
-                .is_some_and(|q| q.replicas().any(|n| n == self.id))
     }
 
     /// The node's clock: every read of the time in the node goes through it.
@@ -312,16 +316,46 @@ impl Node {
     }
 
     /// What a membership change takes of the node.
-    pub fn members(&self) -> Members {
-        Members {
+    pub fn members(&self) -> &Members {
+        &self.members
+    }
+
+    /// What the node-to-node side takes of the node.
+    pub fn peering(&self) -> Peering {
+        Peering {
             id: self.id,
+            config: self.config.clone(),
             clock: self.clock,
             peers: self.peers.clone(),
+            machines: self.peer_machines().clone(),
+            registry: self.registry.clone(),
             view: self.view.clone(),
             proposer: self.proposer.clone(),
-            registry: self.registry.clone(),
+            store: self.store.clone(),
+            tasks: self.tasks.clone(),
             stopping: self.shutdown.clone(),
-            founding: self.config.peers.clone().into(),
+            consuming: self.consuming.clone(),
+            members: self.members.clone(),
+        }
+    }
+
+    /// What the client-facing layers take of the node.
+    pub fn serving(&self) -> Serving {
+        Serving {
+            id: self.id,
+            config: self.config.clone(),
+            clock: self.clock,
+            view: self.view.clone(),
+            proposer: self.proposer.clone(),
+            enqueuer: self.enqueuer.clone(),
+            alarms: self.alarms.clone(),
+            registry: self.registry.clone(),
+            peers: self.peers.clone(),
+            tasks: self.tasks.clone(),
+            stopping: self.shutdown.clone(),
+            meta_synced: self.meta_synced(),
+            consuming: self.consuming.clone(),
+            members: self.members.clone(),
         }
     }
 
@@ -343,18 +377,9 @@ impl Node {
         &self.consuming
     }
 
-    /// The nodes new queues may be placed on: the metadata group's voters that are peers (a
-    /// node whose join was recorded but never completed is a peer and not a voter), sorted.
+    /// The nodes new queues may be placed on ([`Members::placement_nodes`]).
     pub fn placement_nodes(&self) -> Vec<NodeId> {
-        let voters: Vec<NodeId> = self
-            .meta_voters()
-            .into_iter()
-            .filter(|id| self.peers.contains(*id))
-            .collect();
-        if voters.is_empty() {
-            return self.peers.ids();
-        }
-        voters
+        self.members.placement_nodes()
     }
 
     /// The voters of the metadata group as this node knows them.

@@ -3,21 +3,20 @@
 //! re-seeding of a node that came back on a new directory (`Reseed`). The node that asks is
 //! [`crate::node`]'s `incarnation` task.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use qq_proto::internal::{IncarnationReply, IncarnationRequest, ReseedReply};
 use qq_raft::META_GROUP;
 use tonic::Status;
 
-use crate::node::Node;
+use super::peering::Peering;
 
 /// How long an answer waits for this node's metadata to catch up with the leader's.
 const CATCH_UP: Duration = Duration::from_secs(2);
 
 /// What this node's metadata says of node `req.node`'s directory: caught up to the metadata
 /// leader's read index when there is a leader to ask.
-pub async fn incarnation(node: &Node, req: &IncarnationRequest) -> IncarnationReply {
+pub async fn incarnation(node: &Peering, req: &IncarnationRequest) -> IncarnationReply {
     let initialized = !node.meta_voters().is_empty();
     let leader = node.registry().known_leader(META_GROUP).is_some();
     // Without a leader (a cluster forming) there is nothing to catch up with: answer at once.
@@ -40,14 +39,14 @@ pub async fn incarnation(node: &Node, req: &IncarnationRequest) -> IncarnationRe
 /// ([`crate::membership::reseed_node`]), in a task of its own: the asking node stops waiting
 /// as soon as its metadata shows the directory recorded (before its replicas are back), and
 /// the re-seed must not stop half-way with the call.
-pub async fn reseed(node: &Arc<Node>, req: IncarnationRequest) -> Result<ReseedReply, Status> {
+pub async fn reseed(node: &Peering, req: IncarnationRequest) -> Result<ReseedReply, Status> {
     if req.node == 0 || req.incarnation == 0 {
         return Err(Status::invalid_argument(
             "node, incarnation: both are required",
         ));
     }
     let task = {
-        let members = node.members();
+        let members = node.members().clone();
         let stopping = node.stopping().clone();
         node.tasks().spawn(async move {
             let addrs = (req.address.as_str(), req.cluster_address.as_str());

@@ -37,7 +37,6 @@
 //! ([`crate::observe::health`]): a node is healthy only while it reaches its metadata leader.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -54,9 +53,9 @@ use qq_proto::internal::WatchRequest;
 use qq_raft::{GroupId, META_GROUP, TypeConfig};
 use tracing::{debug, info, warn};
 
+use super::peering::Peering;
 use crate::clock::Clock;
 use crate::groups::registry::{Replica, holds_whole_log};
-use crate::node::Node;
 use crate::sleep_wake;
 
 /// Pause between two attempts to open the watch of a peer that is down or unreachable.
@@ -72,7 +71,7 @@ pub type PeerLinks = watch::Receiver<BTreeSet<NodeId>>;
 
 /// Start one watch per peer, and one for each node that joins later (a watch ends when its
 /// peer is forgotten).
-pub fn spawn_peer_watches(node: Arc<Node>) -> PeerLinks {
+pub fn spawn_peer_watches(node: Peering) -> PeerLinks {
     let (links, linked) = watch::channel(BTreeSet::new());
     let stopping = node.stopping().clone();
     let tasks = node.tasks().clone();
@@ -86,7 +85,7 @@ pub fn spawn_peer_watches(node: Arc<Node>) -> PeerLinks {
 }
 
 /// Keep one [`watch_peer`] task per peer as the peer set changes.
-async fn watch_peer_set(node: Arc<Node>, links: watch::Sender<BTreeSet<NodeId>>) {
+async fn watch_peer_set(node: Peering, links: watch::Sender<BTreeSet<NodeId>>) {
     let mut changes = node.peers().subscribe();
     let mut watched: BTreeSet<NodeId> = BTreeSet::new();
     loop {
@@ -107,7 +106,7 @@ async fn watch_peer_set(node: Arc<Node>, links: watch::Sender<BTreeSet<NodeId>>)
     }
 }
 
-async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet<NodeId>>) {
+async fn watch_peer(node: Peering, peer: NodeId, links: watch::Sender<BTreeSet<NodeId>>) {
     let Some(address) = node.peers().address(peer) else {
         return;
     };
@@ -205,7 +204,7 @@ async fn watch_peer(node: Arc<Node>, peer: NodeId, links: watch::Sender<BTreeSet
 /// quorum and sleep on (waking them all made thousands of leaders heartbeat at once). Returns
 /// how many woke.
 async fn wake_leaders_without_quorum(
-    node: &Arc<Node>,
+    node: &Peering,
     peer: NodeId,
     linked: &BTreeSet<NodeId>,
 ) -> usize {
@@ -242,7 +241,7 @@ async fn wake_leaders_without_quorum(
 /// their vote, or after [`FALLBACK_WAKE`] if still nobody leads.
 ///
 /// Returns how many woke at once.
-async fn wake_followers_of(node: &Arc<Node>, peer: NodeId, linked: &BTreeSet<NodeId>) -> usize {
+async fn wake_followers_of(node: &Peering, peer: NodeId, linked: &BTreeSet<NodeId>) -> usize {
     let me = node.id();
     let reach: BTreeSet<NodeId> = linked.iter().copied().filter(|p| *p != peer).collect();
     let registry = node.registry();
@@ -279,7 +278,7 @@ async fn wake_followers_of(node: &Arc<Node>, peer: NodeId, linked: &BTreeSet<Nod
 
 /// After [`FALLBACK_WAKE`], wakes those of `groups` that still sleep following `peer` (their
 /// successor did not elect), [`WAKE_CHUNK`] at a time.
-fn fall_back(node: &Arc<Node>, peer: NodeId, groups: Vec<GroupId>) {
+fn fall_back(node: &Peering, peer: NodeId, groups: Vec<GroupId>) {
     if groups.is_empty() {
         return;
     }
@@ -337,7 +336,7 @@ async fn probe(address: &str) -> Probe {
 /// Where this node is the successor, it campaigns for at most [`HANDOVER_WINDOW`] groups at a
 /// time and starts the next as earlier ones get a leader: thousands of elections started at
 /// once on a small machine time each other out (10 000 queues: a third never failed over).
-async fn hand_over_from(node: &Arc<Node>, dead: NodeId) {
+async fn hand_over_from(node: &Peering, dead: NodeId) {
     let me = node.id();
     let all = node.peers().ids();
     let meta_vote = followed_vote(node.registry().meta_raft(), dead);
@@ -463,7 +462,7 @@ async fn paced<T>(
 /// so the peer's replica has all it needs. A restarted peer's replica starts asleep following
 /// it; one that starts awake (it led, or its data directory was re-seeded) asks for votes,
 /// and a vote request loads and wakes the leader.
-pub fn spawn_wake_led_with(node: &Arc<Node>, peer: NodeId) {
+pub fn spawn_wake_led_with(node: &Peering, peer: NodeId) {
     let node2 = node.clone();
     node.tasks().spawn(async move {
         let led: Vec<GroupId> = node2

@@ -7,4 +7,5 @@
 pub mod incarnation;
 pub mod liveness;
 pub mod machines;
+pub mod peering;
 pub mod service;

@@ -8,7 +8,6 @@
 //! port of its own.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -23,25 +22,25 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::peering::Peering;
 use crate::consume::relay::RELAY_BOUND;
 use crate::consume::session::{SessionIn, SessionOut, run_session};
 use crate::groups::registry::QueueGroup;
 use crate::groups::residency::{Event, Outcome};
-use crate::node::Node;
 use crate::sleep_wake;
 
 pub struct InternalService {
-    node: Arc<Node>,
+    node: Peering,
 }
 
 impl InternalService {
-    pub fn new(node: Arc<Node>) -> InternalService {
+    pub fn new(node: Peering) -> InternalService {
         InternalService { node }
     }
 }
 
 /// How long a Raft message for a queue group that is about to start here waits for it
-/// ([`Node::may_start_group`]).
+/// ([`Peering::may_start_group`]).
 const NEW_GROUP_WAIT: Duration = Duration::from_secs(1);
 /// How often a vote request loads a replica unloaded under it before it is refused (a
 /// refused vote is safe: the candidate asks again).
@@ -74,7 +73,7 @@ fn decode<T: serde::de::DeserializeOwned>(b: &[u8]) -> Result<T, Status> {
 /// the file to the group's Raft and answers its outcome. A received file the install did not
 /// adopt is removed.
 async fn receive_chunk<SM>(
-    node: &Arc<Node>,
+    node: &Peering,
     raft: &openraft::Raft<TypeConfig, SM>,
     group: u64,
     chunk: SnapshotChunk,
@@ -123,7 +122,7 @@ where
 /// it leads; a leadership transfer's vote is never refused). An instance unloaded meanwhile is
 /// loaded again first. Returns the refusal, or the instance to hand the vote to.
 async fn vote_or_refusal(
-    node: &Node,
+    node: &Peering,
     mut g: QueueGroup,
     req: &VoteRequest<TypeConfig>,
 ) -> Result<QueueGroup, RaftReply> {
@@ -175,7 +174,7 @@ async fn vote_or_refusal(
 }
 
 /// One Raft request for any group here, from a unary `Raft` call or a `RaftBatch` stream.
-async fn serve_raft(node: &Arc<Node>, r: RaftRequest) -> Result<RaftReply, Status> {
+async fn serve_raft(node: &Peering, r: RaftRequest) -> Result<RaftReply, Status> {
     let kind = RaftKind::try_from(r.kind).map_err(|_| Status::invalid_argument("kind"))?;
     macro_rules! dispatch {
         ($raft:expr) => {
