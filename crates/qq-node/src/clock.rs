@@ -22,7 +22,7 @@
 //! [`crate::proposer::Proposer`] (and through it
 //! the enqueue path, consume sessions, dead letters and moves), the leader actors' context
 //! ([`crate::leader::LeaderContext`]), the client API, its authentication and the management
-//! page (through [`crate::node::Node::clock`]). Where a decision needs only the time (a
+//! page (through [`crate::api::serving::Serving::clock`]). Where a decision needs only the time (a
 //! replica's sleep in [`crate::groups::residency`], the page's rates, the leader's rate-limited
 //! drop lines) it takes the time as an argument instead.
 //!

@@ -13,15 +13,18 @@
 //! Every task the node spawns is tracked by one [`TaskTracker`] and stopped by one
 //! [`CancellationToken`] ([`Node::shutdown`] waits for them, then stops the Raft groups).
 //!
-//! The rooms: this file holds [`Node`], its start and its accessors; `supervisor` keeps the
-//! groups and peers in line with the metadata; `opener` creates a queue replica's Raft
-//! instance (at its start, and for the registry's loads, in the node's loader task);
-//! `replicas` starts and stops a queue's replica; `unload` unloads the Raft instances of long sleepers; `shutdown` stops the node;
-//! `raft` holds the openraft settings and helpers that need no node state.
+//! The rooms: this file holds [`Node`], its start and the few accessors the wiring
+//! (`server`) uses; `handles` gives each layer its narrow handle ([`Seams`] are what the node
+//! takes in); `supervisor` keeps the groups and peers in line with the metadata; `opener`
+//! creates a queue replica's Raft instance (at its start, and for the registry's loads, in the
+//! node's loader task); `replicas` starts and stops a queue's replica; `unload` unloads the
+//! Raft instances of long sleepers; `shutdown` stops the node; `raft` holds the openraft
+//! settings and helpers that need no node state.
 //!
 //! Must not: serve clients or peers (that is [`crate::api`] and [`crate::peer`]), or decide
 //! anything a queue's leader decides ([`crate::leader`]).
 
+mod handles;
 mod incarnation;
 mod meta_upgrade;
 mod opener;
@@ -31,7 +34,6 @@ mod shutdown;
 mod supervisor;
 mod unload;
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -53,7 +55,6 @@ use tracing::info;
 use self::opener::{Opener, spawn_loader};
 use self::raft::{initialise_if_first, raft_config, reload_config};
 use crate::alarms::{Alarms, Bounds};
-use crate::api::serving::Serving;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::consume::Consuming;
@@ -65,9 +66,7 @@ use crate::groups::shell::Shell;
 use crate::leader::LeaderContext;
 use crate::membership::Members;
 use crate::meta_view::MetaView;
-use crate::observe::observed::Observed;
 use crate::peer::machines::PeerMachines;
-use crate::peer::peering::Peering;
 use crate::proposer::Proposer;
 
 pub struct Node {
@@ -230,21 +229,21 @@ impl Node {
         &self.config
     }
 
-    pub fn peers(&self) -> &Peers {
+    fn peers(&self) -> &Peers {
         &self.peers
     }
 
     /// Which queue machine version each peer runs, as its watch says.
-    pub fn peer_machines(&self) -> &PeerMachines {
+    fn peer_machines(&self) -> &PeerMachines {
         &self.opener.leader_ctx.machines
     }
 
-    pub fn registry(&self) -> &Arc<Registry> {
+    fn registry(&self) -> &Arc<Registry> {
         &self.registry
     }
 
     /// The node's RocksDB and snapshot directory.
-    pub fn store(&self) -> &Store {
+    fn store(&self) -> &Store {
         &self.store
     }
 
@@ -252,28 +251,13 @@ impl Node {
         &self.view
     }
 
-    /// The node's clock: every read of the time in the node goes through it.
-    pub fn clock(&self) -> Clock {
-        self.clock
-    }
-
     pub fn proposer(&self) -> &Proposer {
         &self.proposer
-    }
-
-    pub fn enqueuer(&self) -> &Enqueuer {
-        &self.enqueuer
     }
 
     /// Every task of the node is spawned here, so shutdown can wait for it.
     pub fn tasks(&self) -> &TaskTracker {
         &self.tasks
-    }
-
-    /// Cancelled when the node begins to shut down.
-    /// Memory and disk alarms ([`crate::alarms`]).
-    pub fn alarms(&self) -> &Alarms {
-        &self.alarms
     }
 
     pub fn stopping(&self) -> &CancellationToken {
@@ -315,76 +299,9 @@ impl Node {
         }
     }
 
-    /// What a membership change takes of the node.
-    pub fn members(&self) -> &Members {
-        &self.members
-    }
-
-    /// What the node-to-node side takes of the node.
-    pub fn peering(&self) -> Peering {
-        Peering {
-            id: self.id,
-            config: self.config.clone(),
-            clock: self.clock,
-            peers: self.peers.clone(),
-            machines: self.peer_machines().clone(),
-            registry: self.registry.clone(),
-            view: self.view.clone(),
-            proposer: self.proposer.clone(),
-            store: self.store.clone(),
-            tasks: self.tasks.clone(),
-            stopping: self.shutdown.clone(),
-            consuming: self.consuming.clone(),
-            members: self.members.clone(),
-        }
-    }
-
-    /// What the client-facing layers take of the node.
-    pub fn serving(&self) -> Serving {
-        Serving {
-            id: self.id,
-            config: self.config.clone(),
-            clock: self.clock,
-            view: self.view.clone(),
-            proposer: self.proposer.clone(),
-            enqueuer: self.enqueuer.clone(),
-            alarms: self.alarms.clone(),
-            registry: self.registry.clone(),
-            peers: self.peers.clone(),
-            tasks: self.tasks.clone(),
-            stopping: self.shutdown.clone(),
-            meta_synced: self.meta_synced(),
-            consuming: self.consuming.clone(),
-            members: self.members.clone(),
-        }
-    }
-
-    /// What the node's observers read of it.
-    pub fn observed(&self) -> Observed {
-        Observed {
-            id: self.id,
-            registry: self.registry.clone(),
-            view: self.view.clone(),
-            alarms: self.alarms.clone(),
-            per_queue_metrics: self.config.per_queue_metrics,
-            meta_synced: self.meta_synced(),
-            stopping: self.shutdown.clone(),
-        }
-    }
-
-    /// What a consumer session takes of the node.
-    pub fn consuming(&self) -> &Consuming {
-        &self.consuming
-    }
-
     /// The nodes new queues may be placed on ([`Members::placement_nodes`]).
     pub fn placement_nodes(&self) -> Vec<NodeId> {
         self.members.placement_nodes()
-    }
-
-    /// The voters of the metadata group as this node knows them.
-    pub fn meta_voters(&self) -> BTreeSet<NodeId> {
-        self.registry.meta_voters()
     }
 }
 

@@ -1,5 +1,5 @@
 //! Is this node serving? SERVING once its metadata has caught up with the cluster's
-//! ([`Node::meta_synced`]), it is a voter of the metadata group and sees a metadata leader it
+//! ([`crate::node::Node::meta_synced`]), it is a voter of the metadata group and sees a metadata leader it
 //! can reach; NOT_SERVING before that, while it sees none (an election), and from
 //! the moment it starts to shut down.
 //!
