@@ -46,7 +46,7 @@ pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 /// What every handler works with. Cheap to clone.
 #[derive(Clone)]
 pub struct Api {
-    node: Serving,
+    node: Arc<Serving>,
     auth: Arc<Auth>,
     conns: Arc<Connections>,
 }
@@ -128,7 +128,11 @@ impl BrokerService {
             node.clock(),
         ));
         BrokerService {
-            api: Api { node, auth, conns },
+            api: Api {
+                node: Arc::new(node),
+                auth,
+                conns,
+            },
         }
     }
 
