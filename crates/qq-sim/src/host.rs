@@ -190,7 +190,7 @@ impl Host {
             self.config_path.as_os_str(),
         ])?;
         let config = Config::load(&args, &Default::default())?;
-        let seams_disk = self.disk();
+        let disk = self.disk();
         let wall = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
             .as_millis() as i64;
@@ -205,7 +205,7 @@ impl Host {
         let seams = Seams {
             clock,
             transport: net.transport(self.id),
-            disk: seams_disk,
+            disk,
         };
         let (end_tx, end_rx) = oneshot::channel();
         let (handle_tx, handle_rx) = std_mpsc::channel();
@@ -276,19 +276,19 @@ impl Host {
     /// cuts its WAL back to what the disk held at the kill; returns what was cut.
     pub fn crash(&mut self) -> anyhow::Result<CutStats> {
         let frozen = match self.store.lock().expect("store lock").take() {
-            Some(store) if self.running.is_some() => Some(
-                store
-                    .freeze()
-                    .with_context(|| format!("freeze the store of node {}", self.id))?,
-            ),
+            Some(store) if self.running.is_some() => Some(store.freeze()),
             _ => None,
         };
+        // Ended even when the freeze failed: a crash must not leave the node running.
         let ended = self.end(End::Crash);
         let cut = match frozen {
             // The node's thread has ended, and its runtime waited for its blocking tasks.
-            Some(cut) => cut
+            Some(Ok(cut)) => cut
                 .apply()
                 .with_context(|| format!("cut the WAL of crashed node {}", self.id))?,
+            Some(Err(e)) => {
+                return Err(e).with_context(|| format!("freeze the store of node {}", self.id));
+            }
             None => CutStats::default(),
         };
         // A crashed node's own result is whatever the kill interrupted.
