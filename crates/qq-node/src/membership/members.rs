@@ -1,5 +1,5 @@
 //! [`Members`]: what a membership change takes of its node, and the peer set kept in line
-//! with the metadata ([`sync_peers`]).
+//! with the metadata ([`Members::sync_peers`]).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -80,34 +80,30 @@ impl Members {
         voters
     }
 
-    /// [`sync_peers`] now.
+    /// Bring the peer set in line with the metadata: the founding nodes of this node's
+    /// configuration, less those forgotten, plus those that joined since.
     pub fn sync_peers(&self) {
-        sync_peers(&self.founding, &self.view, &self.peers);
-    }
-}
-
-/// Bring the peer set in line with the metadata: the founding nodes of this node's
-/// configuration, less those forgotten, plus those that joined since.
-pub fn sync_peers(founding: &[Peer], view: &MetaView, peers: &Peers) {
-    let state = view.current();
-    let forgotten = state.forgotten_nodes();
-    let joined = state.joined_nodes();
-    let founding = founding
-        .iter()
-        .filter(|p| !forgotten.contains(&p.id) && !joined.contains_key(&p.id))
-        .map(|p| PeerAddress {
-            id: p.id,
-            address: p.address.clone(),
-            cluster_address: p.cluster_address.clone(),
+        let state = self.view.current();
+        let forgotten = state.forgotten_nodes();
+        let joined = state.joined_nodes();
+        let founding = self
+            .founding
+            .iter()
+            .filter(|p| !forgotten.contains(&p.id) && !joined.contains_key(&p.id))
+            .map(|p| PeerAddress {
+                id: p.id,
+                address: p.address.clone(),
+                cluster_address: p.cluster_address.clone(),
+            });
+        let later = joined.iter().map(|(id, a)| PeerAddress {
+            id: *id,
+            address: a.address.clone(),
+            cluster_address: a.cluster_address.clone(),
         });
-    let later = joined.iter().map(|(id, a)| PeerAddress {
-        id: *id,
-        address: a.address.clone(),
-        cluster_address: a.cluster_address.clone(),
-    });
-    match peers.set(founding.chain(later).collect::<Vec<_>>()) {
-        Ok(true) => info!(peers = ?peers.ids(), "cluster nodes changed"),
-        Ok(false) => {}
-        Err(e) => warn!("cluster nodes: {e}"),
+        match self.peers.set(founding.chain(later).collect::<Vec<_>>()) {
+            Ok(true) => info!(peers = ?self.peers.ids(), "cluster nodes changed"),
+            Ok(false) => {}
+            Err(e) => warn!("cluster nodes: {e}"),
+        }
     }
 }

@@ -41,7 +41,7 @@ use qq_core::meta::{ErrorKind, MetaCommand, MetaError, QueueMeta};
 pub use self::cluster::{forget_node, join_node, reseed_node};
 pub use self::group_op::{GroupOp, NOT_HERE, group_op, serve_group_op};
 pub use self::grow_shrink::{MAX_PATTERN_BYTES, compile_pattern, grow, shrink};
-pub use self::members::{Members, sync_peers};
+pub use self::members::Members;
 pub use self::queue_members::{add_member, delete_member};
 pub use self::quorum::{online_nodes, quorum_critical};
 pub use self::rebalance::rebalance;

@@ -93,9 +93,9 @@ impl Node {
         true
     }
 
-    /// Bring the peer set in line with the metadata ([`crate::membership::sync_peers`]).
+    /// Bring the peer set in line with the metadata ([`Members::sync_peers`]).
     pub fn sync_peers(&self) {
-        crate::membership::sync_peers(&self.config.peers, &self.view, &self.peers);
+        self.members.sync_peers();
     }
 
     /// Make the peers and the running queue groups match the metadata. False if a group

@@ -35,8 +35,11 @@ impl SyncRequest {
             SyncRequest::Waiter(tx) => {
                 let _ = tx.send(result);
             }
+            // Only when the thread is gone: no lengths were noted, so nothing may be cut.
             SyncRequest::Freeze(tx) => {
-                let _ = tx.send(result.map(|()| Vec::new()));
+                let _ = tx.send(Err(result.err().unwrap_or_else(|| {
+                    io::Error::other("the fsync thread did not take the freeze")
+                })));
             }
         }
     }
@@ -51,21 +54,19 @@ pub(super) fn fsync_loop(
     on_fault: FaultHandler,
 ) {
     let mut batch: Vec<SyncRequest> = Vec::new();
+    let mut freeze = None;
     while let Ok(first) = rx.recv() {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(req) => batch.push(req),
-                Err(_) => break,
+        let mut next = Some(first);
+        while let Some(req) = next.take() {
+            match req {
+                SyncRequest::Freeze(reply) => freeze = Some(reply),
+                req => batch.push(req),
+            }
+            if batch.len() < MAX_BATCH {
+                next = rx.try_recv().ok();
             }
         }
-        if let Some(at) = batch
-            .iter()
-            .position(|r| matches!(r, SyncRequest::Freeze(_)))
-        {
-            let SyncRequest::Freeze(reply) = batch.swap_remove(at) else {
-                unreachable!("found at this position")
-            };
+        if let Some(reply) = freeze.take() {
             let _ = reply.send(super::crash::freeze_on_fsync_thread(&db, &path));
             // Nothing of this batch or after it is synced or completed: the waiters go when
             // the store closes (the channel ends), as a killed process's would.
