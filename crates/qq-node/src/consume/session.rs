@@ -7,13 +7,16 @@
 //! Bounds: the inbox from the state machine holds what the prefetch allows
 //! ([`crate::groups::queue_sm::UNLIMITED_PREFETCH_BUFFER`] without one); settles wait for the
 //! log in a channel of [`SETTLES_BOUND`] (full: the session stops reading the client's
-//! settles until the log catches up).
+//! settles until the log catches up), and at most [`ACKS_IN_FLIGHT`] ack commands wait for
+//! their commit at once.
 //!
 //! Must not: decide what a settle does to a message (the queue state machine does).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use qq_core::queue::{Command, Reply, SettleOutcome};
 use qq_core::{ConsumerId, Message, MessageId, Value};
 use qq_raft::GroupId;
@@ -94,7 +97,7 @@ fn error(code: Code, message: impl Into<String>) -> SessionOut {
 }
 
 /// Settle commands on their way to the log: (message ids, outcome).
-type SettleTx = mpsc::Sender<(Vec<MessageId>, SettleOutcome)>;
+type SettleTx = mpsc::Sender<Settle>;
 
 /// Run a consumer session on this node, which must lead the queue.
 pub async fn run_session(
@@ -215,36 +218,78 @@ async fn checkout(
         .map(|_| ())
 }
 
-/// Settles go to the log in order, without holding up deliveries; queued settles of the same
-/// outcome are merged into one command.
+/// A settle on its way to the log: (message ids, outcome).
+type Settle = (Vec<MessageId>, SettleOutcome);
+
+/// Ack commands of one session proposed and not yet committed, at most. Acks commute (each
+/// names its own messages), so the next need not wait for the last one's commit: the
+/// consumer's credit, which a settle gives back when it applies, returns up to a commit
+/// sooner under load.
+pub const ACKS_IN_FLIGHT: usize = 4;
+
+/// Settles go to the log without holding up deliveries; queued settles of the same outcome
+/// are merged into one command. Acks are pipelined ([`ACKS_IN_FLIGHT`]); any other outcome
+/// (a requeue, a reject, a release) waits for the acks in flight and then for its own commit,
+/// so those keep the order the client gave them in.
 async fn run_settler(
     proposer: Proposer,
     group: GroupId,
     consumer: ConsumerId,
-    mut settle_rx: mpsc::Receiver<(Vec<MessageId>, SettleOutcome)>,
+    mut settle_rx: mpsc::Receiver<Settle>,
 ) {
-    while let Some((mut ids, outcome)) = settle_rx.recv().await {
-        while let Ok((more, o)) = settle_rx.try_recv() {
-            if o == outcome {
-                ids.extend(more);
-            } else {
-                propose_settle(
-                    &proposer,
-                    group,
-                    consumer,
-                    std::mem::take(&mut ids),
-                    outcome.clone(),
-                )
-                .await;
-                ids = more;
-                propose_settle(&proposer, group, consumer, std::mem::take(&mut ids), o).await;
-                break;
+    let mut acks = FuturesUnordered::new();
+    let mut held: Option<Settle> = None;
+    loop {
+        let first = match held.take() {
+            Some(s) => s,
+            None => match next_settle(&mut settle_rx, &mut acks).await {
+                Some(s) => s,
+                None => break,
+            },
+        };
+        let ((ids, outcome), rest) = merge_queued(first, &mut settle_rx);
+        held = rest;
+        if outcome == SettleOutcome::Ack {
+            while acks.len() >= ACKS_IN_FLIGHT {
+                acks.next().await;
             }
-        }
-        if !ids.is_empty() {
+            acks.push(propose_settle(&proposer, group, consumer, ids, outcome));
+        } else {
+            while acks.next().await.is_some() {}
             propose_settle(&proposer, group, consumer, ids, outcome).await;
         }
     }
+    while acks.next().await.is_some() {}
+}
+
+/// The session's next settle, while the acks in flight go on to their commits.
+async fn next_settle<F: std::future::Future<Output = ()>>(
+    settle_rx: &mut mpsc::Receiver<Settle>,
+    acks: &mut FuturesUnordered<F>,
+) -> Option<Settle> {
+    loop {
+        if acks.is_empty() {
+            return settle_rx.recv().await;
+        }
+        tokio::select! {
+            biased;
+            got = settle_rx.recv() => return got,
+            _ = acks.next() => {}
+        }
+    }
+}
+
+/// `first` with the settles queued behind it of the same outcome; the first queued one of
+/// another outcome is handed back.
+fn merge_queued(first: Settle, settle_rx: &mut mpsc::Receiver<Settle>) -> (Settle, Option<Settle>) {
+    let (mut ids, outcome) = first;
+    while let Ok((more, o)) = settle_rx.try_recv() {
+        if o != outcome {
+            return ((ids, outcome), Some((more, o)));
+        }
+        ids.extend(more);
+    }
+    ((ids, outcome), None)
 }
 
 /// One session's state while it serves its stream.
