@@ -543,3 +543,28 @@ async fn finish(node: &Consuming, group: GroupId, consumer: ConsumerId, settler:
     }
     node.proposer().consumer_down(group, consumer).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queued_settles_merge_by_outcome_and_stop_at_another() {
+        let (tx, mut rx) = mpsc::channel(8);
+        tx.try_send((vec![2], SettleOutcome::Ack)).unwrap();
+        tx.try_send((vec![3, 4], SettleOutcome::Ack)).unwrap();
+        tx.try_send((vec![5], SettleOutcome::Requeue)).unwrap();
+        tx.try_send((vec![6], SettleOutcome::Ack)).unwrap();
+
+        let (merged, rest) = merge_queued((vec![1], SettleOutcome::Ack), &mut rx);
+        assert_eq!(merged, (vec![1, 2, 3, 4], SettleOutcome::Ack));
+        // The requeue is handed back, not merged into the acks nor dropped; the ack behind it
+        // stays queued, so the requeue goes to the log before it.
+        assert_eq!(rest, Some((vec![5], SettleOutcome::Requeue)));
+        assert_eq!(rx.try_recv().unwrap(), (vec![6], SettleOutcome::Ack));
+
+        let (merged, rest) = merge_queued((vec![7], SettleOutcome::Reject), &mut rx);
+        assert_eq!(merged, (vec![7], SettleOutcome::Reject));
+        assert_eq!(rest, None);
+    }
+}
