@@ -5,8 +5,8 @@
 //! The caller routes (with the metadata view) and builds one enqueue request per message and
 //! target, with its idempotency key; [`Enqueuer::commit`] sends the requests of each target as
 //! one ordered batch entry (two when some carry a priority), all targets at once, and hands
-//! back every message's reply from every target. A message is stored in a target once its entry is committed, i.e. fsynced on a
-//! majority of that queue's members.
+//! back every message's reply from every target. A message is stored in a target once its
+//! entry is committed, i.e. fsynced on a majority of that queue's members.
 //!
 //! Must not: decide what a reply means for the caller (a publisher's confirm, a dead letter's
 //! settle): that stays with the caller.

@@ -96,7 +96,8 @@ fn error(code: Code, message: impl Into<String>) -> SessionOut {
     }
 }
 
-/// Settle commands on their way to the log: (message ids, outcome).
+/// A settle on its way to the log: (message ids, outcome).
+type Settle = (Vec<MessageId>, SettleOutcome);
 type SettleTx = mpsc::Sender<Settle>;
 
 /// Run a consumer session on this node, which must lead the queue.
@@ -217,9 +218,6 @@ async fn checkout(
         .await
         .map(|_| ())
 }
-
-/// A settle on its way to the log: (message ids, outcome).
-type Settle = (Vec<MessageId>, SettleOutcome);
 
 /// Ack commands of one session proposed and not yet committed, at most. Acks commute (each
 /// names its own messages), so the next need not wait for the last one's commit: the
