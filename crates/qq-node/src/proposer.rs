@@ -95,6 +95,8 @@ pub struct Proposer {
     stopping: CancellationToken,
     /// The node's clock: retry deadlines, and the time stamped into what is proposed here.
     clock: Clock,
+    /// Queue commands waiting to share an entry ([`combine`]).
+    combiner: Arc<combine::Combiner>,
 }
 
 impl Proposer {
@@ -113,6 +115,7 @@ impl Proposer {
             view,
             stopping,
             clock,
+            combiner: Arc::default(),
         }
     }
 
@@ -325,6 +328,16 @@ impl Proposer {
         group: GroupId,
         req: QueueRequest,
     ) -> Result<Reply, NodeError> {
+        if combine::combinable(&req) {
+            check_requests(std::slice::from_ref(&req)).map_err(NodeError::InvalidArgument)?;
+            let mut replies = self
+                .propose_combined(group, std::slice::from_ref(&req))
+                .await?;
+            return replies
+                .pop()
+                .map(|r| r.reply)
+                .ok_or_else(|| NodeError::Internal("a combined command without a reply".into()));
+        }
         Ok(self.propose_queue_full(group, req).await?.reply)
     }
 
@@ -340,16 +353,50 @@ impl Proposer {
         QueueReplyOut::decode(&bytes).map_err(|e| NodeError::Internal(format!("decode reply: {e}")))
     }
 
-    /// Propose several commands as one entry, applied in order; one reply each.
+    /// Propose several commands, applied in order with nothing between them; one reply each.
+    /// They go as one entry, shared with other submitters' commands when all are
+    /// [`combine::combinable`].
     pub async fn propose_queue_batch(
         &self,
         group: GroupId,
         reqs: &[QueueRequest],
     ) -> Result<Vec<QueueReplyOut>, NodeError> {
         check_requests(reqs).map_err(NodeError::InvalidArgument)?;
+        if reqs.iter().all(combine::combinable) {
+            return self.propose_combined(group, reqs).await;
+        }
         let payload = encode(&QueueEntryRef::Batch(reqs))?;
         let bytes = self.propose(group, payload).await?;
         decode(&bytes)
+    }
+
+    /// Checked commands that may share an entry with others' ([`combine`]): submitted, and
+    /// proposed by a chain of the group's (started here when one is free).
+    async fn propose_combined(
+        &self,
+        group: GroupId,
+        reqs: &[QueueRequest],
+    ) -> Result<Vec<QueueReplyOut>, NodeError> {
+        let (submission, replies) = combine::Submission::new(reqs)?;
+        if self.combiner.submit(group, submission) {
+            let this = self.clone();
+            tokio::spawn(async move { this.combined_chain(group).await });
+        }
+        replies.await.unwrap_or(Err(NodeError::ShuttingDown))
+    }
+
+    /// Proposes what waits for `group`, an entry at a time, until nothing does.
+    async fn combined_chain(&self, group: GroupId) {
+        while let Some(batch) = self.combiner.next_batch(group) {
+            let replies = match combine::payload(&batch) {
+                Ok(payload) => match self.propose(group, payload).await {
+                    Ok(bytes) => decode(&bytes),
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
+            combine::answer(batch, replies);
+        }
     }
 
     /// Propose a metadata command. Returns once the change is applied on this node and on every
@@ -547,6 +594,7 @@ impl Proposer {
     }
 }
 
+mod combine;
 mod meta_sync;
 
 #[cfg(test)]
