@@ -594,7 +594,7 @@ impl Proposer {
     }
 }
 
-mod combine;
+pub mod combine;
 mod meta_sync;
 
 #[cfg(test)]
