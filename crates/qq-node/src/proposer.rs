@@ -329,9 +329,8 @@ impl Proposer {
         req: QueueRequest,
     ) -> Result<Reply, NodeError> {
         if combine::combinable(&req) {
-            check_requests(std::slice::from_ref(&req)).map_err(NodeError::InvalidArgument)?;
             let mut replies = self
-                .propose_combined(group, std::slice::from_ref(&req))
+                .propose_queue_batch(group, std::slice::from_ref(&req))
                 .await?;
             return replies
                 .pop()
@@ -372,11 +371,7 @@ impl Proposer {
 
     /// Checked commands that may share an entry with others' ([`combine`]): submitted, and
     /// proposed by a chain of the group's (started here when one is free).
-    async fn propose_combined(
-        &self,
-        group: GroupId,
-        reqs: &[QueueRequest],
-    ) -> Result<Vec<QueueReplyOut>, NodeError> {
+    async fn propose_combined(&self, group: GroupId, reqs: &[QueueRequest]) -> combine::Replies {
         let (submission, replies) = combine::Submission::new(reqs)?;
         if self.combiner.submit(group, submission) {
             let this = self.clone();
@@ -389,10 +384,7 @@ impl Proposer {
     async fn combined_chain(&self, group: GroupId) {
         while let Some(batch) = self.combiner.next_batch(group) {
             let replies = match combine::payload(&batch) {
-                Ok(payload) => match self.propose(group, payload).await {
-                    Ok(bytes) => decode(&bytes),
-                    Err(e) => Err(e),
-                },
+                Ok(payload) => self.propose(group, payload).await.and_then(|b| decode(&b)),
                 Err(e) => Err(e),
             };
             combine::answer(batch, replies);

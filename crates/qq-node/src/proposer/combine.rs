@@ -32,8 +32,12 @@ use qq_core::queue::{Command, FIRST_MACHINE_VERSION};
 use qq_raft::GroupId;
 use tokio::sync::oneshot;
 
+use crate::codec::encode;
 use crate::error::NodeError;
 use crate::groups::queue_sm::{MAX_BATCH, QueueReplyOut, QueueRequest};
+
+/// What a submitter gets back: a reply per command, in its order, or its entry's error.
+pub type Replies = Result<Vec<QueueReplyOut>, NodeError>;
 
 /// Entries of one group this node proposes at once through the combiner.
 pub const IN_FLIGHT: usize = 2;
@@ -50,44 +54,33 @@ pub fn combinable(req: &QueueRequest) -> bool {
     req.cmd.machine_version() == FIRST_MACHINE_VERSION && !matches!(req.cmd, Command::Get { .. })
 }
 
-/// What one caller submitted: its commands, encoded as the elements of a batch, and where
-/// their replies go.
+/// What one caller submitted: its commands, encoded, and where their replies go.
 pub struct Submission {
     count: usize,
+    /// The commands as a sequence: its length, then the commands (from `skip`).
     bytes: Vec<u8>,
-    reply: oneshot::Sender<Result<Vec<QueueReplyOut>, NodeError>>,
+    skip: usize,
+    reply: oneshot::Sender<Replies>,
 }
 
 impl Submission {
-    /// `reqs` encoded for a batch entry, and the receiver of their replies.
+    /// `reqs` encoded, and the receiver of their replies.
     pub fn new(
         reqs: &[QueueRequest],
-    ) -> Result<
-        (
-            Submission,
-            oneshot::Receiver<Result<Vec<QueueReplyOut>, NodeError>>,
-        ),
-        NodeError,
-    > {
-        let size: usize = reqs
-            .iter()
-            .map(|r| r.message.as_ref().map_or(0, Vec::len) + 64)
-            .sum();
-        let mut bytes = Vec::with_capacity(size);
-        for r in reqs {
-            bytes = postcard::to_extend(r, bytes)
-                .map_err(|e| NodeError::Internal(format!("encode: {e}")))?;
-        }
+    ) -> Result<(Submission, oneshot::Receiver<Replies>), NodeError> {
         let (reply, rx) = oneshot::channel();
-        let count = reqs.len();
-        Ok((
-            Submission {
-                count,
-                bytes,
-                reply,
-            },
-            rx,
-        ))
+        let submission = Submission {
+            count: reqs.len(),
+            bytes: encode(&reqs)?,
+            skip: encode(&reqs.len())?.len(),
+            reply,
+        };
+        Ok((submission, rx))
+    }
+
+    /// The encoded commands, as they follow one another in a batch entry.
+    fn commands(&self) -> &[u8] {
+        &self.bytes[self.skip..]
     }
 }
 
@@ -130,12 +123,13 @@ impl Combiner {
                 w.queue.pop_front();
                 continue;
             }
-            let fits = count + s.count <= MAX_BATCH && bytes + s.bytes.len() <= COMBINED_BYTES;
+            let size = s.commands().len();
+            let fits = count + s.count <= MAX_BATCH && bytes + size <= COMBINED_BYTES;
             if !batch.is_empty() && !fits {
                 break;
             }
             count += s.count;
-            bytes += s.bytes.len();
+            bytes += size;
             batch.extend(w.queue.pop_front());
         }
         if batch.is_empty() {
@@ -151,19 +145,19 @@ impl Combiner {
 
 /// The batch entry of `batch`'s commands, in order.
 pub fn payload(batch: &[Submission]) -> Result<Vec<u8>, NodeError> {
-    let count: usize = batch.iter().map(|s| s.count).sum();
-    let size: usize = batch.iter().map(|s| s.bytes.len()).sum();
-    let mut out = Vec::with_capacity(size + 11);
+    let count = encode(&batch.iter().map(|s| s.count).sum::<usize>())?;
+    let size: usize = batch.iter().map(|s| s.commands().len()).sum();
+    let mut out = Vec::with_capacity(1 + count.len() + size);
     out.push(BATCH_VARIANT);
-    out = postcard::to_extend(&count, out).map_err(|e| NodeError::Internal(format!("{e}")))?;
+    out.extend_from_slice(&count);
     for s in batch {
-        out.extend_from_slice(&s.bytes);
+        out.extend_from_slice(s.commands());
     }
     Ok(out)
 }
 
 /// Hands each submission its replies (or everyone the entry's error).
-pub fn answer(batch: Vec<Submission>, replies: Result<Vec<QueueReplyOut>, NodeError>) {
+pub fn answer(batch: Vec<Submission>, replies: Replies) {
     let count: usize = batch.iter().map(|s| s.count).sum();
     let replies = replies.and_then(|r| match r.len() == count {
         true => Ok(r),
