@@ -60,6 +60,13 @@ use serde::Serialize;
 use crate::cluster::{Cluster, QqCluster, RabbitCluster};
 use crate::scenarios::{Outcome, Settings};
 
+/// jemalloc, as the node: the client shares the two vCPUs with the brokers it drives, and with
+/// glibc's malloc lapin's per-frame allocations cost about 4 % of the machine's CPU in an AMQP
+/// run (docs/benchmarks.md, "The client's allocator"). Both brokers get the same client.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// The systems under test, as the scenarios see them: quorumq over gRPC, quorumq over its
 /// AMQP port (the same cluster, driven by lapin as RabbitMQ is), and RabbitMQ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

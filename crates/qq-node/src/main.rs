@@ -87,23 +87,36 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MMAP_THRESHOLD: libc::c_int = 16 << 20;
 
-/// Fix glibc's mmap threshold at [`MMAP_THRESHOLD`]. glibc raises it by itself to the size of
-/// the largest mapped block freed so far (up to 32 MiB) and its heap trim threshold to twice
+/// Free memory at the top of a glibc arena is handed back to the kernel only beyond this many
+/// bytes. At glibc's default (128 KiB, which a fixed [`MMAP_THRESHOLD`] keeps) RocksDB's
+/// compaction gave back the buffer of each Raft entry it decompressed (a combined entry of
+/// 1 KiB messages is 50-600 KiB) and faulted fresh zeroed pages in for the next: under
+/// scenario 1 over AMQP the compaction threads took 7.5 % of the machine's CPU, mostly in page
+/// faults; with 8 MiB they took 1.1-1.4 % (docs/benchmarks.md, "The allocator's trim
+/// threshold"). The cost is at most 8 MiB kept per arena in use; a memory alarm still hands
+/// it all back ([`qq_node::alarms::release_free_heap`]).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const TRIM_THRESHOLD: libc::c_int = 8 << 20;
+
+/// Fix glibc's mmap threshold at [`MMAP_THRESHOLD`] (and its trim threshold at
+/// [`TRIM_THRESHOLD`]). glibc raises the mmap threshold by itself to the size of the largest
+/// mapped block freed so far (up to 32 MiB) and its heap trim threshold to twice
 /// that: once the first password verify's Argon2id block (19 MiB) is freed, the next ones come
 /// from the arena of the blocking thread that runs them, and a free of 19 MiB no longer reaches
 /// the trim threshold, so they stay resident. A node that had served 1 000 declares from 16
 /// logging-in clients kept 150-290 MiB of them in two runs out of four. A fixed threshold turns
-/// that adjustment off (the trim threshold stays at its default, 128 KiB).
+/// that adjustment off; the trim threshold is then set on its own.
 ///
 /// Since the node allocates with jemalloc ([`ALLOCATOR`]), the Argon2id blocks no longer come
 /// from glibc; what still does is RocksDB's C++ code, whose large blocks (memtable arenas) the
 /// same adjustment would keep resident. The setting stays for them.
 fn fix_mmap_threshold() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets a tuning parameter of glibc's allocator (this one is within
-    // its bounds, at most 32 MiB).
+    // SAFETY: mallopt only sets tuning parameters of glibc's allocator (both within their
+    // bounds: the mmap threshold at most 32 MiB, the trim threshold any size).
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
     }
 }
 
