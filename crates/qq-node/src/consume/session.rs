@@ -151,12 +151,12 @@ pub async fn run_session(
         return;
     }
     let (settle_tx, settle_rx) = mpsc::channel(SETTLES_BOUND);
-    let settler = node.tasks().spawn(run_settler(
-        node.proposer().clone(),
-        group,
-        consumer,
-        settle_rx,
-    ));
+    let proposer = node.proposer().clone();
+    let propose = move |ids, outcome| {
+        let proposer = proposer.clone();
+        async move { propose_settle(&proposer, group, consumer, ids, outcome).await }
+    };
+    let settler = node.tasks().spawn(run_settler(propose, settle_rx));
     let mut session = Session {
         auto_ack: args.auto_ack,
         out,
@@ -228,13 +228,13 @@ pub const ACKS_IN_FLIGHT: usize = 4;
 /// Settles go to the log without holding up deliveries; queued settles of the same outcome
 /// are merged into one command. Acks are pipelined ([`ACKS_IN_FLIGHT`]); any other outcome
 /// (a requeue, a reject, a release) waits for the acks in flight and then for its own commit,
-/// so those keep the order the client gave them in.
-async fn run_settler(
-    proposer: Proposer,
-    group: GroupId,
-    consumer: ConsumerId,
-    mut settle_rx: mpsc::Receiver<Settle>,
-) {
+/// so those keep the order the client gave them in. `propose` proposes one settle command
+/// and ends when it is committed (or failed).
+async fn run_settler<P, F>(propose: P, mut settle_rx: mpsc::Receiver<Settle>)
+where
+    P: Fn(Vec<MessageId>, SettleOutcome) -> F,
+    F: std::future::Future<Output = ()>,
+{
     let mut acks = FuturesUnordered::new();
     let mut held: Option<Settle> = None;
     loop {
@@ -251,10 +251,10 @@ async fn run_settler(
             while acks.len() >= ACKS_IN_FLIGHT {
                 acks.next().await;
             }
-            acks.push(propose_settle(&proposer, group, consumer, ids, outcome));
+            acks.push(propose(ids, outcome));
         } else {
             while acks.next().await.is_some() {}
-            propose_settle(&proposer, group, consumer, ids, outcome).await;
+            propose(ids, outcome).await;
         }
     }
     while acks.next().await.is_some() {}
@@ -545,6 +545,98 @@ async fn finish(node: &Consuming, group: GroupId, consumer: ConsumerId, settler:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::oneshot;
+
+    /// A settle the settler proposed, with the switch that commits it.
+    type Proposed = (Settle, oneshot::Sender<()>);
+
+    /// A stand-in for the log: each proposal is reported when the settler starts it and ends
+    /// only when the test commits it.
+    fn fake_log() -> (
+        impl Fn(Vec<MessageId>, SettleOutcome) -> futures::future::BoxFuture<'static, ()>,
+        mpsc::UnboundedReceiver<Proposed>,
+    ) {
+        let (started_tx, started_rx) = mpsc::unbounded_channel();
+        let propose = move |ids, outcome| {
+            let started_tx = started_tx.clone();
+            let fut = async move {
+                let (commit_tx, commit_rx) = oneshot::channel();
+                let _ = started_tx.send(((ids, outcome), commit_tx));
+                let _ = commit_rx.await;
+            };
+            Box::pin(fut) as futures::future::BoxFuture<'static, ()>
+        };
+        (propose, started_rx)
+    }
+
+    /// Every task has run as far as it can (the paused clock only moves when all are idle).
+    async fn settle_down() {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+
+    async fn started(rx: &mut mpsc::UnboundedReceiver<Proposed>) -> Proposed {
+        settle_down().await;
+        rx.try_recv().expect("a proposal was started")
+    }
+
+    async fn nothing_started(rx: &mut mpsc::UnboundedReceiver<Proposed>) {
+        settle_down().await;
+        if let Ok((settle, _)) = rx.try_recv() {
+            panic!("{settle:?} was proposed too early");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acks_pipeline_and_another_outcome_waits_for_them() {
+        let (propose, mut proposals) = fake_log();
+        let (tx, rx) = mpsc::channel(SETTLES_BOUND);
+        let settler = tokio::spawn(run_settler(propose, rx));
+
+        // Up to ACKS_IN_FLIGHT acks go to the log without waiting for each other.
+        let mut acks = Vec::new();
+        for id in 1..=ACKS_IN_FLIGHT as u64 {
+            tx.send((vec![id], SettleOutcome::Ack)).await.unwrap();
+            let ((ids, outcome), commit) = started(&mut proposals).await;
+            assert_eq!((ids, outcome), (vec![id], SettleOutcome::Ack));
+            acks.push(commit);
+        }
+        // One more waits for a slot.
+        tx.send((vec![10], SettleOutcome::Ack)).await.unwrap();
+        nothing_started(&mut proposals).await;
+        // A requeue queued behind it is not merged with it, nor proposed early.
+        tx.send((vec![11], SettleOutcome::Requeue)).await.unwrap();
+        nothing_started(&mut proposals).await;
+
+        acks.remove(0).send(()).unwrap();
+        let ((ids, _), commit) = started(&mut proposals).await;
+        assert_eq!(ids, vec![10]);
+        acks.push(commit);
+        // The requeue waits for every ack before it, the last one included.
+        while acks.len() > 1 {
+            acks.remove(0).send(()).unwrap();
+            nothing_started(&mut proposals).await;
+        }
+        acks.remove(0).send(()).unwrap();
+        let ((ids, outcome), requeue) = started(&mut proposals).await;
+        assert_eq!((ids, outcome), (vec![11], SettleOutcome::Requeue));
+
+        // An ack after the requeue waits for the requeue's commit: the order holds both ways.
+        tx.send((vec![12], SettleOutcome::Ack)).await.unwrap();
+        nothing_started(&mut proposals).await;
+        requeue.send(()).unwrap();
+        let ((ids, _), last) = started(&mut proposals).await;
+        assert_eq!(ids, vec![12]);
+
+        // With the session gone the settler ends only once its last ack is committed.
+        drop(tx);
+        settle_down().await;
+        assert!(
+            !settler.is_finished(),
+            "the settler ended with an ack in flight"
+        );
+        last.send(()).unwrap();
+        settler.await.unwrap();
+    }
 
     #[test]
     fn queued_settles_merge_by_outcome_and_stop_at_another() {
