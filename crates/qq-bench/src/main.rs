@@ -60,9 +60,11 @@ use serde::Serialize;
 use crate::cluster::{Cluster, QqCluster, RabbitCluster};
 use crate::scenarios::{Outcome, Settings};
 
-/// jemalloc, as the node: the client shares the two vCPUs with the brokers it drives, and with
-/// glibc's malloc lapin's per-frame allocations cost about 4 % of the machine's CPU in an AMQP
-/// run (docs/benchmarks.md, "The client's allocator"). Both brokers get the same client.
+/// jemalloc, as the node: the client shares the two vCPUs with the brokers it drives. With
+/// glibc's malloc, malloc and free took about 3 % of the machine's CPU in the client's threads
+/// during an AMQP run; jemalloc's own code takes about 2 points in their place
+/// (docs/benchmarks.md, "The allocator's trim threshold, the client's allocator, and an AMQP
+/// channel's commit batch"). Both brokers get the same client.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -14,7 +14,7 @@ use tracing_subscriber::EnvFilter;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> anyhow::Result<()> {
-    fix_mmap_threshold();
+    tune_glibc_allocator();
     // First: rustls panics at the first TLS config when it cannot tell which crypto provider
     // to use (both or neither of ring/aws-lc enabled by the dependency graph); say it is ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -93,7 +93,7 @@ const MMAP_THRESHOLD: libc::c_int = 16 << 20;
 /// 1 KiB messages is 50-600 KiB) and faulted fresh zeroed pages in for the next: under
 /// scenario 1 over AMQP the compaction threads took 7.5 % of the machine's CPU, mostly in page
 /// faults; with 8 MiB they took 1.1-1.4 % (docs/benchmarks.md, "The allocator's trim
-/// threshold"). The cost is at most 8 MiB kept per arena in use; a memory alarm still hands
+/// threshold, the client's allocator, and an AMQP channel's commit batch"). The cost is at most 8 MiB kept per arena in use; a memory alarm still hands
 /// it all back ([`qq_node::alarms::release_free_heap`]).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const TRIM_THRESHOLD: libc::c_int = 8 << 20;
@@ -110,7 +110,7 @@ const TRIM_THRESHOLD: libc::c_int = 8 << 20;
 /// Since the node allocates with jemalloc ([`ALLOCATOR`]), the Argon2id blocks no longer come
 /// from glibc; what still does is RocksDB's C++ code, whose large blocks (memtable arenas) the
 /// same adjustment would keep resident. The setting stays for them.
-fn fix_mmap_threshold() {
+fn tune_glibc_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets tuning parameters of glibc's allocator (both within their
     // bounds: the mmap threshold at most 32 MiB, the trim threshold any size).
