@@ -139,24 +139,29 @@ impl QueueMachine {
     }
 
     pub fn read_message(&self, id: MessageId) -> io::Result<Message> {
-        let bytes = {
-            let pending = self.pending.lock().unwrap();
-            match pending.held.get(&id) {
-                Some(b) => Some(b.clone()),
-                None => self.store.get_body(self.group, id)?,
-            }
+        let decode = |bytes: &[u8]| {
+            postcard::from_bytes(bytes).map_err(|e| {
+                io::Error::other(format!(
+                    "queue group {}: decode message {id}: {e}",
+                    self.group
+                ))
+            })
         };
-        let bytes = bytes.ok_or_else(|| {
+        let stored = {
+            let pending = self.pending.lock().unwrap();
+            // A held body is decoded in place: every delivery of a message settled soon
+            // after reads it from here, and a copy of it first would be one more per message.
+            if let Some(held) = pending.held.get(&id) {
+                return decode(held);
+            }
+            self.store.get_body(self.group, id)?
+        };
+        let bytes = stored.ok_or_else(|| {
             io::Error::other(format!(
                 "queue group {}: body of message {id} is missing",
                 self.group
             ))
         })?;
-        postcard::from_bytes(&bytes).map_err(|e| {
-            io::Error::other(format!(
-                "queue group {}: decode message {id}: {e}",
-                self.group
-            ))
-        })
+        decode(&bytes)
     }
 }
