@@ -93,8 +93,9 @@ const MMAP_THRESHOLD: libc::c_int = 16 << 20;
 /// 1 KiB messages is 50-600 KiB) and faulted fresh zeroed pages in for the next: under
 /// scenario 1 over AMQP the compaction threads took 7.5 % of the machine's CPU, mostly in page
 /// faults; with 8 MiB they took 1.1-1.4 % (docs/benchmarks.md, "The allocator's trim
-/// threshold, the client's allocator, and an AMQP channel's commit batch"). The cost is at most 8 MiB kept per arena in use; a memory alarm still hands
-/// it all back ([`qq_node::alarms::release_free_heap`]).
+/// threshold, the client's allocator, and an AMQP channel's commit batch"). The cost is at
+/// most 8 MiB kept per arena in use; a memory alarm still hands it all back
+/// ([`qq_node::alarms::release_free_heap`]).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const TRIM_THRESHOLD: libc::c_int = 8 << 20;
 

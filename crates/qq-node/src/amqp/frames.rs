@@ -226,7 +226,10 @@ pub fn content_frames(
     body: &[u8],
     frame_max: u32,
 ) -> Vec<u8> {
-    let mut out = Vec::with_capacity(body.len() + 256);
+    let chunk = (frame_max as usize).saturating_sub(FRAME_OVERHEAD).max(1);
+    // The body, its frames' overhead, and room for the method and the content header.
+    let frames = body.len().div_ceil(chunk);
+    let mut out = Vec::with_capacity(body.len() + frames * FRAME_OVERHEAD + 256);
     encode(&AMQPFrame::Method(channel, method), &mut out);
     let header = AMQPContentHeader {
         class_id: 60,
@@ -234,8 +237,6 @@ pub fn content_frames(
         properties,
     };
     encode(&AMQPFrame::Header(channel, header), &mut out);
-    let chunk = (frame_max as usize).saturating_sub(FRAME_OVERHEAD).max(1);
-    out.reserve(body.len().div_ceil(chunk) * FRAME_OVERHEAD);
     for part in body.chunks(chunk) {
         body_frame(channel, part, &mut out);
     }

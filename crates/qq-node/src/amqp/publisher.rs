@@ -37,8 +37,8 @@ use crate::api::publish::{self as grpc, Prepared, Publish};
 /// about 440 per batch) was slower: over AMQP 17 132-20 361 msg/s against 18 932-23 483, and
 /// 82-99 µs of CPU per message against 67-78 (three runs each, alternating;
 /// docs/benchmarks.md, "The allocator's trim threshold, the client's allocator, and an AMQP
-/// channel's commit batch"). So the bound stays near where it
-/// was, but stated here and not left to the runtime.
+/// channel's commit batch"). So the bound stays near where it was, but stated here and not
+/// left to the runtime.
 const COMMIT_BATCH: usize = 128;
 
 /// How often a blocked connection looks at the alarms again.
