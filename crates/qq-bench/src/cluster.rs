@@ -154,6 +154,14 @@ impl Cluster {
         }
     }
 
+    /// A directory of this run on the brokers' filesystem, for the disk probe's file.
+    pub fn run_dir(&self) -> &Path {
+        match self {
+            Cluster::Qq(c) => &c.dir,
+            Cluster::Rabbit(c) => &c.run_dir,
+        }
+    }
+
     /// The data directory of node `node`: quorumq's `data_dir`; RabbitMQ's mnesia directory
     /// (its database, its Ra logs, its node identity; not its logs).
     pub fn data_dir(&self, node: usize) -> PathBuf {

@@ -37,6 +37,7 @@
 mod catchup;
 mod cluster;
 mod delayed;
+mod disk_probe;
 mod driver;
 mod erl_loop;
 mod load;

@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 use super::flows::{Flows, add_flow_notes, rate_outcome, run_flows};
 use super::{Better, Latency, Outcome, Settings, declare_on, delete_queues, secs};
 use crate::cluster::{Cluster, NODES};
+use crate::disk_probe::{DiskProbe, ProbeSummary};
 use crate::driver::{Conn, QueueSpec};
 
 /// 1. One queue, one publisher (window 1000), one consumer (prefetch 1000, ack each).
@@ -42,6 +43,7 @@ pub async fn throughput(cl: &mut Cluster, s: &Settings) -> Result<Outcome> {
 pub async fn latency(cl: &mut Cluster, s: &Settings, rate: f64) -> Result<Outcome> {
     let q = "bench-latency".to_string();
     let leader = declare_on(cl, 0, &q, &QueueSpec::default()).await?;
+    let probe = DiskProbe::start(cl.run_dir(), Instant::now() + secs(s.warmup_s))?;
     let r = run_flows(
         cl.system(),
         format!("2 latency @{rate:.0}/s {}", cl.system()),
@@ -57,7 +59,9 @@ pub async fn latency(cl: &mut Cluster, s: &Settings, rate: f64) -> Result<Outcom
             body_bytes: s.body_bytes,
         },
     )
-    .await?;
+    .await;
+    let probed = probe.finish();
+    let r = r?;
     delete_queues(cl, &[q]).await;
     let mut out = Outcome::default();
     let confirm = Latency::from_samples(2, "publish→confirm", r.confirm_us.clone());
@@ -78,8 +82,25 @@ pub async fn latency(cl: &mut Cluster, s: &Settings, rate: f64) -> Result<Outcom
     );
     out.latencies.push(confirm);
     out.latencies.push(deliver);
+    add_probe(&mut out, probed);
     add_flow_notes(&mut out, &r);
     Ok(out)
+}
+
+/// The disk probe's rounds beside the latencies ([`crate::disk_probe`]).
+fn add_probe(out: &mut Outcome, probed: std::io::Result<Option<ProbeSummary>>) {
+    match probed {
+        Ok(Some(p)) => {
+            out.figure(2, "disk probe fdatasync p99", "ms", Better::Lower, p.p99_ms);
+            out.figure(2, "disk probe fdatasync max", "ms", Better::Lower, p.max_ms);
+            out.notes.push(format!(
+                "disk probe: {} rounds of a 4 KiB write and fdatasync, {} of them 50 ms or more",
+                p.rounds, p.over_50ms
+            ));
+        }
+        Ok(None) => out.notes.push("disk probe: no round was counted".into()),
+        Err(e) => out.notes.push(format!("disk probe failed: {e}")),
+    }
 }
 
 /// 3. Many queues: a publisher and a consumer on each, aggregate rate.
