@@ -89,7 +89,8 @@ use crate::incarnation::Incarnation;
 use crate::log_tail::TailBudget;
 use crate::snapshot::SnapshotDir;
 use crate::types::{GroupId, TypeConfig};
-use fsync::{SyncRequest, fsync_loop};
+use fsync::SyncRequest;
+use wal_trim::WalTrimmer;
 
 pub use crash::{CutStats, Disk, WalCut};
 
@@ -153,8 +154,8 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
-    #[error("start fsync thread for rocksdb at {}: {source}", path.display())]
-    FsyncThread {
+    #[error("start the fsync or WAL trim thread of the store at {}: {source}", path.display())]
+    Thread {
         path: PathBuf,
         #[source]
         source: io::Error,
@@ -225,6 +226,7 @@ struct Inner {
     /// `Some` until drop; dropping it stops the fsync thread.
     tx: Option<mpsc::Sender<SyncRequest>>,
     thread: Option<JoinHandle<()>>,
+    _wal_trim: WalTrimmer,
 }
 
 impl Drop for Inner {
@@ -273,6 +275,8 @@ impl Store {
         db_opts.create_missing_column_families(true);
         db_opts.set_max_background_jobs(2);
         db_opts.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES);
+        // Old WAL files are archived, then trimmed a chunk at a time ([`wal_trim`]).
+        db_opts.set_wal_ttl_seconds(wal_trim::ARCHIVE_TTL_SECS);
         // Writes stay in RocksDB's WAL buffer until the fsync thread's `flush_wal(true)`: one
         // write(2) per group commit instead of one per writer. Nothing is acknowledged before
         // that flush (appends complete from the fsync thread, votes wait on `sync`), so a
@@ -335,22 +339,12 @@ impl Store {
             }
         })?;
         let stats = Arc::new(Stats::default());
-        let (tx, rx) = mpsc::channel();
-
-        let thread = {
-            let db = db.clone();
-            let stats = stats.clone();
-            let thread_path = path.to_path_buf();
-            let on_fault = on_fault.clone();
-            std::thread::Builder::new()
-                .name("qq-fsync".to_string())
-                .spawn(move || fsync_loop(db, rx, stats, thread_path, on_fault))
-                .map_err(|source| StoreError::FsyncThread {
-                    path: path.to_path_buf(),
-                    source,
-                })?
-        };
-
+        let started = fsync::start(db.clone(), stats.clone(), path, on_fault.clone())
+            .and_then(|(tx, thread)| Ok((tx, thread, WalTrimmer::start(path)?)));
+        let (tx, thread, wal_trim) = started.map_err(|source| StoreError::Thread {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let store = Store {
             inner: Arc::new(Inner {
                 db,
@@ -364,6 +358,7 @@ impl Store {
                 closing,
                 tx: Some(tx),
                 thread: Some(thread),
+                _wal_trim: wal_trim,
             }),
         };
         store
@@ -695,3 +690,4 @@ mod crash;
 mod fsync;
 #[cfg(test)]
 mod tests;
+mod wal_trim;

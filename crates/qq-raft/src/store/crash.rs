@@ -152,8 +152,8 @@ pub(super) fn freeze_on_fsync_thread(db: &DB, dir: &Path) -> io::Result<Vec<(Pat
     wal_files(dir)
 }
 
-/// The database's WAL files (`*.log` in its directory) and their lengths.
-fn wal_files(dir: &Path) -> io::Result<Vec<(PathBuf, u64)>> {
+/// The WAL files (`*.log`) directly in `dir` and their lengths, in no order.
+pub(super) fn wal_files(dir: &Path) -> io::Result<Vec<(PathBuf, u64)>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;

@@ -3,10 +3,11 @@
 //! (see "Why: a shared WAL and one fsync per batch" in [`super`]).
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
+use std::thread::JoinHandle;
 
 use openraft::storage::IOFlushed;
 use rocksdb::DB;
@@ -45,8 +46,24 @@ impl SyncRequest {
     }
 }
 
+/// Starts the fsync thread ("qq-fsync") of the database at `path`; dropping the sender it
+/// returns ends the thread once it has completed what is queued.
+pub(super) fn start(
+    db: Arc<DB>,
+    stats: Arc<Stats>,
+    path: &Path,
+    on_fault: FaultHandler,
+) -> io::Result<(mpsc::Sender<SyncRequest>, JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel();
+    let path = path.to_path_buf();
+    let thread = std::thread::Builder::new()
+        .name("qq-fsync".to_string())
+        .spawn(move || fsync_loop(db, rx, stats, path, on_fault))?;
+    Ok((tx, thread))
+}
+
 /// The fsync thread: one `flush_wal(true)` per drained batch of requests.
-pub(super) fn fsync_loop(
+fn fsync_loop(
     db: Arc<DB>,
     rx: mpsc::Receiver<SyncRequest>,
     stats: Arc<Stats>,
