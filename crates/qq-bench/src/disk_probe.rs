@@ -15,8 +15,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Seek, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -31,7 +30,8 @@ const ROUNDS_PER_FILE: u32 = 1024;
 
 /// A running probe; [`DiskProbe::finish`] stops it and sums it up.
 pub struct DiskProbe {
-    stop: Arc<AtomicBool>,
+    /// Dropping it stops the probe, at once even between two rounds.
+    stop: mpsc::Sender<()>,
     thread: JoinHandle<io::Result<Vec<Duration>>>,
     path: PathBuf,
 }
@@ -56,20 +56,17 @@ impl DiskProbe {
             .write(true)
             .truncate(true)
             .open(&path)?;
-        let stop = Arc::new(AtomicBool::new(false));
+        let (stop, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("disk-probe".into())
-            .spawn({
-                let stop = stop.clone();
-                move || rounds(file, &stop, record_from)
-            })?;
+            .spawn(move || rounds(file, &stopped, record_from))?;
         Ok(DiskProbe { stop, thread, path })
     }
 
     /// Stops the probe, removes its file and sums up the counted rounds (`None` when none
     /// was counted); an I/O error of the probe is returned as it came.
     pub fn finish(self) -> io::Result<Option<ProbeSummary>> {
-        self.stop.store(true, Ordering::Relaxed);
+        drop(self.stop);
         let times = self
             .thread
             .join()
@@ -79,7 +76,11 @@ impl DiskProbe {
     }
 }
 
-fn rounds(mut file: File, stop: &AtomicBool, record_from: Instant) -> io::Result<Vec<Duration>> {
+fn rounds(
+    mut file: File,
+    stopped: &mpsc::Receiver<()>,
+    record_from: Instant,
+) -> io::Result<Vec<Duration>> {
     let block = [0x5au8; WRITE];
     let mut times = Vec::new();
     let mut n = 0u32;
@@ -97,11 +98,10 @@ fn rounds(mut file: File, stop: &AtomicBool, record_from: Instant) -> io::Result
         if start >= record_from {
             times.push(took);
         }
-        if stop.load(Ordering::Relaxed) {
-            return Ok(times);
-        }
-        if let Some(rest) = INTERVAL.checked_sub(took) {
-            std::thread::sleep(rest);
+        // The rest of the interval, or the stop, whichever comes first.
+        match stopped.recv_timeout(INTERVAL.saturating_sub(took)) {
+            Err(RecvTimeoutError::Timeout) => {}
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => return Ok(times),
         }
     }
 }

@@ -192,14 +192,13 @@ fn a_layout_1_log_is_converted_in_batches_and_a_stopped_conversion_resumes() {
     }
 }
 
-/// The `*.log` files directly in `dir`.
+/// The names of the WAL files directly in `dir` ([`crash::wal_files`]), sorted; none when
+/// `dir` does not exist.
 fn logs_in(dir: &Path) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut names: Vec<String> = entries
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".log"))
+    let mut names: Vec<String> = crash::wal_files(dir)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(path, _)| path.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
     names.sort();
     names

@@ -17,6 +17,15 @@
 //! still grow past [`ARCHIVE_MAX`] (a faster disk, a node catching up), whole files are removed
 //! until it is back under: disk space is bounded before stalls are avoided.
 //!
+//! Why not RocksDB's own mechanisms:
+//! - WAL recycling (`recycle_log_file_num`) deletes nothing, but RocksDB then refuses writes
+//!   without the WAL, and message bodies are written that way on purpose
+//!   ([`super::Store::put_bodies`]).
+//! - RocksDB's `SstFileManager` can delete files (WAL files too) slowly, cutting them in chunks,
+//!   but the Rust binding does not reach it: its C API creates one with 64 MiB chunks (a whole
+//!   WAL file here), and deletes at once whenever the files waiting exceed a quarter of the
+//!   database, which a WAL much larger than the live data always does.
+//!
 //! The archive holds only WAL files whose every write is already in a table file, so nothing in
 //! it is needed to open the database, and what is left of it at a stop is trimmed after the
 //! next start. A failed step (the file gone, a permission) is logged and tried again later.
