@@ -49,15 +49,18 @@ pub struct Stored<'a> {
 /// A message with a priority goes with `EnqueueWithPriority` (machine version 2; see
 /// [`Enqueuer::commit`] for a queue not there yet), one without (or 0) with a plain `Enqueue`:
 /// the queue decides what the priority means (two levels, or its strict levels under
-/// `x-max-priority`). Stamped with `now_ms`.
+/// `x-max-priority`). Stamped with `now_ms`. Takes the encoding, so that a caller that holds
+/// it for one target moves it in instead of copying it.
 fn enqueue(
-    message: &Stored<'_>,
+    header: &MsgHeader,
+    priority: u32,
+    encoded: Vec<u8>,
     publish_key: Option<String>,
     dedup_key: Option<String>,
     now_ms: u64,
 ) -> QueueRequest {
-    let priority = u8::try_from(message.priority).unwrap_or(u8::MAX);
-    let header = message.header.clone();
+    let priority = u8::try_from(priority).unwrap_or(u8::MAX);
+    let header = header.clone();
     let cmd = if priority > 0 {
         Command::EnqueueWithPriority {
             now_ms,
@@ -76,7 +79,7 @@ fn enqueue(
     };
     QueueRequest {
         cmd,
-        message: Some(message.encoded.to_vec()),
+        message: Some(encoded),
     }
 }
 
@@ -133,18 +136,28 @@ impl Enqueuer {
     /// `dedup_key`, stamped with the node's clock.
     pub fn request(&self, message: &Stored<'_>, dedup_key: String) -> QueueRequest {
         enqueue(
-            message,
+            message.header,
+            message.priority,
+            message.encoded.to_vec(),
             None,
             Some(dedup_key),
             self.proposer.clock().now_ms(),
         )
     }
 
-    /// The enqueue command for a published message under its publish key, stamped with the
-    /// node's clock.
-    pub fn publish_request(&self, message: &Stored<'_>, publish_key: String) -> QueueRequest {
+    /// The enqueue command for a published message (`encoded`: its encoding, this target's
+    /// copy) under its publish key, stamped with the node's clock.
+    pub fn publish_request(
+        &self,
+        header: &MsgHeader,
+        priority: u32,
+        encoded: Vec<u8>,
+        publish_key: String,
+    ) -> QueueRequest {
         enqueue(
-            message,
+            header,
+            priority,
+            encoded,
             Some(publish_key),
             None,
             self.proposer.clock().now_ms(),

@@ -245,7 +245,9 @@ impl Proposer {
     }
 
     async fn propose_local(&self, group: GroupId, payload: Vec<u8>) -> Result<Vec<u8>, LocalError> {
-        let req = Request { payload };
+        let req = Request {
+            payload: payload.into(),
+        };
         let write = async {
             if group == META_GROUP {
                 Ok(self.registry.meta_raft().client_write(req).await)

@@ -22,9 +22,9 @@ pub const ENTRY_FORMAT: u8 = 1;
 
 type Entry = openraft::alias::EntryOf<TypeConfig>;
 
-/// The record of `entry`.
+/// The record of `entry`, allocated once with room for its format byte.
 pub fn encode(entry: &Entry) -> Result<Vec<u8>, postcard::Error> {
-    let mut bytes = crate::encoding::to_vec_exact(entry)?;
+    let mut bytes = crate::encoding::to_vec_with_room(entry, 1)?;
     bytes.push(ENTRY_FORMAT);
     Ok(bytes)
 }
@@ -66,7 +66,7 @@ mod tests {
         Entry::new_normal(
             openraft::LogId::new(leader, index),
             Request {
-                payload: payload.to_vec(),
+                payload: payload.to_vec().into(),
             },
         )
     }

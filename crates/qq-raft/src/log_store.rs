@@ -55,6 +55,12 @@ use crate::store::{
 };
 use crate::types::{GroupId, TypeConfig};
 
+/// A RocksDB write batch's own header (sequence number and count).
+const BATCH_HEADER: usize = 12;
+/// What a batch adds to each put beside the value: the record's tag, the column family's id,
+/// the key (16 bytes) and two length varints, at most.
+const BATCH_RECORD_OVERHEAD: usize = 1 + 5 + 1 + 16 + 5;
+
 type Entry = EntryOf<TypeConfig>;
 type LogId = LogIdOf<TypeConfig>;
 type Vote = VoteOf<TypeConfig>;
@@ -359,9 +365,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let cf = self.store.cf(CF_LOG);
-        let mut batch = WriteBatch::default();
+        let mut records = Vec::new();
         let mut kept = Vec::new();
-        let mut last = None;
         for entry in entries {
             let bytes = log_record::encode(&entry).map_err(|e| {
                 io::Error::new(
@@ -369,11 +374,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     format!("encode {}: {e}", self.ctx("log entry")),
                 )
             })?;
-            let size = bytes.len();
-            batch.put_cf(cf, key16(self.group, entry.index()), bytes);
-            last = Some(entry.index());
-            kept.push((entry, size));
+            kept.push((entry, bytes.len()));
+            records.push(bytes);
         }
+        // Sized once: a batch that grows as it is filled copies what it holds at each doubling.
+        let room: usize = records
+            .iter()
+            .map(|r| r.len() + BATCH_RECORD_OVERHEAD)
+            .sum();
+        let mut batch = WriteBatch::with_capacity_bytes(room + BATCH_HEADER);
+        for ((entry, _), bytes) in kept.iter().zip(&records) {
+            batch.put_cf(cf, key16(self.group, entry.index()), bytes);
+        }
+        let last = kept.last().map(|(e, _)| e.index());
         let n = kept.len();
         if n == 0 {
             // Nothing to write, but the callback still means "everything before is durable".

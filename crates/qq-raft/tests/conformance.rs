@@ -92,7 +92,9 @@ impl RaftStateMachine<TypeConfig> for MemStateMachine {
                 g.data.last_applied = Some(log_id.clone());
                 match entry.payload {
                     EntryPayload::Blank => Response::default(),
-                    EntryPayload::Normal(Request { payload }) => Response { payload },
+                    EntryPayload::Normal(Request { payload }) => Response {
+                        payload: payload.to_vec(),
+                    },
                     EntryPayload::Membership(m) => {
                         g.data.last_membership = StoredMembership::new(Some(log_id), m);
                         Response::default()
@@ -161,7 +163,7 @@ fn entry(group: u64, index: u64) -> Entry {
     Entry::new_normal(
         log_id(1, index),
         Request {
-            payload: format!("g{group}-i{index}").into_bytes(),
+            payload: format!("g{group}-i{index}").into_bytes().into(),
         },
     )
 }

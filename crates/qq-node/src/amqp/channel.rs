@@ -296,7 +296,6 @@ impl Channels {
                 ),
             ));
         }
-        content.body.reserve(header.body_size as usize);
         content.header = Some(header);
         self.complete_if_whole(id).await
     }
@@ -324,7 +323,15 @@ impl Channels {
                 ),
             ));
         }
-        content.body.extend_from_slice(&body);
+        if content.body.is_empty() && body.len() as u64 == header.body_size {
+            // The whole body in one frame (the usual case): kept as it came, not copied.
+            content.body = body;
+        } else {
+            if content.body.is_empty() {
+                content.body.reserve(header.body_size as usize);
+            }
+            content.body.extend_from_slice(&body);
+        }
         self.complete_if_whole(id).await
     }
 

@@ -45,9 +45,9 @@ pub async fn browse(
             pb::BrowsedMessage {
                 position: b.position,
                 redelivered: b.redelivered,
-                exchange: m.exchange.clone(),
-                routing_key: m.routing_key.clone(),
-                message: Some(message_to_pb(&m)),
+                exchange: std::mem::take(&mut m.exchange),
+                routing_key: std::mem::take(&mut m.routing_key),
+                message: Some(message_to_pb(m)),
                 delivery_count: b.delivery_count,
                 enqueued_at_ms: b.enqueued_ms,
             }

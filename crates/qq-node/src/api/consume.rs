@@ -100,7 +100,7 @@ pub async fn get(
             } else {
                 format_receipt(qm.id, d.id, &token)
             };
-            Some(delivery_pb(0, receipt, d.redelivered, &m))
+            Some(delivery_pb(0, receipt, d.redelivered, m))
         }
         _ => None,
     };
@@ -435,7 +435,7 @@ fn forward(out: SessionOut, permit: mpsc::Permit<'_, Result<pb::ConsumeResponse,
             tag,
             redelivered,
             message,
-        } => R::Delivery(delivery_pb(tag, String::new(), redelivered, &message)),
+        } => R::Delivery(delivery_pb(tag, String::new(), redelivered, message)),
         SessionOut::Cancelled { reason } => R::Cancelled(pb::Cancelled { reason }),
         // Only an AMQP consumer stops its session (basic.cancel); gRPC's cancel ends it.
         SessionOut::Stopped => return true,

@@ -179,10 +179,11 @@ pub fn properties_to_pb(p: &Properties) -> pb::Properties {
     }
 }
 
-pub fn message_to_pb(m: &Message) -> pb::Message {
+/// Takes the message, so that its body moves into the reply instead of being copied.
+pub fn message_to_pb(m: Message) -> pb::Message {
     pb::Message {
         properties: Some(properties_to_pb(&m.properties)),
-        body: m.body.clone().into(),
+        body: m.body.into(),
     }
 }
 
@@ -260,13 +261,13 @@ pub fn settle_outcome_with(
     Ok(outcome)
 }
 
-pub fn delivery_pb(tag: u64, receipt: String, redelivered: bool, m: &Message) -> pb::Delivery {
+pub fn delivery_pb(tag: u64, receipt: String, redelivered: bool, mut m: Message) -> pb::Delivery {
     pb::Delivery {
         delivery_tag: tag,
         receipt,
         redelivered,
-        exchange: m.exchange.clone(),
-        routing_key: m.routing_key.clone(),
+        exchange: std::mem::take(&mut m.exchange),
+        routing_key: std::mem::take(&mut m.routing_key),
         message: Some(message_to_pb(m)),
     }
 }

@@ -12,7 +12,7 @@ fn entry(index: u64, bytes: usize) -> openraft::alias::EntryOf<TypeConfig> {
     openraft::Entry {
         log_id,
         payload: EntryPayload::Normal(Request {
-            payload: vec![0; bytes],
+            payload: vec![0; bytes].into(),
         }),
     }
 }

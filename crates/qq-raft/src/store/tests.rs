@@ -118,7 +118,9 @@ fn entries(group: GroupId, n: u64, size: usize) -> Vec<Entry> {
             let payload = vec![(group as u8) ^ (index as u8); size];
             Entry::new_normal(
                 openraft::LogId::new(leader.clone(), index),
-                crate::types::Request { payload },
+                crate::types::Request {
+                    payload: payload.into(),
+                },
             )
         })
         .collect()
