@@ -88,6 +88,8 @@ pub struct PubOutcome {
     pub rejected: u64,
     /// publish→confirm latency of each recorded message, in microseconds.
     pub confirm_us: Vec<u32>,
+    /// When each message of `confirm_us` was sent ([`now_ns`]), in the same order.
+    pub confirm_sent_ns: Vec<u64>,
     /// The longest time, in nanoseconds, during which at least one publish was outstanding and
     /// no confirm (positive or negative) arrived: measured from the previous confirm, or from
     /// the send that ended a period with nothing in flight.
@@ -132,6 +134,7 @@ impl Tracker {
             self.counters.confirmed.fetch_add(1, Ordering::Relaxed);
             if sent >= self.record_from_ns && sent > 0 {
                 self.out.confirm_us.push(micros_since(sent));
+                self.out.confirm_sent_ns.push(sent);
             }
         } else {
             self.out.rejected += 1;

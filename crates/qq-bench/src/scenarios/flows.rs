@@ -77,6 +77,8 @@ pub(super) struct FlowResult {
     pub(super) confirmed_per_s: f64,
     pub(super) delivered_per_s: f64,
     pub(super) confirm_us: Vec<u32>,
+    /// When each message of `confirm_us` was sent, in the same order.
+    pub(super) confirm_sent_ns: Vec<u64>,
     pub(super) deliver_us: Vec<u32>,
     pub(super) rejected: u64,
     pub(super) errors: Vec<String>,
@@ -172,6 +174,7 @@ impl Loops {
             match tokio::time::timeout(Duration::from_secs(30), p).await {
                 Ok(Ok(Ok(o))) => {
                     result.confirm_us.extend(o.confirm_us);
+                    result.confirm_sent_ns.extend(o.confirm_sent_ns);
                     result.rejected += o.rejected;
                 }
                 Ok(Ok(Err(e))) => result.errors.push(format!("publisher: {e:#}")),
@@ -225,6 +228,7 @@ pub(super) async fn run_flows(system: System, label: String, f: Flows) -> Result
         confirmed_per_s: (c1 - c0) as f64 / dt,
         delivered_per_s: (d1 - d0) as f64 / dt,
         confirm_us: Vec::new(),
+        confirm_sent_ns: Vec::new(),
         deliver_us: Vec::new(),
         rejected: 0,
         errors: Vec::new(),

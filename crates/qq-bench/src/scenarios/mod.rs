@@ -16,6 +16,7 @@ mod backlog;
 mod failover;
 mod flows;
 mod steady;
+mod tail;
 
 use std::time::{Duration, Instant};
 

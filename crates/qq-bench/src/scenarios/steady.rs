@@ -83,6 +83,9 @@ pub async fn latency(cl: &mut Cluster, s: &Settings, rate: f64) -> Result<Outcom
     out.latencies.push(confirm);
     out.latencies.push(deliver);
     add_probe(&mut out, probed);
+    if let Some(slow) = super::tail::slow_confirms(&r.confirm_sent_ns, &r.confirm_us) {
+        out.notes.push(slow.note());
+    }
     add_flow_notes(&mut out, &r);
     Ok(out)
 }
