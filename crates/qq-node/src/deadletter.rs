@@ -170,19 +170,19 @@ impl DeadLetters {
             expiration_ms,
         };
         let key = format!("dl:{group}:{id}:{count}");
-        let stored = enqueue::Stored {
-            header: &header,
-            priority: copy.properties.priority,
-            encoded: &encoded,
-        };
         // A cycle without a rejection in it: the copy is dropped for that target.
-        let routed: Vec<Routed> = targets
+        let targets: Vec<_> = targets
             .into_iter()
             .filter(|t| !is_cycle(&copy, &t.name))
-            .map(|t| Routed {
+            .collect();
+        let priority = copy.properties.priority;
+        let routed: Vec<Routed> = enqueue::per_target(targets, encoded)
+            .map(|(t, encoded)| Routed {
                 target: t.id,
                 name: t.name.clone(),
-                request: self.enqueuer.request(&stored, key.clone()),
+                request: self
+                    .enqueuer
+                    .request(&header, priority, encoded, key.clone()),
             })
             .collect();
         // Every target a cycle: no route. At-most-once drops it; at-least-once keeps it held

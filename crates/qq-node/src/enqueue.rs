@@ -38,12 +38,23 @@ pub struct TargetReply {
     pub reply: Result<Reply, NodeError>,
 }
 
-/// A message as its target queue stores it: its header, its priority (`properties.priority`)
-/// and its encoding (postcard of the message).
-pub struct Stored<'a> {
-    pub header: &'a MsgHeader,
-    pub priority: u32,
-    pub encoded: &'a [u8],
+/// A message's encoding (postcard of the message) once for each of its targets: copied for
+/// every target but the last, which takes it, so a message routed to one queue (the usual
+/// case) is not copied at all.
+pub fn per_target<T>(targets: Vec<T>, encoded: Vec<u8>) -> impl Iterator<Item = (T, Vec<u8>)> {
+    let last = targets.len().saturating_sub(1);
+    let mut encoded = Some(encoded);
+    targets.into_iter().enumerate().map(move |(i, target)| {
+        let copy = if i == last {
+            encoded.take()
+        } else {
+            encoded.clone()
+        };
+        (
+            target,
+            copy.expect("only the last target takes the encoding"),
+        )
+    })
 }
 
 /// A message with a priority goes with `EnqueueWithPriority` (machine version 2; see
@@ -132,21 +143,28 @@ impl Enqueuer {
         }
     }
 
-    /// The enqueue command for a dead-letter copy or a moved message under its transfer key
-    /// `dedup_key`, stamped with the node's clock.
-    pub fn request(&self, message: &Stored<'_>, dedup_key: String) -> QueueRequest {
+    /// The enqueue command for a dead-letter copy or a moved message (`encoded`: this target's
+    /// copy of its encoding, [`per_target`]) under its transfer key `dedup_key`, stamped with
+    /// the node's clock.
+    pub fn request(
+        &self,
+        header: &MsgHeader,
+        priority: u32,
+        encoded: Vec<u8>,
+        dedup_key: String,
+    ) -> QueueRequest {
         enqueue(
-            message.header,
-            message.priority,
-            message.encoded.to_vec(),
+            header,
+            priority,
+            encoded,
             None,
             Some(dedup_key),
             self.proposer.clock().now_ms(),
         )
     }
 
-    /// The enqueue command for a published message (`encoded`: its encoding, this target's
-    /// copy) under its publish key, stamped with the node's clock.
+    /// The enqueue command for a published message (`encoded`: this target's copy of its
+    /// encoding, [`per_target`]) under its publish key, stamped with the node's clock.
     pub fn publish_request(
         &self,
         header: &MsgHeader,
@@ -287,5 +305,28 @@ impl Enqueuer {
             replies[i] = r;
         }
         Ok(replies)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::per_target;
+
+    #[test]
+    fn each_target_gets_the_encoding_and_the_last_takes_the_original() {
+        let encoded = vec![7u8; 1000];
+        let original = encoded.as_ptr();
+        let out: Vec<(char, Vec<u8>)> = per_target(vec!['a', 'b', 'c'], encoded).collect();
+        assert_eq!(out.iter().map(|(t, _)| *t).collect::<String>(), "abc");
+        assert!(out.iter().all(|(_, e)| *e == vec![7u8; 1000]));
+        assert_ne!(out[0].1.as_ptr(), original, "a copy for the first");
+        assert_ne!(out[1].1.as_ptr(), original, "a copy for the second");
+        assert_eq!(out[2].1.as_ptr(), original, "the last takes it");
+
+        let one = vec![1u8; 10];
+        let ptr = one.as_ptr();
+        let out: Vec<(u8, Vec<u8>)> = per_target(vec![0], one).collect();
+        assert_eq!(out[0].1.as_ptr(), ptr, "one target: no copy at all");
+        assert_eq!(per_target(Vec::<u8>::new(), vec![1]).count(), 0);
     }
 }

@@ -29,7 +29,7 @@ use qq_core::queue::{Command, MoveTask, Reply};
 use qq_core::{MessageId, Value};
 use qq_raft::GroupId;
 
-use crate::enqueue::{self, Enqueuer, Routed};
+use crate::enqueue::{Enqueuer, Routed};
 use crate::groups::queue_sm::{QueueMachine, QueueRequest};
 use crate::meta_view::MetaView;
 use crate::proposer::Proposer;
@@ -132,14 +132,9 @@ impl Mover {
             copies.push(vec![Routed {
                 target: dest.id,
                 name: name.clone(),
-                request: self.enqueuer.request(
-                    &enqueue::Stored {
-                        header: &header,
-                        priority: message.properties.priority,
-                        encoded: &encoded,
-                    },
-                    key,
-                ),
+                request: self
+                    .enqueuer
+                    .request(&header, message.properties.priority, encoded, key),
             }]);
         }
         let replies = self.enqueuer.commit(copies).await;

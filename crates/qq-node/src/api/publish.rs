@@ -26,7 +26,7 @@ use super::auth::Caller;
 use super::convert::{message_from_pb, meta_error_to_status, parse_expiration, vhost};
 use super::guard::{bounded, shown};
 use super::{Api, BoxStream};
-use crate::enqueue::Routed;
+use crate::enqueue::{self, Routed};
 use crate::groups::queue_sm::MAX_BATCH;
 
 /// Answers buffered for a publish stream's client, at most.
@@ -425,33 +425,21 @@ pub(crate) async fn commit(
                 publish_key,
             } => {
                 answers.push((seq, None));
-                // Each target but the last gets a copy of the encoding; the last takes it.
-                let last = targets.len().saturating_sub(1);
-                let mut encoded = Some(encoded);
                 copies.push(
-                    targets
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, (target, name))| {
-                            let bytes = if i == last {
-                                encoded.take()
-                            } else {
-                                encoded.clone()
-                            };
-                            Routed {
-                                target,
-                                name,
-                                // The client's key, or a fresh one of the node's: a retry (the
-                                // client's, or the node's own) stores the message once.
-                                request: enqueuer.publish_request(
-                                    &header,
-                                    priority,
-                                    bytes.unwrap_or_default(),
-                                    publish_key
-                                        .clone()
-                                        .unwrap_or_else(|| enqueuer.next_publish_key()),
-                                ),
-                            }
+                    enqueue::per_target(targets, encoded)
+                        .map(|((target, name), encoded)| Routed {
+                            target,
+                            name,
+                            // The client's key, or a fresh one of the node's: a retry (the
+                            // client's, or the node's own) stores the message once.
+                            request: enqueuer.publish_request(
+                                &header,
+                                priority,
+                                encoded,
+                                publish_key
+                                    .clone()
+                                    .unwrap_or_else(|| enqueuer.next_publish_key()),
+                            ),
                         })
                         .collect(),
                 );
