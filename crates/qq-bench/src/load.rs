@@ -25,6 +25,17 @@ pub fn now_ns() -> u64 {
     EPOCH.elapsed().as_nanos() as u64
 }
 
+/// The wall-clock time of `ns` ([`now_ns`]) in seconds since the Unix epoch, for setting the
+/// benchmark's moments beside other processes' logs. Read against the system clock now, so a
+/// clock step during the run shifts it.
+pub fn unix_secs(ns: u64) -> f64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    now - now_ns().saturating_sub(ns) as f64 / 1e9
+}
+
 /// The id and send time carried in the first 16 bytes of every body.
 const HEADER_BYTES: usize = 16;
 

@@ -14,6 +14,9 @@
 //! | `sm`   | group (u64 BE)                   | the group's snapshot record: file name, meta   |
 //! | `msg`  | group (u64 BE) ++ msg id (u64 BE)| message bodies                                 |
 //!
+//! The options each column family and the database are opened with, and why, are in
+//! `tuning.rs`.
+//!
 //! Snapshots themselves are files in `<db>/snapshots` ([`crate::snapshot`]); the `sm` record
 //! names the group's current one, and [`Store::open`] removes files no record names.
 //!
@@ -80,10 +83,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use openraft::storage::IOFlushed;
-use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DB, DBCompressionType,
-    DBRecoveryMode, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions,
-};
+use rocksdb::{ColumnFamily, DB, IteratorMode, ReadOptions, WriteBatch, WriteOptions};
 
 use crate::incarnation::Incarnation;
 use crate::log_tail::TailBudget;
@@ -111,11 +111,6 @@ pub(crate) const TAG_VOTE: u8 = 1;
 pub(crate) const TAG_COMMITTED: u8 = 2;
 /// Tag byte of the last purged log id in the `raft` CF.
 pub(crate) const TAG_LAST_PURGED: u8 = 3;
-
-/// Shared block cache for all column families.
-const BLOCK_CACHE_BYTES: usize = 64 << 20;
-/// Bound on the total WAL size: a CF that is written rarely must not pin old WAL files forever.
-const MAX_TOTAL_WAL_BYTES: u64 = 256 << 20;
 
 /// Exit code of a node stopped by a storage fault (EX_IOERR of sysexits.h).
 pub const STORAGE_FAULT_EXIT_CODE: i32 = 74;
@@ -268,46 +263,13 @@ impl Store {
     }
 
     fn open_as(path: &Path, on_fault: FaultHandler, closing: Closing) -> Result<Store, StoreError> {
-        let cache = Cache::new_lru_cache(BLOCK_CACHE_BYTES);
-
-        let mut db_opts = Options::default();
-        db_opts.create_if_missing(true);
-        db_opts.create_missing_column_families(true);
-        db_opts.set_max_background_jobs(2);
-        db_opts.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES);
-        // Old WAL files are archived, then trimmed a chunk at a time ([`wal_trim`]).
-        db_opts.set_wal_ttl_seconds(wal_trim::ARCHIVE_TTL_SECS);
-        // Writes stay in RocksDB's WAL buffer until the fsync thread's `flush_wal(true)`: one
-        // write(2) per group commit instead of one per writer. Nothing is acknowledged before
-        // that flush (appends complete from the fsync thread, votes wait on `sync`), so a
-        // crash loses only what no one was told is durable.
-        db_opts.set_manual_wal_flush(true);
-        db_opts.set_compression_type(DBCompressionType::Lz4);
-        // See "Storage faults are fail-stop" above for why PointInTime.
-        db_opts.set_wal_recovery_mode(DBRecoveryMode::PointInTime);
-        if closing == Closing::AsAKill {
-            db_opts = db_opts
-                .get_options_from_string("avoid_flush_during_shutdown=true")
-                .map_err(|source| StoreError::Open {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
-        }
-
-        let cfs = ALL_CFS.iter().map(|name| {
-            let mut bbo = BlockBasedOptions::default();
-            bbo.set_block_cache(&cache);
-            let mut o = Options::default();
-            o.set_compression_type(DBCompressionType::Lz4);
-            o.set_block_based_table_factory(&bbo);
-            ColumnFamilyDescriptor::new(*name, o)
-        });
-
-        let db =
-            DB::open_cf_descriptors(&db_opts, path, cfs).map_err(|source| StoreError::Open {
-                path: path.to_path_buf(),
-                source,
-            })?;
+        let open_error = |source| StoreError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let db_opts = tuning::db_options(closing).map_err(open_error)?;
+        let cfs = tuning::column_families();
+        let db = DB::open_cf_descriptors(&db_opts, path, cfs).map_err(open_error)?;
         let raft_cf = db
             .cf_handle(CF_RAFT)
             .expect("the raft column family is opened with the database");
@@ -319,18 +281,10 @@ impl Store {
                 path: path.to_path_buf(),
                 found,
             },
-            crate::layout::LayoutError::Db(source) => StoreError::Open {
-                path: path.to_path_buf(),
-                source,
-            },
+            crate::layout::LayoutError::Db(source) => open_error(source),
         })?;
         let incarnation =
-            crate::incarnation::read_or_draw(&db, raft_cf, log_cf).map_err(|source| {
-                StoreError::Open {
-                    path: path.to_path_buf(),
-                    source,
-                }
-            })?;
+            crate::incarnation::read_or_draw(&db, raft_cf, log_cf).map_err(open_error)?;
         let db = Arc::new(db);
         let snapshots = SnapshotDir::open(&path.join(SNAPSHOT_DIR)).map_err(|source| {
             StoreError::Snapshots {
@@ -690,4 +644,5 @@ mod crash;
 mod fsync;
 #[cfg(test)]
 mod tests;
+mod tuning;
 mod wal_trim;

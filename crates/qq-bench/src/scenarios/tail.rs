@@ -25,6 +25,8 @@ pub struct SlowConfirms {
     /// The windows holding the most of them (at most [`SHOWN`], in time order): the start of
     /// each, in ms from the first send, and how many it held.
     pub busiest: Vec<(u64, usize)>,
+    /// The first send ([`crate::load::now_ns`]): where the windows start.
+    pub first_sent_ns: u64,
 }
 
 /// How many of the busiest windows the note names.
@@ -57,6 +59,7 @@ pub fn slow_confirms(sent_ns: &[u64], latency_us: &[u32]) -> Option<SlowConfirms
         .collect();
     Some(SlowConfirms {
         busiest,
+        first_sent_ns: first,
         p99_us,
         slow: per_window.values().sum(),
         windows: (last - first) / WINDOW_NS + 1,
@@ -69,8 +72,9 @@ impl SlowConfirms {
     pub fn note(&self) -> String {
         format!(
             "confirms slower than the p99 ({:.2} ms): {} sent in {} of the run's {} windows of {} ms \
-             (the busiest held {}; the busiest at {}): few windows mean the tail is moments \
-             that held up everything in flight, many mean it is spread over the run",
+             (the busiest held {}; the busiest at {} from the first send, at Unix time {:.3}): few \
+             windows mean the tail is moments that held up everything in flight, many mean it \
+             is spread over the run",
             f64::from(self.p99_us) / 1000.0,
             self.slow,
             self.windows_with_slow,
@@ -81,7 +85,8 @@ impl SlowConfirms {
                 .iter()
                 .map(|(at, n)| format!("{:.1} s ({n})", *at as f64 / 1000.0))
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(", "),
+            crate::load::unix_secs(self.first_sent_ns)
         )
     }
 }

@@ -1,4 +1,5 @@
 use super::*;
+use rocksdb::Options;
 
 #[tokio::test]
 async fn bodies_snapshots_and_delete_group() {
@@ -245,4 +246,54 @@ async fn an_obsolete_wal_file_is_archived_and_then_trimmed_away() {
         store.db().get_cf(raft, [7u8]).unwrap().unwrap().len(),
         1 << 20
     );
+}
+
+/// The nice value of each of this process's threads whose name starts with `prefix`.
+fn nice_of_threads(prefix: &str) -> Vec<(String, i64)> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let task = task.unwrap().path();
+        let Ok(comm) = std::fs::read_to_string(task.join("comm")) else {
+            continue; // the thread ended
+        };
+        let Ok(stat) = std::fs::read_to_string(task.join("stat")) else {
+            continue;
+        };
+        let comm = comm.trim().to_string();
+        if comm.starts_with(prefix) {
+            // After "pid (comm) ", the fields start at the third (state); nice is the 19th.
+            let after = &stat[stat.rfind(')').unwrap() + 2..];
+            let nice = after.split(' ').nth(19 - 3).unwrap().parse().unwrap();
+            found.push((comm, nice));
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn flushes_and_compactions_run_at_the_lowest_cpu_priority() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let mut batch = WriteBatch::default();
+    batch.put_cf(store.cf(CF_RAFT), [1u8], vec![1u8; 1 << 10]);
+    store.write(batch, || "1 KiB".into()).unwrap();
+    store.sync().await.unwrap();
+    // A flush runs in the high-priority pool, a manual compaction in the low one; each thread
+    // lowers its priority before it runs its job.
+    store.db().flush_cf(store.cf(CF_RAFT)).unwrap();
+    store
+        .db()
+        .compact_range_cf(store.cf(CF_RAFT), None::<&[u8]>, None::<&[u8]>);
+    let threads = nice_of_threads("rocksdb:");
+    for pool in ["rocksdb:high", "rocksdb:low"] {
+        assert!(
+            threads.iter().any(|(name, _)| name == pool),
+            "no {pool} thread among {threads:?}"
+        );
+    }
+    for (name, nice) in &threads {
+        if name == "rocksdb:high" || name == "rocksdb:low" {
+            assert_eq!(*nice, 19, "{name}: {threads:?}");
+        }
+    }
 }
