@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use bytes::Bytes;
@@ -25,15 +25,21 @@ pub fn now_ns() -> u64 {
     EPOCH.elapsed().as_nanos() as u64
 }
 
-/// The wall-clock time of `ns` ([`now_ns`]) in seconds since the Unix epoch, for setting the
-/// benchmark's moments beside other processes' logs. Read against the system clock now, so a
-/// clock step during the run shifts it.
-pub fn unix_secs(ns: u64) -> f64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64();
-    now - now_ns().saturating_sub(ns) as f64 / 1e9
+/// The wall-clock time (UTC, `HH:MM:SS.mmm`) of a [`now_ns`] instant, to find it in node logs.
+pub fn wall(ns: u64) -> String {
+    let ago = Duration::from_nanos(now_ns().saturating_sub(ns));
+    let at = SystemTime::now()
+        .checked_sub(ago)
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    let ms = at.as_millis() % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
 }
 
 /// The id and send time carried in the first 16 bytes of every body.

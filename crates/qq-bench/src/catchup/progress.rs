@@ -1,7 +1,7 @@
 //! How catch-up progress is read without disturbing it: quorumq's `/metrics` and snapshot
 //! directory, RabbitMQ's Ra servers through a loop inside node 1 (module doc of `catchup`).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -10,7 +10,6 @@ use super::{FOLLOWER, LEADER, STALE};
 use crate::cluster::Cluster;
 use crate::driver::qq_http_address;
 use crate::erl_loop::{ErlLoop, rabbit_node};
-use crate::load::now_ns;
 
 /// `GET /metrics` of quorumq node `node` (also read by scenario 13, module `priority`).
 pub(crate) async fn scrape(node: usize) -> Result<String> {
@@ -64,23 +63,6 @@ pub(super) fn qq_snapshot_files(cl: &Cluster, node: usize) -> Vec<(String, u64)>
             Some((e.file_name().to_string_lossy().into_owned(), len))
         })
         .collect()
-}
-
-/// The wall-clock time (UTC, `HH:MM:SS.mmm`) of a [`now_ns`] instant, to find it in node logs.
-pub(super) fn wall(ns: u64) -> String {
-    let ago = Duration::from_nanos(now_ns().saturating_sub(ns));
-    let at = SystemTime::now()
-        .checked_sub(ago)
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .unwrap_or_default();
-    let ms = at.as_millis() % 86_400_000;
-    format!(
-        "{:02}:{:02}:{:02}.{:03}",
-        ms / 3_600_000,
-        ms / 60_000 % 60,
-        ms / 1000 % 60,
-        ms % 1000
-    )
 }
 
 /// The RabbitMQ progress reporter: an [`ErlLoop`] inside node 1 that reads the leader's

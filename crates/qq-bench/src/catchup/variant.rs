@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
-use super::progress::{Reporter, Watch, qq_snapshot_files, wall};
+use super::progress::{Reporter, Watch, qq_snapshot_files};
 use super::{
     AFTER, FOLLOWER, LEADER, Measured, Peaks, SAMPLE_EVERY, Variant, WARM, joined, mib, sampling,
     spawn_publisher,
@@ -18,7 +18,7 @@ use crate::System;
 use crate::cluster::Cluster;
 use crate::driver::Conn;
 use crate::erl_loop::{child_output, rabbit_node};
-use crate::load::{Counters, Progress, PubOutcome, now_ns};
+use crate::load::{Counters, Progress, PubOutcome, now_ns, wall};
 use crate::scenarios::Settings;
 
 /// One variant on `queue` (led by node 1): kill node 3 (and wipe it), publish `down_messages`

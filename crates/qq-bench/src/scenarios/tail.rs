@@ -72,7 +72,7 @@ impl SlowConfirms {
     pub fn note(&self) -> String {
         format!(
             "confirms slower than the p99 ({:.2} ms): {} sent in {} of the run's {} windows of {} ms \
-             (the busiest held {}; the busiest at {} from the first send, at Unix time {:.3}): few \
+             (the busiest held {}; the busiest at {} from the first send, sent at {} UTC): few \
              windows mean the tail is moments that held up everything in flight, many mean it \
              is spread over the run",
             f64::from(self.p99_us) / 1000.0,
@@ -86,7 +86,7 @@ impl SlowConfirms {
                 .map(|(at, n)| format!("{:.1} s ({n})", *at as f64 / 1000.0))
                 .collect::<Vec<_>>()
                 .join(", "),
-            crate::load::unix_secs(self.first_sent_ns)
+            crate::load::wall(self.first_sent_ns)
         )
     }
 }
