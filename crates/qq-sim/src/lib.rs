@@ -16,6 +16,7 @@
 //! (docs/simulation.md).
 
 pub mod churn;
+pub mod entropy;
 pub mod faults;
 pub mod host;
 pub mod net;
