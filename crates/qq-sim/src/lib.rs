@@ -13,12 +13,15 @@
 //! cluster is not: the nodes run on real threads with the real clock, openraft draws its
 //! election timeouts from the thread's random generator, and RocksDB has threads of its own.
 //! So a failing seed replays the same faults, not the same schedule of every task
-//! (docs/simulation.md).
+//! (docs/simulation.md). [`entropy`] (seeded randomness per thread) and [`lockstep`] (hosts'
+//! runtimes stepped on one thread and one virtual clock) are the first pieces of the one
+//! scheduler that would make it replay; the nodes do not run on them yet.
 
 pub mod churn;
 pub mod entropy;
 pub mod faults;
 pub mod host;
+pub mod lockstep;
 pub mod net;
 pub mod operator;
 pub mod routes;
