@@ -17,6 +17,8 @@
 //! runtimes stepped on one thread and one virtual clock) are the first pieces of the one
 //! scheduler that would make it replay; the nodes do not run on them yet.
 
+#[cfg(test)]
+mod child_process;
 pub mod churn;
 pub mod entropy;
 pub mod faults;

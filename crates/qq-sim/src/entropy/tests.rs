@@ -3,6 +3,7 @@ use std::collections::HashMap;
 use rand::{Rng, TryRngCore};
 
 use super::seed_this_thread;
+use crate::child_process::printed;
 
 /// What a thread draws from each source of randomness the module doc names.
 #[derive(Debug, PartialEq, Eq)]
@@ -56,23 +57,12 @@ fn draws(seed: Option<u64>) -> Draws {
 /// Set for the child process of [`a_seeded_process_draws_the_same_every_time`].
 const CHILD_SEED: &str = "QQ_SIM_ENTROPY_CHILD_SEED";
 
-/// The draws of a child process (this test binary, running only [`child_draws`]) whose
-/// drawing thread is seeded with `seed`. A process, because tokio counts the runtimes a
-/// process builds and mixes the count into each runtime's seed: two runs of a seed compare
-/// equal as two processes that do the same things, as two runs of the simulator are.
+/// The draws of a child process whose drawing thread is seeded with `seed`
+/// ([`crate::child_process`]).
 fn child_process_draws(seed: u64) -> String {
-    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", "entropy::tests::child_draws", "--nocapture"])
-        .env(CHILD_SEED, seed.to_string())
-        .output()
-        .expect("run the child");
-    assert!(out.status.success(), "child failed: {out:?}");
-    let stdout = String::from_utf8(out.stdout).expect("utf-8");
-    stdout
-        .lines()
-        .find(|l| l.starts_with("draws: "))
-        .unwrap_or_else(|| panic!("no draws in {stdout}"))
-        .to_string()
+    let lines = printed("entropy::tests::child_draws", CHILD_SEED, seed, "draws: ");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    lines.concat()
 }
 
 /// In the child process only: prints the draws of a thread seeded with [`CHILD_SEED`].

@@ -7,6 +7,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::World;
+use crate::child_process::printed;
 use crate::entropy::seed_this_thread;
 
 type Trace = Arc<Mutex<Vec<String>>>;
@@ -98,21 +99,10 @@ fn child_trace() {
     }
 }
 
-/// The trace of a child process (this test binary, running only [`child_trace`]); a process
-/// of its own, as each run of the simulator is (see `entropy::tests`).
+/// The trace of a child process ([`crate::child_process`]).
 fn child_process_trace(seed: u64) -> String {
-    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", "lockstep::tests::child_trace", "--nocapture"])
-        .env(CHILD_SEED, seed.to_string())
-        .output()
-        .expect("run the child");
-    assert!(out.status.success(), "child failed: {out:?}");
-    let stdout = String::from_utf8(out.stdout).expect("utf-8");
-    let trace: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.starts_with("trace: "))
-        .collect();
-    assert!(trace.len() > 200, "a short trace: {stdout}");
+    let trace = printed("lockstep::tests::child_trace", CHILD_SEED, seed, "trace: ");
+    assert!(trace.len() > 200, "a short trace: {trace:?}");
     trace.join("\n")
 }
 
