@@ -73,6 +73,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let seams = qq_node::node::Seams {
         clock: qq_node::clock::Clock::system(),
         transport: std::sync::Arc::new(qq_raft::transport::TcpTransport),
+        clients: std::sync::Arc::new(qq_raft::transport::TcpTransport),
         disk: qq_raft::store::Disk::real(),
     };
     if let Err(e) = qq_node::server::run(config, seams, shutdown).await {

@@ -24,7 +24,6 @@ use qq_proto::internal::internal_server::InternalServer;
 use qq_proto::v1::broker_server::BrokerServer;
 use qq_raft::network::{HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_INTERNAL_MESSAGE_BYTES};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing::{error, info, warn};
 
@@ -58,7 +57,11 @@ pub async fn run(
     seams: Seams,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let incoming = bind(config.listen, "listen").await?;
+    let incoming = seams
+        .clients
+        .listen(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("listen: listen on {}: {e}", config.listen))?;
     let cluster_incoming = seams
         .transport
         .listen(config.cluster_addr)
@@ -261,15 +264,6 @@ fn config_http_addr(listener: &Option<tokio::net::TcpListener>) -> String {
         .as_ref()
         .and_then(|l| l.local_addr().ok())
         .map_or_else(|| "none".to_string(), |a| a.to_string())
-}
-
-/// A listener for `field`'s address, with TCP_NODELAY on accepted connections (the client
-/// port; the cluster port's listener is the transport's, [`Transport::listen`]).
-async fn bind(addr: std::net::SocketAddr, field: &str) -> anyhow::Result<TcpIncoming> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("{field}: listen on {addr}: {e}"))?;
-    Ok(TcpIncoming::from(listener).with_nodelay(Some(true)))
 }
 
 /// Server TLS of the client port, from `tls_cert`/`tls_key` (and `tls_client_ca`).

@@ -19,6 +19,7 @@ pub mod clock;
 pub mod encoding;
 pub mod incarnation;
 pub mod layout;
+pub mod lockstep;
 pub mod log_record;
 pub mod log_store;
 pub mod log_tail;

@@ -292,7 +292,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Some(end) if end - start <= INLINE_READ_MAX => self.read_entries(start, Some(end)),
             _ => {
                 let this = self.clone();
-                tokio::task::spawn_blocking(move || this.read_entries(start, end))
+                crate::lockstep::spawn_blocking(move || this.read_entries(start, end))
                     .await
                     .map_err(|e| io::Error::other(format!("read {}: {e}", self.ctx("log"))))?
             }

@@ -491,11 +491,12 @@ impl GroupClient {
                 )))));
             }
             let reader = file.clone();
-            chunk.data =
-                tokio::task::spawn_blocking(move || reader.read_chunk(next, SNAPSHOT_CHUNK_BYTES))
-                    .await
-                    .map_err(|e| io_error(format!("snapshot read task: {e}")))
-                    .and_then(|r| r.map_err(|e| io_error(e.to_string())))?;
+            chunk.data = crate::lockstep::spawn_blocking(move || {
+                reader.read_chunk(next, SNAPSHOT_CHUNK_BYTES)
+            })
+            .await
+            .map_err(|e| io_error(format!("snapshot read task: {e}")))
+            .and_then(|r| r.map_err(|e| io_error(e.to_string())))?;
             chunk.offset = next;
         }
     }

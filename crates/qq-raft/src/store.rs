@@ -423,6 +423,17 @@ impl Store {
     }
 
     fn submit(&self, req: SyncRequest) {
+        if crate::lockstep::on_this_thread() && !matches!(req, SyncRequest::Freeze(_)) {
+            let inner = &self.inner;
+            let path = &inner.path;
+            return fsync::sync_batch(
+                &inner.db,
+                &inner.stats,
+                path,
+                &inner.on_fault,
+                [req].into_iter(),
+            );
+        }
         let sent = match &self.inner.tx {
             Some(tx) => tx.send(req).map_err(|e| e.0),
             None => Err(req),

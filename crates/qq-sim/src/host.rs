@@ -205,6 +205,7 @@ impl Host {
         let seams = Seams {
             clock,
             transport: net.transport(self.id),
+            clients: Arc::new(qq_raft::transport::TcpTransport),
             disk,
         };
         let (end_tx, end_rx) = oneshot::channel();

@@ -84,7 +84,9 @@ pub async fn serve(
             }
         };
         let _ = tcp.set_nodelay(true);
-        let Some(tracked) = ctx.api.conns().accept(tcp) else {
+        let info = tonic::transport::server::Connected::connect_info(&tcp);
+        let conn = qq_raft::transport::Conn::new(tcp, info);
+        let Some(tracked) = ctx.api.conns().accept(conn) else {
             continue;
         };
         let ctx = ctx.clone();

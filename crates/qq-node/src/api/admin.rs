@@ -369,7 +369,7 @@ pub async fn put_user(api: &Api, request: Request<pb::PutUserRequest>) -> Empty 
         return Err(Status::invalid_argument("password: must not be empty"));
     }
     // Argon2id with a random salt, here on the proposing node: apply stays deterministic.
-    let cmd = tokio::task::spawn_blocking(move || {
+    let cmd = qq_raft::lockstep::spawn_blocking(move || {
         super::auth::hash_new_password(r.name, &r.password, r.tags)
     })
     .await

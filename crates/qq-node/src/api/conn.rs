@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use qq_core::meta::{Counted, Limits, Scope};
+use qq_raft::transport::Conn as Accepted;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tonic::Status;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tracing::warn;
@@ -81,8 +81,8 @@ impl Connections {
 
     /// Takes an accepted socket, or closes it when the node already holds `max_connections`
     /// (logged, at powers of two of the refusals, so a flood does not flood the log).
-    pub fn accept(self: &Arc<Self>, io: TcpStream) -> Option<Tracked> {
-        let addr = io.peer_addr().ok()?;
+    pub fn accept(self: &Arc<Self>, io: Accepted) -> Option<Tracked> {
+        let addr = io.connect_info().remote_addr()?;
         let mut inner = self.inner.lock().unwrap();
         if inner.conns.len() >= self.max_connections {
             inner.refused += 1;
@@ -284,10 +284,10 @@ impl Drop for ConsumerGuard {
     }
 }
 
-/// An accepted socket that stays counted while it is open. Serves as the TCP stream it wraps
-/// (same connect info, so `Request::remote_addr` works as before, under TLS too).
+/// An accepted connection that stays counted while it is open. Serves as the connection it
+/// wraps (same connect info, so `Request::remote_addr` works as before, under TLS too).
 pub struct Tracked {
-    io: TcpStream,
+    io: Accepted,
     _conn: ConnGuard,
 }
 
@@ -338,15 +338,16 @@ impl AsyncWrite for Tracked {
 mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
-    use tokio::net::TcpListener;
+    use tokio::net::{TcpListener, TcpStream};
 
-    /// A client socket and the server's side of it.
-    async fn pair(listener: &TcpListener) -> (TcpStream, TcpStream) {
+    /// A client socket and the server's side of it, as the client port's transport hands it.
+    async fn pair(listener: &TcpListener) -> (TcpStream, Accepted) {
         let client = TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
         let (server, _) = listener.accept().await.unwrap();
-        (client, server)
+        let info = server.connect_info();
+        (client, Accepted::new(server, info))
     }
 
     #[tokio::test]

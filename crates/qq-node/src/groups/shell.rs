@@ -196,7 +196,7 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for Shell<M> {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> io::Result<T> + Send + 'static,
 ) -> io::Result<T> {
-    tokio::task::spawn_blocking(f)
+    qq_raft::lockstep::spawn_blocking(f)
         .await
         .map_err(|e| io::Error::other(format!("snapshot IO task: {e}")))?
 }

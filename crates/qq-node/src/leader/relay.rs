@@ -308,8 +308,9 @@ impl QueueLeader {
             self.machine.clone(),
             self.group,
         );
-        let preparation =
-            tokio::task::spawn_blocking(move || dl.prepare_round(group, &machine, &config, batch));
+        let preparation = qq_raft::lockstep::spawn_blocking(move || {
+            dl.prepare_round(group, &machine, &config, batch)
+        });
         Box::pin(async move {
             match preparation.await {
                 Ok(round) => (epoch, Ok(round)),

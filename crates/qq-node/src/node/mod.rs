@@ -106,6 +106,7 @@ impl Node {
             clock,
             transport,
             disk,
+            clients: _,
         } = seams;
         let (store, peers) = open_store_and_peers(&config, clock, transport, &disk)?;
         let raft_config = raft_config(&config)?;
@@ -323,12 +324,13 @@ fn reseed_advice(data_dir: &std::path::Path) -> String {
 
 /// What a node takes from outside instead of reaching for it: every clock read goes through
 /// `clock` ([`crate::clock`]), every connection to a peer through `transport`
-/// ([`qq_raft::transport`]), its store is opened on `disk` ([`qq_raft::store::Disk`]). `main`
-/// hands in [`Clock::system`], [`qq_raft::transport::TcpTransport`] and [`Disk::real`]; the
-/// simulator its own.
+/// ([`qq_raft::transport`]), the gRPC client port listens through `clients`, its store is
+/// opened on `disk` ([`qq_raft::store::Disk`]). `main` hands in [`Clock::system`],
+/// [`qq_raft::transport::TcpTransport`] (for both) and [`Disk::real`]; the simulator its own.
 pub struct Seams {
     pub clock: Clock,
     pub transport: Arc<dyn Transport>,
+    pub clients: Arc<dyn Transport>,
     pub disk: Disk,
 }
 

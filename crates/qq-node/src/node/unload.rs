@@ -51,7 +51,7 @@ impl Node {
             // at most one per UNLOAD_TRIM_EVERY.
             untrimmed += unloaded;
             if untrimmed > 0 && self.clock.elapsed(trimmed_at) >= UNLOAD_TRIM_EVERY {
-                let _ = tokio::task::spawn_blocking(crate::alarms::release_free_heap).await;
+                let _ = qq_raft::lockstep::spawn_blocking(crate::alarms::release_free_heap).await;
                 untrimmed = 0;
                 trimmed_at = self.clock.now();
             }

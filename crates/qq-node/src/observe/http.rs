@@ -125,7 +125,7 @@ async fn bounded(State(state): State<HttpState>, request: Request, next: Next) -
 async fn metrics(State(state): State<HttpState>) -> Response {
     let registry = state.registry.clone();
     // Walking thousands of groups is CPU work: not on an async worker.
-    let encoded = tokio::task::spawn_blocking(move || {
+    let encoded = qq_raft::lockstep::spawn_blocking(move || {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).map(|()| text)
     })

@@ -83,7 +83,7 @@ where
 {
     let store = node.store().clone();
     let bytes = chunk.data.len();
-    let (chunk, received) = tokio::task::spawn_blocking(move || {
+    let (chunk, received) = qq_raft::lockstep::spawn_blocking(move || {
         let r = store.snapshots().receive(group, &chunk);
         (chunk, r)
     })

@@ -24,6 +24,7 @@ async fn the_cluster_port_is_served_from_the_transport() {
     let seams = Seams {
         clock: Clock::system(),
         transport: Arc::new(network.clone()),
+        clients: Arc::new(qq_raft::transport::TcpTransport),
         disk: qq_raft::store::Disk::real(),
     };
     let node = tokio::spawn(run(config, seams, async {

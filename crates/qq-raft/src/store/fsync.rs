@@ -92,28 +92,40 @@ fn fsync_loop(
             return;
         }
 
-        let result = db.flush_wal(true);
-        stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = &result {
-            // Before any waiter hears of it: nothing of this batch may be confirmed.
-            on_fault(&format!(
-                "fsync of the rocksdb WAL at {} failed: {e}",
-                path.display()
-            ));
-        }
+        sync_batch(&db, &stats, &path, &on_fault, batch.drain(..));
+    }
+}
 
-        let n = batch.len() as u64;
-        // Count before completing, so that a waiter that wakes up sees its own completion.
-        stats.callbacks.fetch_add(n, Ordering::Relaxed);
-        for req in batch.drain(..) {
-            let r = match &result {
-                Ok(()) => Ok(()),
-                Err(e) => Err(io::Error::other(format!(
-                    "fsync rocksdb WAL at {}: {e}",
-                    path.display()
-                ))),
-            };
-            req.complete(r);
-        }
+/// One `flush_wal(true)`, then every request of `batch` completed with its outcome; a failure
+/// goes to `on_fault` before any waiter hears of it (nothing of the batch may be confirmed).
+/// The fsync thread's step, and a lock-step thread's own ([`crate::lockstep`]).
+pub(super) fn sync_batch(
+    db: &DB,
+    stats: &Stats,
+    path: &Path,
+    on_fault: &FaultHandler,
+    batch: impl ExactSizeIterator<Item = SyncRequest>,
+) {
+    let result = db.flush_wal(true);
+    stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = &result {
+        on_fault(&format!(
+            "fsync of the rocksdb WAL at {} failed: {e}",
+            path.display()
+        ));
+    }
+    // Count before completing, so that a waiter that wakes up sees its own completion.
+    stats
+        .callbacks
+        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+    for req in batch {
+        let r = match &result {
+            Ok(()) => Ok(()),
+            Err(e) => Err(io::Error::other(format!(
+                "fsync rocksdb WAL at {}: {e}",
+                path.display()
+            ))),
+        };
+        req.complete(r);
     }
 }

@@ -297,3 +297,23 @@ async fn flushes_and_compactions_run_at_the_lowest_cpu_priority() {
         }
     }
 }
+
+/// On a lock-step thread the store syncs before `sync` (and `append`) returns: the future is
+/// ready at its first poll, one fsync per request, and the fsync thread is not involved.
+#[test]
+fn a_lockstep_thread_syncs_its_writes_itself() {
+    use futures::FutureExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            crate::lockstep::mark_this_thread();
+            store.put_bodies(1, &[(1, &b"a"[..])]).unwrap();
+            for n in 1..=3 {
+                let synced = store.sync().now_or_never();
+                assert!(matches!(synced, Some(Ok(()))), "{synced:?}");
+                assert_eq!(store.sync_stats(), (n, n));
+            }
+        });
+    });
+}

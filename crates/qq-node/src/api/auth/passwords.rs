@@ -200,7 +200,7 @@ impl Auth {
             .acquire_owned()
             .await
             .map_err(|_| Status::unavailable("authentication: node is shutting down"))?;
-        tokio::task::spawn_blocking(move || {
+        qq_raft::lockstep::spawn_blocking(move || {
             let _permit = permit;
             verify(&record, &password)
         })
