@@ -176,6 +176,17 @@ impl Client {
         Ok(Self::from_channel(channel, address))
     }
 
+    /// [`Client::connect_lazy_with`] over a channel `via` makes from the client's endpoint (its
+    /// settings: TLS, windows, keep-alives), instead of TCP: a simulator's network.
+    pub fn connect_lazy_via(
+        address: &str,
+        tls: Option<&TlsOptions>,
+        via: impl FnOnce(&Endpoint) -> Channel,
+    ) -> Result<Client> {
+        let channel = via(&Self::endpoint(address, tls)?);
+        Ok(Self::from_channel(channel, address))
+    }
+
     fn endpoint(address: &str, tls: Option<&TlsOptions>) -> Result<Endpoint> {
         let uri = endpoint_uri(address, tls.is_some());
         let mut endpoint =

@@ -181,15 +181,20 @@ impl Host {
             .is_some_and(|r| !r.thread.is_finished())
     }
 
-    /// Starts the node on its own thread; its log goes to `node<id>.log`.
-    pub fn start(&mut self, net: &SimNet) -> anyhow::Result<()> {
-        anyhow::ensure!(self.running.is_none(), "node {} is running", self.id);
+    /// The node's configuration, as `qq-node --config` loads it.
+    pub fn config(&self) -> anyhow::Result<Config> {
         let args = Args::try_parse_from([
             "qq-node".as_ref(),
             "--config".as_ref(),
             self.config_path.as_os_str(),
         ])?;
-        let config = Config::load(&args, &Default::default())?;
+        Config::load(&args, &Default::default())
+    }
+
+    /// Starts the node on its own thread; its log goes to `node<id>.log`.
+    pub fn start(&mut self, net: &SimNet) -> anyhow::Result<()> {
+        anyhow::ensure!(self.running.is_none(), "node {} is running", self.id);
+        let config = self.config()?;
         let disk = self.disk();
         let wall = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
@@ -262,7 +267,7 @@ impl Host {
 
     /// The disk the node's store is opened on: its store is kept for [`Host::crash`], and a
     /// storage fault is noted ([`Host::storage_faults`]) instead of ending the process.
-    fn disk(&self) -> Disk {
+    pub(crate) fn disk(&self) -> Disk {
         let (store, faults, id) = (self.store.clone(), self.faults.clone(), self.id);
         Disk::simulated(
             Arc::new(move |fault: &str| {

@@ -26,6 +26,7 @@ pub mod host;
 pub mod lockstep;
 pub mod net;
 pub mod operator;
+pub mod replay;
 pub mod routes;
 pub mod run;
 pub mod schedule;

@@ -96,16 +96,24 @@ impl Transport for MemoryNetwork {
     }
 }
 
-/// The connections handed to a listener at `address` through `accepted`, as the stream the
-/// cluster server takes (no remote address: an in-memory pipe has none). Shared with
-/// simulated networks built on these pipes (qq-sim).
+/// The connections handed to a listener at `address` through `accepted`, as the stream a
+/// server takes. Shared with simulated networks built on these pipes (qq-sim).
+///
+/// An in-memory pipe has no remote address, but the client port counts its connections by
+/// theirs, so the n-th connection a listener accepts comes from `[::n]:1`: unique per listener,
+/// and the same in every run that opens its connections in the same order.
 pub fn incoming(address: SocketAddr, accepted: mpsc::UnboundedReceiver<DuplexStream>) -> Incoming {
-    let info = TcpConnectInfo {
-        local_addr: Some(address),
-        remote_addr: None,
-    };
+    let mut accepted_before: u128 = 0;
     UnboundedReceiverStream::new(accepted)
-        .map(move |io| Ok(Conn::new(io, info.clone())))
+        .map(move |io| {
+            accepted_before += 1;
+            let remote = SocketAddr::from((std::net::Ipv6Addr::from(accepted_before), 1));
+            let info = TcpConnectInfo {
+                local_addr: Some(address),
+                remote_addr: Some(remote),
+            };
+            Ok(Conn::new(io, info))
+        })
         .boxed()
 }
 

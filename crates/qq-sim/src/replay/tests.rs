@@ -1,0 +1,36 @@
+use crate::child_process::printed;
+
+/// Set for the child processes of [`two_runs_of_a_seed_give_the_same_trace`].
+const CHILD_SEED: &str = "QQ_SIM_REPLAY_CHILD_SEED";
+/// Messages each run publishes and takes back.
+const MESSAGES: u32 = 30;
+
+/// In a child process only: runs the cluster for [`CHILD_SEED`] and prints its trace.
+#[test]
+fn child_run() {
+    if let Ok(seed) = std::env::var(CHILD_SEED) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let trace = super::run(seed.parse().expect("seed"), dir.path(), MESSAGES).expect("run");
+        for line in trace {
+            println!("trace: {line}");
+        }
+    }
+}
+
+fn child_trace(seed: u64) -> Vec<String> {
+    printed("replay::tests::child_run", CHILD_SEED, seed, "trace: ")
+}
+
+#[test]
+fn two_runs_of_a_seed_give_the_same_trace() {
+    let first = child_trace(21);
+    let gets = first
+        .iter()
+        .filter(|l| l.contains("get via node 2: b\"m"))
+        .count();
+    assert_eq!(gets, MESSAGES as usize, "{first:#?}");
+    let second = child_trace(21);
+    assert_eq!(first, second);
+    // The seed is an input: elections (openraft's random timeouts) fall elsewhere.
+    assert_ne!(first, child_trace(22));
+}
