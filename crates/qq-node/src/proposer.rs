@@ -129,6 +129,7 @@ impl Proposer {
         let deadline = self.clock.now() + PROPOSE_DEADLINE;
         let mut hint: Option<NodeId> = None;
         let mut attempt = 0usize;
+        let mut followed_at_once = false;
         loop {
             if self.stopping.is_cancelled() {
                 return Err(NodeError::ShuttingDown);
@@ -172,7 +173,15 @@ impl Proposer {
                     "no quorum for {what} right now: {error} (safe to retry)"
                 )));
             }
-            if !moved {
+            // A hint that moved is followed at once, but not twice in a row: while a dead
+            // leader's port refuses at once and this node's Raft still names it, the hint
+            // swings between that node and another without ever waiting, a loop that spun a
+            // core until the deadline (found by qq-sim's replay, seed 21, where time stood
+            // still inside it).
+            if moved && !followed_at_once {
+                followed_at_once = true;
+            } else {
+                followed_at_once = false;
                 tokio::time::sleep(Duration::from_millis((20 * attempt as u64).min(250))).await;
             }
         }

@@ -57,6 +57,7 @@ pub async fn run(
     seams: Seams,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let probes = seams.clients.clone();
     let incoming = seams
         .clients
         .listen(config.listen)
@@ -108,7 +109,7 @@ pub async fn run(
     let client_tls_on = client_tls.is_some();
     // Starting the groups does not wait for peers: Raft RPCs to nodes not yet up are retried.
     let node = Node::start(config, seams).await?;
-    let peer_links = spawn_peer_watches(node.peering());
+    let peer_links = spawn_peer_watches(node.peering(), probes);
     let observe = Observability::start(node.observed(), node.tasks(), peer_links).await;
     if let Some((path, doc)) = boot_definitions {
         spawn_boot_import(node.clone(), path, doc, observe.serving());

@@ -44,6 +44,14 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Accepts the connections peers open to `address`, this node's cluster address.
     fn listen(&self, address: SocketAddr) -> BoxFuture<'static, io::Result<Incoming>>;
+
+    /// Opens a connection to `address` and drops it: `Ok` when something accepts there,
+    /// `ConnectionRefused` when nothing listens (a node's liveness probe of a peer's client
+    /// port). Over TCP unless the transport says otherwise.
+    fn probe(&self, address: &str) -> BoxFuture<'static, io::Result<()>> {
+        let address = address.to_string();
+        Box::pin(async move { tokio::net::TcpStream::connect(address).await.map(drop) })
+    }
 }
 
 /// Production: TCP, exactly as tonic makes and accepts connections.

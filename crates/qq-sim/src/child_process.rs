@@ -5,17 +5,51 @@
 //! runtime's seed: two runs of a seed compare equal as two processes that do the same things,
 //! as two runs of the simulator are (`entropy`'s module doc).
 
+use std::io::Read;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// How long a child may run before it is taken for hung and killed: a spin inside one step of
+/// a lock-step world holds virtual time still, so its own deadline never comes.
+const HUNG_AFTER: Duration = Duration::from_secs(600);
+
 /// The lines starting with `prefix` that the test `test` (its full path) printed when run alone
-/// in a child process with `env` set to `seed`; the child must succeed.
+/// in a child process with `env` set to `seed`; the child must succeed within [`HUNG_AFTER`].
 pub(crate) fn printed(test: &str, env: &str, seed: u64, prefix: &str) -> Vec<String> {
-    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+    let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
         .args(["--exact", test, "--nocapture"])
         .env(env, seed.to_string())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run the child");
-    assert!(out.status.success(), "child failed: {out:?}");
-    String::from_utf8(out.stdout)
-        .expect("utf-8")
+    // Read on threads, so a child that prints much never blocks on a full pipe.
+    let read = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            pipe.read_to_string(&mut text).map(|_| text)
+        })
+    };
+    let stdout = read(Box::new(child.stdout.take().expect("stdout")));
+    let stderr = read(Box::new(child.stderr.take().expect("stderr")));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break status;
+        }
+        if started.elapsed() > HUNG_AFTER {
+            let _ = child.kill();
+            panic!("{test} (seed {seed}) still running after {HUNG_AFTER:?}: hung");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = stdout.join().expect("stdout reader").expect("stdout");
+    let stderr = stderr.join().expect("stderr reader").expect("stderr");
+    assert!(
+        status.success(),
+        "child failed: {status}\n{stdout}\n{stderr}"
+    );
+    stdout
         .lines()
         .filter(|l| l.starts_with(prefix))
         .map(str::to_string)

@@ -327,6 +327,11 @@ impl Host {
         self.faults.lock().expect("faults lock").clone()
     }
 
+    /// The store the running node opened, taken (to freeze it at a crash).
+    pub(crate) fn take_store(&self) -> Option<Store> {
+        self.store.lock().expect("store lock").take()
+    }
+
     /// Deletes the data directory of the stopped node: a lost disk. It starts again empty.
     pub fn wipe(&mut self) -> anyhow::Result<()> {
         anyhow::ensure!(!self.is_running(), "node {}: wiped while running", self.id);

@@ -365,6 +365,13 @@ struct NodeTransport {
 }
 
 impl Transport for NodeTransport {
+    /// A connection opened and dropped, as a TCP probe is: refused at once where nobody
+    /// listens, waiting while the link is blocked.
+    fn probe(&self, address: &str) -> BoxFuture<'static, io::Result<()>> {
+        let (net, me, address) = (self.net.clone(), self.me, address.to_string());
+        Box::pin(async move { net.dial(me, &address).await.map(drop) })
+    }
+
     fn channel(&self, endpoint: &Endpoint) -> Channel {
         endpoint.connect_with_connector_lazy(Dialer {
             net: self.net.clone(),

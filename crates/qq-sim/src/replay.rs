@@ -18,23 +18,24 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use qq_client::{Client, Message};
-use qq_node::clock::Clock;
-use qq_node::node::Seams;
 use tokio::time::Instant;
 
 use crate::entropy::seed_this_thread;
 use crate::host::{Host, NodeSetup};
 use crate::lockstep::World;
-use crate::net::SimNet;
+use crate::net::{Link, SimNet};
+use crate::schedule::{self, Fault, Target};
+use cluster::Cluster;
 
-/// Every node's wall clock at its start (ms since the epoch): a fixed moment, not the time of
-/// the run, so that message timestamps replay too.
-const EPOCH_MS: u64 = 1_790_000_000_000;
+mod cluster;
+
+/// Time between two publishes: the run (and its plan of faults) lasts this times the messages.
+const PACE: Duration = Duration::from_millis(50);
 /// The client's id on the simulated network.
 const CLIENT: u64 = 100;
 /// The queue the client uses.
@@ -77,43 +78,65 @@ pub fn run(seed: u64, dir: &Path, messages: u32) -> anyhow::Result<Vec<String>> 
 fn run_on_this_thread(seed: u64, dir: &Path, messages: u32) -> anyhow::Result<Vec<String>> {
     let ids = [1u64, 2, 3];
     let listens: Vec<SocketAddr> = ids.iter().map(|id| client_addr(*id)).collect();
-    let net = SimNet::new(seed);
-    let mut world = World::new(Duration::from_millis(1));
+    let run_length = PACE * messages;
+    let plan = schedule::plan(seed, ids.len() as u64, run_length, 1);
     let trace: Trace = Arc::default();
+    trace
+        .lock()
+        .expect("trace")
+        .push(format!("plan {}", serde_json::to_string(&plan.faults)?));
+    let mut hosts = Vec::new();
     for id in ids {
         let setup = NodeSetup {
             skew_ms: 0,
-            snapshot_after_entries: 1_000,
+            snapshot_after_entries: plan.snapshot_after_entries,
             amqp: SocketAddr::from(([127, 0, 0, 1], 0)),
         };
-        let host = Host::create(dir, id, &ids, &listens, setup)?;
-        let (config, disk) = (host.config()?, host.disk());
-        let h = world.add_host()?;
-        let (transport, clients) = (net.transport(id), net.transport(id));
-        world.spawn(h, async move {
-            // Made on the host's runtime, so the clock counts the host's virtual time.
-            let (clock, _jump) = Clock::jumpable(EPOCH_MS);
-            let seams = Seams {
-                clock,
-                transport,
-                clients,
-                disk,
-            };
-            let ended = qq_node::server::run(config, seams, std::future::pending()).await;
-            tracing::error!(node = id, "node ended: {ended:?}");
-        });
+        hosts.push(Host::create(dir, id, &ids, &listens, setup)?);
     }
+    let net = SimNet::new(seed);
+    let weather = Link {
+        delay_ms: plan.weather.delay_ms,
+        jitter_ms: plan.weather.jitter_ms,
+        ..Link::default()
+    };
+    let world = World::new(Duration::from_millis(1));
+    let mut cluster = Cluster::start(world, net.clone(), hosts, weather)?;
     let done = Arc::new(AtomicBool::new(false));
-    let client = world.add_host()?;
-    world.spawn(client, {
-        let (net, trace, done) = (net.clone(), trace.clone(), done.clone());
+    let leader = Arc::new(AtomicU64::new(ids[0]));
+    let client = cluster.world.add_host()?;
+    // Clients are made on the client's host: a channel needs its runtime.
+    cluster.world.spawn(client, {
+        let (net, listens, leader) = (net.clone(), listens.clone(), leader.clone());
+        async move { watch_leader(clients(&net, &listens), leader).await }
+    });
+    cluster.world.spawn(client, {
+        let (trace, done) = (trace.clone(), done.clone());
         async move {
-            workload(net, listens, trace, messages).await;
+            workload(clients(&net, &listens), trace, messages).await;
             done.store(true, Ordering::Relaxed);
         }
     });
-    while !done.load(Ordering::Relaxed) && world.elapsed() < DEADLINE {
-        world.run_for(Duration::from_millis(10));
+    let note = |what: String, at: Duration| {
+        let at = at.as_millis();
+        trace.lock().expect("trace").push(format!("{at:>6} {what}"));
+    };
+    let mut planned = plan.faults.iter().peekable();
+    while !done.load(Ordering::Relaxed) && cluster.world.elapsed() < DEADLINE {
+        cluster.world.run_for(Duration::from_millis(10));
+        let now = cluster.world.elapsed();
+        for healed in cluster.heal_due(now)? {
+            note(healed, now);
+        }
+        while let Some(p) = planned.next_if(|p| Duration::from_millis(p.at_ms) <= now) {
+            let node = target_node(&p.fault, leader.load(Ordering::Relaxed));
+            let until = now + Duration::from_millis(p.length_ms);
+            let what = cluster.strike(p.fault, node, until);
+            note(format!("strike {:?} on node {node}: {what}", p.fault), now);
+        }
+    }
+    for healed in cluster.heal_all()? {
+        note(healed, cluster.world.elapsed());
     }
     let mut trace = trace.lock().expect("trace").clone();
     if !done.load(Ordering::Relaxed) {
@@ -122,14 +145,19 @@ fn run_on_this_thread(seed: u64, dir: &Path, messages: u32) -> anyhow::Result<Ve
     Ok(trace)
 }
 
-/// The client's work (module doc); every step noted with the client's virtual time.
-async fn workload(net: SimNet, listens: Vec<SocketAddr>, trace: Trace, messages: u32) {
-    let start = Instant::now();
-    let note = |what: String| {
-        let at = start.elapsed().as_millis();
-        trace.lock().expect("trace").push(format!("{at:>6} {what}"));
-    };
-    let clients: Vec<Client> = listens
+/// The node a fault strikes: a "leader of" target is the queue's leader as last seen.
+fn target_node(fault: &Fault, leader: u64) -> u64 {
+    match fault.target() {
+        Some(Target::Node(id)) => id,
+        Some(Target::LeaderOf(_)) => leader,
+        // A bridge names its two nodes itself (faults::link); 0, as the real-time run notes it.
+        None => 0,
+    }
+}
+
+/// A client of every node, over the simulated network.
+fn clients(net: &SimNet, listens: &[SocketAddr]) -> Vec<Client> {
+    listens
         .iter()
         .map(|a| {
             Client::connect_lazy_via(&a.to_string(), None, |endpoint| {
@@ -137,7 +165,31 @@ async fn workload(net: SimNet, listens: Vec<SocketAddr>, trace: Trace, messages:
             })
             .expect("a valid address")
         })
-        .collect();
+        .collect()
+}
+
+/// Keeps `leader` at the queue's leader, as the first node that answers says, every 500 ms.
+async fn watch_leader(clients: Vec<Client>, leader: Arc<AtomicU64>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for c in &clients {
+            if let Ok(q) = c.get_queue(QUEUE).await
+                && q.leader != 0
+            {
+                leader.store(q.leader, Ordering::Relaxed);
+                break;
+            }
+        }
+    }
+}
+
+/// The client's work (module doc); every step noted with the client's virtual time.
+async fn workload(clients: Vec<Client>, trace: Trace, messages: u32) {
+    let start = Instant::now();
+    let note = |what: String| {
+        let at = start.elapsed().as_millis();
+        trace.lock().expect("trace").push(format!("{at:>6} {what}"));
+    };
     let retry = || tokio::time::sleep(Duration::from_millis(200));
     loop {
         match clients[0].declare_queue(QUEUE, HashMap::new()).await {
@@ -150,27 +202,37 @@ async fn workload(net: SimNet, listens: Vec<SocketAddr>, trace: Trace, messages:
         retry().await;
     }
     for i in 0..messages {
-        let via = i as usize % clients.len();
-        let message = Message {
-            body: format!("m{i}").into(),
-            ..Default::default()
-        };
-        loop {
-            let confirm = clients[via].publish("", QUEUE, message.clone()).await;
-            note(format!("publish m{i} via node {}: {confirm:?}", via + 1));
-            if confirm.is_ok() {
+        tokio::time::sleep(PACE).await;
+        // Through every node in turn; a refused publish is tried again through the next.
+        for attempt in 0.. {
+            let via = (i as usize + attempt) % clients.len();
+            let message = Message {
+                body: format!("m{i}").into(),
+                ..Default::default()
+            };
+            // Outcomes and messages only: a status's metadata holds the HTTP date header, the
+            // real time.
+            let confirmed = match clients[via].publish("", QUEUE, message).await {
+                Ok(c) => Ok(format!("{:?} {}", c.outcome, c.detail)),
+                Err(e) => Err(e.to_string()),
+            };
+            note(format!("publish m{i} via node {}: {confirmed:?}", via + 1));
+            if confirmed.is_ok() {
                 break;
             }
             retry().await;
         }
     }
-    let mut taken = 0;
-    while taken < messages {
+    // Taken back through node 2 until every message has come (a publish tried again after its
+    // confirm was lost may be stored twice: noted, not an error).
+    let mut taken = std::collections::BTreeSet::new();
+    while taken.len() < messages as usize {
         match clients[1].get(QUEUE, true, 0).await {
             Ok(got) => match got.delivery.and_then(|d| d.message) {
                 Some(m) => {
-                    taken += 1;
-                    note(format!("get via node 2: {:?}", m.body));
+                    let again = !taken.insert(m.body.clone());
+                    let again = if again { " (again)" } else { "" };
+                    note(format!("get via node 2: {:?}{again}", m.body));
                 }
                 None => {
                     note("get via node 2: empty".into());
@@ -184,10 +246,10 @@ async fn workload(net: SimNet, listens: Vec<SocketAddr>, trace: Trace, messages:
         }
     }
     for (i, c) in clients.iter().enumerate() {
-        let seen = c.get_queue(QUEUE).await.map(|q| {
-            let messages = q.messages;
-            (q.leader, q.raft_term, q.commit_index, messages)
-        });
+        let seen = match c.get_queue(QUEUE).await {
+            Ok(q) => Ok((q.leader, q.raft_term, q.commit_index, q.messages)),
+            Err(e) => Err(e.to_string()),
+        };
         note(format!(
             "node {}: (leader, term, commit index, messages) {seen:?}",
             i + 1

@@ -37,6 +37,7 @@
 //! ([`crate::observe::health`]): a node is healthy only while it reaches its metadata leader.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -50,6 +51,7 @@ use openraft::storage::RaftStateMachine;
 use openraft::{Raft, ServerState};
 use qq_core::NodeId;
 use qq_proto::internal::WatchRequest;
+use qq_raft::transport::Transport;
 use qq_raft::{GroupId, META_GROUP, TypeConfig};
 use tracing::{debug, info, warn};
 
@@ -71,21 +73,25 @@ pub type PeerLinks = watch::Receiver<BTreeSet<NodeId>>;
 
 /// Start one watch per peer, and one for each node that joins later (a watch ends when its
 /// peer is forgotten).
-pub fn spawn_peer_watches(node: Peering) -> PeerLinks {
+pub fn spawn_peer_watches(node: Peering, clients: Arc<dyn Transport>) -> PeerLinks {
     let (links, linked) = watch::channel(BTreeSet::new());
     let stopping = node.stopping().clone();
     let tasks = node.tasks().clone();
     tasks.spawn(async move {
         stopping
             .clone()
-            .run_until_cancelled(watch_peer_set(node, links))
+            .run_until_cancelled(watch_peer_set(node, links, clients))
             .await;
     });
     linked
 }
 
 /// Keep one [`watch_peer`] task per peer as the peer set changes.
-async fn watch_peer_set(node: Peering, links: watch::Sender<BTreeSet<NodeId>>) {
+async fn watch_peer_set(
+    node: Peering,
+    links: watch::Sender<BTreeSet<NodeId>>,
+    clients: Arc<dyn Transport>,
+) {
     let mut changes = node.peers().subscribe();
     let mut watched: BTreeSet<NodeId> = BTreeSet::new();
     loop {
@@ -94,7 +100,7 @@ async fn watch_peer_set(node: Peering, links: watch::Sender<BTreeSet<NodeId>>) {
         for peer in current {
             if peer != node.id() && watched.insert(peer) {
                 let stopping = node.stopping().clone();
-                let watch = watch_peer(node.clone(), peer, links.clone());
+                let watch = watch_peer(node.clone(), peer, links.clone(), clients.clone());
                 node.tasks().spawn(async move {
                     stopping.run_until_cancelled(watch).await;
                 });
@@ -106,7 +112,12 @@ async fn watch_peer_set(node: Peering, links: watch::Sender<BTreeSet<NodeId>>) {
     }
 }
 
-async fn watch_peer(node: Peering, peer: NodeId, links: watch::Sender<BTreeSet<NodeId>>) {
+async fn watch_peer(
+    node: Peering,
+    peer: NodeId,
+    links: watch::Sender<BTreeSet<NodeId>>,
+    clients: Arc<dyn Transport>,
+) {
     let Some(address) = node.peers().address(peer) else {
         return;
     };
@@ -171,7 +182,7 @@ async fn watch_peer(node: Peering, peer: NodeId, links: watch::Sender<BTreeSet<N
             // a second, unpaced round of elections.
             let linked = links.borrow().clone();
             let mut woke = wake_leaders_without_quorum(&node, peer, &linked).await;
-            if probe(&address).await != Probe::Refused {
+            if probe(&*clients, &address).await != Probe::Refused {
                 woke += wake_followers_of(&node, peer, &linked).await;
             }
             if woke > 0 {
@@ -181,7 +192,7 @@ async fn watch_peer(node: Peering, peer: NodeId, links: watch::Sender<BTreeSet<N
                 );
             }
         }
-        if probe(&address).await == Probe::Refused {
+        if probe(&*clients, &address).await == Probe::Refused {
             if !std::mem::replace(&mut down, true) {
                 warn!(
                     peer,
@@ -189,7 +200,7 @@ async fn watch_peer(node: Peering, peer: NodeId, links: watch::Sender<BTreeSet<N
                      groups it led hand over where this node reaches a majority"
                 );
             }
-            hand_over_from(&node, peer).await;
+            hand_over_from(&node, peer, &*clients).await;
         }
         tokio::time::sleep(RETRY).await;
     }
@@ -321,9 +332,9 @@ enum Probe {
     NoAnswer,
 }
 
-/// Try a fresh TCP connection to `address`.
-async fn probe(address: &str) -> Probe {
-    match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(address)).await {
+/// Try a fresh connection to `address` (TCP, or what the node's client transport makes).
+async fn probe(clients: &dyn Transport, address: &str) -> Probe {
+    match tokio::time::timeout(PROBE_TIMEOUT, clients.probe(address)).await {
         Ok(Ok(_)) => Probe::Accepted,
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Probe::Refused,
         Ok(Err(_)) | Err(_) => Probe::NoAnswer,
@@ -336,7 +347,7 @@ async fn probe(address: &str) -> Probe {
 /// Where this node is the successor, it campaigns for at most [`HANDOVER_WINDOW`] groups at a
 /// time and starts the next as earlier ones get a leader: thousands of elections started at
 /// once on a small machine time each other out (10 000 queues: a third never failed over).
-async fn hand_over_from(node: &Peering, dead: NodeId) {
+async fn hand_over_from(node: &Peering, dead: NodeId, clients: &dyn Transport) {
     let me = node.id();
     let all = node.peers().ids();
     let meta_vote = followed_vote(node.registry().meta_raft(), dead);
@@ -359,7 +370,7 @@ async fn hand_over_from(node: &Peering, dead: NodeId) {
     let others = all.iter().copied().filter(|p| *p != me && *p != dead);
     let answers = futures::future::join_all(others.map(|p| async move {
         let address = node.peers().address(p).unwrap_or_default();
-        (p, probe(&address).await)
+        (p, probe(clients, &address).await)
     }))
     .await;
     let reachable: BTreeSet<NodeId> = answers
@@ -608,8 +619,14 @@ mod tests {
     async fn a_closed_port_refuses_and_an_open_one_accepts() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let open = listener.local_addr().unwrap().to_string();
-        assert_eq!(probe(&open).await, Probe::Accepted);
+        assert_eq!(
+            probe(&qq_raft::transport::TcpTransport, &open).await,
+            Probe::Accepted
+        );
         drop(listener);
-        assert_eq!(probe(&open).await, Probe::Refused);
+        assert_eq!(
+            probe(&qq_raft::transport::TcpTransport, &open).await,
+            Probe::Refused
+        );
     }
 }

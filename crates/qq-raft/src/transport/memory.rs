@@ -100,14 +100,15 @@ impl Transport for MemoryNetwork {
 /// server takes. Shared with simulated networks built on these pipes (qq-sim).
 ///
 /// An in-memory pipe has no remote address, but the client port counts its connections by
-/// theirs, so the n-th connection a listener accepts comes from `[::n]:1`: unique per listener,
-/// and the same in every run that opens its connections in the same order.
+/// theirs (and lets `guest` in from loopback only), so the n-th connection a listener accepts
+/// comes from a loopback address of its own ([`nth_loopback`]): unique per listener, and the
+/// same in every run that opens its connections in the same order.
 pub fn incoming(address: SocketAddr, accepted: mpsc::UnboundedReceiver<DuplexStream>) -> Incoming {
-    let mut accepted_before: u128 = 0;
+    let mut accepted_before: u64 = 0;
     UnboundedReceiverStream::new(accepted)
         .map(move |io| {
             accepted_before += 1;
-            let remote = SocketAddr::from((std::net::Ipv6Addr::from(accepted_before), 1));
+            let remote = nth_loopback(accepted_before);
             let info = TcpConnectInfo {
                 local_addr: Some(address),
                 remote_addr: Some(remote),
@@ -115,6 +116,14 @@ pub fn incoming(address: SocketAddr, accepted: mpsc::UnboundedReceiver<DuplexStr
             Ok(Conn::new(io, info))
         })
         .boxed()
+}
+
+/// The `n`-th address of 127.0.0.0/8 (its low 24 bits), on port 1 + the rest: distinct for
+/// every `n` below 2^24 * 65 535.
+fn nth_loopback(n: u64) -> SocketAddr {
+    let [_, _, _, _, _, a, b, c] = n.to_be_bytes();
+    let port = 1 + (n >> 24) as u16;
+    SocketAddr::from(([127, a, b, c], port))
 }
 
 /// The connector a channel of the in-memory network dials with.
