@@ -13,9 +13,9 @@
 //! cluster is not: the nodes run on real threads with the real clock, openraft draws its
 //! election timeouts from the thread's random generator, and RocksDB has threads of its own.
 //! So a failing seed replays the same faults, not the same schedule of every task
-//! (docs/simulation.md). [`entropy`] (seeded randomness per thread) and [`lockstep`] (hosts'
-//! runtimes stepped on one thread and one virtual clock) are the first pieces of the one
-//! scheduler that would make it replay; the nodes do not run on them yet.
+//! (docs/simulation.md). [`replay`] runs the nodes on one schedule instead ([`lockstep`]: their
+//! runtimes stepped on one thread and one virtual clock; [`entropy`]: seeded randomness), under
+//! a seed's plan of faults with a narrower workload, and replays byte for byte.
 
 #[cfg(test)]
 mod child_process;

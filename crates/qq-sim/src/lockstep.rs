@@ -18,8 +18,8 @@
 //!
 //! What a host must not do for a run to replay: wait for a thread outside the world (an fsync
 //! thread, `spawn_blocking`, real sockets with traffic on them), since the moment such work
-//! ends is not the schedule's. Those are the seams still to close before the nodes move onto a
-//! [`World`].
+//! ends is not the schedule's. The nodes' seams for that are `qq_raft::lockstep` and the
+//! simulated network ([`crate::replay`] uses both).
 
 use std::future::Future;
 use std::time::Duration;

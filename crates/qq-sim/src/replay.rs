@@ -1,19 +1,19 @@
-//! Three real nodes and a client on one [`World`]: the first run of the cluster that replays
-//! byte for byte.
+//! Three real nodes and a client on one [`World`], under a seed's plan of faults: the run of
+//! the cluster that replays byte for byte (docs/simulation.md, "One schedule").
 //!
 //! [`run`] starts three `qq_node::server::run` nodes, each on a host of a [`World`], their
 //! cluster ports and their gRPC client ports on one [`SimNet`] (mutual TLS between the nodes, as
-//! in production), and a client on a fourth host that declares a queue, publishes to it through
-//! every node in turn with confirms, and takes every message back through one node. Every
-//! operation the client makes goes into the trace with its result and the client's virtual time,
-//! and at the end each node's view of the queue (leader, term, commit index, counts).
+//! in production), and a client on a fourth host. The client declares a queue, publishes to it
+//! through every node in turn with confirms, and takes every message back through one node.
+//! Meanwhile the seed's plan of faults strikes (`replay/cluster.rs`). Every operation the client makes
+//! goes into the trace with its result and the client's virtual time, beside every fault struck
+//! and healed, and at the end each node's view of the queue (leader, term, commit index, count).
 //!
 //! The thread that runs it seeds its entropy ([`crate::entropy`]) and does its own blocking work
 //! ([`qq_raft::lockstep`]), and every node's clock starts at the same fixed epoch, so two runs of
-//! one seed (two processes) give the same trace: `replay_tests` checks it.
+//! one seed (two processes) give the same trace: `replay::tests` checks it.
 //!
-//! Not in it yet: faults (the liveness probe of a lost peer still dials TCP), the chaos
-//! workload, AMQP.
+//! Not in it yet: the chaos workload, topology churn, membership changes, a wiped disk, AMQP.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

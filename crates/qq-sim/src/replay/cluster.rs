@@ -202,7 +202,10 @@ impl Cluster {
 
     /// Starts a crashed node again once no crash under way holds it down.
     fn restart_if_down(&mut self, id: u64) -> anyhow::Result<bool> {
-        let i = self.position(id);
+        // A bridge's node is 0: it names its two nodes itself and crashes none.
+        let Some(i) = self.nodes.iter().position(|n| n.host.id == id) else {
+            return Ok(false);
+        };
         let held = self
             .active
             .iter()
