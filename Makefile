@@ -21,7 +21,7 @@ export QQ_PREVIOUS_NODE_BIN
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: previous-release amqp-diff bench-quick bench-quick-baseline check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short chaos-short-amqp chaos-upgrade chaos-amqp sim sim-short
+.PHONY: previous-release amqp-diff bench-quick bench-quick-baseline check-core-purity all deps build cluster cluster-down clean-cluster test test-integration fmt fmt-check bench bench-deps chaos chaos-short chaos-short-amqp chaos-upgrade chaos-amqp sim sim-short sim-lockstep
 
 all: build
 
@@ -131,6 +131,13 @@ SIM_DURATION ?= 30
 sim: deps build
 	$(QQ_SIM_BIN) --seeds $(SEEDS) --duration $(SIM_DURATION) $(if $(FIRST_SEED),--first-seed $(FIRST_SEED)) \
 		$(if $(PROTOCOL),--protocol $(PROTOCOL))
+
+# `make sim-lockstep` runs SEEDS seeds on one schedule (every node on one thread and one
+# virtual clock, docs/simulation.md "One schedule"): each replays byte for byte with the command
+# it prints; a narrower workload than `make sim`'s. Its regression seeds run in `make test`
+# (qq-sim's replay tests).
+sim-lockstep: deps build
+	$(QQ_SIM_BIN) --lockstep --seeds $(SEEDS) $(if $(FIRST_SEED),--first-seed $(FIRST_SEED))
 
 SIM_SEEDS = $$(grep -o '^[0-9]\+' crates/qq-sim/seeds.txt | paste -sd, -)
 sim-short: deps build

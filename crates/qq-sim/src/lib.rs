@@ -24,6 +24,7 @@ pub mod entropy;
 pub mod faults;
 pub mod host;
 pub mod lockstep;
+pub mod lockstep_cli;
 pub mod net;
 pub mod operator;
 pub mod replay;

@@ -4,6 +4,8 @@
 //! qq-sim --seed 7                    # one seed
 //! qq-sim --seeds 20 --first-seed 100 # seeds 100..119
 //! qq-sim --seed-list 3,11,19         # the regression seeds (make test)
+//! qq-sim --lockstep --seeds 20       # on one schedule: each seed replays byte for byte
+//! qq-sim --lockstep --seed 21 --check-replay   # run it twice, compare the traces
 //! ```
 
 use std::path::PathBuf;
@@ -47,6 +49,18 @@ struct Args {
     /// Where each seed's trace, report and (on failure) node logs go.
     #[arg(long, default_value = ".qq-sim")]
     out: PathBuf,
+    /// Run on one schedule (docs/simulation.md, "One schedule"): every node on one thread and
+    /// one virtual clock, so a seed's run replays byte for byte; a narrower workload
+    /// (--messages through one queue) under the seed's plan of faults, over gRPC.
+    #[arg(long, conflicts_with_all = ["protocol", "plan_only"])]
+    lockstep: bool,
+    /// --lockstep: messages published (one every 50 ms: the run and its plan last that long).
+    #[arg(long, default_value_t = 600, requires = "lockstep")]
+    messages: u32,
+    /// --lockstep --seed: run the seed twice, each in a process of its own, and compare the
+    /// traces byte for byte.
+    #[arg(long, requires_all = ["lockstep", "seed"])]
+    check_replay: bool,
 }
 
 fn main() {
@@ -56,6 +70,16 @@ fn main() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,lapin=off"));
     tracing_subscriber::fmt().with_env_filter(filter).init();
     let args = Args::parse();
+    if args.lockstep {
+        match qq_sim::lockstep_cli::main(&args.lockstep_args()) {
+            Ok(true) => return,
+            Ok(false) => std::process::exit(1),
+            Err(e) => {
+                eprintln!("qq-sim: {e:#}");
+                std::process::exit(2);
+            }
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -71,23 +95,41 @@ fn main() {
     }
 }
 
+impl Args {
+    /// The seeds asked for: --seed, --seed-list, or --seeds from --first-seed (default: the
+    /// time).
+    fn seed_list(&self) -> Vec<u64> {
+        if let Some(s) = self.seed {
+            vec![s]
+        } else if !self.seed_list.is_empty() {
+            self.seed_list.clone()
+        } else {
+            let first = self.first_seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0)
+            });
+            (first..first + self.seeds.unwrap_or(1)).collect()
+        }
+    }
+
+    fn lockstep_args(&self) -> qq_sim::lockstep_cli::Args {
+        qq_sim::lockstep_cli::Args {
+            seeds: self.seed_list(),
+            one: self.seed.is_some(),
+            messages: self.messages,
+            check_replay: self.check_replay,
+            out: self.out.clone(),
+        }
+    }
+}
+
 /// Runs every seed asked for; Ok(false) when one failed its checks.
 async fn seeds(args: Args) -> anyhow::Result<bool> {
     anyhow::ensure!((3..=5).contains(&args.nodes), "--nodes: 3 to 5");
     anyhow::ensure!(args.rate > 0.0, "--rate must be positive");
-    let list: Vec<u64> = if let Some(s) = args.seed {
-        vec![s]
-    } else if !args.seed_list.is_empty() {
-        args.seed_list.clone()
-    } else {
-        let first = args.first_seed.unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0)
-        });
-        (first..first + args.seeds.unwrap_or(1)).collect()
-    };
+    let list = args.seed_list();
     let setup_of = |seed: u64| Setup {
         seed,
         nodes: args.nodes,

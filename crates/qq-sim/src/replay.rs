@@ -50,9 +50,42 @@ fn client_addr(id: u64) -> SocketAddr {
     SocketAddr::from(([10, 77, 1, id as u8], 5000))
 }
 
+/// What a run did, read from its trace.
+#[derive(Debug)]
+pub struct Replayed {
+    pub trace: Vec<String>,
+    /// Faults struck.
+    pub faults: usize,
+    /// Distinct messages taken back, and takes of a message already taken.
+    pub taken: usize,
+    pub taken_again: usize,
+    /// Whether the client finished within the virtual deadline.
+    pub done: bool,
+}
+
+impl Replayed {
+    fn of(trace: Vec<String>) -> Replayed {
+        let count = |f: &dyn Fn(&str) -> bool| trace.iter().filter(|l| f(l)).count();
+        let taken_line = |l: &str| l.contains("get via node 2: b\"m");
+        Replayed {
+            faults: count(&|l| l.contains(" strike ")),
+            taken: count(&|l| taken_line(l) && !l.ends_with("(again)")),
+            taken_again: count(&|l| taken_line(l) && l.ends_with("(again)")),
+            done: count(&|l| l.starts_with("not done")) == 0,
+            trace,
+        }
+    }
+
+    /// Every message published came back, within the deadline.
+    pub fn ok(&self, messages: u32) -> bool {
+        self.done && self.taken == messages as usize
+    }
+}
+
 /// Runs seed `seed` with `messages` messages in `dir` (which must not hold a run already), on a
-/// thread of its own, and returns the trace.
-pub fn run(seed: u64, dir: &Path, messages: u32) -> anyhow::Result<Vec<String>> {
+/// thread of its own. Two runs of a seed give the same trace only as two processes that did the
+/// same before (module doc of [`crate::entropy`]): run each seed in a process of its own.
+pub fn run(seed: u64, dir: &Path, messages: u32) -> anyhow::Result<Replayed> {
     let dir = dir.to_path_buf();
     std::thread::Builder::new()
         .name("qq-sim-world".into())
@@ -69,7 +102,7 @@ pub fn run(seed: u64, dir: &Path, messages: u32) -> anyhow::Result<Vec<String>> 
                 .with_writer(Mutex::new(log))
                 .finish();
             let _logs = tracing::subscriber::set_default(subscriber);
-            run_on_this_thread(seed, &dir, messages)
+            run_on_this_thread(seed, &dir, messages).map(Replayed::of)
         })?
         .join()
         .map_err(|_| anyhow::anyhow!("the world's thread panicked"))?

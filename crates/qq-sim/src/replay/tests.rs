@@ -10,8 +10,8 @@ const MESSAGES: u32 = 600;
 fn child_run() {
     if let Ok(seed) = std::env::var(CHILD_SEED) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let trace = super::run(seed.parse().expect("seed"), dir.path(), MESSAGES).expect("run");
-        for line in trace {
+        let run = super::run(seed.parse().expect("seed"), dir.path(), MESSAGES).expect("run");
+        for line in run.trace {
             println!("trace: {line}");
         }
     }

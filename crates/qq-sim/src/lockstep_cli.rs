@@ -1,0 +1,151 @@
+//! `qq-sim --lockstep`: seeds of the lock-step replay ([`crate::replay`]), each in a process of
+//! its own, so that the command a seed prints replays it byte for byte.
+//!
+//! With one `--seed`, this process runs it: the trace goes to `<out>/lockstep-<seed>/trace.txt`
+//! and a line says what happened. With several, this process runs each as `qq-sim --lockstep
+//! --seed S` and reports seeds per second, faults per seed and the failed seeds, each with the
+//! command that replays it. `--check-replay` runs one seed twice that way and compares the
+//! two traces.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::Context;
+
+/// What `qq-sim --lockstep` was asked.
+pub struct Args {
+    pub seeds: Vec<u64>,
+    /// `--seed` (run it here) rather than a list (a process each).
+    pub one: bool,
+    pub messages: u32,
+    pub check_replay: bool,
+    pub out: PathBuf,
+}
+
+/// Ok(false) when a seed failed (or two runs differed).
+pub fn main(args: &Args) -> anyhow::Result<bool> {
+    match (args.one, args.check_replay) {
+        (true, false) => run_here(args.seeds[0], args),
+        (true, true) => check_replay(args.seeds[0], args),
+        (false, _) => run_each(args),
+    }
+}
+
+fn seed_dir(out: &Path, seed: u64) -> PathBuf {
+    out.join(format!("lockstep-{seed}"))
+}
+
+/// The command that runs `seed` again, trace and all.
+fn command(seed: u64, args: &Args) -> String {
+    format!(
+        "qq-sim --lockstep --seed {seed} --messages {} --out {}",
+        args.messages,
+        args.out.display()
+    )
+}
+
+/// Runs `seed` in this process; writes its trace and prints its line.
+fn run_here(seed: u64, args: &Args) -> anyhow::Result<bool> {
+    let dir = seed_dir(&args.out, seed);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("clear {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let started = Instant::now();
+    let run = crate::replay::run(seed, &dir, args.messages)?;
+    let trace = dir.join("trace.txt");
+    std::fs::write(&trace, run.trace.join("\n") + "\n")?;
+    let ok = run.ok(args.messages);
+    println!(
+        "seed {seed}: {} in {:.0} s: {} faults, {} of {} messages back ({} taken twice), \
+         trace {}",
+        if ok { "PASS" } else { "FAIL" },
+        started.elapsed().as_secs_f64(),
+        run.faults,
+        run.taken,
+        args.messages,
+        run.taken_again,
+        trace.display()
+    );
+    if !run.done {
+        println!("  FAILED: the client did not finish within the virtual deadline");
+    }
+    if !ok {
+        println!(
+            "  replay: {} (node logs in {})",
+            command(seed, args),
+            dir.display()
+        );
+    }
+    Ok(ok)
+}
+
+/// Runs `seed` as a child `qq-sim --lockstep --seed`; its exit and the line it printed.
+fn child(seed: u64, args: &Args, out: &Path) -> anyhow::Result<(bool, String)> {
+    let output = Command::new(std::env::current_exe()?)
+        .args(["--lockstep", "--seed", &seed.to_string()])
+        .args(["--messages", &args.messages.to_string()])
+        .arg("--out")
+        .arg(out)
+        .output()
+        .context("run qq-sim --lockstep --seed")?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if output.status.code() == Some(2) || output.status.code().is_none() {
+        anyhow::bail!(
+            "seed {seed}: {}\n{stdout}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok((output.status.success(), stdout))
+}
+
+/// Every seed in a process of its own; a summary line at the end.
+fn run_each(args: &Args) -> anyhow::Result<bool> {
+    let started = Instant::now();
+    let (mut failed, mut faults) = (Vec::new(), 0usize);
+    for seed in &args.seeds {
+        let (ok, stdout) = child(*seed, args, &args.out)?;
+        print!("{stdout}");
+        faults += stdout
+            .split(" faults,")
+            .next()
+            .and_then(|head| head.rsplit(' ').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0);
+        if !ok {
+            failed.push(*seed);
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let n = args.seeds.len();
+    println!(
+        "{n} seeds in {secs:.0} s ({:.3} seeds/s), {:.1} faults per seed; failed: {failed:?}",
+        n as f64 / secs,
+        faults as f64 / n.max(1) as f64,
+    );
+    Ok(failed.is_empty())
+}
+
+/// Runs `seed` twice, each in a process of its own, and compares the traces.
+fn check_replay(seed: u64, args: &Args) -> anyhow::Result<bool> {
+    let mut traces = Vec::new();
+    for run in ["first", "second"] {
+        let out = args.out.join(format!("replay-{run}"));
+        let (ok, stdout) = child(seed, args, &out)?;
+        print!("{run} run: {stdout}");
+        if !ok {
+            return Ok(false);
+        }
+        let trace = seed_dir(&out, seed).join("trace.txt");
+        traces.push(std::fs::read(&trace).with_context(|| format!("read {}", trace.display()))?);
+    }
+    let same = traces[0] == traces[1];
+    println!(
+        "seed {seed}: the two traces are {} ({} bytes)",
+        if same { "the same" } else { "DIFFERENT" },
+        traces[0].len()
+    );
+    Ok(same)
+}
