@@ -71,6 +71,9 @@ fn run_here(seed: u64, args: &Args) -> anyhow::Result<bool> {
     if !run.done {
         println!("  FAILED: the client did not finish within the virtual deadline");
     }
+    if !run.idle_ok {
+        println!("  FAILED: an idle queue did not serve at the end (see the trace)");
+    }
     if !ok {
         println!(
             "  replay: {} (node logs in {})",

@@ -61,6 +61,8 @@ pub struct Replayed {
     pub taken_again: usize,
     /// Whether the client finished within the virtual deadline.
     pub done: bool,
+    /// Whether every idle queue served again at the end.
+    pub idle_ok: bool,
 }
 
 impl Replayed {
@@ -72,13 +74,14 @@ impl Replayed {
             taken: count(&|l| taken_line(l) && !l.ends_with("(again)")),
             taken_again: count(&|l| taken_line(l) && l.ends_with("(again)")),
             done: count(&|l| l.starts_with("not done")) == 0,
+            idle_ok: count(&|l| l.contains("every idle queue serves after healing: ok")) == 1,
             trace,
         }
     }
 
     /// Every message published came back, within the deadline.
     pub fn ok(&self, messages: u32) -> bool {
-        self.done && self.taken == messages as usize
+        self.done && self.idle_ok && self.taken == messages as usize
     }
 }
 
@@ -143,10 +146,11 @@ fn run_on_this_thread(seed: u64, dir: &Path, messages: u32) -> anyhow::Result<Ve
         let (net, listens, leader) = (net.clone(), listens.clone(), leader.clone());
         async move { watch_leader(clients(&net, &listens), leader).await }
     });
+    let idle = plan.idle_queues;
     cluster.world.spawn(client, {
         let (trace, done) = (trace.clone(), done.clone());
         async move {
-            workload(clients(&net, &listens), trace, messages).await;
+            workload(clients(&net, &listens), trace, messages, idle).await;
             done.store(true, Ordering::Relaxed);
         }
     });
@@ -217,7 +221,7 @@ async fn watch_leader(clients: Vec<Client>, leader: Arc<AtomicU64>) {
 }
 
 /// The client's work (module doc); every step noted with the client's virtual time.
-async fn workload(clients: Vec<Client>, trace: Trace, messages: u32) {
+async fn workload(clients: Vec<Client>, trace: Trace, messages: u32, idle: usize) {
     let start = Instant::now();
     let note = |what: String| {
         let at = start.elapsed().as_millis();
@@ -234,6 +238,9 @@ async fn workload(clients: Vec<Client>, trace: Trace, messages: u32) {
         }
         retry().await;
     }
+    // Queues nobody touches until the end: their groups sleep (and may unload) under the faults.
+    let declared = qq_chaos::idle::declare(&clients, idle).await;
+    note(format!("declare {idle} idle queues: {declared:?}"));
     for i in 0..messages {
         tokio::time::sleep(PACE).await;
         // Through every node in turn; a refused publish is tried again through the next.
@@ -278,6 +285,13 @@ async fn workload(clients: Vec<Client>, trace: Trace, messages: u32) {
             }
         }
     }
+    let idle = qq_chaos::idle::check(&clients, idle).await;
+    note(format!(
+        "{}: {} {}",
+        idle.name,
+        if idle.ok { "ok" } else { "FAILED" },
+        idle.detail
+    ));
     for (i, c) in clients.iter().enumerate() {
         let seen = match c.get_queue(QUEUE).await {
             Ok(q) => Ok((q.leader, q.raft_term, q.commit_index, q.messages)),
