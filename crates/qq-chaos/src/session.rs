@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use qq_client::Client;
 use tokio::task::JoinSet;
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout};
 
 use crate::checker::Check;
 use crate::probes::{drain, wait_drained, wait_healthy};

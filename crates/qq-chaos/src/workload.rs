@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,7 +27,7 @@ use std::pin::Pin;
 use qq_client::{Client, Value, ValueExt};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout};
 
 pub mod amqp;
 pub mod grpc;

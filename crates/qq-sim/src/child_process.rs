@@ -16,9 +16,15 @@ const HUNG_AFTER: Duration = Duration::from_secs(600);
 /// The lines starting with `prefix` that the test `test` (its full path) printed when run alone
 /// in a child process with `env` set to `seed`; the child must succeed within [`HUNG_AFTER`].
 pub(crate) fn printed(test: &str, env: &str, seed: u64, prefix: &str) -> Vec<String> {
+    printed_with(test, &[(env, seed.to_string())], prefix)
+}
+
+/// [`printed`] with the child's environment given as pairs.
+pub(crate) fn printed_with(test: &str, envs: &[(&str, String)], prefix: &str) -> Vec<String> {
+    let seed = envs.first().map_or("", |(_, v)| v.as_str());
     let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
         .args(["--exact", test, "--nocapture"])
-        .env(env, seed.to_string())
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

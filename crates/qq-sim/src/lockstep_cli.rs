@@ -9,9 +9,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
+
+use crate::replay::Program;
 
 /// What `qq-sim --lockstep` was asked.
 pub struct Args {
@@ -19,6 +21,8 @@ pub struct Args {
     /// `--seed` (run it here) rather than a list (a process each).
     pub one: bool,
     pub messages: u32,
+    /// Run qq-chaos's workload for this many seconds instead of `messages`.
+    pub chaos: Option<u64>,
     pub check_replay: bool,
     pub out: PathBuf,
 }
@@ -36,11 +40,19 @@ fn seed_dir(out: &Path, seed: u64) -> PathBuf {
     out.join(format!("lockstep-{seed}"))
 }
 
+/// The workload flag of a command line: `--chaos S` or `--messages N`.
+fn workload_flag(args: &Args) -> [String; 2] {
+    match args.chaos {
+        Some(s) => ["--chaos".into(), s.to_string()],
+        None => ["--messages".into(), args.messages.to_string()],
+    }
+}
+
 /// The command that runs `seed` again, trace and all.
 fn command(seed: u64, args: &Args) -> String {
     format!(
-        "qq-sim --lockstep --seed {seed} --messages {} --out {}",
-        args.messages,
+        "qq-sim --lockstep --seed {seed} {} --out {}",
+        workload_flag(args).join(" "),
         args.out.display()
     )
 }
@@ -53,26 +65,33 @@ fn run_here(seed: u64, args: &Args) -> anyhow::Result<bool> {
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let started = Instant::now();
-    let run = crate::replay::run(seed, &dir, args.messages)?;
+    let program = match args.chaos {
+        Some(s) => Program::Chaos(Duration::from_secs(s)),
+        None => Program::Messages(args.messages),
+    };
+    let run = crate::replay::run(seed, &dir, program)?;
     let trace = dir.join("trace.txt");
     std::fs::write(&trace, run.trace.join("\n") + "\n")?;
-    let ok = run.ok(args.messages);
+    let ok = run.ok();
+    let what = match program {
+        Program::Messages(n) => format!(
+            "{} of {n} messages back ({} taken twice)",
+            run.taken, run.taken_again
+        ),
+        Program::Chaos(_) => "the chaos workload's checks".into(),
+    };
     println!(
-        "seed {seed}: {} in {:.0} s: {} faults, {} of {} messages back ({} taken twice), \
-         trace {}",
+        "seed {seed}: {} in {:.0} s: {} faults, {what}, trace {}",
         if ok { "PASS" } else { "FAIL" },
         started.elapsed().as_secs_f64(),
         run.faults,
-        run.taken,
-        args.messages,
-        run.taken_again,
         trace.display()
     );
     if !run.done {
         println!("  FAILED: the client did not finish within the virtual deadline");
     }
-    if !run.idle_ok {
-        println!("  FAILED: an idle queue did not serve at the end (see the trace)");
+    for line in &run.failed {
+        println!("  {}", line.trim_start());
     }
     if !ok {
         println!(
@@ -88,7 +107,7 @@ fn run_here(seed: u64, args: &Args) -> anyhow::Result<bool> {
 fn child(seed: u64, args: &Args, out: &Path) -> anyhow::Result<(bool, String)> {
     let output = Command::new(std::env::current_exe()?)
         .args(["--lockstep", "--seed", &seed.to_string()])
-        .args(["--messages", &args.messages.to_string()])
+        .args(workload_flag(args))
         .arg("--out")
         .arg(out)
         .output()

@@ -6,6 +6,7 @@
 //! qq-sim --seed-list 3,11,19         # the regression seeds (make test)
 //! qq-sim --lockstep --seeds 20       # on one schedule: each seed replays byte for byte
 //! qq-sim --lockstep --seed 21 --check-replay   # run it twice, compare the traces
+//! qq-sim --lockstep --seed 21 --chaos 30       # the chaos workload on one schedule
 //! ```
 
 use std::path::PathBuf;
@@ -57,6 +58,10 @@ struct Args {
     /// --lockstep: messages published (one every 50 ms: the run and its plan last that long).
     #[arg(long, default_value_t = 600, requires = "lockstep")]
     messages: u32,
+    /// --lockstep: run qq-chaos's workload (and the topology churn) for this many seconds
+    /// instead of --messages, with its checks.
+    #[arg(long, requires = "lockstep")]
+    chaos: Option<u64>,
     /// --lockstep --seed: run the seed twice, each in a process of its own, and compare the
     /// traces byte for byte.
     #[arg(long, requires_all = ["lockstep", "seed"])]
@@ -119,6 +124,7 @@ impl Args {
             seeds: self.seed_list(),
             one: self.seed.is_some(),
             messages: self.messages,
+            chaos: self.chaos,
             check_replay: self.check_replay,
             out: self.out.clone(),
         }

@@ -13,7 +13,8 @@
 //! ([`qq_raft::lockstep`]), and every node's clock starts at the same fixed epoch, so two runs of
 //! one seed (two processes) give the same trace: `replay::tests` checks it.
 //!
-//! Not in it yet: the chaos workload, topology churn, membership changes, a wiped disk, AMQP.
+//! The client runs a [`Program`]: 600 messages through one queue, or qq-chaos's workload with
+//! its checks. Not in it yet: membership changes, a wiped disk, AMQP.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -32,6 +33,7 @@ use crate::net::{Link, SimNet};
 use crate::schedule::{self, Fault, Target};
 use cluster::Cluster;
 
+mod chaos;
 mod cluster;
 
 /// Time between two publishes: the run (and its plan of faults) lasts this times the messages.
@@ -40,29 +42,63 @@ const PACE: Duration = Duration::from_millis(50);
 const CLIENT: u64 = 100;
 /// The queue the client uses.
 const QUEUE: &str = "replay.q";
-/// Give up after this much virtual time.
-const DEADLINE: Duration = Duration::from_secs(120);
+/// Give up this much virtual time after the run's length.
+const AFTER_THE_RUN: Duration = Duration::from_secs(240);
 
 type Trace = Arc<Mutex<Vec<String>>>;
+/// The last leader seen of each queue a fault may target.
+type Leaders = Arc<Vec<AtomicU64>>;
 
 /// The gRPC client address of node `id` on the simulated network (never a socket).
 fn client_addr(id: u64) -> SocketAddr {
     SocketAddr::from(([10, 77, 1, id as u8], 5000))
 }
 
-/// What a run did, read from its trace.
+/// What the client does while the faults strike.
+#[derive(Clone, Copy, Debug)]
+pub enum Program {
+    /// Publishes this many messages through `replay.q`, one every 50 ms, and takes them
+    /// all back (the run lasts that long).
+    Messages(u32),
+    /// qq-chaos's workload (publishers, consumers that ack, reject and requeue, dead lettering,
+    /// TTL, delivery limit) and qq-sim's topology churn for this long, then its checks.
+    Chaos(Duration),
+}
+
+impl Program {
+    fn run_length(self) -> Duration {
+        match self {
+            Program::Messages(n) => PACE * n,
+            Program::Chaos(length) => length,
+        }
+    }
+
+    /// The queues whose leaders a "leader of" fault may strike.
+    fn queues(self) -> Vec<String> {
+        match self {
+            Program::Messages(_) => vec![QUEUE.to_string()],
+            Program::Chaos(_) => qq_chaos::workload::QUEUES
+                .iter()
+                .map(|q| q.to_string())
+                .collect(),
+        }
+    }
+}
+
+/// What a run did, read from its trace: its faults, messages taken back, and every check
+/// (a line `check <name>: ok|FAILED <detail>`).
 #[derive(Debug)]
 pub struct Replayed {
     pub trace: Vec<String>,
     /// Faults struck.
     pub faults: usize,
-    /// Distinct messages taken back, and takes of a message already taken.
+    /// Distinct messages taken back ([`Program::Messages`]), and takes of one already taken.
     pub taken: usize,
     pub taken_again: usize,
     /// Whether the client finished within the virtual deadline.
     pub done: bool,
-    /// Whether every idle queue served again at the end.
-    pub idle_ok: bool,
+    /// The checks that failed, as their trace lines.
+    pub failed: Vec<String>,
 }
 
 impl Replayed {
@@ -74,21 +110,25 @@ impl Replayed {
             taken: count(&|l| taken_line(l) && !l.ends_with("(again)")),
             taken_again: count(&|l| taken_line(l) && l.ends_with("(again)")),
             done: count(&|l| l.starts_with("not done")) == 0,
-            idle_ok: count(&|l| l.contains("every idle queue serves after healing: ok")) == 1,
+            failed: trace
+                .iter()
+                .filter(|l| l.contains(" check ") && l.contains(": FAILED"))
+                .cloned()
+                .collect(),
             trace,
         }
     }
 
-    /// Every message published came back, within the deadline.
-    pub fn ok(&self, messages: u32) -> bool {
-        self.done && self.idle_ok && self.taken == messages as usize
+    /// The client finished and every check passed.
+    pub fn ok(&self) -> bool {
+        self.done && self.failed.is_empty()
     }
 }
 
 /// Runs seed `seed` with `messages` messages in `dir` (which must not hold a run already), on a
 /// thread of its own. Two runs of a seed give the same trace only as two processes that did the
 /// same before (module doc of [`crate::entropy`]): run each seed in a process of its own.
-pub fn run(seed: u64, dir: &Path, messages: u32) -> anyhow::Result<Replayed> {
+pub fn run(seed: u64, dir: &Path, program: Program) -> anyhow::Result<Replayed> {
     let dir = dir.to_path_buf();
     std::thread::Builder::new()
         .name("qq-sim-world".into())
@@ -105,17 +145,19 @@ pub fn run(seed: u64, dir: &Path, messages: u32) -> anyhow::Result<Replayed> {
                 .with_writer(Mutex::new(log))
                 .finish();
             let _logs = tracing::subscriber::set_default(subscriber);
-            run_on_this_thread(seed, &dir, messages).map(Replayed::of)
+            run_on_this_thread(seed, &dir, program).map(Replayed::of)
         })?
         .join()
         .map_err(|_| anyhow::anyhow!("the world's thread panicked"))?
 }
 
-fn run_on_this_thread(seed: u64, dir: &Path, messages: u32) -> anyhow::Result<Vec<String>> {
+fn run_on_this_thread(seed: u64, dir: &Path, program: Program) -> anyhow::Result<Vec<String>> {
     let ids = [1u64, 2, 3];
     let listens: Vec<SocketAddr> = ids.iter().map(|id| client_addr(*id)).collect();
-    let run_length = PACE * messages;
-    let plan = schedule::plan(seed, ids.len() as u64, run_length, 1);
+    let run_length = program.run_length();
+    let queues = program.queues();
+    let plan = schedule::plan(seed, ids.len() as u64, run_length, queues.len());
+    let deadline = run_length + AFTER_THE_RUN;
     let trace: Trace = Arc::default();
     trace
         .lock()
@@ -139,18 +181,24 @@ fn run_on_this_thread(seed: u64, dir: &Path, messages: u32) -> anyhow::Result<Ve
     let world = World::new(Duration::from_millis(1));
     let mut cluster = Cluster::start(world, net.clone(), hosts, weather)?;
     let done = Arc::new(AtomicBool::new(false));
-    let leader = Arc::new(AtomicU64::new(ids[0]));
+    let leaders: Leaders = Arc::new(queues.iter().map(|_| AtomicU64::new(ids[0])).collect());
     let client = cluster.world.add_host()?;
     // Clients are made on the client's host: a channel needs its runtime.
     cluster.world.spawn(client, {
-        let (net, listens, leader) = (net.clone(), listens.clone(), leader.clone());
-        async move { watch_leader(clients(&net, &listens), leader).await }
+        let (net, listens, leaders) = (net.clone(), listens.clone(), leaders.clone());
+        async move { watch_leaders(clients(&net, &listens), queues, leaders).await }
     });
-    let idle = plan.idle_queues;
+    let (idle, first_route) = (plan.idle_queues, plan.first_route);
     cluster.world.spawn(client, {
         let (trace, done) = (trace.clone(), done.clone());
         async move {
-            workload(clients(&net, &listens), trace, messages, idle).await;
+            let clients = clients(&net, &listens);
+            match program {
+                Program::Messages(n) => workload(clients, trace, n, idle).await,
+                Program::Chaos(length) => {
+                    chaos::client(clients, trace, idle, first_route, length).await
+                }
+            }
             done.store(true, Ordering::Relaxed);
         }
     });
@@ -159,14 +207,14 @@ fn run_on_this_thread(seed: u64, dir: &Path, messages: u32) -> anyhow::Result<Ve
         trace.lock().expect("trace").push(format!("{at:>6} {what}"));
     };
     let mut planned = plan.faults.iter().peekable();
-    while !done.load(Ordering::Relaxed) && cluster.world.elapsed() < DEADLINE {
+    while !done.load(Ordering::Relaxed) && cluster.world.elapsed() < deadline {
         cluster.world.run_for(Duration::from_millis(10));
         let now = cluster.world.elapsed();
         for healed in cluster.heal_due(now)? {
             note(healed, now);
         }
         while let Some(p) = planned.next_if(|p| Duration::from_millis(p.at_ms) <= now) {
-            let node = target_node(&p.fault, leader.load(Ordering::Relaxed));
+            let node = target_node(&p.fault, &leaders);
             let until = now + Duration::from_millis(p.length_ms);
             let what = cluster.strike(p.fault, node, until);
             note(format!("strike {:?} on node {node}: {what}", p.fault), now);
@@ -177,16 +225,16 @@ fn run_on_this_thread(seed: u64, dir: &Path, messages: u32) -> anyhow::Result<Ve
     }
     let mut trace = trace.lock().expect("trace").clone();
     if !done.load(Ordering::Relaxed) {
-        trace.push(format!("not done after {DEADLINE:?} of virtual time"));
+        trace.push(format!("not done after {deadline:?} of virtual time"));
     }
     Ok(trace)
 }
 
 /// The node a fault strikes: a "leader of" target is the queue's leader as last seen.
-fn target_node(fault: &Fault, leader: u64) -> u64 {
+fn target_node(fault: &Fault, leaders: &Leaders) -> u64 {
     match fault.target() {
         Some(Target::Node(id)) => id,
-        Some(Target::LeaderOf(_)) => leader,
+        Some(Target::LeaderOf(q)) => leaders[q % leaders.len()].load(Ordering::Relaxed),
         // A bridge names its two nodes itself (faults::link); 0, as the real-time run notes it.
         None => 0,
     }
@@ -205,19 +253,30 @@ fn clients(net: &SimNet, listens: &[SocketAddr]) -> Vec<Client> {
         .collect()
 }
 
-/// Keeps `leader` at the queue's leader, as the first node that answers says, every 500 ms.
-async fn watch_leader(clients: Vec<Client>, leader: Arc<AtomicU64>) {
+/// Keeps each of `leaders` at its queue's leader, as the first node that answers says, every
+/// 500 ms.
+async fn watch_leaders(clients: Vec<Client>, queues: Vec<String>, leaders: Leaders) {
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        for c in &clients {
-            if let Ok(q) = c.get_queue(QUEUE).await
-                && q.leader != 0
-            {
-                leader.store(q.leader, Ordering::Relaxed);
-                break;
+        for (queue, leader) in queues.iter().zip(leaders.iter()) {
+            for c in &clients {
+                if let Ok(q) = c.get_queue(queue).await
+                    && q.leader != 0
+                {
+                    leader.store(q.leader, Ordering::Relaxed);
+                    break;
+                }
             }
         }
     }
+}
+
+/// A check's line in the trace (what [`Replayed`] reads).
+fn check_line(name: &str, ok: bool, detail: &str) -> String {
+    format!(
+        "check {name}: {} {detail}",
+        if ok { "ok" } else { "FAILED" }
+    )
 }
 
 /// The client's work (module doc); every step noted with the client's virtual time.
@@ -285,13 +344,11 @@ async fn workload(clients: Vec<Client>, trace: Trace, messages: u32, idle: usize
             }
         }
     }
+    let back = taken.len() == messages as usize;
+    let detail = format!("{} of {messages}", taken.len());
+    note(check_line("every message back", back, &detail));
     let idle = qq_chaos::idle::check(&clients, idle).await;
-    note(format!(
-        "{}: {} {}",
-        idle.name,
-        if idle.ok { "ok" } else { "FAILED" },
-        idle.detail
-    ));
+    note(check_line(&idle.name, idle.ok, &idle.detail));
     for (i, c) in clients.iter().enumerate() {
         let seen = match c.get_queue(QUEUE).await {
             Ok(q) => Ok((q.leader, q.raft_term, q.commit_index, q.messages)),

@@ -1,16 +1,22 @@
-use crate::child_process::printed;
+use crate::child_process::{printed, printed_with};
 
-/// Set for the child processes of [`two_runs_of_a_seed_give_the_same_trace`].
+/// Set for the child processes of the tests below: the seed, and (for the chaos workload) its
+/// length in seconds.
 const CHILD_SEED: &str = "QQ_SIM_REPLAY_CHILD_SEED";
-/// Messages each run publishes and takes back.
+const CHILD_CHAOS: &str = "QQ_SIM_REPLAY_CHILD_CHAOS";
+/// Messages each run of [`super::Program::Messages`] publishes and takes back.
 const MESSAGES: u32 = 600;
 
 /// In a child process only: runs the cluster for [`CHILD_SEED`] and prints its trace.
 #[test]
 fn child_run() {
     if let Ok(seed) = std::env::var(CHILD_SEED) {
+        let program = match std::env::var(CHILD_CHAOS) {
+            Ok(s) => super::Program::Chaos(std::time::Duration::from_secs(s.parse().expect("s"))),
+            Err(_) => super::Program::Messages(MESSAGES),
+        };
         let dir = tempfile::tempdir().expect("tempdir");
-        let run = super::run(seed.parse().expect("seed"), dir.path(), MESSAGES).expect("run");
+        let run = super::run(seed.parse().expect("seed"), dir.path(), program).expect("run");
         for line in run.trace {
             println!("trace: {line}");
         }
@@ -19,6 +25,14 @@ fn child_run() {
 
 fn child_trace(seed: u64) -> Vec<String> {
     printed("replay::tests::child_run", CHILD_SEED, seed, "trace: ")
+}
+
+/// Every check line passed, and there were some.
+fn checks_pass(trace: &[String]) {
+    let checks: Vec<_> = trace.iter().filter(|l| l.contains(" check ")).collect();
+    assert!(!checks.is_empty(), "no check ran: {trace:#?}");
+    let failed: Vec<_> = checks.iter().filter(|l| l.contains(": FAILED")).collect();
+    assert!(failed.is_empty(), "{failed:#?}");
 }
 
 #[test]
@@ -30,6 +44,7 @@ fn two_runs_of_a_seed_give_the_same_trace() {
         first.iter().any(|l| l.contains("strike Crash")),
         "{first:#?}"
     );
+    checks_pass(&first);
     let taken = first
         .iter()
         .filter(|l| l.contains("get via node 2: b\"m") && !l.ends_with("(again)"))
@@ -39,4 +54,26 @@ fn two_runs_of_a_seed_give_the_same_trace() {
     assert_eq!(first, second);
     // The seed is an input: its plan of faults and openraft's random timeouts.
     assert_ne!(first, child_trace(22));
+}
+
+/// The chaos workload (publishers, consumers that ack, reject and requeue, dead lettering,
+/// topology churn, idle queues) under seed 21's faults: every check of the real-time runs that
+/// applies passes, and a second process gives the same trace, counts and replica digests
+/// included.
+#[test]
+fn the_chaos_workload_replays_byte_for_byte() {
+    let chaos = || {
+        let envs = [
+            (CHILD_SEED, "21".to_string()),
+            (CHILD_CHAOS, "30".to_string()),
+        ];
+        printed_with("replay::tests::child_run", &envs, "trace: ")
+    };
+    let first = chaos();
+    checks_pass(&first);
+    assert!(
+        first.iter().any(|l| l.contains("check replicas agree: ok")),
+        "{first:#?}"
+    );
+    assert_eq!(first, chaos());
 }
