@@ -2,7 +2,8 @@
 //! its own, so that the command a seed prints replays it byte for byte.
 //!
 //! With one `--seed`, this process runs it: the trace goes to `<out>/lockstep-<seed>/trace.txt`
-//! and a line says what happened. With several, this process runs each as `qq-sim --lockstep
+//! and a line says what happened; a passing seed's node directories are deleted, a failing
+//! seed's kept beside its trace. With several, this process runs each as `qq-sim --lockstep
 //! --seed S` and reports seeds per second, faults per seed and the failed seeds, each with the
 //! command that replays it. `--check-replay` runs one seed twice that way and compares the
 //! two traces.
@@ -92,6 +93,21 @@ fn run_here(seed: u64, args: &Args) -> anyhow::Result<bool> {
     }
     for line in &run.failed {
         println!("  {}", line.trim_start());
+    }
+    if ok {
+        // The nodes' directories (about 200 MB a seed) go; the trace stays. A failing seed
+        // keeps everything.
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path != trace {
+                let removed = if path.is_dir() {
+                    std::fs::remove_dir_all(&path)
+                } else {
+                    std::fs::remove_file(&path)
+                };
+                removed.with_context(|| format!("remove {}", path.display()))?;
+            }
+        }
     }
     if !ok {
         println!(
