@@ -7,7 +7,7 @@
 
 use std::io::Read;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long a child may run before it is taken for hung and killed: a spin inside one step of
 /// a lock-step world holds virtual time still, so its own deadline never comes.
@@ -38,16 +38,20 @@ pub(crate) fn printed_with(test: &str, envs: &[(&str, String)], prefix: &str) ->
     };
     let stdout = read(Box::new(child.stdout.take().expect("stdout")));
     let stderr = read(Box::new(child.stderr.take().expect("stderr")));
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for the child") {
-            break status;
-        }
-        if started.elapsed() > HUNG_AFTER {
-            let _ = child.kill();
+    // A waiting thread owns the child and reports its exit; past the bound, it is killed by
+    // its pid (which stays the child's until that thread reaps it).
+    let pid = child.id() as libc::pid_t;
+    let (exited, exit) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = exited.send(child.wait());
+    });
+    let status = match exit.recv_timeout(HUNG_AFTER) {
+        Ok(status) => status.expect("wait for the child"),
+        Err(_) => {
+            // SAFETY: a plain kill(2) of the child this test spawned and has not reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
             panic!("{test} (seed {seed}) still running after {HUNG_AFTER:?}: hung");
         }
-        std::thread::sleep(Duration::from_millis(50));
     };
     let stdout = stdout.join().expect("stdout reader").expect("stdout");
     let stderr = stderr.join().expect("stderr reader").expect("stderr");
