@@ -345,3 +345,51 @@ async fn bodies_come_back_after_the_whole_cluster_crashes() -> anyhow::Result<()
     cluster.stop();
     Ok(())
 }
+
+/// Story: queues declared while one node is down serve at once, including those whose first
+/// member (the node that initialises a new group) is the dead node.
+///
+/// New queues are placed on every node in turn as their first member, down or not. That member
+/// initialises the group; when it is down, the other members initialise it themselves after a
+/// few seconds (`Node::initialise_unless_heard`). Before that, such a queue had no leader until
+/// its first member came back: its declare timed out, and a node retired meanwhile could not
+/// be forgotten from it (found by the simulator, seed 2009).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_declared_while_a_node_is_down_all_serve() -> anyhow::Result<()> {
+    const DOWN: u64 = 1;
+    let mut cluster = TestCluster::start(3).await?;
+    info!("--- kill -9 node {DOWN}, then declare three queues through node 2");
+    cluster.kill9(DOWN);
+    let client = cluster.client(2).await?;
+    let names: Vec<String> = (0..3).map(|i| format!("down.q{i}")).collect();
+    for name in &names {
+        eventually(&format!("declare {name}"), Duration::from_secs(60), || {
+            let (client, name) = (client.clone(), name.clone());
+            async move {
+                client.declare_queue(&name, Default::default()).await?;
+                Ok(Some(()))
+            }
+        })
+        .await?;
+        let c = client
+            .publish("", name, qq_client::message(name.clone()))
+            .await?;
+        ensure!(c.is_confirmed(), "publish to {name}: {c:?}");
+    }
+    let first_members: Vec<(String, u64)> = client
+        .list_queues()
+        .await?
+        .into_iter()
+        .filter(|q| names.contains(&q.name))
+        .map(|q| (q.name, q.members.first().copied().unwrap_or(0)))
+        .collect();
+    ensure!(
+        first_members.iter().any(|(_, first)| *first == DOWN),
+        "no queue was placed on node {DOWN} first, so the case was not tried: {first_members:?}"
+    );
+    for name in &names {
+        super::drain_set(&client, name, &[name.as_str()]).await?;
+    }
+    cluster.stop();
+    Ok(())
+}

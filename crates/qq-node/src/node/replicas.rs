@@ -4,11 +4,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use openraft::BasicNode;
+use qq_core::NodeId;
 use qq_core::meta::QueueMeta;
 use qq_raft::GroupId;
 use qq_raft::log_store::LogStore;
+use qq_raft::network::Peers;
 use tracing::{info, info_span, warn};
 
 use super::Node;
@@ -55,18 +58,7 @@ impl Node {
         let raft = group.raft.clone();
         self.registry.insert(group);
         if qm.members.first() == Some(&self.id) {
-            let members: BTreeMap<u64, BasicNode> = qm
-                .members
-                .iter()
-                .map(|id| {
-                    (
-                        *id,
-                        BasicNode {
-                            addr: self.peers.address(*id).unwrap_or_default(),
-                        },
-                    )
-                })
-                .collect();
+            let members = voters(&self.peers, &qm.members);
             if let Err(e) = initialize_unless_joined(&raft, members, &span).await {
                 // Taken out again, so that the next reconcile starts it afresh.
                 if let Some(Replica::Loaded(g)) = self.registry.remove(qm.id).await {
@@ -77,6 +69,37 @@ impl Node {
             }
         }
         Ok(())
+    }
+
+    /// A new queue's group is initialised by its first member. Should that member never do it
+    /// (it was stopped for good, or is down, as the queue was declared), the group would have
+    /// no leader until it came back, and a node retired meanwhile could not even be forgotten
+    /// from it. So every other member of the group as it was created initialises it too, with
+    /// the same members, when its replica has heard nothing for [`INIT_FALLBACK`]: openraft
+    /// allows any number of nodes to initialise with one identical membership (the entry at
+    /// index 0 is the same everywhere; the vote elects one leader), and refuses, harmlessly,
+    /// on a replica that has begun. Found by the simulator (seed 2009: a queue declared while
+    /// the spare node it was placed on first was being retired).
+    pub(super) fn initialise_unless_heard(&self, created: QueueMeta) {
+        if created.members.first() == Some(&self.id) || !created.members.contains(&self.id) {
+            return;
+        }
+        let (registry, peers, clock) = (self.registry.clone(), self.peers.clone(), self.clock);
+        let stopping = self.shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stopping.cancelled() => return,
+                _ = tokio::time::sleep_until(clock.now() + INIT_FALLBACK) => {}
+            }
+            let Some(Replica::Loaded(g)) = registry.replica(created.id) else {
+                return;
+            };
+            let span = info_span!("queue", queue = %created.name, group = created.id);
+            let members = voters(&peers, &created.members);
+            if let Err(e) = initialize_unless_joined(&g.raft, members, &span).await {
+                span.in_scope(|| warn!("initialise in place of the first member: {e:#}"));
+            }
+        });
     }
 
     pub(super) async fn stop_queue_group(&self, group: GroupId) {
@@ -92,4 +115,19 @@ impl Node {
             }
         }
     }
+}
+
+/// How long a member other than the first waits to hear from a new group before it
+/// initialises the group itself ([`Node::initialise_unless_heard`]).
+const INIT_FALLBACK: Duration = Duration::from_secs(5);
+
+/// `members` as openraft's voters, each with its client address.
+fn voters(peers: &Peers, members: &[NodeId]) -> BTreeMap<u64, BasicNode> {
+    members
+        .iter()
+        .map(|id| {
+            let addr = peers.address(*id).unwrap_or_default();
+            (*id, BasicNode { addr })
+        })
+        .collect()
 }

@@ -56,12 +56,16 @@ impl Node {
     async fn on_effect(&self, effect: MetaEffect) -> bool {
         let current = self.view.current();
         match effect {
-            MetaEffect::QueueCreated(qm) => {
-                let Some(qm) = current.queue_by_id(qm.id).cloned() else {
+            MetaEffect::QueueCreated(created) => {
+                let Some(qm) = current.queue_by_id(created.id).cloned() else {
                     return true;
                 };
                 if qm.members.contains(&self.id) && !self.registry.hosts(qm.id) {
-                    return self.start_queue_group(qm).await;
+                    let started = self.start_queue_group(qm).await;
+                    if started {
+                        self.initialise_unless_heard(created);
+                    }
+                    return started;
                 }
             }
             MetaEffect::QueueDeleted(qm) => {
