@@ -443,6 +443,7 @@ async fn chaos(
                 let at = membership::SpareAt {
                     address: hosts::address(hosts::SPARE_HOST),
                     cluster_address: hosts::cluster_address(hosts::SPARE_HOST),
+                    client: None,
                 };
                 strike = Some(membership::Strike::begin(
                     clients.clone(),

@@ -44,6 +44,9 @@ use crate::workload::{self, Recorder};
 pub struct SpareAt {
     pub address: String,
     pub cluster_address: String,
+    /// A client of its client port, where the runner's network needs one made its way (the
+    /// lock-step replay's simulated network); None: a TCP client of `address`.
+    pub client: Option<Client>,
 }
 
 /// The runner's side of the spare: stopping it.
@@ -289,6 +292,7 @@ async fn join_and_grow(
     let SpareAt {
         address,
         cluster_address,
+        client,
     } = at;
 
     let mut join = Step::new(id, "join", rec.now_ms(), &rec);
@@ -339,7 +343,11 @@ async fn join_and_grow(
         return steps;
     }
 
-    let caught = caught_up(&founders, &rec, id, &address).await;
+    let spare = match client {
+        Some(c) => Ok(c),
+        None => Client::connect_lazy(&address),
+    };
+    let caught = caught_up(&founders, &rec, id, spare).await;
     caught.print();
     steps.push(caught);
     steps
@@ -347,7 +355,12 @@ async fn join_and_grow(
 
 /// Step 4: the spare's replicas reach the applied index each queue's leader reported once
 /// grow had answered.
-async fn caught_up(founders: &[Client], rec: &Recorder, id: u64, address: &str) -> Step {
+async fn caught_up(
+    founders: &[Client],
+    rec: &Recorder,
+    id: u64,
+    spare: qq_client::Result<Client>,
+) -> Step {
     let mut step = Step::new(id, "caught-up", rec.now_ms(), rec);
     let mut target = Vec::new();
     for q in workload::QUEUES {
@@ -365,7 +378,7 @@ async fn caught_up(founders: &[Client], rec: &Recorder, id: u64, address: &str) 
         };
         target.push((q, applied));
     }
-    let spare = match Client::connect_lazy(address) {
+    let spare = match spare {
         Ok(c) => c,
         Err(e) => {
             step.detail = format!("client for the spare: {e}");

@@ -21,11 +21,24 @@
 //! ends is not the schedule's. The nodes' seams for that are `qq_raft::lockstep` and the
 //! simulated network ([`crate::replay`] uses both).
 
+use std::cell::Cell;
 use std::future::Future;
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
+
+thread_local! {
+    /// The host [`World::step`] is running on this thread, if any, and the world's time.
+    static STEPPING: Cell<Option<(usize, Duration)>> = const { Cell::new(None) };
+}
+
+/// The host whose turn it is on this thread ([`World::step`]) and the world's time (the end of
+/// the tick), for whatever wants to know who is speaking and when (the replay's log lines).
+/// None between turns.
+pub fn current_host() -> Option<(usize, Duration)> {
+    STEPPING.with(Cell::get)
+}
 
 /// The runtimes of the hosts, stepped in turn (module doc).
 pub struct World {
@@ -115,7 +128,9 @@ impl World {
                 continue;
             }
             let behind = self.elapsed - self.reached[host];
+            STEPPING.with(|s| s.set(Some((host, self.elapsed))));
             runtime.block_on(async move { tokio::time::sleep(behind).await });
+            STEPPING.with(|s| s.set(None));
             self.reached[host] = self.elapsed;
         }
     }

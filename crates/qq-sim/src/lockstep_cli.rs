@@ -26,6 +26,10 @@ pub struct Args {
     pub chaos: Option<u64>,
     pub check_replay: bool,
     pub out: PathBuf,
+    /// Nodes in the cluster (3 to 5).
+    pub nodes: u64,
+    /// Keep a passing seed's node directories and log too.
+    pub keep: bool,
 }
 
 /// Ok(false) when a seed failed (or two runs differed).
@@ -41,12 +45,16 @@ fn seed_dir(out: &Path, seed: u64) -> PathBuf {
     out.join(format!("lockstep-{seed}"))
 }
 
-/// The workload flag of a command line: `--chaos S` or `--messages N`.
-fn workload_flag(args: &Args) -> [String; 2] {
-    match args.chaos {
-        Some(s) => ["--chaos".into(), s.to_string()],
-        None => ["--messages".into(), args.messages.to_string()],
-    }
+/// The workload and shape flags of a command line: `--chaos S` or `--messages N`, and
+/// `--nodes N`.
+fn workload_flag(args: &Args) -> Vec<String> {
+    let workload = match args.chaos {
+        Some(s) => ["--chaos".to_string(), s.to_string()],
+        None => ["--messages".to_string(), args.messages.to_string()],
+    };
+    let nodes = ["--nodes".to_string(), args.nodes.to_string()];
+    let keep = args.keep.then(|| "--keep".to_string());
+    workload.into_iter().chain(nodes).chain(keep).collect()
 }
 
 /// The command that runs `seed` again, trace and all.
@@ -70,7 +78,11 @@ fn run_here(seed: u64, args: &Args) -> anyhow::Result<bool> {
         Some(s) => Program::Chaos(Duration::from_secs(s)),
         None => Program::Messages(args.messages),
     };
-    let run = crate::replay::run(seed, &dir, program)?;
+    let shape = crate::replay::Shape {
+        program,
+        nodes: args.nodes,
+    };
+    let run = crate::replay::run(seed, &dir, shape)?;
     let trace = dir.join("trace.txt");
     std::fs::write(&trace, run.trace.join("\n") + "\n")?;
     let ok = run.ok();
@@ -94,7 +106,7 @@ fn run_here(seed: u64, args: &Args) -> anyhow::Result<bool> {
     for line in &run.failed {
         println!("  {}", line.trim_start());
     }
-    if ok {
+    if ok && !args.keep {
         // The nodes' directories (about 200 MB a seed) go; the trace stays. A failing seed
         // keeps everything.
         for entry in std::fs::read_dir(&dir)? {

@@ -66,6 +66,10 @@ struct Args {
     /// traces byte for byte.
     #[arg(long, requires_all = ["lockstep", "seed"])]
     check_replay: bool,
+    /// --lockstep: keep a passing seed's node directories and log (a failing seed's are kept
+    /// anyway).
+    #[arg(long, requires = "lockstep")]
+    keep: bool,
 }
 
 fn main() {
@@ -127,6 +131,8 @@ impl Args {
             chaos: self.chaos,
             check_replay: self.check_replay,
             out: self.out.clone(),
+            nodes: self.nodes,
+            keep: self.keep,
         }
     }
 }

@@ -62,6 +62,7 @@ impl Operator {
                 let spare_at = SpareAt {
                     address: spare.listen.to_string(),
                     cluster_address: cluster_addr(spare.id).to_string(),
+                    client: None,
                 };
                 let strike = Strike::begin(
                     founders.clone(),
@@ -113,16 +114,21 @@ impl Operator {
                 State::Done(steps) => break steps,
             }
         };
-        let failed: Vec<String> = steps
-            .iter()
-            .filter(|s| !s.ok)
-            .map(|s| format!("{} node {}: {}", s.step, s.node, s.detail))
-            .collect();
-        let done: Vec<&str> = steps.iter().map(|s| s.step).collect();
-        Check::all_clear(
-            "membership change carried out",
-            failed,
-            format!("steps: {}", done.join(", ")),
-        )
+        steps_check(&steps)
     }
+}
+
+/// The check on a membership change's steps: every one succeeded.
+pub(crate) fn steps_check(steps: &[Step]) -> Check {
+    let failed: Vec<String> = steps
+        .iter()
+        .filter(|s| !s.ok)
+        .map(|s| format!("{} node {}: {}", s.step, s.node, s.detail))
+        .collect();
+    let done: Vec<&str> = steps.iter().map(|s| s.step).collect();
+    Check::all_clear(
+        "membership change carried out",
+        failed,
+        format!("steps: {}", done.join(", ")),
+    )
 }

@@ -14,7 +14,9 @@
 //! one seed (two processes) give the same trace: `replay::tests` checks it.
 //!
 //! The client runs a [`Program`]: 600 messages through one queue, or qq-chaos's workload with
-//! its checks. Not in it yet: membership changes, a wiped disk, AMQP.
+//! its checks, the plan's membership change (a spare node joins, is grown onto every queue,
+//! shrunk, stopped and forgotten) and its wiped disk (`replay/operator.rs`). Three to five
+//! nodes ([`Shape`]), each with its plan's clock skew. Not in it yet: AMQP.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -35,6 +37,8 @@ use cluster::Cluster;
 
 mod chaos;
 mod cluster;
+mod log;
+mod operator;
 
 /// Time between two publishes: the run (and its plan of faults) lasts this times the messages.
 const PACE: Duration = Duration::from_millis(50);
@@ -85,6 +89,13 @@ impl Program {
     }
 }
 
+/// A run's shape: what the client does, on how many nodes (3 to 5).
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub program: Program,
+    pub nodes: u64,
+}
+
 /// What a run did, read from its trace: its faults, messages taken back, and every check
 /// (a line `check <name>: ok|FAILED <detail>`).
 #[derive(Debug)]
@@ -128,7 +139,8 @@ impl Replayed {
 /// Runs seed `seed` with `messages` messages in `dir` (which must not hold a run already), on a
 /// thread of its own. Two runs of a seed give the same trace only as two processes that did the
 /// same before (module doc of [`crate::entropy`]): run each seed in a process of its own.
-pub fn run(seed: u64, dir: &Path, program: Program) -> anyhow::Result<Replayed> {
+pub fn run(seed: u64, dir: &Path, shape: Shape) -> anyhow::Result<Replayed> {
+    anyhow::ensure!((3..=5).contains(&shape.nodes), "nodes: 3 to 5");
     let dir = dir.to_path_buf();
     std::thread::Builder::new()
         .name("qq-sim-world".into())
@@ -142,36 +154,56 @@ pub fn run(seed: u64, dir: &Path, program: Program) -> anyhow::Result<Replayed> 
                         .unwrap_or_else(|_| "info,openraft=error".into()),
                 )
                 .with_ansi(false)
-                .with_writer(Mutex::new(log))
+                .without_time()
+                .with_writer(log::HostLog::new(log))
                 .finish();
             let _logs = tracing::subscriber::set_default(subscriber);
-            run_on_this_thread(seed, &dir, program).map(Replayed::of)
+            run_on_this_thread(seed, &dir, shape).map(Replayed::of)
         })?
         .join()
         .map_err(|_| anyhow::anyhow!("the world's thread panicked"))?
 }
 
-fn run_on_this_thread(seed: u64, dir: &Path, program: Program) -> anyhow::Result<Vec<String>> {
-    let ids = [1u64, 2, 3];
+fn run_on_this_thread(seed: u64, dir: &Path, shape: Shape) -> anyhow::Result<Vec<String>> {
+    let program = shape.program;
+    let ids: Vec<u64> = (1..=shape.nodes).collect();
     let listens: Vec<SocketAddr> = ids.iter().map(|id| client_addr(*id)).collect();
     let run_length = program.run_length();
     let queues = program.queues();
-    let plan = schedule::plan(seed, ids.len() as u64, run_length, queues.len());
+    let plan = schedule::plan(seed, shape.nodes, run_length, queues.len());
     let deadline = run_length + AFTER_THE_RUN;
     let trace: Trace = Arc::default();
     trace
         .lock()
         .expect("trace")
-        .push(format!("plan {}", serde_json::to_string(&plan.faults)?));
+        .push(format!("plan {}", serde_json::to_string(&plan)?));
+    let setup = |skew_ms| NodeSetup {
+        skew_ms,
+        snapshot_after_entries: plan.snapshot_after_entries,
+        amqp: SocketAddr::from(([127, 0, 0, 1], 0)),
+    };
     let mut hosts = Vec::new();
-    for id in ids {
-        let setup = NodeSetup {
-            skew_ms: 0,
-            snapshot_after_entries: plan.snapshot_after_entries,
-            amqp: SocketAddr::from(([127, 0, 0, 1], 0)),
-        };
-        hosts.push(Host::create(dir, id, &ids, &listens, setup)?);
+    for (i, id) in ids.iter().enumerate() {
+        hosts.push(Host::create(
+            dir,
+            *id,
+            &ids,
+            &listens,
+            setup(plan.skew_ms[i]),
+        )?);
     }
+    let chaos = matches!(program, Program::Chaos(_));
+    // The spare of the membership change (the chaos workload's only), configured with every
+    // founder and itself.
+    let spare_id = shape.nodes + 1;
+    let mut spare = match plan.membership {
+        Some(_) if chaos => {
+            let all: Vec<u64> = (1..=spare_id).collect();
+            let at: Vec<SocketAddr> = all.iter().map(|id| client_addr(*id)).collect();
+            Some(Host::create(dir, spare_id, &all, &at, setup(0))?)
+        }
+        _ => None,
+    };
     let net = SimNet::new(seed);
     let weather = Link {
         delay_ms: plan.weather.delay_ms,
@@ -188,6 +220,15 @@ fn run_on_this_thread(seed: u64, dir: &Path, program: Program) -> anyhow::Result
         let (net, listens, leaders) = (net.clone(), listens.clone(), leaders.clone());
         async move { watch_leaders(clients(&net, &listens), queues, leaders).await }
     });
+    let requests = operator::Requests::default();
+    let operator = operator::Operator {
+        requests: requests.clone(),
+        membership: plan.membership.filter(|_| chaos),
+        spare: spare_id,
+        net: net.clone(),
+        wipe: plan.wipe.filter(|_| chaos),
+        log: dir.join("nodes.log"),
+    };
     let (idle, first_route) = (plan.idle_queues, plan.first_route);
     cluster.world.spawn(client, {
         let (trace, done) = (trace.clone(), done.clone());
@@ -196,7 +237,13 @@ fn run_on_this_thread(seed: u64, dir: &Path, program: Program) -> anyhow::Result
             match program {
                 Program::Messages(n) => workload(clients, trace, n, idle).await,
                 Program::Chaos(length) => {
-                    chaos::client(clients, trace, idle, first_route, length).await
+                    let run = chaos::Run {
+                        idle,
+                        first_route,
+                        length,
+                        operator,
+                    };
+                    chaos::client(clients, trace, run).await
                 }
             }
             done.store(true, Ordering::Relaxed);
@@ -219,15 +266,40 @@ fn run_on_this_thread(seed: u64, dir: &Path, program: Program) -> anyhow::Result
             let what = cluster.strike(p.fault, node, until);
             note(format!("strike {:?} on node {node}: {what}", p.fault), now);
         }
+        for request in requests.take() {
+            note(serve(&mut cluster, &mut spare, request), now);
+        }
     }
     for healed in cluster.heal_all()? {
         note(healed, cluster.world.elapsed());
     }
+    cluster.end_spare();
     let mut trace = trace.lock().expect("trace").clone();
     if !done.load(Ordering::Relaxed) {
         trace.push(format!("not done after {deadline:?} of virtual time"));
     }
     Ok(trace)
+}
+
+/// Does what the client asked of the cluster; returns it, for the trace.
+fn serve(cluster: &mut Cluster, spare: &mut Option<Host>, request: operator::Request) -> String {
+    match request {
+        operator::Request::StartSpare(reply) => {
+            let started = match spare.take() {
+                Some(host) => cluster.start_spare(host),
+                None => Err(anyhow::anyhow!("no spare to start")),
+            };
+            let what = format!("start the spare: {:?}", started.as_ref().map(|_| ()));
+            let _ = reply.send(started);
+            what
+        }
+        operator::Request::Wipe(node, reply) => {
+            let wiped = cluster.wipe(node);
+            let what = format!("wipe node {node}: {:?}", wiped.as_ref().map(|_| ()));
+            let _ = reply.send(wiped);
+            what
+        }
+    }
 }
 
 /// The node a fault strikes: a "leader of" target is the queue's leader as last seen.
@@ -242,15 +314,15 @@ fn target_node(fault: &Fault, leaders: &Leaders) -> u64 {
 
 /// A client of every node, over the simulated network.
 fn clients(net: &SimNet, listens: &[SocketAddr]) -> Vec<Client> {
-    listens
-        .iter()
-        .map(|a| {
-            Client::connect_lazy_via(&a.to_string(), None, |endpoint| {
-                net.transport(CLIENT).channel(endpoint)
-            })
-            .expect("a valid address")
-        })
-        .collect()
+    listens.iter().map(|a| client_of(net, *a)).collect()
+}
+
+/// A client of the node listening at `address`, over the simulated network.
+fn client_of(net: &SimNet, address: SocketAddr) -> Client {
+    Client::connect_lazy_via(&address.to_string(), None, |endpoint| {
+        net.transport(CLIENT).channel(endpoint)
+    })
+    .expect("a valid address")
 }
 
 /// Keeps each of `leaders` at its queue's leader, as the first node that answers says, every

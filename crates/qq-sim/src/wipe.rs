@@ -14,7 +14,7 @@ use tokio::time::sleep;
 use crate::faults::Cluster;
 
 /// How long the re-seed may take (the node's replicas catch up under the drain).
-const RESEED_LIMIT: Duration = Duration::from_secs(90);
+pub(crate) const RESEED_LIMIT: Duration = Duration::from_secs(90);
 
 /// What the node logs on the way ([`qq_node`]'s `node::incarnation`).
 const HELD: &str = "votes held until the cluster accepts it";
@@ -23,7 +23,7 @@ const ACCEPTED: &str = "data directory accepted: this node votes";
 
 /// Wipes node `node` and waits for its re-seed; the check says how it went.
 pub async fn wipe_and_reseed(cluster: &mut Cluster, node: u64, clients: &[Client]) -> Check {
-    let name = format!("wipe: node {node} lost its disk and was re-seeded as a new member");
+    let name = check_name(node);
     let agreed = replica_agreement(clients, Duration::from_secs(30)).await;
     if !agreed.ok {
         return Check::new(
@@ -46,31 +46,41 @@ pub async fn wipe_and_reseed(cluster: &mut Cluster, node: u64, clients: &[Client
     }
     let began = Instant::now();
     while began.elapsed() < RESEED_LIMIT {
-        if host.log_contains_after(from, ACCEPTED) {
-            let ok =
-                host.log_contains_after(from, HELD) && host.log_contains_after(from, RESEEDING);
-            let how = if ok {
-                "held its votes, re-seeded"
-            } else {
-                "voted again WITHOUT a re-seed"
-            };
-            return Check::new(
-                &name,
-                ok,
-                format!(
-                    "{how}, votes again after {:.1} s",
-                    began.elapsed().as_secs_f64()
-                ),
-            );
+        if let Some(check) = reseeded(node, |t| host.log_contains_after(from, t), began.elapsed()) {
+            return check;
         }
         sleep(Duration::from_millis(200)).await;
     }
     Check::new(
-        &name,
+        &check_name(node),
         false,
         format!(
             "not re-seeded within {RESEED_LIMIT:?}; its log ends:\n{}",
             host.log_tail(20)
         ),
     )
+}
+
+/// The name of the check on node `node`'s wipe.
+pub(crate) fn check_name(node: u64) -> String {
+    format!("wipe: node {node} lost its disk and was re-seeded as a new member")
+}
+
+/// The check once node `node` votes again, `took` after it restarted empty, from whether its
+/// log since then holds each milestone; None while it does not vote yet.
+pub(crate) fn reseeded(node: u64, logged: impl Fn(&str) -> bool, took: Duration) -> Option<Check> {
+    if !logged(ACCEPTED) {
+        return None;
+    }
+    let ok = logged(HELD) && logged(RESEEDING);
+    let how = if ok {
+        "held its votes, re-seeded"
+    } else {
+        "voted again WITHOUT a re-seed"
+    };
+    Some(Check::new(
+        &check_name(node),
+        ok,
+        format!("{how}, votes again after {:.1} s", took.as_secs_f64()),
+    ))
 }

@@ -1,5 +1,6 @@
 //! The chaos workload as the replay's client ([`super::Program::Chaos`]): what the real-time
-//! runs do (`crate::run`), without the membership change, the wiped disk and AMQP.
+//! runs do (`crate::run`), the membership change and the wiped disk included
+//! ([`super::operator`]); over gRPC only.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,6 +13,7 @@ use qq_chaos::workload::{self, Protocol};
 use qq_client::Client;
 use tokio::time::Instant;
 
+use super::operator::Operator;
 use super::{Trace, check_line};
 
 /// Messages per second over all publishers, and unconfirmed publishes each may have in flight:
@@ -19,15 +21,24 @@ use super::{Trace, check_line};
 const RATE: f64 = 150.0;
 const PUBLISH_CONCURRENCY: usize = 64;
 
-/// Runs the workload for `length` (the faults strike meanwhile, and are all healed by its
+/// What the client runs besides the workload: the plan's idle queues, churn route, length,
+/// membership change and wipe.
+pub(super) struct Run {
+    pub(super) idle: usize,
+    pub(super) first_route: u64,
+    pub(super) length: Duration,
+    pub(super) operator: Operator,
+}
+
+/// Runs the workload for `run.length` (the faults strike meanwhile, and are all healed by its
 /// end), then its checks; every step and check goes into the trace.
-pub(super) async fn client(
-    clients: Vec<Client>,
-    trace: Trace,
-    idle: usize,
-    first_route: u64,
-    length: Duration,
-) {
+pub(super) async fn client(clients: Vec<Client>, trace: Trace, run: Run) {
+    let Run {
+        idle,
+        first_route,
+        length,
+        operator,
+    } = run;
     let start = Instant::now();
     let note = |what: String| {
         let at = start.elapsed().as_millis();
@@ -63,6 +74,7 @@ pub(super) async fn client(
         first_route,
         churn_stop.clone(),
     ));
+    let membership = operator.change_membership(clients.clone(), rec.clone(), start);
     tokio::time::sleep_until(start + length).await;
     session.stop_publishing();
     churn_stop.store(true, Ordering::Relaxed);
@@ -73,6 +85,16 @@ pub(super) async fn client(
         Ok(check) => check,
         Err(e) => checker::Check::new("topology churn", false, format!("panicked: {e}")),
     });
+    if let Some(task) = membership {
+        checks.push(task.await.unwrap_or_else(|e| {
+            checker::Check::new("membership change carried out", false, format!("{e}"))
+        }));
+        note("membership change over".into());
+    }
+    if let Some(check) = operator.wipe(&clients).await {
+        checks.push(check);
+        note("wipe over".into());
+    }
     session.finish_publishers().await;
     checks.extend(session.drain().await);
     checks.push(replica_agreement(&clients, Duration::from_secs(30)).await);

@@ -9,6 +9,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::Context;
+use qq_chaos::membership::Spare;
+use tokio::sync::oneshot;
+
 use qq_node::clock::Clock;
 use qq_node::node::Seams;
 use qq_raft::clock::WallJump;
@@ -37,6 +41,8 @@ pub(super) struct Cluster {
     nodes: Vec<Node>,
     weather: Link,
     active: Vec<Active>,
+    /// The spare of a membership change, once started.
+    spare: Option<Node>,
 }
 
 impl Cluster {
@@ -64,6 +70,7 @@ impl Cluster {
             nodes,
             weather,
             active: Vec::new(),
+            spare: None,
         };
         for i in 0..cluster.nodes.len() {
             cluster.spawn_node(i)?;
@@ -74,24 +81,45 @@ impl Cluster {
 
     /// Runs node `i` on its host.
     fn spawn_node(&mut self, i: usize) -> anyhow::Result<()> {
-        let node = &self.nodes[i];
-        let (config, disk, id) = (node.host.config()?, node.host.disk(), node.host.id);
-        let (transport, clients) = (self.net.transport(id), self.net.transport(id));
-        let jump_slot = node.jump.clone();
-        self.world.spawn(node.index, async move {
-            // Made on the host's runtime, so the clock counts the host's virtual time.
-            let (clock, jump) = Clock::jumpable(EPOCH_MS);
-            *jump_slot.lock().expect("jump") = Some(jump);
-            let seams = Seams {
-                clock,
-                transport,
-                clients,
-                disk,
-            };
-            let ended = qq_node::server::run(config, seams, std::future::pending()).await;
-            tracing::error!(node = id, "node ended: {ended:?}");
-        });
-        Ok(())
+        spawn(&self.world, &self.net, &self.nodes[i], None)
+    }
+
+    /// Starts `host` (the spare of a membership change, empty) on a host of its own; its links
+    /// stay clean and no fault strikes it, as in the real-time runs.
+    pub(super) fn start_spare(&mut self, host: Host) -> anyhow::Result<SpareStop> {
+        let index = self.world.add_host()?;
+        let node = Node {
+            host,
+            index,
+            jump: Arc::default(),
+            down: false,
+        };
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let (ended_tx, ended_rx) = oneshot::channel();
+        spawn(&self.world, &self.net, &node, Some((stop_rx, ended_tx)))?;
+        self.spare = Some(node);
+        Ok(SpareStop {
+            stop: Some(stop_tx),
+            ended: Some(ended_rx),
+        })
+    }
+
+    /// A lost disk: crashes node `id`, deletes its data directory and starts it again empty;
+    /// returns its host's index in the world.
+    pub(super) fn wipe(&mut self, id: u64) -> anyhow::Result<usize> {
+        let i = self.position(id);
+        self.crash(id);
+        self.nodes[i].host.wipe()?;
+        let restarted = self.restart_if_down(id)?;
+        anyhow::ensure!(restarted, "node {id} was not restarted after its wipe");
+        Ok(self.nodes[i].index)
+    }
+
+    /// Ends the spare's host, if it ran (its node has stopped by then, or the run failed).
+    pub(super) fn end_spare(&mut self) {
+        if let Some(spare) = self.spare.take() {
+            self.world.crash(spare.index);
+        }
     }
 
     fn position(&self, id: u64) -> usize {
@@ -217,5 +245,70 @@ impl Cluster {
         self.nodes[i].down = false;
         self.spawn_node(i)?;
         Ok(true)
+    }
+}
+
+/// Runs `node` on its host, its wall clock at the world's time plus its skew. With `stop`, a
+/// graceful stop ends it (as SIGTERM does) and its end is reported; without, only a crash.
+fn spawn(
+    world: &World,
+    net: &SimNet,
+    node: &Node,
+    stop: Option<(oneshot::Receiver<()>, oneshot::Sender<String>)>,
+) -> anyhow::Result<()> {
+    let (config, disk, id) = (node.host.config()?, node.host.disk(), node.host.id);
+    let (transport, clients) = (net.transport(id), net.transport(id));
+    let jump_slot = node.jump.clone();
+    let epoch = EPOCH_MS as i64 + world.elapsed().as_millis() as i64 + node.host.skew_ms;
+    world.spawn(node.index, async move {
+        // Made on the host's runtime, so the clock counts the host's virtual time.
+        let (clock, jump) = Clock::jumpable(epoch.max(0) as u64);
+        *jump_slot.lock().expect("jump") = Some(jump);
+        let seams = Seams {
+            clock,
+            transport,
+            clients,
+            disk,
+        };
+        let (stopped, report) = match stop {
+            Some((stop, report)) => (Some(stop), Some(report)),
+            None => (None, None),
+        };
+        let shutdown = async move {
+            match stopped {
+                Some(stop) => {
+                    let _ = stop.await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let ended = qq_node::server::run(config, seams, shutdown).await;
+        match report {
+            Some(report) => {
+                let _ = report.send(format!("{ended:?}"));
+            }
+            None => tracing::error!(node = id, "node ended: {ended:?}"),
+        }
+    });
+    Ok(())
+}
+
+/// The spare as its membership change stops it: a graceful stop, then its end awaited.
+pub(super) struct SpareStop {
+    stop: Option<oneshot::Sender<()>>,
+    ended: Option<oneshot::Receiver<String>>,
+}
+
+impl Spare for SpareStop {
+    async fn stop_spare(&mut self, id: u64) -> anyhow::Result<String> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let ended = self.ended.take().context("stopped already")?;
+        let how = ended
+            .await
+            .map_err(|_| anyhow::anyhow!("node {id}'s host ended before the node"))?;
+        anyhow::ensure!(how == "Ok(())", "node {id} ended with {how}");
+        Ok(format!("node {id} stopped gracefully"))
     }
 }

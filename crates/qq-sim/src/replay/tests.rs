@@ -4,6 +4,8 @@ use crate::child_process::{printed, printed_with};
 /// length in seconds.
 const CHILD_SEED: &str = "QQ_SIM_REPLAY_CHILD_SEED";
 const CHILD_CHAOS: &str = "QQ_SIM_REPLAY_CHILD_CHAOS";
+/// Nodes in the child's cluster (3 when unset).
+const CHILD_NODES: &str = "QQ_SIM_REPLAY_CHILD_NODES";
 /// Messages each run of [`super::Program::Messages`] publishes and takes back.
 const MESSAGES: u32 = 600;
 
@@ -15,8 +17,10 @@ fn child_run() {
             Ok(s) => super::Program::Chaos(std::time::Duration::from_secs(s.parse().expect("s"))),
             Err(_) => super::Program::Messages(MESSAGES),
         };
+        let nodes = std::env::var(CHILD_NODES).map_or(3, |n| n.parse().expect("nodes"));
         let dir = tempfile::tempdir().expect("tempdir");
-        let run = super::run(seed.parse().expect("seed"), dir.path(), program).expect("run");
+        let shape = super::Shape { program, nodes };
+        let run = super::run(seed.parse().expect("seed"), dir.path(), shape).expect("run");
         for line in run.trace {
             println!("trace: {line}");
         }
@@ -52,28 +56,44 @@ fn two_runs_of_a_seed_give_the_same_trace() {
     assert_eq!(taken, MESSAGES as usize, "every message back: {first:#?}");
     let second = child_trace(21);
     assert_eq!(first, second);
-    // The seed is an input: its plan of faults and openraft's random timeouts.
-    assert_ne!(first, child_trace(22));
+    // The seed is an input: its plan of faults and openraft's random timeouts. Seed 22 on five
+    // nodes (each with its plan's clock skew, as every run) passes too.
+    let envs = [
+        (CHILD_SEED, "22".to_string()),
+        (CHILD_NODES, "5".to_string()),
+    ];
+    let five = printed_with("replay::tests::child_run", &envs, "trace: ");
+    assert!(five[0].contains("\"nodes\":5"), "{}", five[0]);
+    checks_pass(&five);
+    assert_ne!(first, five);
 }
 
 /// The chaos workload (publishers, consumers that ack, reject and requeue, dead lettering,
-/// topology churn, idle queues) under seed 21's faults: every check of the real-time runs that
-/// applies passes, and a second process gives the same trace, counts and replica digests
-/// included.
+/// topology churn, idle queues) under seed 37's eight faults (two crashes, an isolation,
+/// bridges, loss, delay), with its membership change (node 4 joins, is grown onto every queue,
+/// shrunk, stopped and forgotten) and its wiped disk (node 2 loses its directory after the
+/// faults and is re-seeded): every check of the real-time runs passes, and a second process
+/// gives the same trace, counts and replica digests included.
 #[test]
 fn the_chaos_workload_replays_byte_for_byte() {
     let chaos = || {
         let envs = [
-            (CHILD_SEED, "21".to_string()),
+            (CHILD_SEED, "37".to_string()),
             (CHILD_CHAOS, "30".to_string()),
         ];
         printed_with("replay::tests::child_run", &envs, "trace: ")
     };
     let first = chaos();
     checks_pass(&first);
-    assert!(
-        first.iter().any(|l| l.contains("check replicas agree: ok")),
-        "{first:#?}"
-    );
+    for check in [
+        "check replicas agree: ok",
+        "check membership change carried out: ok",
+        "check wipe: node 2 lost its disk and was re-seeded as a new member: ok",
+    ] {
+        assert!(
+            first.iter().any(|l| l.contains(check)),
+            "{check}: {first:#?}"
+        );
+    }
     assert_eq!(first, chaos());
 }
