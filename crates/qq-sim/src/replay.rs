@@ -32,7 +32,7 @@ use crate::entropy::seed_this_thread;
 use crate::host::{Host, NodeSetup};
 use crate::lockstep::World;
 use crate::net::{Link, SimNet};
-use crate::schedule::{self, Fault, Target};
+use crate::schedule::{self, Fault, Plan, Target};
 use cluster::Cluster;
 
 mod chaos;
@@ -164,24 +164,66 @@ pub fn run(seed: u64, dir: &Path, shape: Shape) -> anyhow::Result<Replayed> {
         .map_err(|_| anyhow::anyhow!("the world's thread panicked"))?
 }
 
+/// What the client's host and the world's loop share: the trace, whether the client is done,
+/// and each queue's last leader seen.
+#[derive(Clone)]
+struct Shared {
+    trace: Trace,
+    done: Arc<AtomicBool>,
+    leaders: Leaders,
+}
+
 fn run_on_this_thread(seed: u64, dir: &Path, shape: Shape) -> anyhow::Result<Vec<String>> {
     let program = shape.program;
-    let ids: Vec<u64> = (1..=shape.nodes).collect();
-    let listens: Vec<SocketAddr> = ids.iter().map(|id| client_addr(*id)).collect();
-    let run_length = program.run_length();
     let queues = program.queues();
-    let plan = schedule::plan(seed, shape.nodes, run_length, queues.len());
-    let deadline = run_length + AFTER_THE_RUN;
-    let trace: Trace = Arc::default();
-    trace
-        .lock()
-        .expect("trace")
-        .push(format!("plan {}", serde_json::to_string(&plan)?));
+    let plan = schedule::plan(seed, shape.nodes, program.run_length(), queues.len());
+    let shared = Shared {
+        trace: Arc::new(Mutex::new(vec![format!(
+            "plan {}",
+            serde_json::to_string(&plan)?
+        )])),
+        done: Arc::new(AtomicBool::new(false)),
+        leaders: Arc::new(queues.iter().map(|_| AtomicU64::new(1)).collect()),
+    };
+    let chaos = matches!(program, Program::Chaos(_));
+    let (hosts, spare) = hosts(dir, &plan, chaos)?;
+    let net = SimNet::new(seed);
+    let weather = Link {
+        delay_ms: plan.weather.delay_ms,
+        jitter_ms: plan.weather.jitter_ms,
+        ..Link::default()
+    };
+    let world = World::new(Duration::from_millis(1));
+    let mut cluster = Cluster::start(world, net.clone(), hosts, weather)?;
+    let requests = operator::Requests::default();
+    let operator = operator::Operator {
+        requests: requests.clone(),
+        membership: plan.membership.filter(|_| chaos),
+        spare: plan.nodes + 1,
+        net: net.clone(),
+        wipe: plan.wipe.filter(|_| chaos),
+        log: dir.join("nodes.log"),
+    };
+    start_client(&mut cluster, &net, &plan, program, &shared, operator)?;
+    let deadline = program.run_length() + AFTER_THE_RUN;
+    drive(&mut cluster, &plan, deadline, &shared, &requests, spare)?;
+    let mut trace = shared.trace.lock().expect("trace").clone();
+    if !shared.done.load(Ordering::Relaxed) {
+        trace.push(format!("not done after {deadline:?} of virtual time"));
+    }
+    Ok(trace)
+}
+
+/// The plan's nodes (ids 1..=nodes, each with its skew), and the spare of its membership
+/// change (the chaos workload's only), configured with every founder and itself.
+fn hosts(dir: &Path, plan: &Plan, chaos: bool) -> anyhow::Result<(Vec<Host>, Option<Host>)> {
     let setup = |skew_ms| NodeSetup {
         skew_ms,
         snapshot_after_entries: plan.snapshot_after_entries,
         amqp: SocketAddr::from(([127, 0, 0, 1], 0)),
     };
+    let ids: Vec<u64> = (1..=plan.nodes).collect();
+    let listens: Vec<SocketAddr> = ids.iter().map(|id| client_addr(*id)).collect();
     let mut hosts = Vec::new();
     for (i, id) in ids.iter().enumerate() {
         hosts.push(Host::create(
@@ -192,93 +234,96 @@ fn run_on_this_thread(seed: u64, dir: &Path, shape: Shape) -> anyhow::Result<Vec
             setup(plan.skew_ms[i]),
         )?);
     }
-    let chaos = matches!(program, Program::Chaos(_));
-    // The spare of the membership change (the chaos workload's only), configured with every
-    // founder and itself.
-    let spare_id = shape.nodes + 1;
-    let mut spare = match plan.membership {
+    let spare = match plan.membership {
         Some(_) if chaos => {
-            let all: Vec<u64> = (1..=spare_id).collect();
+            let spare = plan.nodes + 1;
+            let all: Vec<u64> = (1..=spare).collect();
             let at: Vec<SocketAddr> = all.iter().map(|id| client_addr(*id)).collect();
-            Some(Host::create(dir, spare_id, &all, &at, setup(0))?)
+            Some(Host::create(dir, spare, &all, &at, setup(0))?)
         }
         _ => None,
     };
-    let net = SimNet::new(seed);
-    let weather = Link {
-        delay_ms: plan.weather.delay_ms,
-        jitter_ms: plan.weather.jitter_ms,
-        ..Link::default()
-    };
-    let world = World::new(Duration::from_millis(1));
-    let mut cluster = Cluster::start(world, net.clone(), hosts, weather)?;
-    let done = Arc::new(AtomicBool::new(false));
-    let leaders: Leaders = Arc::new(queues.iter().map(|_| AtomicU64::new(ids[0])).collect());
+    Ok((hosts, spare))
+}
+
+/// The client's host: the leader watcher and the program.
+fn start_client(
+    cluster: &mut Cluster,
+    net: &SimNet,
+    plan: &Plan,
+    program: Program,
+    shared: &Shared,
+    operator: operator::Operator,
+) -> anyhow::Result<()> {
+    let listens: Vec<SocketAddr> = (1..=plan.nodes).map(client_addr).collect();
     let client = cluster.world.add_host()?;
     // Clients are made on the client's host: a channel needs its runtime.
     cluster.world.spawn(client, {
-        let (net, listens, leaders) = (net.clone(), listens.clone(), leaders.clone());
+        let (net, listens, leaders) = (net.clone(), listens.clone(), shared.leaders.clone());
+        let queues = program.queues();
         async move { watch_leaders(clients(&net, &listens), queues, leaders).await }
     });
-    let requests = operator::Requests::default();
-    let operator = operator::Operator {
-        requests: requests.clone(),
-        membership: plan.membership.filter(|_| chaos),
-        spare: spare_id,
-        net: net.clone(),
-        wipe: plan.wipe.filter(|_| chaos),
-        log: dir.join("nodes.log"),
-    };
     let (idle, first_route) = (plan.idle_queues, plan.first_route);
-    cluster.world.spawn(client, {
-        let (trace, done) = (trace.clone(), done.clone());
-        async move {
-            let clients = clients(&net, &listens);
-            match program {
-                Program::Messages(n) => workload(clients, trace, n, idle).await,
-                Program::Chaos(length) => {
-                    let run = chaos::Run {
-                        idle,
-                        first_route,
-                        length,
-                        operator,
-                    };
-                    chaos::client(clients, trace, run).await
-                }
+    let (trace, done, net) = (shared.trace.clone(), shared.done.clone(), net.clone());
+    cluster.world.spawn(client, async move {
+        let clients = clients(&net, &listens);
+        match program {
+            Program::Messages(n) => workload(clients, trace, n, idle).await,
+            Program::Chaos(length) => {
+                let run = chaos::Run {
+                    idle,
+                    first_route,
+                    length,
+                    operator,
+                };
+                chaos::client(clients, trace, run).await
             }
-            done.store(true, Ordering::Relaxed);
         }
+        done.store(true, Ordering::Relaxed);
     });
+    Ok(())
+}
+
+/// The world's loop: steps the world 10 ms at a time until the client is done or `deadline`,
+/// striking and healing the plan's faults and serving the client's requests between steps.
+fn drive(
+    cluster: &mut Cluster,
+    plan: &Plan,
+    deadline: Duration,
+    shared: &Shared,
+    requests: &operator::Requests,
+    mut spare: Option<Host>,
+) -> anyhow::Result<()> {
     let note = |what: String, at: Duration| {
         let at = at.as_millis();
-        trace.lock().expect("trace").push(format!("{at:>6} {what}"));
+        shared
+            .trace
+            .lock()
+            .expect("trace")
+            .push(format!("{at:>6} {what}"));
     };
     let mut planned = plan.faults.iter().peekable();
-    while !done.load(Ordering::Relaxed) && cluster.world.elapsed() < deadline {
+    while !shared.done.load(Ordering::Relaxed) && cluster.world.elapsed() < deadline {
         cluster.world.run_for(Duration::from_millis(10));
         let now = cluster.world.elapsed();
         for healed in cluster.heal_due(now)? {
             note(healed, now);
         }
         while let Some(p) = planned.next_if(|p| Duration::from_millis(p.at_ms) <= now) {
-            let node = target_node(&p.fault, &leaders);
+            let node = target_node(&p.fault, &shared.leaders);
             let until = now + Duration::from_millis(p.length_ms);
             let what = cluster.strike(p.fault, node, until);
             note(format!("strike {:?} on node {node}: {what}", p.fault), now);
         }
         for request in requests.take() {
-            note(serve(&mut cluster, &mut spare, request), now);
+            note(serve(cluster, &mut spare, request), now);
         }
     }
     for healed in cluster.heal_all()? {
         note(healed, cluster.world.elapsed());
     }
     cluster.end_spare();
-    let mut trace = trace.lock().expect("trace").clone();
-    if !done.load(Ordering::Relaxed) {
-        trace.push(format!("not done after {deadline:?} of virtual time"));
-    }
-    Ok(trace)
+    Ok(())
 }
 
 /// Does what the client asked of the cluster; returns it, for the trace.
