@@ -133,11 +133,13 @@ sim: deps build
 		$(if $(PROTOCOL),--protocol $(PROTOCOL))
 
 # `make sim-lockstep` runs SEEDS seeds on one schedule (every node on one thread and one
-# virtual clock, docs/simulation.md "One schedule"): each replays byte for byte with the command
-# it prints; a narrower workload than `make sim`'s. Its regression seeds run in `make test`
-# (qq-sim's replay tests).
+# virtual clock, docs/simulation.md "One schedule"), each replayed with the command it prints:
+# 600 messages through one queue, or with CHAOS=S the chaos workload for S seconds (with the
+# plan's membership change and wiped disk); NODES=3..5. Its regression seeds run in
+# `make test` (qq-sim's replay tests).
 sim-lockstep: deps build
-	$(QQ_SIM_BIN) --lockstep --seeds $(SEEDS) $(if $(FIRST_SEED),--first-seed $(FIRST_SEED))
+	$(QQ_SIM_BIN) --lockstep --seeds $(SEEDS) $(if $(FIRST_SEED),--first-seed $(FIRST_SEED)) \
+		$(if $(CHAOS),--chaos $(CHAOS)) $(if $(NODES),--nodes $(NODES))
 
 SIM_SEEDS = $$(grep -o '^[0-9]\+' crates/qq-sim/seeds.txt | paste -sd, -)
 sim-short: deps build
