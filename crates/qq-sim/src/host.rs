@@ -341,16 +341,14 @@ impl Host {
         Ok(())
     }
 
-    /// How long its log is now, in bytes (for [`Host::log_contains_after`]).
+    /// How long its log is now, in bytes (for [`Host::log_after`]).
     pub fn log_len(&self) -> usize {
         std::fs::metadata(&self.log_path).map_or(0, |m| m.len() as usize)
     }
 
-    /// Whether its log holds `text` (a milestone the node logs) after its first `from` bytes.
-    pub fn log_contains_after(&self, from: usize, text: &str) -> bool {
-        std::fs::read(&self.log_path).is_ok_and(|t| {
-            String::from_utf8_lossy(t.get(from..).unwrap_or_default()).contains(text)
-        })
+    /// What its log holds after its first `from` bytes.
+    pub fn log_after(&self, from: usize) -> String {
+        read_after(&self.log_path, from)
     }
 
     /// Freezes every task of the node for `length` (from now; returns at once).
@@ -396,5 +394,20 @@ impl Host {
 impl Drop for Host {
     fn drop(&mut self) {
         let _ = self.crash();
+    }
+}
+
+/// The text of the file at `path` after its first `from` bytes (empty if it cannot be read):
+/// only that part is read.
+pub(crate) fn read_after(path: &Path, from: usize) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut text = Vec::new();
+    let read = std::fs::File::open(path).and_then(|mut f| {
+        f.seek(SeekFrom::Start(from as u64))?;
+        f.read_to_end(&mut text)
+    });
+    match read {
+        Ok(_) => String::from_utf8_lossy(&text).into_owned(),
+        Err(_) => String::new(),
     }
 }

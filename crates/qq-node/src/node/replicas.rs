@@ -84,12 +84,13 @@ impl Node {
         if created.members.first() == Some(&self.id) || !created.members.contains(&self.id) {
             return;
         }
-        let (registry, peers, clock) = (self.registry.clone(), self.peers.clone(), self.clock);
+        let (registry, peers) = (self.registry.clone(), self.peers.clone());
         let stopping = self.shutdown.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = stopping.cancelled() => return,
-                _ = tokio::time::sleep_until(clock.now() + INIT_FALLBACK) => {}
+                // tokio's clock, the one `Clock::now` reads.
+                _ = tokio::time::sleep(INIT_FALLBACK) => {}
             }
             let Some(Replica::Loaded(g)) = registry.replica(created.id) else {
                 return;

@@ -41,8 +41,8 @@ pub(super) struct Cluster {
     nodes: Vec<Node>,
     weather: Link,
     active: Vec<Active>,
-    /// The spare of a membership change, once started.
-    spare: Option<Node>,
+    /// The host of the spare of a membership change, once started.
+    spare: Option<usize>,
 }
 
 impl Cluster {
@@ -97,7 +97,7 @@ impl Cluster {
         let (stop_tx, stop_rx) = oneshot::channel();
         let (ended_tx, ended_rx) = oneshot::channel();
         spawn(&self.world, &self.net, &node, Some((stop_rx, ended_tx)))?;
-        self.spare = Some(node);
+        self.spare = Some(index);
         Ok(SpareStop {
             stop: Some(stop_tx),
             ended: Some(ended_rx),
@@ -117,8 +117,8 @@ impl Cluster {
 
     /// Ends the spare's host, if it ran (its node has stopped by then, or the run failed).
     pub(super) fn end_spare(&mut self) {
-        if let Some(spare) = self.spare.take() {
-            self.world.crash(spare.index);
+        if let Some(index) = self.spare.take() {
+            self.world.crash(index);
         }
     }
 
@@ -254,7 +254,7 @@ fn spawn(
     world: &World,
     net: &SimNet,
     node: &Node,
-    stop: Option<(oneshot::Receiver<()>, oneshot::Sender<String>)>,
+    stop: Option<(oneshot::Receiver<()>, oneshot::Sender<anyhow::Result<()>>)>,
 ) -> anyhow::Result<()> {
     let (config, disk, id) = (node.host.config()?, node.host.disk(), node.host.id);
     let (transport, clients) = (net.transport(id), net.transport(id));
@@ -270,10 +270,7 @@ fn spawn(
             clients,
             disk,
         };
-        let (stopped, report) = match stop {
-            Some((stop, report)) => (Some(stop), Some(report)),
-            None => (None, None),
-        };
+        let (stopped, report) = stop.unzip();
         let shutdown = async move {
             match stopped {
                 Some(stop) => {
@@ -285,7 +282,7 @@ fn spawn(
         let ended = qq_node::server::run(config, seams, shutdown).await;
         match report {
             Some(report) => {
-                let _ = report.send(format!("{ended:?}"));
+                let _ = report.send(ended);
             }
             None => tracing::error!(node = id, "node ended: {ended:?}"),
         }
@@ -296,7 +293,7 @@ fn spawn(
 /// The spare as its membership change stops it: a graceful stop, then its end awaited.
 pub(super) struct SpareStop {
     stop: Option<oneshot::Sender<()>>,
-    ended: Option<oneshot::Receiver<String>>,
+    ended: Option<oneshot::Receiver<anyhow::Result<()>>>,
 }
 
 impl Spare for SpareStop {
@@ -305,10 +302,10 @@ impl Spare for SpareStop {
             let _ = stop.send(());
         }
         let ended = self.ended.take().context("stopped already")?;
-        let how = ended
+        ended
             .await
-            .map_err(|_| anyhow::anyhow!("node {id}'s host ended before the node"))?;
-        anyhow::ensure!(how == "Ok(())", "node {id} ended with {how}");
+            .map_err(|_| anyhow::anyhow!("node {id}'s host ended before the node"))?
+            .with_context(|| format!("node {id} ended"))?;
         Ok(format!("node {id} stopped gracefully"))
     }
 }

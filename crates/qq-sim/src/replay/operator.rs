@@ -10,19 +10,18 @@ use std::time::Duration;
 
 use qq_chaos::checker::Check;
 use qq_chaos::membership::{SpareAt, Strike};
-use qq_chaos::probes::replica_agreement;
 use qq_chaos::workload::Recorder;
 use qq_client::Client;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::{Instant, sleep_until};
 
 use super::cluster::SpareStop;
 use super::{client_addr, client_of};
-use crate::host::cluster_addr;
+use crate::host::{cluster_addr, read_after};
 use crate::net::SimNet;
 use crate::schedule::Membership;
-use crate::wipe::{RESEED_LIMIT, check_name, reseeded};
+use crate::wipe::{RESEED_LIMIT, await_reseed, check_name, disagree_before};
 
 /// What the client asks of the world's loop.
 pub(super) enum Request {
@@ -111,40 +110,31 @@ impl Operator {
     /// ([`crate::wipe`]), within [`RESEED_LIMIT`] of virtual time.
     pub(super) async fn wipe(&self, clients: &[Client]) -> Option<Check> {
         let node = self.wipe?;
-        let agreed = replica_agreement(clients, Duration::from_secs(30)).await;
-        if !agreed.ok {
-            let detail = format!("replicas never agreed before the wipe: {}", agreed.detail);
-            return Some(Check::new(&check_name(node), false, detail));
+        if let Some(failed) = disagree_before(node, clients).await {
+            return Some(failed);
         }
         let from = std::fs::metadata(&self.log).map_or(0, |m| m.len() as usize);
         let host = match self.requests.ask(|tx| Request::Wipe(node, tx)).await {
             Ok(host) => host,
             Err(e) => return Some(Check::new(&check_name(node), false, format!("{e:#}"))),
         };
-        let began = Instant::now();
-        while began.elapsed() < RESEED_LIMIT {
-            let since = self.log_since(from, host);
-            let logged = |text: &str| since.iter().any(|l| l.contains(text));
-            if let Some(check) = reseeded(node, logged, began.elapsed()) {
-                return Some(check);
-            }
-            sleep(Duration::from_millis(200)).await;
-        }
-        let detail = format!("not re-seeded within {RESEED_LIMIT:?} of virtual time");
-        Some(Check::new(&check_name(node), false, detail))
+        let check = await_reseed(node, || self.logged_by(host, from)).await;
+        Some(check.unwrap_or_else(|| {
+            let detail = format!("not re-seeded within {RESEED_LIMIT:?} of virtual time");
+            Check::new(&check_name(node), false, detail)
+        }))
     }
 
-    /// The lines host `host` logged after the log's first `from` bytes.
-    fn log_since(&self, from: usize, host: usize) -> Vec<String> {
-        let text = std::fs::read(&self.log).unwrap_or_default();
+    /// What host `host` logged after the log's first `from` bytes, one line each.
+    fn logged_by(&self, host: usize, from: usize) -> String {
         let who = format!(" host{host}");
-        String::from_utf8_lossy(text.get(from..).unwrap_or_default())
+        read_after(&self.log, from)
             .lines()
             .filter(|l| {
                 l.split_once(']')
                     .is_some_and(|(head, _)| head.ends_with(&who))
             })
-            .map(str::to_string)
-            .collect()
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }
