@@ -14,7 +14,8 @@
 //! election timeouts from the thread's random generator, and RocksDB has threads of its own.
 //! So a failing seed replays the same faults, not the same schedule of every task
 //! (docs/simulation.md). [`replay`] runs the nodes on one schedule instead ([`lockstep`]: their
-//! runtimes stepped on one thread and one virtual clock; [`entropy`]: seeded randomness), under
+//! runtimes stepped on one thread and one virtual clock; [`entropy`]: seeded randomness;
+//! [`wall_clock`]: the world's time for libraries that read the system's), under
 //! a seed's plan of faults with a narrower workload, and replays byte for byte.
 
 #[cfg(test)]
@@ -32,4 +33,5 @@ pub mod routes;
 pub mod run;
 pub mod schedule;
 pub mod steps;
+pub mod wall_clock;
 pub mod wipe;

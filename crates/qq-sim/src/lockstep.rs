@@ -114,12 +114,14 @@ impl World {
     }
 
     /// One tick: every live, unpaused host runs, in order, until all it has due within the
-    /// tick has run.
+    /// tick has run. A thread that follows the world's wall clock ([`crate::wall_clock`])
+    /// reads the tick's end for the whole tick.
     ///
     /// A host that was skipped (paused) catches its clock up at its next turn: it runs its
     /// timers due meanwhile, in order, as a resumed process does.
     pub fn step(&mut self) {
         self.elapsed += self.tick;
+        crate::wall_clock::set_world_time(self.elapsed);
         for host in 0..self.hosts.len() {
             let Some(runtime) = &self.hosts[host] else {
                 continue;

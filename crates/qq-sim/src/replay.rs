@@ -33,6 +33,7 @@ use crate::host::{Host, NodeSetup};
 use crate::lockstep::World;
 use crate::net::{Link, SimNet};
 use crate::schedule::{self, Fault, Plan, Target};
+use crate::wall_clock;
 use cluster::Cluster;
 
 mod chaos;
@@ -147,6 +148,7 @@ pub fn run(seed: u64, dir: &Path, shape: Shape) -> anyhow::Result<Replayed> {
         .spawn(move || {
             seed_this_thread(seed);
             qq_raft::lockstep::mark_this_thread();
+            wall_clock::follow_world(Duration::from_millis(cluster::EPOCH_MS));
             let log = std::fs::File::create(dir.join("nodes.log"))?;
             let subscriber = tracing_subscriber::fmt()
                 .with_env_filter(

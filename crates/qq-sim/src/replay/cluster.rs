@@ -24,8 +24,9 @@ use crate::net::{Link, SimNet};
 use crate::schedule::Fault;
 
 /// Every node's wall clock at its start (ms since the epoch): a fixed moment, not the time of
-/// the run, so that message timestamps replay too.
-const EPOCH_MS: u64 = 1_790_000_000_000;
+/// the run, so that message timestamps replay too. The world's thread reads it, plus the
+/// world's time, as its system wall clock ([`crate::wall_clock`]).
+pub(super) const EPOCH_MS: u64 = 1_790_000_000_000;
 
 /// One node: its files, its host in the world, its clock's jump once started.
 struct Node {
