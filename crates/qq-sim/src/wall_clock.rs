@@ -81,7 +81,7 @@ pub unsafe extern "C" fn clock_gettime(clock: libc::clockid_t, tp: *mut libc::ti
         // SAFETY: the caller gives a writable `timespec` at `tp`.
         unsafe {
             (*tp).tv_sec = now.as_secs() as libc::time_t;
-            (*tp).tv_nsec = libc::c_long::from(now.subsec_nanos() as i32);
+            (*tp).tv_nsec = now.subsec_nanos() as libc::c_long;
         }
         return 0;
     }
